@@ -1,0 +1,214 @@
+#include "base/fs.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+
+namespace aotid::fs {
+namespace stdfs = std::filesystem;
+
+namespace {
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_;
+};
+
+Status WriteAll(int fd, const char* p, size_t n, const std::string& what) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write " + what, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
+
+std::string DirName(const std::string& path) {
+  auto parent = stdfs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+std::string RandomSuffix() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+struct EvpCtxDeleter {
+  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+};
+
+std::string Hex(const unsigned char* p, unsigned n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out(n * 2, '0');
+  for (unsigned i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[p[i] >> 4];
+    out[2 * i + 1] = kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+// Streams `src` through sha256, writing to `dst_fd` when it is >= 0.
+StatusOr<std::string> HashStream(const std::string& src, int dst_fd, const std::string& dst) {
+  Fd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+  if (in.get() < 0) return ErrnoError("open " + src, errno);
+  std::unique_ptr<EVP_MD_CTX, EvpCtxDeleter> ctx(EVP_MD_CTX_new());
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    return Internal("sha256 init failed");
+  }
+  std::unique_ptr<char[]> buf(new char[1 << 20]);
+  for (;;) {
+    ssize_t r = ::read(in.get(), buf.get(), 1 << 20);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("read " + src, errno);
+    }
+    if (r == 0) break;
+    EVP_DigestUpdate(ctx.get(), buf.get(), static_cast<size_t>(r));
+    if (dst_fd >= 0) RETURN_IF_ERROR(WriteAll(dst_fd, buf.get(), static_cast<size_t>(r), dst));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  return Hex(md, len);
+}
+
+}  // namespace
+
+Status MakeDirs(const std::string& path, unsigned mode) {
+  std::error_code ec;
+  stdfs::create_directories(path, ec);
+  if (ec) return IOError("create directory " + path + ": " + ec.message());
+  ::chmod(path.c_str(), mode);
+  return Status::OK();
+}
+
+Status FsyncDir(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("open directory " + path, errno);
+  if (::fsync(fd.get()) != 0) return ErrnoError("fsync directory " + path, errno);
+  return Status::OK();
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view data) {
+  std::string tmp = path + ".tmp-" + RandomSuffix();
+  {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return ErrnoError("create " + tmp, errno);
+    Status s = WriteAll(fd.get(), data.data(), data.size(), tmp);
+    if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoError("fsync " + tmp, errno);
+    if (!s.ok()) {
+      ::unlink(tmp.c_str());
+      return s;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("rename to " + path, e);
+  }
+  return FsyncDir(DirName(path));
+}
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("open " + path, errno);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t r = ::read(fd.get(), buf, sizeof buf);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("read " + path, errno);
+    }
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst) {
+  Fd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (out.get() < 0) return ErrnoError("create " + dst, errno);
+  auto hex = HashStream(src, out.get(), dst);
+  Status s = hex.status();
+  if (s.ok() && ::fsync(out.get()) != 0) s = ErrnoError("fsync " + dst, errno);
+  if (!s.ok()) {
+    ::unlink(dst.c_str());
+    return s;
+  }
+  return hex;
+}
+
+StatusOr<std::string> Sha256File(const std::string& path) { return HashStream(path, -1, ""); }
+
+bool IsSha256Hex(std::string_view s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+StatusOr<std::string> MakeTempDir(const std::string& parent, std::string_view prefix) {
+  RETURN_IF_ERROR(MakeDirs(parent));
+  std::string templ = parent + "/" + std::string(prefix) + "XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) return ErrnoError("mkdtemp in " + parent, errno);
+  return templ;
+}
+
+Status RemoveAll(const std::string& path) {
+  std::error_code ec;
+  stdfs::remove_all(path, ec);
+  if (ec) return IOError("remove " + path + ": " + ec.message());
+  return Status::OK();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string ExpandHome(const std::string& path) {
+  if (path == "~" || path.rfind("~/", 0) == 0) {
+    const char* home = std::getenv("HOME");
+    if (home != nullptr) return std::string(home) + path.substr(1);
+  }
+  return path;
+}
+
+std::string DefaultStoreDir() {
+  if (const char* h = std::getenv("AOTID_HOME"); h != nullptr && *h) return h;
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x != nullptr && *x) {
+    return std::string(x) + "/aotid";
+  }
+  return ExpandHome("~/.local/share/aotid");
+}
+
+}  // namespace aotid::fs

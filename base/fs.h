@@ -1,0 +1,51 @@
+// File system helpers with the durability rules aotid relies on: anything
+// that must survive a crash is written to a temporary name in the same
+// directory, fsynced, renamed into place, and the directory fsynced.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace aotid::fs {
+
+// Creates `path` and its parents (mode 0755 unless given). Ok if it exists.
+Status MakeDirs(const std::string& path, unsigned mode = 0755);
+
+// fsyncs a directory so that renames and creations inside it are durable.
+Status FsyncDir(const std::string& path);
+
+// Writes `data` to `path` atomically: temp file, fsync, rename, fsync dir.
+Status WriteFileAtomic(const std::string& path, std::string_view data);
+
+// Reads the whole file.
+StatusOr<std::string> ReadFile(const std::string& path);
+
+// Copies `src` to `dst` (which must not exist), fsyncs it, and returns the
+// lowercase hex sha256 of the bytes copied. `dst` is removed on failure.
+StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst);
+
+// Lowercase hex sha256 of a file's contents.
+StatusOr<std::string> Sha256File(const std::string& path);
+
+// True for exactly 64 lowercase hex digits: the only digests from which a
+// path is ever derived.
+bool IsSha256Hex(std::string_view s);
+
+// A new, empty, uniquely named directory inside `parent`.
+StatusOr<std::string> MakeTempDir(const std::string& parent, std::string_view prefix);
+
+// Removes a file or a directory tree; ok if absent.
+Status RemoveAll(const std::string& path);
+
+bool Exists(const std::string& path);
+
+// The default store directory: $AOTID_HOME, else $XDG_DATA_HOME/aotid, else
+// ~/.local/share/aotid.
+std::string DefaultStoreDir();
+
+// Expands a leading "~/" with $HOME.
+std::string ExpandHome(const std::string& path);
+
+}  // namespace aotid::fs

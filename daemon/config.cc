@@ -1,0 +1,167 @@
+#include "daemon/config.h"
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <toml++/toml.h>
+
+#include "base/fs.h"
+#include "base/log.h"
+
+namespace aotid::daemon {
+namespace {
+
+std::string Where(const std::string& file, const toml::source_region& src) {
+  return file + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column);
+}
+
+struct Key {
+  enum Type { kString, kInt } type;
+  std::function<void(Config&, const toml::node&)> set;
+  int64_t min = 0, max = 0;  // for integers
+};
+
+const std::map<std::string, std::map<std::string, Key>>& Schema() {
+  static const auto* schema = new std::map<std::string, std::map<std::string, Key>>{
+      {"store",
+       {{"path", {Key::kString, [](Config& c, const toml::node& n) { c.store_path = *n.value<std::string>(); }}}}},
+      {"server",
+       {{"listen", {Key::kString, [](Config& c, const toml::node& n) { c.listen = *n.value<std::string>(); }}},
+        {"threads", {Key::kInt, [](Config& c, const toml::node& n) { c.threads = static_cast<int>(*n.value<int64_t>()); }, 1, 1024}},
+        {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}}}},
+      {"build",
+       {{"python", {Key::kString, [](Config& c, const toml::node& n) { c.python = *n.value<std::string>(); }}},
+        {"worker_dir", {Key::kString, [](Config& c, const toml::node& n) { c.worker_dir = *n.value<std::string>(); }}},
+        {"jobs", {Key::kInt, [](Config& c, const toml::node& n) { c.build_jobs = static_cast<int>(*n.value<int64_t>()); }, 1, 64}},
+        {"timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.build_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 7 * 24 * 3600}},
+        {"cxx", {Key::kString, [](Config& c, const toml::node& n) { c.cxx = *n.value<std::string>(); }}}}},
+      {"log",
+       {{"level", {Key::kString, [](Config& c, const toml::node& n) { c.log_level = *n.value<std::string>(); }}}}},
+  };
+  return *schema;
+}
+
+void ResolveDefaults(Config* c) {
+  if (c->store_path.empty()) c->store_path = fs::DefaultStoreDir();
+  c->store_path = fs::ExpandHome(c->store_path);
+  if (c->python.empty()) c->python = AOTID_DEFAULT_PYTHON;
+  if (c->worker_dir.empty()) c->worker_dir = AOTID_DEFAULT_WORKER_DIR;
+}
+
+}  // namespace
+
+StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name) {
+  toml::table root;
+  try {
+    root = toml::parse(text, file_name);
+  } catch (const toml::parse_error& e) {
+    return InvalidArgument(Where(file_name, e.source()) + ": " + std::string(e.description()));
+  }
+  Config c;
+  for (auto&& [section_key, section_node] : root) {
+    std::string section(section_key.str());
+    auto sit = Schema().find(section);
+    if (sit == Schema().end()) {
+      return InvalidArgument(Where(file_name, section_node.source()) + ": unknown section or key '" +
+                             section + "'");
+    }
+    const toml::table* table = section_node.as_table();
+    if (table == nullptr) {
+      return InvalidArgument(Where(file_name, section_node.source()) + ": '" + section +
+                             "' must be a table ([" + section + "])");
+    }
+    for (auto&& [k, node] : *table) {
+      std::string key(k.str());
+      std::string full = section + "." + key;
+      auto kit = sit->second.find(key);
+      if (kit == sit->second.end()) {
+        return InvalidArgument(Where(file_name, node.source()) + ": unknown key '" + full + "'");
+      }
+      const Key& spec = kit->second;
+      if (spec.type == Key::kString && !node.is_string()) {
+        return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be a string");
+      }
+      if (spec.type == Key::kInt) {
+        if (!node.is_integer()) {
+          return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be an integer");
+        }
+        int64_t v = *node.value<int64_t>();
+        if (v < spec.min || v > spec.max) {
+          return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be between " +
+                                 std::to_string(spec.min) + " and " + std::to_string(spec.max) +
+                                 ", got " + std::to_string(v));
+        }
+      }
+      spec.set(c, node);
+    }
+  }
+  log::Level level;
+  if (!log::ParseLevel(c.log_level, &level)) {
+    return InvalidArgument(file_name + ": 'log.level' must be debug, info, warning or error, got '" +
+                           c.log_level + "'");
+  }
+  if (!c.listen.empty()) {
+    std::string host;
+    int port;
+    Status s = ParseListen(c.listen, &host, &port);
+    if (!s.ok()) return s.WithContext(file_name + ": 'server.listen'");
+  }
+  c.source = file_name;
+  return c;
+}
+
+StatusOr<Config> LoadConfig(const std::string& explicit_path) {
+  std::string path = explicit_path;
+  if (path.empty()) {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("AOTID_CONFIG"); env && *env) {
+      path = env;
+    } else {
+      const char* xdg = std::getenv("XDG_CONFIG_HOME");
+      candidates.push_back(xdg && *xdg ? std::string(xdg) + "/aotid/aotid.toml"
+                                       : fs::ExpandHome("~/.config/aotid/aotid.toml"));
+      candidates.push_back("/etc/aotid/aotid.toml");
+      for (const auto& c : candidates) {
+        if (fs::Exists(c)) {
+          path = c;
+          break;
+        }
+      }
+    }
+  }
+  Config c;
+  c.source = "built-in defaults";
+  if (!path.empty()) {
+    auto text = fs::ReadFile(path);
+    if (!text.ok()) return text.status().WithContext("reading config");
+    ASSIGN_OR_RETURN(c, ParseConfig(*text, path));
+  }
+  ResolveDefaults(&c);
+  return c;
+}
+
+Status ParseListen(const std::string& listen, std::string* host, int* port) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("listen address '" + listen + "' " + why + " (expected HOST:PORT, e.g. 127.0.0.1:8765)");
+  };
+  size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0) return bad("has no port");
+  std::string h = listen.substr(0, colon);
+  std::string p = listen.substr(colon + 1);
+  if (h.front() == '[') {
+    if (h.back() != ']') return bad("has an unclosed '['");
+    h = h.substr(1, h.size() - 2);
+  } else if (h.find(':') != std::string::npos) {
+    return bad("is an IPv6 address without brackets");
+  }
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) {
+    return bad("has a bad port");
+  }
+  int v = std::stoi(p);
+  if (v > 65535) return bad("has a port over 65535");
+  *host = h;
+  *port = v;
+  return Status::OK();
+}
+
+}  // namespace aotid::daemon

@@ -1,0 +1,42 @@
+// aotid's configuration: built-in defaults, then a TOML file, then flags.
+// configs/aotid.toml documents every key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace aotid::daemon {
+
+struct Config {
+  // [store]
+  std::string store_path;  // resolved: never empty after LoadConfig
+  // [server]
+  std::string listen = "127.0.0.1:8765";
+  int threads = 8;
+  int64_t max_body_bytes = 64 << 20;
+  // [build]
+  std::string python;      // resolved to the build-time venv when empty
+  std::string worker_dir;  // resolved to the build-time python/ when empty
+  int build_jobs = 1;
+  int build_timeout_s = 1800;
+  std::string cxx = "c++";
+  // [log]
+  std::string log_level = "info";
+
+  std::string source;  // the file it came from, or "built-in defaults"
+};
+
+// Parses TOML text. Errors read "FILE:LINE:COL: what is wrong with KEY".
+StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name);
+
+// Finds the config file (explicit path, $AOTID_CONFIG, user, system), parses
+// it, and fills in defaults that depend on the environment. An explicit path
+// that does not exist is an error; absent implicit ones are not.
+StatusOr<Config> LoadConfig(const std::string& explicit_path);
+
+// Splits "HOST:PORT" or "[V6]:PORT"; InvalidArgument naming the value.
+Status ParseListen(const std::string& listen, std::string* host, int* port);
+
+}  // namespace aotid::daemon

@@ -1,0 +1,197 @@
+#include "daemon/http_api.h"
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "daemon/tensor_codec.h"
+
+namespace aotid::daemon {
+namespace {
+
+using json = nlohmann::json;
+constexpr char kJson[] = "application/json";
+
+void SendError(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(json{{"error", message}}.dump(), kJson);
+}
+
+void SendStatus(httplib::Response& res, const Status& s) { SendError(res, HttpStatusFor(s), s.message()); }
+
+json TensorList(const std::vector<runtime::TensorSpec>& specs) {
+  json arr = json::array();
+  for (const auto& t : specs) {
+    arr.push_back({{"name", t.name}, {"datatype", runtime::DTypeName(t.dtype)}, {"shape", t.shape}});
+  }
+  return arr;
+}
+
+// Finds the model a request names, honouring an optional version segment.
+StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* registry, const httplib::Request& req) {
+  std::string name = req.matches[1];
+  auto m = registry->Find(name);
+  if (!m) return NotFound("unknown model '" + name + "'");
+  std::string v = req.matches.size() > 2 ? std::string(req.matches[2]) : "";
+  if (!v.empty() && v != std::to_string(m->version)) {
+    return NotFound("model '" + name + "' has no served version '" + v + "' (serving version " +
+                    std::to_string(m->version) + ")");
+  }
+  return m;
+}
+
+Status NotReady(const ServedModel& m) {
+  std::string what = "model '" + m.name + "' version " + std::to_string(m.version);
+  switch (m.state) {
+    case storage::BuildState::kQueued: return Unavailable(what + " is queued for its build; try again shortly");
+    case storage::BuildState::kBuilding:
+      return Unavailable(what + " is " + (m.message.empty() ? "building" : m.message) + "; try again shortly");
+    case storage::BuildState::kFailed: return Unavailable(what + " failed to build: " + m.message);
+    case storage::BuildState::kReady: break;
+  }
+  return Unavailable(what + " is not ready");
+}
+
+}  // namespace
+
+int HttpStatusFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kAlreadyExists: return 409;
+    case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kResourceExhausted: return 503;
+    default: return 500;
+  }
+}
+
+HttpApi::HttpApi(const ModelRegistry* registry, HttpOptions options)
+    : registry_(registry), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+  server_->new_task_queue = [threads = options_.threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));  // (n_threads)
+  };
+  server_->set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
+  server_->set_keep_alive_max_count(1000);
+  server_->set_read_timeout(30, 0);
+  server_->set_write_timeout(30, 0);
+  Routes();
+}
+
+HttpApi::~HttpApi() = default;
+
+void HttpApi::Routes() {
+  auto& s = *server_;
+  const ModelRegistry* reg = registry_;
+
+  s.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"live":true})", kJson);
+  });
+  s.Get("/v2/health/ready", [reg](const httplib::Request&, httplib::Response& res) {
+    bool ready = reg->startup_done();
+    res.status = ready ? 200 : 503;
+    res.set_content(json{{"ready", ready}}.dump(), kJson);
+  });
+  s.Get("/v2", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}.dump(),
+                    kJson);
+  });
+
+  auto metadata = [reg](const httplib::Request& req, httplib::Response& res) {
+    auto m = Resolve(reg, req);
+    if (!m.ok()) return SendStatus(res, m.status());
+    const ServedModel& sm = **m;
+    json j{{"name", sm.name},
+           {"versions", {std::to_string(sm.version)}},
+           {"platform", "aotid_aoti"},
+           {"state", storage::BuildStateName(sm.state)},
+           {"device", sm.device}};
+    if (sm.model) {
+      j["inputs"] = TensorList(sm.model->spec().inputs);
+      j["outputs"] = TensorList(sm.model->spec().outputs);
+    } else {
+      j["inputs"] = json::array();
+      j["outputs"] = json::array();
+    }
+    if (sm.state == storage::BuildState::kFailed) j["error"] = sm.message;
+    res.set_content(j.dump(), kJson);
+  };
+  s.Get(R"(/v2/models/([^/]+))", metadata);
+  s.Get(R"(/v2/models/([^/]+)/versions/([^/]+))", metadata);
+
+  auto ready = [reg](const httplib::Request& req, httplib::Response& res) {
+    auto m = Resolve(reg, req);
+    if (!m.ok()) return SendStatus(res, m.status());
+    bool ok = (*m)->state == storage::BuildState::kReady;
+    res.status = ok ? 200 : 503;
+    json j{{"name", (*m)->name}, {"ready", ok}, {"state", storage::BuildStateName((*m)->state)}};
+    if (!ok) j["error"] = NotReady(**m).message();
+    res.set_content(j.dump(), kJson);
+  };
+  s.Get(R"(/v2/models/([^/]+)/ready)", ready);
+  s.Get(R"(/v2/models/([^/]+)/versions/([^/]+)/ready)", ready);
+
+  auto infer = [reg](const httplib::Request& req, httplib::Response& res) {
+    auto m = Resolve(reg, req);
+    if (!m.ok()) return SendStatus(res, m.status());
+    std::shared_ptr<const ServedModel> sm = *m;
+    if (sm->state != storage::BuildState::kReady || !sm->model) return SendStatus(res, NotReady(*sm));
+    auto decoded = DecodeInferRequest(req.body, sm->model->spec());
+    if (!decoded.ok()) return SendStatus(res, decoded.status());
+    auto outputs = sm->model->Infer(decoded->inputs);
+    if (!outputs.ok()) return SendStatus(res, outputs.status());
+    res.set_content(EncodeInferResponse(sm->name, sm->version, decoded->id, *outputs, decoded->output_names),
+                    kJson);
+  };
+  s.Post(R"(/v2/models/([^/]+)/infer)", infer);
+  s.Post(R"(/v2/models/([^/]+)/versions/([^/]+)/infer)", infer);
+
+  // Bodies for statuses the library produces itself (404 no route, 413, 400).
+  s.set_error_handler(httplib::Server::HandlerWithResponse([max = options_.max_body_bytes](
+                                                              const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg;
+    switch (res.status) {
+      case 404: msg = "no route for " + req.method + " " + req.path; break;
+      case 413: msg = "request body exceeds the limit of " + std::to_string(max) + " bytes (server.max_body_bytes)"; break;
+      case 414: msg = "request URI too long"; break;
+      case 400: msg = "malformed HTTP request"; break;
+      default: msg = "HTTP status " + std::to_string(res.status);
+    }
+    res.set_content(json{{"error", msg}}.dump(), kJson);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    LOG_ERROR << "internal error on " << req.method << " " << req.path << ": " << what;
+    SendError(res, 500, "internal error: " + what);
+  });
+}
+
+Status HttpApi::Bind() {
+  if (options_.port == 0) {
+    port_ = server_->bind_to_any_port(options_.host);
+    if (port_ <= 0) return Unavailable("cannot bind " + options_.host + " on any port");
+  } else {
+    if (!server_->bind_to_port(options_.host, options_.port)) {
+      return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
+                         " (address in use or not available; set server.listen or --listen)");
+    }
+    port_ = options_.port;
+  }
+  return Status::OK();
+}
+
+void HttpApi::Serve() { server_->listen_after_bind(); }
+
+void HttpApi::Stop() { server_->stop(); }
+
+}  // namespace aotid::daemon

@@ -1,0 +1,3 @@
+#include "daemon/cli.h"
+
+int main(int argc, char** argv) { return aotid::daemon::RunCli(argc, argv); }

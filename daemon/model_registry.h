@@ -1,0 +1,51 @@
+// What the data plane serves: one entry per model name, each an immutable
+// snapshot. Writers (the control loop) replace entries; readers (HTTP
+// threads) take a shared_ptr, so a request in flight keeps the model it
+// started with even when a newer version replaces it.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/loaded_model.h"
+#include "storage/model_store.h"
+
+namespace aotid::daemon {
+
+struct ServedModel {
+  std::string name;
+  int64_t version = 0;
+  storage::BuildState state = storage::BuildState::kQueued;
+  std::string message;  // the error when failed; what is happening otherwise
+  std::string device;
+  std::string artifact;
+  std::shared_ptr<runtime::LoadedModel> model;  // set when ready
+};
+
+class ModelRegistry {
+ public:
+  using Snapshot = std::map<std::string, std::shared_ptr<const ServedModel>>;
+
+  // nullptr when no model has that name.
+  std::shared_ptr<const ServedModel> Find(const std::string& name) const;
+  std::shared_ptr<const Snapshot> All() const;
+
+  void Put(ServedModel m);
+  void Remove(const std::string& name);
+
+  // Server readiness: set by the control loop once every model present at
+  // start has been built and loaded, or has failed.
+  void SetStartupDone() { startup_done_.store(true); }
+  bool startup_done() const { return startup_done_.load(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const Snapshot> snapshot_ = std::make_shared<Snapshot>();  // guarded by mu_
+  std::atomic<bool> startup_done_{false};
+};
+
+}  // namespace aotid::daemon

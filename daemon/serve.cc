@@ -1,0 +1,125 @@
+#include "daemon/serve.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <csignal>
+#include <thread>
+
+#include "base/fs.h"
+#include "base/log.h"
+#include "daemon/http_api.h"
+#include "daemon/reconciler.h"
+#include "runtime/hardware.h"
+#include "runtime/torch_version.h"
+
+namespace aotid::daemon {
+namespace {
+
+// One daemon per store: a second would race the first on builds.
+StatusOr<int> LockStore(const std::string& dir) {
+  std::string path = dir + "/daemon.lock";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open " + path, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return FailedPrecondition("another aotid serve is already using the store " + dir);
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0) {
+    ssize_t unused = ::write(fd, pid.data(), pid.size());
+    (void)unused;
+  }
+  return fd;
+}
+
+struct Shutdown {
+  uv_signal_t sigterm{}, sigint{};
+  HttpApi* http = nullptr;
+  runtime::Builder* builder = nullptr;
+  Reconciler* reconciler = nullptr;
+  bool started = false;
+};
+
+void OnSignal(uv_signal_t* handle, int signum) {
+  auto* s = static_cast<Shutdown*>(handle->data);
+  if (s->started) return;
+  s->started = true;
+  LOG_INFO << "received " << (signum == SIGTERM ? "SIGTERM" : "SIGINT") << "; shutting down";
+  s->reconciler->Stop();
+  s->builder->Shutdown();
+  s->http->Stop();
+  uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
+}
+
+}  // namespace
+
+int Serve(const Config& config) {
+  log::Level level;
+  if (log::ParseLevel(config.log_level, &level)) log::SetLevel(level);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto fail = [](const Status& s) {
+    LOG_ERROR << "aotid serve: " << s.message();
+    return 1;
+  };
+  auto store = storage::ModelStore::Open(config.store_path, /*create=*/true);
+  if (!store.ok()) return fail(store.status());
+  auto lock = LockStore(config.store_path);
+  if (!lock.ok()) return fail(lock.status());
+
+  runtime::HardwareInfo hw = runtime::ProbeHardware(config.cxx);
+  std::string fingerprint = runtime::Fingerprint(hw);
+  LOG_INFO << "aotid " << AOTID_VERSION << " store " << config.store_path << " config " << config.source;
+  LOG_INFO << "hardware " << fingerprint << " (" << hw.cpu_model << ", " << hw.cores << " cores)";
+
+  runtime::BuildCache cache(config.store_path + "/cache");
+  if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
+
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  runtime::BuilderOptions bopts;
+  bopts.python = config.python;
+  bopts.worker_dir = config.worker_dir;
+  bopts.torch_version = runtime::kTorchVersion;
+  bopts.scratch_dir = config.store_path + "/cache/.inductor";
+  bopts.jobs = config.build_jobs;
+  bopts.timeout_s = config.build_timeout_s;
+  runtime::Builder builder(&loop, &cache, bopts);
+  ModelRegistry registry;
+  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, fingerprint);
+
+  HttpOptions hopts;
+  if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
+  hopts.threads = config.threads;
+  hopts.max_body_bytes = config.max_body_bytes;
+  HttpApi http(&registry, hopts);
+  if (Status s = http.Bind(); !s.ok()) return fail(s);
+  std::string shown_host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
+  LOG_INFO << "serving on http://" << shown_host << ":" << http.port();
+  std::thread http_thread([&http] { http.Serve(); });
+
+  Shutdown shutdown;
+  shutdown.http = &http;
+  shutdown.builder = &builder;
+  shutdown.reconciler = &reconciler;
+  uv_signal_init(&loop, &shutdown.sigterm);
+  uv_signal_init(&loop, &shutdown.sigint);
+  shutdown.sigterm.data = shutdown.sigint.data = &shutdown;
+  uv_signal_start(&shutdown.sigterm, OnSignal, SIGTERM);
+  uv_signal_start(&shutdown.sigint, OnSignal, SIGINT);
+
+  if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
+
+  uv_run(&loop, UV_RUN_DEFAULT);
+  http_thread.join();
+  uv_loop_close(&loop);
+  LOG_INFO << "stopped";
+  ::close(*lock);
+  return 0;
+}
+
+}  // namespace aotid::daemon

@@ -1,0 +1,368 @@
+#include "daemon/tensor_codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace aotid::daemon {
+namespace {
+
+using runtime::DType;
+using runtime::HostTensor;
+using runtime::TensorSpec;
+using json = nlohmann::json;
+
+template <typename T>
+void Put(std::vector<std::byte>& out, size_t index, T v) {
+  std::memcpy(out.data() + index * sizeof(T), &v, sizeof(T));
+}
+
+template <typename T>
+T Get(const std::vector<std::byte>& in, size_t index) {
+  T v;
+  std::memcpy(&v, in.data() + index * sizeof(T), sizeof(T));
+  return v;
+}
+
+// Stores one JSON scalar as element `i` of a tensor of `dtype`.
+Status PutScalar(const json& v, DType dtype, size_t i, std::vector<std::byte>& out, const std::string& who) {
+  auto type_error = [&](const char* want) {
+    return InvalidArgument(who + ": element " + std::to_string(i) + " is " + std::string(v.type_name()) +
+                           ", expected " + want);
+  };
+  auto integer = [&](int64_t lo, int64_t hi) -> StatusOr<int64_t> {
+    int64_t x;
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
+      }
+      x = static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      x = v.get<int64_t>();
+    } else {
+      return type_error("an integer");
+    }
+    if (x < lo || x > hi) {
+      return InvalidArgument(who + ": element " + std::to_string(i) + " (" + std::to_string(x) +
+                             ") is out of range for " + std::string(runtime::DTypeName(dtype)));
+    }
+    return x;
+  };
+  switch (dtype) {
+    case DType::kBool:
+      if (v.is_boolean()) Put<uint8_t>(out, i, v.get<bool>() ? 1 : 0);
+      else return type_error("true or false");
+      return Status::OK();
+    case DType::kUInt8: { ASSIGN_OR_RETURN(int64_t x, integer(0, 255)); Put<uint8_t>(out, i, x); return Status::OK(); }
+    case DType::kInt8: { ASSIGN_OR_RETURN(int64_t x, integer(-128, 127)); Put<int8_t>(out, i, x); return Status::OK(); }
+    case DType::kInt16: { ASSIGN_OR_RETURN(int64_t x, integer(-32768, 32767)); Put<int16_t>(out, i, x); return Status::OK(); }
+    case DType::kInt32: {
+      ASSIGN_OR_RETURN(int64_t x, integer(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+      Put<int32_t>(out, i, static_cast<int32_t>(x));
+      return Status::OK();
+    }
+    case DType::kInt64: {
+      ASSIGN_OR_RETURN(int64_t x, integer(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+      Put<int64_t>(out, i, x);
+      return Status::OK();
+    }
+    default: break;
+  }
+  if (!v.is_number()) return type_error("a number");
+  double d = v.get<double>();
+  switch (dtype) {
+    case DType::kFloat16: Put<uint16_t>(out, i, FloatToHalf(static_cast<float>(d))); break;
+    case DType::kBFloat16: Put<uint16_t>(out, i, FloatToBFloat16(static_cast<float>(d))); break;
+    case DType::kFloat32: Put<float>(out, i, static_cast<float>(d)); break;
+    case DType::kFloat64: Put<double>(out, i, d); break;
+    default: return Internal("unhandled datatype");
+  }
+  return Status::OK();
+}
+
+// Walks nested arrays depth-first, storing scalars in order.
+Status Flatten(const json& node, DType dtype, size_t expected, size_t* count, std::vector<std::byte>& out,
+               const std::string& who) {
+  if (node.is_array()) {
+    for (const auto& child : node) RETURN_IF_ERROR(Flatten(child, dtype, expected, count, out, who));
+    return Status::OK();
+  }
+  if (*count >= expected) {
+    return InvalidArgument(who + ": 'data' has more elements than its shape holds (" +
+                           std::to_string(expected) + ")");
+  }
+  RETURN_IF_ERROR(PutScalar(node, dtype, *count, out, who));
+  ++*count;
+  return Status::OK();
+}
+
+StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const DecodeLimits& limits) {
+  const std::string who = "input '" + spec.name + "'";
+  HostTensor h;
+  h.name = spec.name;
+  auto dt = t.find("datatype");
+  if (dt == t.end() || !dt->is_string()) return InvalidArgument(who + ": missing 'datatype'");
+  if (!runtime::ParseDType(dt->get<std::string>(), &h.dtype)) {
+    if (dt->get<std::string>() == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
+    return InvalidArgument(who + ": unknown datatype '" + dt->get<std::string>() + "'");
+  }
+  auto shape = t.find("shape");
+  if (shape == t.end() || !shape->is_array()) return InvalidArgument(who + ": missing 'shape' array");
+  for (const auto& d : *shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+      return InvalidArgument(who + ": 'shape' must hold non-negative integers");
+    }
+    h.shape.push_back(d.get<int64_t>());
+  }
+  if (h.dtype != spec.dtype) {
+    return InvalidArgument(who + " has datatype " + std::string(runtime::DTypeName(h.dtype)) + ", expected " +
+                           std::string(runtime::DTypeName(spec.dtype)));
+  }
+  int64_t n = h.num_elements();
+  if (n < 0 || n > limits.max_elements) {
+    return InvalidArgument(who + ": shape " + runtime::ShapeString(h.shape) + " has more than " +
+                           std::to_string(limits.max_elements) + " elements");
+  }
+  auto data = t.find("data");
+  if (data == t.end()) return InvalidArgument(who + ": missing 'data'");
+  // A shape whose element count exceeds what the body could hold is refused
+  // before any allocation (each element takes at least one byte of JSON).
+  if (!data->is_array() && n != 1) {
+    return InvalidArgument(who + ": 'data' must be an array");
+  }
+  h.data.resize(static_cast<size_t>(n) * runtime::DTypeSize(h.dtype));
+  size_t count = 0;
+  RETURN_IF_ERROR(Flatten(*data, h.dtype, static_cast<size_t>(n), &count, h.data, who));
+  if (count != static_cast<size_t>(n)) {
+    return InvalidArgument(who + ": 'data' has " + std::to_string(count) + " elements, shape " +
+                           runtime::ShapeString(h.shape) + " needs " + std::to_string(n));
+  }
+  RETURN_IF_ERROR(runtime::CheckTensorAgainstSpec(h, spec));
+  return h;
+}
+
+void AppendNumber(std::string& out, double v) {
+  if (!std::isfinite(v)) {  // JSON has no NaN or infinity
+    out += "null";
+    return;
+  }
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void AppendFloat(std::string& out, float v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest form that round-trips
+  out.append(buf, r.ptr);
+}
+
+template <typename T>
+void AppendInt(std::string& out, T v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void AppendData(std::string& out, const HostTensor& t) {
+  size_t n = static_cast<size_t>(std::max<int64_t>(0, t.num_elements()));
+  out += '[';
+  for (size_t i = 0; i < n; ++i) {
+    if (i) out += ',';
+    switch (t.dtype) {
+      case DType::kBool: out += Get<uint8_t>(t.data, i) ? "true" : "false"; break;
+      case DType::kUInt8: AppendInt(out, Get<uint8_t>(t.data, i)); break;
+      case DType::kInt8: AppendInt(out, Get<int8_t>(t.data, i)); break;
+      case DType::kInt16: AppendInt(out, Get<int16_t>(t.data, i)); break;
+      case DType::kInt32: AppendInt(out, Get<int32_t>(t.data, i)); break;
+      case DType::kInt64: AppendInt(out, Get<int64_t>(t.data, i)); break;
+      case DType::kFloat16: AppendFloat(out, HalfToFloat(Get<uint16_t>(t.data, i))); break;
+      case DType::kBFloat16: AppendFloat(out, BFloat16ToFloat(Get<uint16_t>(t.data, i))); break;
+      case DType::kFloat32: AppendFloat(out, Get<float>(t.data, i)); break;
+      case DType::kFloat64: AppendNumber(out, Get<double>(t.data, i)); break;
+    }
+  }
+  out += ']';
+}
+
+}  // namespace
+
+int JsonDepth(std::string_view body, int stop) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_depth && (max_depth = depth) > stop) return max_depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::ModelSpec& spec,
+                                          const DecodeLimits& limits) {
+  if (JsonDepth(body, limits.max_depth) > limits.max_depth) {
+    return InvalidArgument("request JSON is nested deeper than " + std::to_string(limits.max_depth) + " levels");
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("request body is not valid JSON");
+  if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
+  InferRequest req;
+  if (auto id = j.find("id"); id != j.end()) {
+    if (!id->is_string()) return InvalidArgument("'id' must be a string");
+    req.id = id->get<std::string>();
+  }
+  auto inputs = j.find("inputs");
+  if (inputs == j.end() || !inputs->is_array()) return InvalidArgument("request has no 'inputs' array");
+  std::vector<const json*> by_spec(spec.inputs.size(), nullptr);
+  for (const auto& t : *inputs) {
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
+      return InvalidArgument("every entry of 'inputs' needs a string 'name'");
+    }
+    std::string name = t["name"].get<std::string>();
+    size_t k = 0;
+    while (k < spec.inputs.size() && spec.inputs[k].name != name) ++k;
+    if (k == spec.inputs.size()) {
+      std::string known;
+      for (const auto& s : spec.inputs) known += (known.empty() ? "'" : ", '") + s.name + "'";
+      return InvalidArgument("unknown input '" + name + "'; the model takes " + known);
+    }
+    if (by_spec[k] != nullptr) return InvalidArgument("input '" + name + "' appears twice");
+    by_spec[k] = &t;
+  }
+  for (size_t k = 0; k < spec.inputs.size(); ++k) {
+    if (by_spec[k] == nullptr) {
+      return InvalidArgument("missing input '" + spec.inputs[k].name + "' (" +
+                             std::string(runtime::DTypeName(spec.inputs[k].dtype)) + " " +
+                             runtime::ShapeString(spec.inputs[k].shape) + ")");
+    }
+    ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(*by_spec[k], spec.inputs[k], limits));
+    req.inputs.push_back(std::move(h));
+  }
+  if (auto outs = j.find("outputs"); outs != j.end()) {
+    if (!outs->is_array()) return InvalidArgument("'outputs' must be an array");
+    for (const auto& o : *outs) {
+      if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) {
+        return InvalidArgument("every entry of 'outputs' needs a string 'name'");
+      }
+      std::string name = o["name"].get<std::string>();
+      bool known = false;
+      for (const auto& s : spec.outputs) known = known || s.name == name;
+      if (!known) return InvalidArgument("unknown output '" + name + "'");
+      req.output_names.push_back(std::move(name));
+    }
+  }
+  return req;
+}
+
+std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
+                                const std::vector<HostTensor>& outputs, const std::vector<std::string>& wanted) {
+  std::string out;
+  size_t bytes = 0;
+  for (const auto& t : outputs) bytes += t.data.size();
+  out.reserve(128 + bytes * 3);
+  out += "{\"model_name\":";
+  out += json(std::string(model_name)).dump();
+  out += ",\"model_version\":\"" + std::to_string(version) + "\"";
+  if (!id.empty()) {
+    out += ",\"id\":";
+    out += json(std::string(id)).dump();
+  }
+  out += ",\"outputs\":[";
+  bool first = true;
+  for (const auto& t : outputs) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) continue;
+    if (!first) out += ',';
+    first = false;
+    out += "{\"name\":";
+    out += json(t.name).dump();
+    out += ",\"datatype\":\"";
+    out += runtime::DTypeName(t.dtype);
+    out += "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      if (i) out += ',';
+      AppendInt(out, t.shape[i]);
+    }
+    out += "],\"data\":";
+    AppendData(out, t);
+    out += '}';
+  }
+  out += "]}";
+  return out;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mant = x & 0x7fffffu;
+  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff);
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));  // inf / nan
+  int32_t e = exp - 127 + 15;
+  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (e <= 0) {                                                  // subnormal or zero
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    uint32_t shift = static_cast<uint32_t>(14 - e);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;  // may carry into the exponent: correct
+  return static_cast<uint16_t>(half);
+}
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(x);
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // nan
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+}  // namespace aotid::daemon

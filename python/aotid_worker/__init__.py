@@ -1,0 +1,1 @@
+"""aotid's compile worker: run by the daemon, never on the request path."""

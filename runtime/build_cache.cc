@@ -1,0 +1,137 @@
+#include "runtime/build_cache.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/fs.h"
+
+namespace aotid::runtime {
+namespace {
+
+constexpr const char* kEntryFiles[] = {"model.pt2", "spec.json"};
+
+StatusOr<int64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError(path, errno);
+  return static_cast<int64_t>(st.st_size);
+}
+
+Status CheckKey(const BuildKey& key) {
+  if (!fs::IsSha256Hex(key.artifact)) return InvalidArgument("bad artifact digest '" + key.artifact + "'");
+  for (const std::string* part : {&key.package_model, &key.device, &key.fingerprint}) {
+    if (part->empty() || part->find('/') != std::string::npos || part->find("..") != std::string::npos) {
+      return InvalidArgument("bad build key part '" + *part + "'");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string BuildCache::EntryDir(const BuildKey& key) const {
+  return root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
+}
+
+StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
+  RETURN_IF_ERROR(CheckKey(key));
+  CacheEntry e;
+  e.dir = EntryDir(key);
+  std::string manifest_path = e.dir + "/manifest.json";
+  if (!fs::Exists(manifest_path)) {
+    if (fs::Exists(e.dir)) return Corruption("cache entry " + e.dir + " has no manifest");
+    return NotFound("no build in cache for " + e.dir);
+  }
+  ASSIGN_OR_RETURN(std::string text, fs::ReadFile(manifest_path));
+  auto m = nlohmann::json::parse(text, nullptr, false);
+  if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
+    return Corruption("cache entry " + e.dir + " has an unreadable manifest");
+  }
+  for (const char* name : kEntryFiles) {
+    auto want = m["files"].find(name);
+    auto have = FileSize(e.dir + "/" + name);
+    if (want == m["files"].end() || !want->is_number_integer()) {
+      return Corruption("cache entry " + e.dir + " manifest lacks " + name);
+    }
+    if (!have.ok()) return Corruption("cache entry " + e.dir + " is missing " + name);
+    if (*have != want->get<int64_t>()) {
+      return Corruption("cache entry " + e.dir + ": " + name + " is " + std::to_string(*have) +
+                        " bytes, manifest says " + std::to_string(want->get<int64_t>()));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string spec_text, fs::ReadFile(e.dir + "/spec.json"));
+  auto spec = ModelSpec::FromJson(spec_text);
+  if (!spec.ok()) return spec.status().WithContext("cache entry " + e.dir);
+  e.spec = std::move(spec).value();
+  e.package_path = e.dir + "/model.pt2";
+  return e;
+}
+
+StatusOr<std::string> BuildCache::NewStaging(const BuildKey& key) const {
+  RETURN_IF_ERROR(CheckKey(key));
+  return fs::MakeTempDir(root_ + "/.staging", key.artifact.substr(0, 12) + "-");
+}
+
+StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildKey& key) const {
+  auto fail = [&](Status s) {
+    (void)fs::RemoveAll(staging);
+    return s;
+  };
+  Status key_ok = CheckKey(key);
+  if (!key_ok.ok()) return fail(key_ok);
+  nlohmann::json manifest;
+  manifest["artifact"] = key.artifact;
+  manifest["package_model"] = key.package_model;
+  manifest["device"] = key.device;
+  manifest["fingerprint"] = key.fingerprint;
+  for (const char* name : kEntryFiles) {
+    auto size = FileSize(staging + "/" + name);
+    if (!size.ok()) return fail(Corruption("build produced no " + std::string(name)));
+    manifest["files"][name] = *size;
+  }
+  auto spec_text = fs::ReadFile(staging + "/spec.json");
+  if (!spec_text.ok()) return fail(spec_text.status());
+  auto spec = ModelSpec::FromJson(*spec_text);
+  if (!spec.ok()) return fail(spec.status().WithContext("build output"));
+  // Everything the worker wrote is fsynced before the manifest names it.
+  for (const char* name : {"model.pt2", "spec.json", "build.log"}) {
+    std::string p = staging + "/" + name;
+    if (!fs::Exists(p)) continue;
+    FILE* f = std::fopen(p.c_str(), "rb");
+    if (f != nullptr) {
+      ::fsync(fileno(f));
+      std::fclose(f);
+    }
+  }
+  Status s = fs::WriteFileAtomic(staging + "/manifest.json", manifest.dump(2));
+  if (!s.ok()) return fail(s);
+
+  std::string dest = EntryDir(key);
+  std::string parent = root_ + "/" + key.artifact;
+  s = fs::MakeDirs(parent);
+  if (!s.ok()) return fail(s);
+  if (fs::Exists(dest)) {
+    // A damaged entry: move it aside first so the rename below cannot fail
+    // on a non-empty directory, then drop it.
+    std::string old = staging + ".old";
+    if (::rename(dest.c_str(), old.c_str()) != 0) return fail(ErrnoError("move aside " + dest, errno));
+    (void)fs::RemoveAll(old);
+  }
+  if (::rename(staging.c_str(), dest.c_str()) != 0) return fail(ErrnoError("rename into " + dest, errno));
+  s = fs::FsyncDir(parent);
+  if (!s.ok()) return s;
+  CacheEntry e;
+  e.dir = dest;
+  e.package_path = dest + "/model.pt2";
+  e.spec = std::move(spec).value();
+  return e;
+}
+
+Status BuildCache::ClearStaging() const {
+  RETURN_IF_ERROR(fs::RemoveAll(root_ + "/.staging"));
+  return fs::MakeDirs(root_ + "/.staging");
+}
+
+}  // namespace aotid::runtime

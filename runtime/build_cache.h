@@ -1,0 +1,61 @@
+// The cache of builds for this machine, under <store>/cache:
+//
+//   <artifact sha256>/<package model>.<device>.<fingerprint>/
+//       model.pt2     the AOTInductor package
+//       spec.json     inputs and outputs (names, datatypes, shapes)
+//       build.log     the compile worker's output
+//       manifest.json what the entry holds, with file sizes; written last
+//   .staging/         entries being built; never read, cleared at start
+//
+// An entry appears by rename of a complete staging directory, so a crash
+// leaves either a whole entry or none. An entry whose files do not match its
+// manifest is treated as absent (and rebuilt).
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+#include "runtime/tensor.h"
+
+namespace aotid::runtime {
+
+struct BuildKey {
+  std::string artifact;  // sha256 hex
+  std::string package_model;
+  std::string device;  // "cpu", "cuda", "mps"
+  std::string fingerprint;
+};
+
+struct CacheEntry {
+  std::string dir;
+  std::string package_path;  // dir + "/model.pt2"
+  ModelSpec spec;
+};
+
+class BuildCache {
+ public:
+  explicit BuildCache(std::string root) : root_(std::move(root)) {}
+
+  // Ok with the entry when it is complete and intact; NotFound when absent;
+  // Corruption (with what is wrong) when present but damaged.
+  StatusOr<CacheEntry> Lookup(const BuildKey& key) const;
+
+  // A fresh, empty staging directory for a build of `key`.
+  StatusOr<std::string> NewStaging(const BuildKey& key) const;
+
+  // Checks the staging directory holds model.pt2 and a valid spec.json,
+  // writes the manifest, and renames it into place (replacing a damaged
+  // entry). The staging directory is gone afterwards either way.
+  StatusOr<CacheEntry> Commit(const std::string& staging, const BuildKey& key) const;
+
+  // Removes every staging directory: at start, none of them can be live.
+  Status ClearStaging() const;
+
+  std::string EntryDir(const BuildKey& key) const;
+  const std::string& root() const { return root_; }
+
+ private:
+  std::string root_;
+};
+
+}  // namespace aotid::runtime

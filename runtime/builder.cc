@@ -1,0 +1,224 @@
+#include "runtime/builder.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "base/fs.h"
+#include "base/log.h"
+
+extern char** environ;
+
+namespace aotid::runtime {
+namespace {
+
+constexpr int kExitPermanent = 2;  // python/aotid_worker/compile.py
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The last `max_lines` lines of a log, for error messages.
+std::string LogTail(const std::string& path, size_t max_lines = 15) {
+  auto text = fs::ReadFile(path);
+  if (!text.ok()) return "";
+  std::string s = std::move(text).value();
+  if (s.size() > 8192) s = s.substr(s.size() - 8192);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  size_t pos = s.size();
+  for (size_t n = 0; n < max_lines && pos != std::string::npos && pos > 0; ++n) {
+    pos = s.rfind('\n', pos - 1);
+  }
+  return (pos == std::string::npos || pos == 0) ? s : s.substr(pos + 1);
+}
+
+}  // namespace
+
+struct Builder::Running {
+  Builder* owner;
+  BuildJob job;
+  std::string staging;
+  uv_process_t process{};
+  uv_timer_t timer{};
+  int open_handles = 0;
+  bool timed_out = false;
+  int64_t started_ms = 0;
+};
+
+Builder::Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options)
+    : loop_(loop), cache_(cache), options_(std::move(options)) {
+  options_.jobs = std::max(1, options_.jobs);
+}
+
+Builder::~Builder() { Shutdown(); }
+
+void Builder::Submit(BuildJob job) {
+  if (shut_down_) return;
+  queue_.push_back(std::move(job));
+  StartNext();
+}
+
+void Builder::StartNext() {
+  while (!shut_down_ && running_ < options_.jobs && !queue_.empty()) {
+    BuildJob job = std::move(queue_.front());
+    queue_.pop_front();
+    Start(std::move(job));
+  }
+}
+
+void Builder::Shutdown() {
+  shut_down_ = true;
+  queue_.clear();
+  for (Running* r : live_) {
+    if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&r->process))) {
+      uv_process_kill(&r->process, SIGKILL);
+    }
+  }
+}
+
+void Builder::Start(BuildJob job) {
+  auto fail_now = [&](Status s) {
+    BuildResult res;
+    res.status = s;
+    if (job.on_done) job.on_done(res);
+  };
+  auto staging = cache_->NewStaging(job.key);
+  if (!staging.ok()) return fail_now(staging.status());
+
+  auto* r = new Running{this, std::move(job), *staging};
+  std::string log_path = r->staging + "/build.log";
+  int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    Status s = ErrnoError("create " + log_path, errno);
+    (void)fs::RemoveAll(r->staging);
+    BuildJob j = std::move(r->job);
+    delete r;
+    BuildResult res;
+    res.status = s;
+    if (j.on_done) j.on_done(res);
+    return;
+  }
+
+  std::vector<std::string> args = {options_.python, "-m", "aotid_worker.compile",
+                                   "--artifact", r->job.artifact_path, "--out", r->staging,
+                                   "--device", r->job.key.device, "--expect-torch",
+                                   options_.torch_version};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "PYTHONPATH=", 11) != 0 && std::strncmp(*e, "TORCHINDUCTOR_CACHE_DIR=", 24) != 0) {
+      env.emplace_back(*e);
+    }
+  }
+  env.push_back("PYTHONPATH=" + options_.worker_dir);
+  if (!options_.scratch_dir.empty()) env.push_back("TORCHINDUCTOR_CACHE_DIR=" + options_.scratch_dir);
+  env.push_back("PYTHONUNBUFFERED=1");
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  uv_stdio_container_t stdio[3];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_INHERIT_FD;
+  stdio[1].data.fd = log_fd;
+  stdio[2].flags = UV_INHERIT_FD;
+  stdio[2].data.fd = log_fd;
+  uv_process_options_t opts{};
+  opts.file = argv[0];
+  opts.args = argv.data();
+  opts.env = envp.data();
+  opts.stdio = stdio;
+  opts.stdio_count = 3;
+  opts.exit_cb = [](uv_process_t* p, int64_t exit_status, int term_signal) {
+    auto* run = static_cast<Running*>(p->data);
+    run->owner->Finish(run, exit_status, term_signal);
+  };
+  r->process.data = r;
+  r->started_ms = SteadyMs();
+  int rc = uv_spawn(loop_, &r->process, &opts);
+  ::close(log_fd);
+  if (rc != 0) {
+    // libuv still needs the handle closed after a failed spawn.
+    Status s = FailedPrecondition("cannot start the compile worker " + options_.python + ": " +
+                                  uv_strerror(rc) + " (set build.python in the config)");
+    r->job.on_done = [cb = std::move(r->job.on_done), s](const BuildResult&) {
+      BuildResult res;
+      res.status = s;
+      res.permanent = true;
+      if (cb) cb(res);
+    };
+    ++running_;
+    live_.push_back(r);
+    r->open_handles = 1;
+    uv_close(reinterpret_cast<uv_handle_t*>(&r->process), [](uv_handle_t* h) {
+      auto* run = static_cast<Running*>(h->data);
+      run->owner->Finish(run, -1, 0);
+    });
+    return;
+  }
+  ++running_;
+  live_.push_back(r);
+  r->open_handles = 2;
+  uv_timer_init(loop_, &r->timer);
+  r->timer.data = r;
+  uv_timer_start(&r->timer, [](uv_timer_t* t) {
+    auto* run = static_cast<Running*>(t->data);
+    run->timed_out = true;
+    uv_process_kill(&run->process, SIGKILL);
+  }, static_cast<uint64_t>(options_.timeout_s) * 1000, 0);
+  LOG_INFO << "build started: " << r->job.key.artifact.substr(0, 12) << " " << r->job.key.package_model
+           << " for " << r->job.key.device << " (pid " << r->process.pid << ")";
+  if (r->job.on_start) r->job.on_start();
+}
+
+void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
+  // Called once from the exit callback (which then closes the handles), or
+  // from the close callback of a failed spawn.
+  auto close_done = [](uv_handle_t* h) {
+    auto* run = static_cast<Running*>(h->data);
+    if (--run->open_handles == 0) delete run;
+  };
+  bool spawned = r->open_handles == 2;
+  BuildResult res;
+  res.duration_ms = SteadyMs() - r->started_ms;
+  if (!spawned) {
+    // Failed spawn: on_done was wrapped to carry the reason.
+  } else if (exit_status == 0 && term_signal == 0) {
+    auto entry = cache_->Commit(r->staging, r->job.key);
+    res.status = entry.status();
+    if (entry.ok()) res.entry = std::move(entry).value();
+  } else {
+    std::string tail = LogTail(r->staging + "/build.log");
+    std::string why;
+    if (r->timed_out) {
+      why = "build timed out after " + std::to_string(options_.timeout_s) + "s (build.timeout_s)";
+    } else if (term_signal != 0) {
+      why = "compile worker killed by signal " + std::to_string(term_signal);
+    } else {
+      why = "compile worker exited with status " + std::to_string(exit_status);
+      res.permanent = exit_status == kExitPermanent;
+    }
+    res.status = Internal(tail.empty() ? why : why + ":\n" + tail);
+    (void)fs::RemoveAll(r->staging);
+  }
+  --running_;
+  live_.erase(std::remove(live_.begin(), live_.end(), r), live_.end());
+  BuildJob job = std::move(r->job);
+  if (spawned) {
+    uv_timer_stop(&r->timer);
+    uv_close(reinterpret_cast<uv_handle_t*>(&r->process), close_done);
+    uv_close(reinterpret_cast<uv_handle_t*>(&r->timer), close_done);
+  } else {
+    delete r;
+  }
+  if (job.on_done) job.on_done(res);
+  StartNext();
+}
+
+}  // namespace aotid::runtime

@@ -1,0 +1,32 @@
+// What this machine is, as far as a compiled model cares, and the
+// fingerprint that keys the build cache: a build is reused only on a machine
+// with the same fingerprint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace aotid::runtime {
+
+struct HardwareInfo {
+  std::string os;          // "linux", "darwin"
+  std::string arch;        // "x86_64", "arm64", "aarch64"
+  std::string cpu_model;   // as the OS reports it
+  std::string vector_isa;  // best ISA inductor can target: "avx512", "avx2", "neon", "sve", "default"
+  std::vector<std::string> cpu_features;  // the relevant flags that are present
+  int cores = 0;
+  int64_t memory_bytes = 0;
+  std::string torch_version;  // of the libtorch aotid is linked against
+  std::string compiler;       // first line of `$CXX --version`
+};
+
+// Probes the machine. `cxx` is the compiler builds use (its version is part of
+// the fingerprint); the probe runs it once.
+HardwareInfo ProbeHardware(const std::string& cxx = "c++");
+
+// "<os>-<arch>-<isa>-torch<version>-<8 hex digits over every field>": readable
+// at a glance and different whenever anything that affects a build differs.
+std::string Fingerprint(const HardwareInfo& hw);
+
+}  // namespace aotid::runtime

@@ -1,0 +1,82 @@
+// Thin RAII wrappers over the SQLite C API: one Db per owner (never shared
+// across threads), statements prepared, bound, stepped and finalized by
+// their destructors. Errors come back as Status with SQLite's extended
+// message read right after the failing call.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace aotid::storage {
+
+class Stmt;
+
+class Db {
+ public:
+  // Opens (creating if asked) the database file and applies aotid's
+  // connection settings: WAL, busy timeout, foreign keys.
+  static StatusOr<std::unique_ptr<Db>> Open(const std::string& path, bool create);
+  ~Db();
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+
+  // Runs one or more statements that return no rows.
+  Status Exec(std::string_view sql);
+  StatusOr<Stmt> Prepare(std::string_view sql);
+  int64_t LastInsertRowId() const;
+  // Status for the connection's last error, prefixed with `what`.
+  Status Error(std::string_view what) const;
+  sqlite3* raw() const { return db_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  sqlite3* db_;
+  std::string path_;
+};
+
+// A prepared statement. Bind indexes are 1-based, column indexes 0-based.
+class Stmt {
+ public:
+  Stmt(Db* db, sqlite3_stmt* s) : db_(db), stmt_(s) {}
+  Stmt(Stmt&& o) noexcept : db_(o.db_), stmt_(o.stmt_) { o.stmt_ = nullptr; }
+  Stmt(const Stmt&) = delete;
+  ~Stmt();
+
+  Stmt& Bind(int i, int64_t v);
+  Stmt& Bind(int i, std::string_view v);
+  Stmt& BindNull(int i);
+  // Returns true while a row is available, false when done.
+  StatusOr<bool> Step();
+  // Steps to completion, expecting no rows.
+  Status Run();
+
+  int64_t Int(int col) const;
+  std::string Text(int col) const;
+  bool IsNull(int col) const;
+
+ private:
+  Db* db_;
+  sqlite3_stmt* stmt_;
+};
+
+// BEGIN IMMEDIATE on construction; ROLLBACK on destruction unless Commit()ed.
+class WriteTxn {
+ public:
+  static StatusOr<std::unique_ptr<WriteTxn>> Begin(Db* db);
+  ~WriteTxn();
+  Status Commit();
+
+ private:
+  explicit WriteTxn(Db* db) : db_(db) {}
+  Db* db_;
+  bool done_ = false;
+};
+
+}  // namespace aotid::storage
