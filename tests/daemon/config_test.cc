@@ -1,0 +1,87 @@
+#include "daemon/config.h"
+
+#include "base/fs.h"
+#include "test_util.h"
+
+namespace aotid::daemon {
+namespace {
+
+TEST(Config, ShippedConfigFileParsesToTheDefaults) {
+  auto text = fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/configs/aotid.toml");
+  ASSERT_TRUE(text.ok());
+  auto c = ParseConfig(*text, "aotid.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Config defaults;
+  EXPECT_EQ(c->listen, defaults.listen);
+  EXPECT_EQ(c->threads, defaults.threads);
+  EXPECT_EQ(c->max_body_bytes, defaults.max_body_bytes);
+  EXPECT_EQ(c->build_jobs, defaults.build_jobs);
+  EXPECT_EQ(c->build_timeout_s, defaults.build_timeout_s);
+}
+
+TEST(Config, GoodFileSetsValues) {
+  auto c = ParseConfig("[server]\nlisten = \"[::1]:9000\"\nthreads = 3\n[build]\njobs = 2\n[log]\nlevel = \"debug\"\n",
+                       "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->listen, "[::1]:9000");
+  EXPECT_EQ(c->threads, 3);
+  EXPECT_EQ(c->build_jobs, 2);
+  EXPECT_EQ(c->log_level, "debug");
+}
+
+TEST(Config, UnknownKeyNamesFileLineAndKey) {
+  auto c = ParseConfig("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n", "my.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "my.toml:3:9: unknown key 'server.lisen'");
+}
+
+TEST(Config, UnknownSectionIsAnError) {
+  auto c = ParseConfig("[sever]\nx = 1\n", "my.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("my.toml:1:"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("'sever'"), std::string::npos);
+}
+
+TEST(Config, WrongTypeNamesFileLineAndKey) {
+  auto c = ParseConfig("[server]\nthreads = \"8\"\n", "my.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "my.toml:2:11: 'server.threads' must be an integer");
+  auto s = ParseConfig("[build]\npython = 3\n", "my.toml");
+  EXPECT_EQ(s.status().message(), "my.toml:2:10: 'build.python' must be a string");
+}
+
+TEST(Config, OutOfRangeAndBadListenAreErrors) {
+  auto c = ParseConfig("[build]\njobs = 0\n", "my.toml");
+  EXPECT_NE(c.status().message().find("'build.jobs' must be between 1 and 64, got 0"), std::string::npos)
+      << c.status().message();
+  auto l = ParseConfig("[server]\nlisten = \"localhost\"\n", "my.toml");
+  EXPECT_NE(l.status().message().find("has no port"), std::string::npos) << l.status().message();
+}
+
+TEST(Config, SyntaxErrorHasPosition) {
+  auto c = ParseConfig("[server\n", "my.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().rfind("my.toml:1:", 0), 0u) << c.status().message();
+}
+
+TEST(Config, ExplicitMissingFileIsAnError) {
+  auto c = LoadConfig("/nonexistent/aotid.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("/nonexistent/aotid.toml"), std::string::npos);
+}
+
+TEST(Config, ParseListenAcceptsV4AndBracketedV6) {
+  std::string host;
+  int port = 0;
+  ASSERT_OK(ParseListen("127.0.0.1:8765", &host, &port));
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 8765);
+  ASSERT_OK(ParseListen("[::1]:0", &host, &port));
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 0);
+  EXPECT_FALSE(ParseListen("::1:80", &host, &port).ok());
+  EXPECT_FALSE(ParseListen("h:99999", &host, &port).ok());
+}
+
+}  // namespace
+}  // namespace aotid::daemon
