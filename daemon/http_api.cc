@@ -74,6 +74,7 @@ HttpApi::HttpApi(const ModelRegistry* registry, HttpOptions options)
     return new httplib::ThreadPool(static_cast<size_t>(threads));  // (n_threads)
   };
   server_->set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
+  server_->set_tcp_nodelay(true);  // small JSON replies must not wait on Nagle
   server_->set_keep_alive_max_count(1000);
   server_->set_read_timeout(30, 0);
   server_->set_write_timeout(30, 0);

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The first-path benchmarks (docs/BENCHMARKS.md): first-start build time per
+# test model, cached start-to-ready time, and HTTP vs in-process latency.
+#   ./dev bench        (calls: bench/run.sh BUILD_DIR PYTHON)
+set -euo pipefail
+BUILD="$1"
+PY="$2"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+AOTID="$BUILD/aotid"
+work="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+store="$work/store"
+
+PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/tests/models/make_test_models.py" --out "$work/models" >/dev/null
+for m in mlp embed; do "$AOTID" --store "$store" add "$work/models/$m.pt2" --name "$m" >/dev/null; done
+
+now_ms() { date +%s%3N; }
+port_of() { grep -o 'serving on http://[^ ]*' "$1" | head -1 | sed 's/.*://'; }
+wait_ready() {  # log model -> ms from start to ready
+  local log="$1" m="$2" start="$3" port
+  for _ in $(seq 1 600); do port="$(port_of "$log")"; [[ -n "$port" ]] && break; sleep 0.01; done
+  for _ in $(seq 1 60000); do
+    if curl -sf "127.0.0.1:$port/v2/models/$m/ready" >/dev/null; then echo $(($(now_ms) - start)); return; fi
+    sleep 0.01
+  done
+  echo "timeout"; return 1
+}
+
+start="$(now_ms)"
+"$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/cold.log" 2>&1 &
+cold_pid=$!
+cold_mlp="$(wait_ready "$work/cold.log" mlp "$start")"
+cold_embed="$(wait_ready "$work/cold.log" embed "$start")"
+kill -TERM "$cold_pid"; wait "$cold_pid" || true
+builds="$(sqlite3 "$store/aotid.db" "SELECT model || ' ' || message FROM events WHERE kind = 'build_ready' ORDER BY id")"
+
+start="$(now_ms)"
+"$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/warm.log" 2>&1 &
+warm_pid=$!
+warm_mlp="$(wait_ready "$work/warm.log" mlp "$start")"
+warm_embed="$(wait_ready "$work/warm.log" embed "$start")"
+port="$(port_of "$work/warm.log")"
+
+echo '{"inputs":[{"name":"x","datatype":"FP32","shape":[1,8],"data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8]}]}' >"$work/mlp.json"
+echo '{"inputs":[{"name":"ids","datatype":"INT64","shape":[2,5],"data":[1,2,3,4,5,6,7,8,9,10]}]}' >"$work/embed.json"
+
+echo "== first start (cold: compile) — process start to model ready, ms: mlp=$cold_mlp embed=$cold_embed"
+echo "   build times (from the store's event log; builds run one at a time):"
+sed 's/^/     /' <<<"$builds"
+echo "== cached start — process start to model ready, ms: mlp=$warm_mlp embed=$warm_embed"
+echo "== latency, one request at a time, keep-alive, loopback:"
+for m in mlp embed; do
+  "$BUILD/bench/aotid_latency_bench" --store "$store" --model "$m" --port "$port" --request "$work/$m.json" --iterations 2000
+done
+kill -TERM "$warm_pid"; wait "$warm_pid" || true
