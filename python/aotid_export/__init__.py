@@ -63,6 +63,9 @@ def export(
     names = _input_names(model, len(example_inputs), input_names)
     dynamic_shapes = None
     if dynamic_batch:
+        # torch.export specializes a dim of size 1, so trace a batch of 2.
+        example_inputs = tuple(
+            torch.cat([t, t]) if t.dim() > 0 and t.shape[0] == 1 else t for t in example_inputs)
         batch = torch.export.Dim("batch", min=1, max=MAX_DYNAMIC_BATCH)
         dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in example_inputs)
     model = model.eval()
