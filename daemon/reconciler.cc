@@ -51,10 +51,11 @@ StatusOr<std::string> Reconciler::ResolveDevice(const storage::ModelVersion& v) 
 void Reconciler::Ensure(const storage::ModelVersion& v) {
   auto current = registry_->Find(v.model);
   if (current && current->version == v.version) return;  // served, or work in flight/failed
-  if (in_flight_.count(Key(v))) return;
+  if (in_flight_.count(Key(v)) || failed_.count(Key(v))) return;
 
   auto device = ResolveDevice(v);
   if (!device.ok()) {
+    failed_.insert(Key(v));
     Publish(v, storage::BuildState::kFailed, device.status().message());
     Record(v, "build_failed", device.status().message());
     return;
@@ -93,6 +94,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
     rec.finished_at_ms = storage::NowMs();
     if (!r.status.ok()) {
       in_flight_.erase(Key(v));
+      failed_.insert(Key(v));
       rec.state = storage::BuildState::kFailed;
       rec.error = r.status.message();
       (void)store_->PutBuild(rec);
@@ -138,6 +140,7 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
         if (status != 0 || !work->result.ok()) {
           std::string why = status != 0 ? "load cancelled" : work->result.status().message();
           LOG_ERROR << "loading " << Key(v) << " failed: " << why;
+          self->failed_.insert(Key(v));
           self->Record(v, "load_failed", why);
           self->Publish(v, storage::BuildState::kFailed, why);
         } else {
@@ -158,9 +161,14 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
 
 void Reconciler::Publish(const storage::ModelVersion& v, storage::BuildState state, std::string message,
                          std::shared_ptr<runtime::LoadedModel> model) {
-  // A newer version keeps serving while an older one's work finishes.
+  // A newer version keeps serving while an older one's work finishes, and a
+  // ready older version keeps serving until its successor is ready.
   auto current = registry_->Find(v.model);
   if (current && current->version > v.version) return;
+  if (current && current->version < v.version && current->state == storage::BuildState::kReady &&
+      state != storage::BuildState::kReady) {
+    return;
+  }
   ServedModel m;
   m.name = v.model;
   m.version = v.version;

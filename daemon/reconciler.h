@@ -55,6 +55,8 @@ class Reconciler {
   bool stopping_ = false;
   // name:version of work in flight (building or loading).
   std::set<std::string> in_flight_;
+  // name:version whose build or load failed: not retried on every reconcile.
+  std::set<std::string> failed_;
   bool startup_pass_done_ = false;
 };
 

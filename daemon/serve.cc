@@ -35,8 +35,53 @@ StatusOr<int> LockStore(const std::string& dir) {
   return fd;
 }
 
+// Notices commits to the store from any process: a file watch on the store
+// directory wakes it at once, a one-second timer is the backstop, and PRAGMA
+// data_version says whether anything was committed since the last look.
+struct StoreWatch {
+  uv_fs_event_t dir_event{};
+  uv_timer_t tick{};
+  bool watching_dir = false;
+  storage::ModelStore* store = nullptr;
+  Reconciler* reconciler = nullptr;
+  int64_t seen_version = -1;
+
+  void Start(uv_loop_t* loop, const std::string& dir) {
+    auto v = store->DataVersion();
+    seen_version = v.ok() ? *v : -1;
+    uv_timer_init(loop, &tick);
+    tick.data = this;
+    uv_timer_start(&tick, [](uv_timer_t* t) { static_cast<StoreWatch*>(t->data)->Check(); }, 1000, 1000);
+    uv_fs_event_init(loop, &dir_event);
+    dir_event.data = this;
+    int rc = uv_fs_event_start(&dir_event, [](uv_fs_event_t* h, const char* file, int, int) {
+      std::string_view f = file ? file : "";
+      if (f.empty() || f.rfind("aotid.db", 0) == 0) static_cast<StoreWatch*>(h->data)->Check();
+    }, dir.c_str(), 0);
+    watching_dir = rc == 0;
+    if (!watching_dir) LOG_WARNING << "cannot watch " << dir << " (" << uv_strerror(rc) << "); checking every second";
+  }
+  void Check() {
+    auto v = store->DataVersion();
+    if (!v.ok()) {
+      LOG_WARNING << "store check: " << v.status().message();
+      return;
+    }
+    if (*v == seen_version) return;
+    seen_version = *v;
+    LOG_DEBUG << "store changed; reconciling";
+    if (Status s = reconciler->Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
+  }
+  void Stop() {
+    uv_timer_stop(&tick);
+    uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&dir_event), nullptr);
+  }
+};
+
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
+  StoreWatch* watch = nullptr;
   HttpApi* http = nullptr;
   runtime::Builder* builder = nullptr;
   Reconciler* reconciler = nullptr;
@@ -49,6 +94,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->started = true;
   LOG_INFO << "received " << (signum == SIGTERM ? "SIGTERM" : "SIGINT") << "; shutting down";
   s->reconciler->Stop();
+  s->watch->Stop();
   s->builder->Shutdown();
   s->http->Stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
@@ -102,7 +148,11 @@ int Serve(const Config& config) {
   LOG_INFO << "serving on http://" << shown_host << ":" << http.port();
   std::thread http_thread([&http] { http.Serve(); });
 
+  StoreWatch watch;
+  watch.store = store->get();
+  watch.reconciler = &reconciler;
   Shutdown shutdown;
+  shutdown.watch = &watch;
   shutdown.http = &http;
   shutdown.builder = &builder;
   shutdown.reconciler = &reconciler;
@@ -112,6 +162,7 @@ int Serve(const Config& config) {
   uv_signal_start(&shutdown.sigterm, OnSignal, SIGTERM);
   uv_signal_start(&shutdown.sigint, OnSignal, SIGINT);
 
+  watch.Start(&loop, config.store_path);
   if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
 
   uv_run(&loop, UV_RUN_DEFAULT);

@@ -344,6 +344,12 @@ Status ModelStore::AppendEvent(const std::string& model, int64_t version, const 
   return s.Bind(1, NowMs()).Bind(2, model).Bind(3, version).Bind(4, kind).Bind(5, message).Run();
 }
 
+StatusOr<int64_t> ModelStore::DataVersion() {
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("PRAGMA data_version"));
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : int64_t{0};
+}
+
 StatusOr<std::vector<Event>> ModelStore::ListEvents(int64_t after_id, int limit) {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
       "SELECT id, at_ms, model, version, kind, message FROM events WHERE id > ? "

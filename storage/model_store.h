@@ -111,6 +111,10 @@ class ModelStore {
   // Events with id > after_id, oldest first, at most `limit`.
   StatusOr<std::vector<Event>> ListEvents(int64_t after_id = 0, int limit = 1000);
 
+  // SQLite's PRAGMA data_version: changes when another connection (any
+  // process) commits to the store, never for this connection's own writes.
+  StatusOr<int64_t> DataVersion();
+
   const std::string& dir() const { return dir_; }
   int SchemaVersion() const { return schema_version_; }
   Db* db() { return db_.get(); }

@@ -63,10 +63,12 @@ int CountEvents(const std::string& store_dir, const std::string& kind, const std
 }
 
 // Every output of every recorded case matches eager PyTorch.
-void ExpectCasesMatchEager(int port, const std::string& model) {
+// `cases_of` names the exported model whose cases apply (default: `model`).
+void ExpectCasesMatchEager(int port, const std::string& model, std::string cases_of = "") {
+  if (cases_of.empty()) cases_of = model;
   json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
-  ASSERT_TRUE(cases.contains(model));
-  for (const auto& c : cases[model]) {
+  ASSERT_TRUE(cases.contains(cases_of));
+  for (const auto& c : cases[cases_of]) {
     json req{{"id", "case"}, {"inputs", c["inputs"]}};
     Reply r = Post(port, "/v2/models/" + model + "/infer", req.dump());
     ASSERT_EQ(r.status, 200) << r.body.dump();
@@ -189,11 +191,32 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {
   ExpectCasesMatchEager(port(), "mlp");  // still serving correctly
 }
 
+// Another process adds a model and a new version while the daemon serves.
+// Both share artifacts already built, so they load from the cache at once.
+TEST_F(ServeTest, ModelsAddedByAnotherProcessAreServedWithoutRestart) {
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("embed.pt2"), "--name", "embed-live"}, &out), 0) << out;
+  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  EXPECT_NE(out.find("added mlp:2"), std::string::npos) << out;
+  ASSERT_TRUE(WaitReady(port(), "embed-live", 30)) << daemon_->Log();
+  ExpectCasesMatchEager(port(), "embed-live", "embed");
+  // Version 2 replaces version 1 (bounded wait: the store watch fires within a second).
+  bool v2 = false;
+  for (int i = 0; i < 150 && !v2; ++i) {
+    v2 = Get(port(), "/v2/models/mlp").body["versions"] == json::array({"2"});
+    if (!v2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(v2) << daemon_->Log();
+  ExpectCasesMatchEager(port(), "mlp");
+  EXPECT_EQ(CountEvents(store_, "build_started"), 2);  // nothing new was compiled
+}
+
 // Runs last (gtest keeps declaration order): restarts the shared daemon.
 TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   int builds_before = CountEvents(store_, "build_started");
   EXPECT_EQ(builds_before, 2);
   EXPECT_EQ(CountEvents(store_, "loaded", "after build"), 2);
+  int cache_loads_before = CountEvents(store_, "loaded", "from cache");
   EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
   delete daemon_;
   daemon_ = nullptr;
@@ -205,7 +228,8 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
   ASSERT_TRUE(WaitReady(port(), "embed", 60)) << daemon_->Log();
   EXPECT_EQ(CountEvents(store_, "build_started"), builds_before);
-  EXPECT_EQ(CountEvents(store_, "loaded", "from cache"), 2);
+  ASSERT_TRUE(WaitReady(port(), "embed-live", 60)) << daemon_->Log();
+  EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 3);  // mlp:2, embed, embed-live
   EXPECT_EQ(daemon_->Log().find("build started"), std::string::npos) << daemon_->Log();
   ExpectCasesMatchEager(port(), "mlp");
   ExpectCasesMatchEager(port(), "embed");
