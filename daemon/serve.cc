@@ -144,9 +144,6 @@ int Serve(const Config& config) {
   hopts.max_body_bytes = config.max_body_bytes;
   HttpApi http(&registry, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
-  std::string shown_host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
-  LOG_INFO << "serving on http://" << shown_host << ":" << http.port();
-  std::thread http_thread([&http] { http.Serve(); });
 
   StoreWatch watch;
   watch.store = store->get();
@@ -162,8 +159,13 @@ int Serve(const Config& config) {
   uv_signal_start(&shutdown.sigterm, OnSignal, SIGTERM);
   uv_signal_start(&shutdown.sigint, OnSignal, SIGINT);
 
+  // The first reconcile publishes every model's state before HTTP answers
+  // anything, so an early request gets 503 "building", never 404.
   watch.Start(&loop, config.store_path);
   if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
+  std::string shown_host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
+  LOG_INFO << "serving on http://" << shown_host << ":" << http.port();
+  std::thread http_thread([&http] { http.Serve(); });
 
   uv_run(&loop, UV_RUN_DEFAULT);
   http_thread.join();
