@@ -31,6 +31,12 @@ int Fail(const std::string& command, const Status& s) {
   return ExitCodeFor(s);
 }
 
+// A bad config file or flag: reported like any failure, exit code 2.
+int FailUsage(const std::string& command, const Status& s) {
+  Fail(command, s);
+  return kExitUsage;
+}
+
 struct GlobalFlags {
   std::string config;
   std::string store;
@@ -57,7 +63,7 @@ std::string HumanSize(int64_t bytes) {
 
 int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   auto cfg = Resolve(g);
-  if (!cfg.ok()) return Fail("add", cfg.status()), kExitUsage;
+  if (!cfg.ok()) return FailUsage("add", cfg.status());
   // Check everything about the request before the store is created or opened.
   if (auto info = storage::ModelStore::CheckAddRequest(req); !info.ok()) return Fail("add", info.status());
   auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
@@ -72,7 +78,7 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
 
 int CmdLs(const GlobalFlags& g) {
   auto cfg = Resolve(g);
-  if (!cfg.ok()) return Fail("ls", cfg.status()), kExitUsage;
+  if (!cfg.ok()) return FailUsage("ls", cfg.status());
   auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/false);
   if (!store.ok()) {
     if (store.status().code() == StatusCode::kNotFound) {
@@ -145,11 +151,11 @@ int RunCli(int argc, char** argv) {
   if (ls->parsed()) return CmdLs(g);
   if (serve->parsed()) {
     auto cfg = Resolve(g);
-    if (!cfg.ok()) return Fail("serve", cfg.status()), kExitUsage;
+    if (!cfg.ok()) return FailUsage("serve", cfg.status());
     if (!listen.empty()) {
       std::string host;
       int port;
-      if (Status s = ParseListen(listen, &host, &port); !s.ok()) return Fail("serve", s), kExitUsage;
+      if (Status s = ParseListen(listen, &host, &port); !s.ok()) return FailUsage("serve", s);
       cfg->listen = listen;
     }
     return Serve(*cfg);

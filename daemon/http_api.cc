@@ -44,11 +44,12 @@ StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* regist
 Status NotReady(const ServedModel& m) {
   std::string what = "model '" + m.name + "' version " + std::to_string(m.version);
   switch (m.state) {
-    case storage::BuildState::kQueued: return Unavailable(what + " is queued for its build; try again shortly");
-    case storage::BuildState::kBuilding:
+    case ServeState::kQueued: return Unavailable(what + " is queued for its build; try again shortly");
+    case ServeState::kLoading: return Unavailable(what + " is loading; try again shortly");
+    case ServeState::kBuilding:
       return Unavailable(what + " is " + (m.message.empty() ? "building" : m.message) + "; try again shortly");
-    case storage::BuildState::kFailed: return Unavailable(what + " failed to build: " + m.message);
-    case storage::BuildState::kReady: break;
+    case ServeState::kFailed: return Unavailable(what + " failed: " + m.message);
+    case ServeState::kReady: break;
   }
   return Unavailable(what + " is not ready");
 }
@@ -107,7 +108,7 @@ void HttpApi::Routes() {
     json j{{"name", sm.name},
            {"versions", {std::to_string(sm.version)}},
            {"platform", "aotid_aoti"},
-           {"state", storage::BuildStateName(sm.state)},
+           {"state", ServeStateName(sm.state)},
            {"device", sm.device}};
     if (sm.model) {
       j["inputs"] = TensorList(sm.model->spec().inputs);
@@ -116,7 +117,7 @@ void HttpApi::Routes() {
       j["inputs"] = json::array();
       j["outputs"] = json::array();
     }
-    if (sm.state == storage::BuildState::kFailed) j["error"] = sm.message;
+    if (sm.state == ServeState::kFailed) j["error"] = sm.message;
     res.set_content(j.dump(), kJson);
   };
   s.Get(R"(/v2/models/([^/]+))", metadata);
@@ -125,9 +126,9 @@ void HttpApi::Routes() {
   auto ready = [reg](const httplib::Request& req, httplib::Response& res) {
     auto m = Resolve(reg, req);
     if (!m.ok()) return SendStatus(res, m.status());
-    bool ok = (*m)->state == storage::BuildState::kReady;
+    bool ok = (*m)->state == ServeState::kReady;
     res.status = ok ? 200 : 503;
-    json j{{"name", (*m)->name}, {"ready", ok}, {"state", storage::BuildStateName((*m)->state)}};
+    json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
     if (!ok) j["error"] = NotReady(**m).message();
     res.set_content(j.dump(), kJson);
   };
@@ -138,7 +139,7 @@ void HttpApi::Routes() {
     auto m = Resolve(reg, req);
     if (!m.ok()) return SendStatus(res, m.status());
     std::shared_ptr<const ServedModel> sm = *m;
-    if (sm->state != storage::BuildState::kReady || !sm->model) return SendStatus(res, NotReady(*sm));
+    if (sm->state != ServeState::kReady || !sm->model) return SendStatus(res, NotReady(*sm));
     auto decoded = DecodeInferRequest(req.body, sm->model->spec());
     if (!decoded.ok()) return SendStatus(res, decoded.status());
     auto outputs = sm->model->Infer(decoded->inputs);

@@ -2,6 +2,17 @@
 
 namespace aotid::daemon {
 
+std::string_view ServeStateName(ServeState s) {
+  switch (s) {
+    case ServeState::kQueued: return "queued";
+    case ServeState::kBuilding: return "building";
+    case ServeState::kLoading: return "loading";
+    case ServeState::kReady: return "ready";
+    case ServeState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
 std::shared_ptr<const ServedModel> ModelRegistry::Find(const std::string& name) const {
   auto snap = All();
   auto it = snap->find(name);

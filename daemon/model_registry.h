@@ -16,10 +16,15 @@
 
 namespace aotid::daemon {
 
+// Where a served version is on its way to answering requests. Differs from a
+// build's state: a cached build still has to be loaded.
+enum class ServeState { kQueued, kBuilding, kLoading, kReady, kFailed };
+std::string_view ServeStateName(ServeState s);  // "queued", "building", ...
+
 struct ServedModel {
   std::string name;
   int64_t version = 0;
-  storage::BuildState state = storage::BuildState::kQueued;
+  ServeState state = ServeState::kQueued;
   std::string message;  // the error when failed; what is happening otherwise
   std::string device;
   std::string artifact;

@@ -56,7 +56,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
   auto device = ResolveDevice(v);
   if (!device.ok()) {
     failed_.insert(Key(v));
-    Publish(v, storage::BuildState::kFailed, device.status().message());
+    Publish(v, ServeState::kFailed, device.status().message());
     Record(v, "build_failed", device.status().message());
     return;
   }
@@ -75,7 +75,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
 
 void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key) {
   in_flight_.insert(Key(v));
-  Publish(v, storage::BuildState::kQueued, "queued for build");
+  Publish(v, ServeState::kQueued, "queued for build");
   storage::BuildRecord rec{v.artifact, v.package_model, fingerprint_, key.device, storage::BuildState::kQueued, "",
                            0, 0};
   (void)store_->PutBuild(rec);
@@ -88,7 +88,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
     rec.started_at_ms = storage::NowMs();
     (void)store_->PutBuild(rec);
     Record(v, "build_started", "compiling for " + rec.device + " on " + fingerprint_);
-    Publish(v, storage::BuildState::kBuilding, "building for " + rec.device);
+    Publish(v, ServeState::kBuilding, "building for " + rec.device);
   };
   job.on_done = [this, v, rec](const runtime::BuildResult& r) mutable {
     rec.finished_at_ms = storage::NowMs();
@@ -100,7 +100,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
       (void)store_->PutBuild(rec);
       LOG_ERROR << "build of " << Key(v) << " failed: " << r.status.message();
       Record(v, "build_failed", r.status.message());
-      Publish(v, storage::BuildState::kFailed, r.status.message());
+      Publish(v, ServeState::kFailed, r.status.message());
       MaybeStartupDone();
       return;
     }
@@ -116,6 +116,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
 
 void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now) {
   in_flight_.insert(Key(v));
+  Publish(v, ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
   auto* w = new LoadWork;
   w->req.data = w;
   w->owner = this;
@@ -142,31 +143,31 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
           LOG_ERROR << "loading " << Key(v) << " failed: " << why;
           self->failed_.insert(Key(v));
           self->Record(v, "load_failed", why);
-          self->Publish(v, storage::BuildState::kFailed, why);
+          self->Publish(v, ServeState::kFailed, why);
         } else {
           std::shared_ptr<runtime::LoadedModel> model = std::move(work->result).value();
           std::string how = work->built_now ? "after build" : "from cache";
           LOG_INFO << "serving " << Key(v) << " on " << model->device() << " (" << how << ")";
           self->Record(v, "loaded", "loaded " + how + " on " + model->device());
-          self->Publish(v, storage::BuildState::kReady, "", std::move(model));
+          self->Publish(v, ServeState::kReady, "", std::move(model));
         }
         self->MaybeStartupDone();
       });
   if (rc != 0) {
     in_flight_.erase(Key(v));
-    Publish(v, storage::BuildState::kFailed, std::string("cannot queue load: ") + uv_strerror(rc));
+    Publish(v, ServeState::kFailed, std::string("cannot queue load: ") + uv_strerror(rc));
     delete w;
   }
 }
 
-void Reconciler::Publish(const storage::ModelVersion& v, storage::BuildState state, std::string message,
+void Reconciler::Publish(const storage::ModelVersion& v, ServeState state, std::string message,
                          std::shared_ptr<runtime::LoadedModel> model) {
   // A newer version keeps serving while an older one's work finishes, and a
   // ready older version keeps serving until its successor is ready.
   auto current = registry_->Find(v.model);
   if (current && current->version > v.version) return;
-  if (current && current->version < v.version && current->state == storage::BuildState::kReady &&
-      state != storage::BuildState::kReady) {
+  if (current && current->version < v.version && current->state == ServeState::kReady &&
+      state != ServeState::kReady) {
     return;
   }
   ServedModel m;

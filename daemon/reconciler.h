@@ -39,7 +39,7 @@ class Reconciler {
   void Ensure(const storage::ModelVersion& v);
   void StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key);
   void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now);
-  void Publish(const storage::ModelVersion& v, storage::BuildState state, std::string message,
+  void Publish(const storage::ModelVersion& v, ServeState state, std::string message,
                std::shared_ptr<runtime::LoadedModel> model = nullptr);
   void Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message);
   void MaybeStartupDone();

@@ -41,7 +41,6 @@ StatusOr<int> LockStore(const std::string& dir) {
 struct StoreWatch {
   uv_fs_event_t dir_event{};
   uv_timer_t tick{};
-  bool watching_dir = false;
   storage::ModelStore* store = nullptr;
   Reconciler* reconciler = nullptr;
   int64_t seen_version = -1;
@@ -58,8 +57,7 @@ struct StoreWatch {
       std::string_view f = file ? file : "";
       if (f.empty() || f.rfind("aotid.db", 0) == 0) static_cast<StoreWatch*>(h->data)->Check();
     }, dir.c_str(), 0);
-    watching_dir = rc == 0;
-    if (!watching_dir) LOG_WARNING << "cannot watch " << dir << " (" << uv_strerror(rc) << "); checking every second";
+    if (rc != 0) LOG_WARNING << "cannot watch " << dir << " (" << uv_strerror(rc) << "); checking every second";
   }
   void Check() {
     auto v = store->DataVersion();

@@ -81,14 +81,16 @@ void Builder::Shutdown() {
   }
 }
 
+
 void Builder::Start(BuildJob job) {
-  auto fail_now = [&](Status s) {
+  auto fail_now = [](BuildJob& j, Status s, bool permanent) {
     BuildResult res;
-    res.status = s;
-    if (job.on_done) job.on_done(res);
+    res.status = std::move(s);
+    res.permanent = permanent;
+    if (j.on_done) j.on_done(res);
   };
   auto staging = cache_->NewStaging(job.key);
-  if (!staging.ok()) return fail_now(staging.status());
+  if (!staging.ok()) return fail_now(job, staging.status(), false);
 
   auto* r = new Running{this, std::move(job), *staging};
   std::string log_path = r->staging + "/build.log";
@@ -98,10 +100,7 @@ void Builder::Start(BuildJob job) {
     (void)fs::RemoveAll(r->staging);
     BuildJob j = std::move(r->job);
     delete r;
-    BuildResult res;
-    res.status = s;
-    if (j.on_done) j.on_done(res);
-    return;
+    return fail_now(j, s, false);
   }
 
   std::vector<std::string> args = {options_.python, "-m", "aotid_worker.compile",
@@ -144,23 +143,14 @@ void Builder::Start(BuildJob job) {
   int rc = uv_spawn(loop_, &r->process, &opts);
   ::close(log_fd);
   if (rc != 0) {
-    // libuv still needs the handle closed after a failed spawn.
     Status s = FailedPrecondition("cannot start the compile worker " + options_.python + ": " +
                                   uv_strerror(rc) + " (set build.python in the config)");
-    r->job.on_done = [cb = std::move(r->job.on_done), s](const BuildResult&) {
-      BuildResult res;
-      res.status = s;
-      res.permanent = true;
-      if (cb) cb(res);
-    };
-    ++running_;
-    live_.push_back(r);
-    r->open_handles = 1;
-    uv_close(reinterpret_cast<uv_handle_t*>(&r->process), [](uv_handle_t* h) {
-      auto* run = static_cast<Running*>(h->data);
-      run->owner->Finish(run, -1, 0);
-    });
-    return;
+    (void)fs::RemoveAll(r->staging);
+    BuildJob j = std::move(r->job);
+    // libuv needs the handle closed even after a failed spawn; r goes with it.
+    uv_close(reinterpret_cast<uv_handle_t*>(&r->process),
+             [](uv_handle_t* h) { delete static_cast<Running*>(h->data); });
+    return fail_now(j, s, true);
   }
   ++running_;
   live_.push_back(r);
@@ -178,18 +168,14 @@ void Builder::Start(BuildJob job) {
 }
 
 void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
-  // Called once from the exit callback (which then closes the handles), or
-  // from the close callback of a failed spawn.
+  // Called once, from the exit callback; the handles are closed here.
   auto close_done = [](uv_handle_t* h) {
     auto* run = static_cast<Running*>(h->data);
     if (--run->open_handles == 0) delete run;
   };
-  bool spawned = r->open_handles == 2;
   BuildResult res;
   res.duration_ms = SteadyMs() - r->started_ms;
-  if (!spawned) {
-    // Failed spawn: on_done was wrapped to carry the reason.
-  } else if (exit_status == 0 && term_signal == 0) {
+  if (exit_status == 0 && term_signal == 0) {
     auto entry = cache_->Commit(r->staging, r->job.key);
     res.status = entry.status();
     if (entry.ok()) res.entry = std::move(entry).value();
@@ -210,13 +196,9 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   --running_;
   live_.erase(std::remove(live_.begin(), live_.end(), r), live_.end());
   BuildJob job = std::move(r->job);
-  if (spawned) {
-    uv_timer_stop(&r->timer);
-    uv_close(reinterpret_cast<uv_handle_t*>(&r->process), close_done);
-    uv_close(reinterpret_cast<uv_handle_t*>(&r->timer), close_done);
-  } else {
-    delete r;
-  }
+  uv_timer_stop(&r->timer);
+  uv_close(reinterpret_cast<uv_handle_t*>(&r->process), close_done);
+  uv_close(reinterpret_cast<uv_handle_t*>(&r->timer), close_done);
   if (job.on_done) job.on_done(res);
   StartNext();
 }

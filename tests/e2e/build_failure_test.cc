@@ -1,0 +1,58 @@
+// A build that cannot run marks its version failed with the reason, and the
+// daemon keeps answering. No compile happens here, so it is cheap.
+#include <httplib.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/fs.h"
+#include "e2e/daemon_process.h"
+#include "test_util.h"
+
+namespace aotid::testing {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(BuildFailure, MissingWorkerPythonFailsVersionWithReasonAndDaemonServes) {
+  TempDir dir;
+  std::string store = dir / "store", config = dir / "aotid.toml";
+  ASSERT_OK(fs::WriteFileAtomic(config, "[build]\npython = \"/nonexistent/bin/python3\"\n"));
+  std::string out;
+  ASSERT_EQ(RunAotid({"--config", config, "--store", store, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0)
+      << out;
+  auto d = DaemonProcess::Start({"--config", config, "--store", store, "--listen", "127.0.0.1:0"},
+                                dir / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  httplib::Client c("127.0.0.1", (*d)->port());
+  json ready;
+  for (int i = 0; i < 300; ++i) {  // bounded: 30 s
+    auto r = c.Get("/v2/models/mlp/ready");
+    ASSERT_TRUE(r) << (*d)->Log();
+    ready = json::parse(r->body, nullptr, false);
+    if (ready.value("state", "") == "failed") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(ready.value("state", ""), "failed") << ready.dump() << "\n" << (*d)->Log();
+  std::string why = ready.value("error", "");
+  EXPECT_NE(why.find("cannot start the compile worker /nonexistent/bin/python3"), std::string::npos) << why;
+  EXPECT_NE(why.find("build.python"), std::string::npos) << why;
+
+  auto infer = c.Post("/v2/models/mlp/infer", R"({"inputs":[]})", "application/json");
+  ASSERT_TRUE(infer);
+  EXPECT_EQ(infer->status, 503);
+  EXPECT_EQ(c.Get("/v2/health/live")->status, 200);
+  EXPECT_EQ(c.Get("/v2/health/ready")->status, 200);  // a failed model does not hold readiness back
+  EXPECT_TRUE((*d)->Alive());
+
+  // The failure is recorded in the store, where `aotid ls` shows it.
+  ASSERT_EQ(RunAotid({"--config", config, "--store", store, "ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("failed"), std::string::npos) << out;
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+  // Nothing was left in the cache.
+  EXPECT_FALSE(fs::Exists(store + "/cache/" + (*fs::Sha256File(TestData("mlp.pt2")))));
+}
+
+}  // namespace
+}  // namespace aotid::testing
