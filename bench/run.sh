@@ -19,8 +19,14 @@ port_of() { grep -o 'serving on http://[^ ]*' "$1" | head -1 | sed 's/.*://'; }
 wait_ready() {  # log model -> ms from start to ready
   local log="$1" m="$2" start="$3" port
   for _ in $(seq 1 600); do port="$(port_of "$log")"; [[ -n "$port" ]] && break; sleep 0.01; done
+  [[ -n "$port" ]] || { echo "no port in $log" >&2; return 1; }
+  local body
   for _ in $(seq 1 60000); do
-    if curl -sf "127.0.0.1:$port/v2/models/$m/ready" >/dev/null; then echo $(($(now_ms) - start)); return; fi
+    body="$(curl -s "127.0.0.1:$port/v2/models/$m/ready" || true)"
+    case "$body" in
+      *'"ready":true'*) echo $(($(now_ms) - start)); return ;;
+      *'"state":"failed"'*) echo "$m failed: $body" >&2; cat "$log" >&2; return 1 ;;
+    esac
     sleep 0.01
   done
   echo "timeout"; return 1

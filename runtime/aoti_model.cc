@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <mutex>
+
 #include "runtime/loaded_model.h"
 
 namespace aotid::runtime {
@@ -87,6 +89,12 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, 
   if (options.device != "cpu") {
     return FailedPrecondition("device '" + options.device + "' is not supported by this build of aotid");
   }
+  // torch's package loader is not safe to run twice at once: two cached
+  // builds loading in parallel at start-up failed with "No device
+  // information found" (seen with torch 2.13.0). Loads are rare and short,
+  // so they take turns.
+  static std::mutex load_mutex;
+  std::lock_guard<std::mutex> lock(load_mutex);
   try {
     auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
         entry.package_path, options.package_model, /*run_single_threaded=*/false,
