@@ -153,16 +153,17 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
+StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const std::string& dst) {
+  ASSIGN_OR_RETURN(std::string hex, HashStream(src, dst_fd, dst));
+  if (::fsync(dst_fd) != 0) return ErrnoError("fsync " + dst, errno);
+  return hex;
+}
+
 StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst) {
   Fd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (out.get() < 0) return ErrnoError("create " + dst, errno);
-  auto hex = HashStream(src, out.get(), dst);
-  Status s = hex.status();
-  if (s.ok() && ::fsync(out.get()) != 0) s = ErrnoError("fsync " + dst, errno);
-  if (!s.ok()) {
-    ::unlink(dst.c_str());
-    return s;
-  }
+  auto hex = CopyAndHashInto(src, out.get(), dst);
+  if (!hex.ok()) ::unlink(dst.c_str());
   return hex;
 }
 

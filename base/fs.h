@@ -25,6 +25,9 @@ StatusOr<std::string> ReadFile(const std::string& path);
 // Copies `src` to `dst` (which must not exist), fsyncs it, and returns the
 // lowercase hex sha256 of the bytes copied. `dst` is removed on failure.
 StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst);
+// The same into an open file descriptor (`dst` names it in errors); the
+// caller owns the file and removes it on failure.
+StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const std::string& dst);
 
 // Lowercase hex sha256 of a file's contents.
 StatusOr<std::string> Sha256File(const std::string& path);

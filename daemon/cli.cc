@@ -1,18 +1,26 @@
 #include "daemon/cli.h"
 
-#include <CLI/CLI.hpp>
-#include <cstdio>
-#include <iostream>
+#include <uv.h>
 
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "base/fs.h"
 #include "base/log.h"
 #include "daemon/config.h"
 #include "daemon/serve.h"
+#include "daemon/store_watch.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
 
 namespace aotid::daemon {
 namespace {
 
+using json = nlohmann::json;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
@@ -61,6 +69,76 @@ std::string HumanSize(int64_t bytes) {
   return buf;
 }
 
+// 2026-12-02T16:06:04.123Z
+std::string Timestamp(int64_t ms) {
+  if (ms <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
+  return buf;
+}
+
+std::string Ref(const std::string& name, int64_t version) {
+  return version > 0 ? name + ":" + std::to_string(version) : name;
+}
+
+// Stores are opened for reading without being created: a typo in --store
+// must not leave an empty store behind.
+StatusOr<std::unique_ptr<storage::ModelStore>> OpenExisting(const Config& cfg) {
+  auto store = storage::ModelStore::Open(cfg.store_path, /*create=*/false);
+  if (!store.ok() && store.status().code() == StatusCode::kNotFound) {
+    return NotFound("no aotid store at " + cfg.store_path + " (add a model first, or check --store)");
+  }
+  return store;
+}
+
+json SettingsJson(const storage::VersionSettings& s) {
+  return {{"device", s.device},
+          {"fallback_cpu", s.fallback_cpu},
+          {"num_runners", s.num_runners},
+          {"max_batch_size", s.max_batch_size},
+          {"max_batch_delay_us", s.max_batch_delay_us}};
+}
+
+std::string SettingsLine(const storage::VersionSettings& s) {
+  return "device=" + s.device + " fallback_cpu=" + (s.fallback_cpu ? "true" : "false") +
+         " num_runners=" + std::to_string(s.num_runners) + " max_batch_size=" + std::to_string(s.max_batch_size) +
+         " max_batch_delay_us=" + std::to_string(s.max_batch_delay_us);
+}
+
+json BuildJson(const storage::BuildRecord& b) {
+  return {{"fingerprint", b.fingerprint},   {"device", b.device},
+          {"state", storage::BuildStateName(b.state)}, {"error", b.error},
+          {"started_at", Timestamp(b.started_at_ms)}, {"finished_at", Timestamp(b.finished_at_ms)}};
+}
+
+json EventJson(const storage::Event& e) {
+  return {{"id", e.id}, {"at", Timestamp(e.at_ms)}, {"model", e.model}, {"version", e.version},
+          {"kind", e.kind}, {"message", e.message}};
+}
+
+void PrintEvent(const storage::Event& e, bool as_json) {
+  if (as_json) {
+    std::cout << EventJson(e).dump() << "\n";
+  } else {
+    std::printf("%s  %-16s %-15s %s\n", Timestamp(e.at_ms).c_str(), Ref(e.model, e.version).c_str(),
+                e.kind.c_str(), e.message.c_str());
+  }
+  std::fflush(stdout);
+}
+
+bool Wanted(const storage::ModelInfo& m, int64_t version) {
+  switch (m.policy.kind) {
+    case storage::VersionPolicy::kLatest: return !m.versions.empty() && m.versions.back().version == version;
+    case storage::VersionPolicy::kAll: return true;
+    case storage::VersionPolicy::kPinned: return m.policy.pinned == version;
+  }
+  return false;
+}
+
 int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("add", cfg.status());
@@ -76,31 +154,273 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   return 0;
 }
 
-int CmdLs(const GlobalFlags& g) {
+int CmdLs(const GlobalFlags& g, bool as_json) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("ls", cfg.status());
   auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/false);
   if (!store.ok()) {
     if (store.status().code() == StatusCode::kNotFound) {
-      std::cout << "no models (no store at " << cfg->store_path << ")\n";
+      if (as_json) {
+        std::cout << "[]\n";
+      } else {
+        std::cout << "no models (no store at " << cfg->store_path << ")\n";
+      }
       return 0;
     }
     return Fail("ls", store.status());
   }
-  auto versions = (*store)->ListVersions();
-  if (!versions.ok()) return Fail("ls", versions.status());
+  auto models = (*store)->ListModels();
+  if (!models.ok()) return Fail("ls", models.status());
   std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
-  std::printf("%-24s %-8s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "STATE", "DEVICE", "SIZE", "ARTIFACT");
-  for (const auto& v : *versions) {
-    auto b = (*store)->GetBuild(v.artifact, v.package_model, fp);
-    std::string state = "queued", device = v.settings.device;
-    if (b.ok() && b->has_value()) {
-      state = std::string(storage::BuildStateName((*b)->state));
-      device = (*b)->device;
-    }
-    std::printf("%-24s %-8lld %-9s %-7s %-10s sha256:%s\n", v.model.c_str(), static_cast<long long>(v.version),
-                state.c_str(), device.c_str(), HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str());
+  json out = json::array();
+  if (!as_json) {
+    std::printf("%-24s %-8s %-9s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "POLICY", "BUILD", "DEVICE", "SIZE",
+                "ARTIFACT");
   }
+  for (const auto& m : *models) {
+    for (const auto& v : m.versions) {
+      auto b = (*store)->GetBuild(v.artifact, v.package_model, fp);
+      std::string state = "none", device = v.settings.device;
+      if (b.ok() && b->has_value()) {
+        state = std::string(storage::BuildStateName((*b)->state));
+        device = (*b)->device;
+      }
+      std::string policy = Wanted(m, v.version) ? "serve" : "-";
+      if (as_json) {
+        out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", Wanted(m, v.version)},
+                       {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"build", state},
+                       {"device", device}, {"size", v.size}, {"artifact", v.artifact}});
+        continue;
+      }
+      std::printf("%-24s %-8lld %-9s %-9s %-7s %-10s sha256:%s\n", v.model.c_str(),
+                  static_cast<long long>(v.version), policy.c_str(), state.c_str(), device.c_str(),
+                  HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str());
+    }
+  }
+  if (as_json) std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
+int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_events) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("show", cfg.status());
+  std::string name;
+  std::optional<int64_t> version;
+  if (Status s = storage::ParseModelRef(ref, &name, &version); !s.ok()) return Fail("show", s);
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail("show", store.status());
+  auto model = (*store)->GetModel(name);
+  if (!model.ok()) return Fail("show", model.status());
+  std::vector<const storage::ModelVersion*> shown;
+  std::string all_versions;
+  for (const auto& v : model->versions) {
+    all_versions += (all_versions.empty() ? "" : ", ") + std::to_string(v.version);
+    if (!version || v.version == *version) shown.push_back(&v);
+  }
+  if (version && shown.empty()) {
+    return Fail("show", NotFound("model '" + name + "' has no version " + std::to_string(*version) +
+                                 " (versions: " + all_versions + ")"));
+  }
+  std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
+  auto events = (*store)->RecentEvents(n_events, name);
+  if (!events.ok()) return Fail("show", events.status());
+
+  json j{{"name", name},
+         {"version_policy", storage::FormatVersionPolicy(model->policy)},
+         {"created_at", Timestamp(model->created_at_ms)},
+         {"versions", json::array()},
+         {"events", json::array()}};
+  for (const auto* v : shown) {
+    auto builds = (*store)->ListBuilds(v->artifact);
+    if (!builds.ok()) return Fail("show", builds.status());
+    json here = nullptr, elsewhere = json::array();
+    for (const auto& b : *builds) {
+      if (b.package_model != v->package_model) continue;
+      (b.fingerprint == fp ? here : elsewhere.emplace_back()) = BuildJson(b);
+    }
+    j["versions"].push_back({{"version", v->version},
+                             {"served_by_policy", Wanted(*model, v->version)},
+                             {"artifact", v->artifact},
+                             {"kind", storage::PackageKindName(v->kind)},
+                             {"package_model", v->package_model},
+                             {"size", v->size},
+                             {"blob_present", fs::Exists((*store)->BlobPath(v->artifact))},
+                             {"created_at", Timestamp(v->created_at_ms)},
+                             {"settings", SettingsJson(v->settings)},
+                             {"build", here},
+                             {"builds_elsewhere", elsewhere}});
+  }
+  for (const auto& e : *events) {
+    if (!version || e.version == *version || e.version == 0) j["events"].push_back(EventJson(e));
+  }
+  if (as_json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+
+  std::printf("%s\n  version policy  %s\n  versions        %s\n  created         %s\n", name.c_str(),
+              storage::FormatVersionPolicy(model->policy).c_str(), all_versions.c_str(),
+              Timestamp(model->created_at_ms).c_str());
+  std::printf("  this machine    %s\n", fp.c_str());
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const json& v = j["versions"][i];
+    std::printf("\n%s:%lld%s\n", name.c_str(), static_cast<long long>(v["version"].get<int64_t>()),
+                v["served_by_policy"].get<bool>() ? "  (served by the version policy)" : "");
+    std::printf("  artifact        sha256:%s (%s, %s)%s\n", v["artifact"].get<std::string>().c_str(),
+                v["kind"].get<std::string>().c_str(), HumanSize(v["size"].get<int64_t>()).c_str(),
+                v["blob_present"].get<bool>() ? "" : "  MISSING from blobs/");
+    std::printf("  package model   %s\n  added           %s\n", v["package_model"].get<std::string>().c_str(),
+                v["created_at"].get<std::string>().c_str());
+    std::printf("  settings        %s\n", SettingsLine(shown[i]->settings).c_str());
+    const json& b = v["build"];
+    if (b.is_null()) {
+      std::printf("  build here      none yet (built when the daemon first serves it)\n");
+    } else {
+      std::printf("  build here      %s on %s, started %s, finished %s\n", b["state"].get<std::string>().c_str(),
+                  b["device"].get<std::string>().c_str(), b["started_at"].get<std::string>().c_str(),
+                  b["finished_at"].get<std::string>().c_str());
+      if (!b["error"].get<std::string>().empty()) {
+        std::printf("  build error     %s\n", b["error"].get<std::string>().c_str());
+      }
+    }
+    for (const auto& o : v["builds_elsewhere"]) {
+      std::printf("  built elsewhere %s: %s\n", o["fingerprint"].get<std::string>().c_str(),
+                  o["state"].get<std::string>().c_str());
+    }
+  }
+  if (!j["events"].empty()) {
+    std::printf("\nrecent events\n");
+    for (const auto& e : j["events"]) {
+      std::printf("  %s  %-16s %-15s %s\n", e["at"].get<std::string>().c_str(),
+                  Ref(name, e["version"].get<int64_t>()).c_str(), e["kind"].get<std::string>().c_str(),
+                  e["message"].get<std::string>().c_str());
+    }
+  }
+  return 0;
+}
+
+int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::string>& assignments) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("set", cfg.status());
+  std::string name;
+  std::optional<int64_t> version;
+  if (Status s = storage::ParseModelRef(ref, &name, &version); !s.ok()) return Fail("set", s);
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (const auto& a : assignments) {
+    size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Fail("set", InvalidArgument("'" + a + "' is not KEY=VALUE"));
+    }
+    kv.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+  }
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail("set", store.status());
+  auto changes = (*store)->Set(name, version, kv);
+  if (!changes.ok()) return Fail("set", changes.status());
+  if (changes->empty()) std::cout << "nothing changed: " << ref << " already has those settings\n";
+  for (const auto& c : *changes) std::cout << "set " << c << "\n";
+  return 0;
+}
+
+int CmdRm(const GlobalFlags& g, const std::vector<std::string>& refs) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("rm", cfg.status());
+  // Every reference is checked before anything is removed.
+  std::vector<std::pair<std::string, std::optional<int64_t>>> parsed;
+  for (const auto& ref : refs) {
+    auto& [name, version] = parsed.emplace_back();
+    if (Status s = storage::ParseModelRef(ref, &name, &version); !s.ok()) return Fail("rm", s);
+  }
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail("rm", store.status());
+  for (const auto& [name, version] : parsed) {
+    auto removed = (*store)->Remove(name, version);
+    if (!removed.ok()) return Fail("rm", removed.status());
+    if (version) {
+      std::cout << "removed " << name << ":" << *version << "\n";
+    } else {
+      std::cout << "removed " << name << " (" << removed->size() << " version" << (removed->size() == 1 ? "" : "s")
+                << ")\n";
+    }
+  }
+  std::cout << "blobs and builds stay until 'aotid gc'\n";
+  return 0;
+}
+
+int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("gc", cfg.status());
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail("gc", store.status());
+  auto r = (*store)->CollectGarbage(dry_run, keep_events);
+  if (!r.ok()) return Fail("gc", r.status());
+  const char* verb = dry_run ? "would remove" : "removed";
+  for (const auto& a : r->artifacts) std::cout << verb << " artifact sha256:" << a << "\n";
+  for (const auto& a : r->orphan_blobs) std::cout << verb << " orphan blob sha256:" << a << "\n";
+  for (const auto& t : r->tmp_files) std::cout << verb << " abandoned copy blobs/tmp/" << t << "\n";
+  for (const auto& c : r->cache_dirs) std::cout << verb << " cached builds cache/" << c << "\n";
+  if (r->events_trimmed) std::cout << verb << " " << r->events_trimmed << " old events\n";
+  std::cout << verb << " " << r->artifacts.size() + r->orphan_blobs.size() << " blobs, " << r->cache_dirs.size()
+            << " cache entries, " << r->tmp_files.size() << " partial copies; " << HumanSize(r->bytes_freed)
+            << (dry_run ? " would be freed\n" : " freed\n");
+  for (const auto& m : r->missing_blobs) {
+    std::cerr << "aotid gc: warning: blob sha256:" << m << " is referenced but missing; remove the versions "
+              << "that use it and add the file again\n";
+  }
+  return r->missing_blobs.empty() ? 0 : kExitFailure;
+}
+
+int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int limit, bool as_json) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("events", cfg.status());
+  if (!model.empty()) {
+    if (Status s = storage::ValidateModelName(model); !s.ok()) return Fail("events", s);
+  }
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail("events", store.status());
+  auto recent = (*store)->RecentEvents(limit, model);
+  if (!recent.ok()) return Fail("events", recent.status());
+  int64_t last = 0;
+  for (const auto& e : *recent) {
+    PrintEvent(e, as_json);
+    last = e.id;
+  }
+  if (!follow) return 0;
+  if (recent->empty()) {  // start after whatever exists now
+    auto tail = (*store)->RecentEvents(1, "");
+    if (tail.ok() && !tail->empty()) last = tail->back().id;
+  }
+
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  Status failure;
+  StoreWatch watch(store->get(), [&] {
+    auto events = (*store)->ListEvents(last, 10000, model);
+    if (!events.ok()) {
+      failure = events.status();
+      watch.Stop();
+      return;
+    }
+    for (const auto& e : *events) {
+      PrintEvent(e, as_json);
+      last = e.id;
+    }
+  });
+  uv_signal_t sigint, sigterm;
+  auto stop = [](uv_signal_t* h, int) {
+    auto* w = static_cast<StoreWatch*>(h->data);
+    w->Stop();
+    uv_close(reinterpret_cast<uv_handle_t*>(h), nullptr);
+  };
+  for (auto [sig, handle] : {std::pair{SIGINT, &sigint}, std::pair{SIGTERM, &sigterm}}) {
+    uv_signal_init(&loop, handle);
+    handle->data = &watch;
+    uv_signal_start_oneshot(handle, stop, sig);
+  }
+  watch.Start(&loop);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  if (!failure.ok()) return Fail("events", failure);
   return 0;
 }
 
@@ -117,15 +437,61 @@ int RunCli(int argc, char** argv) {
 
   storage::AddRequest add_req;
   int64_t add_version = 0;
-  auto* add = app.add_subcommand("add", "Add an exported program (.pt2) to the store");
+  auto* add = app.add_subcommand("add", "Add an exported program (.pt2) to the store as a new version");
   add->add_option("file", add_req.file, "The .pt2 file (torch.export.save)")->required();
-  add->add_option("--name", add_req.name, "Model name")->required();
+  add->add_option("--name", add_req.name, "Model name: letters, digits, '_', '.', '-'")->required();
   add->add_option("--version", add_version, "Version number (default: one past the latest)");
   add->add_option("--device", add_req.settings.device, "auto, cpu, mps or cuda")->capture_default_str();
-  add->add_option("--num-runners", add_req.settings.num_runners, "Concurrent model instances")
+  add->add_flag("--fallback-cpu,!--no-fallback-cpu", add_req.settings.fallback_cpu,
+                "Run on the CPU when the device cannot (default: on)");
+  add->add_option("--num-runners", add_req.settings.num_runners, "Concurrent model instances")->capture_default_str();
+  add->add_option("--max-batch-size", add_req.settings.max_batch_size, "Dynamic batching bound (1: off)")
       ->capture_default_str();
+  add->add_option("--max-batch-delay-us", add_req.settings.max_batch_delay_us, "Wait for a batch to fill")
+      ->capture_default_str();
+  add->add_option("--package-model", add_req.package_model, "Which model of a multi-model package");
 
+  bool ls_json = false;
   auto* ls = app.add_subcommand("ls", "List models, versions and their build state on this machine");
+  ls->add_flag("--json", ls_json, "Print JSON");
+
+  std::string show_ref;
+  bool show_json = false;
+  int show_events = 10;
+  auto* show = app.add_subcommand("show", "Show a model or version: settings, artifact, builds, recent events");
+  show->add_option("model", show_ref, "NAME or NAME:VERSION")->required();
+  show->add_flag("--json", show_json, "Print JSON");
+  show->add_option("--events", show_events, "How many recent events")->capture_default_str()->check(
+      CLI::Range(0, 10000));
+
+  std::string set_ref;
+  std::vector<std::string> set_kv;
+  auto* set = app.add_subcommand(
+      "set", "Change serving settings: device, fallback_cpu, num_runners, max_batch_size, max_batch_delay_us "
+             "(per version; on NAME, every version) and version_policy=latest|all|pinned:V (per model)");
+  set->add_option("model", set_ref, "NAME or NAME:VERSION")->required();
+  set->add_option("settings", set_kv, "KEY=VALUE ...")->required();
+
+  std::vector<std::string> rm_refs;
+  auto* rm = app.add_subcommand("rm", "Remove models or versions (the daemon unloads them)");
+  rm->add_option("models", rm_refs, "NAME or NAME:VERSION ...")->required();
+
+  bool gc_dry_run = false;
+  int64_t gc_keep_events = 10000;
+  auto* gc = app.add_subcommand("gc", "Remove blobs and cached builds that no version references");
+  gc->add_flag("--dry-run", gc_dry_run, "Only say what would be removed");
+  gc->add_option("--keep-events", gc_keep_events, "Newest events to keep")->capture_default_str()->check(
+      CLI::NonNegativeNumber);
+
+  bool ev_follow = false, ev_json = false;
+  std::string ev_model;
+  int ev_limit = 50;
+  auto* events = app.add_subcommand("events", "Print the store's event log");
+  events->add_flag("-f,--follow", ev_follow, "Keep printing new events until interrupted");
+  events->add_option("--model", ev_model, "Only this model's events");
+  events->add_option("-n,--limit", ev_limit, "How many recent events first")->capture_default_str()->check(
+      CLI::Range(0, 1000000));
+  events->add_flag("--json", ev_json, "One JSON object per line");
 
   std::string listen;
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
@@ -148,7 +514,12 @@ int RunCli(int argc, char** argv) {
     if (add->count("--version")) add_req.version = add_version;
     return CmdAdd(g, add_req);
   }
-  if (ls->parsed()) return CmdLs(g);
+  if (ls->parsed()) return CmdLs(g, ls_json);
+  if (show->parsed()) return CmdShow(g, show_ref, show_json, show_events);
+  if (set->parsed()) return CmdSet(g, set_ref, set_kv);
+  if (rm->parsed()) return CmdRm(g, rm_refs);
+  if (gc->parsed()) return CmdGc(g, gc_dry_run, gc_keep_events);
+  if (events->parsed()) return CmdEvents(g, ev_follow, ev_model, ev_limit, ev_json);
   if (serve->parsed()) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("serve", cfg.status());

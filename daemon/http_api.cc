@@ -29,16 +29,27 @@ json TensorList(const std::vector<runtime::TensorSpec>& specs) {
 }
 
 // Finds the model a request names, honouring an optional version segment.
+// Names and versions are checked like everywhere else before any lookup.
 StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* registry, const httplib::Request& req) {
   std::string name = req.matches[1];
-  auto m = registry->Find(name);
-  if (!m) return NotFound("unknown model '" + name + "'");
+  RETURN_IF_ERROR(storage::ValidateModelName(name));
   std::string v = req.matches.size() > 2 ? std::string(req.matches[2]) : "";
-  if (!v.empty() && v != std::to_string(m->version)) {
-    return NotFound("model '" + name + "' has no served version '" + v + "' (serving version " +
-                    std::to_string(m->version) + ")");
+  if (v.empty()) {
+    auto m = registry->Find(name);
+    if (!m) return NotFound("unknown model '" + name + "'");
+    return m;
   }
-  return m;
+  std::string unused;
+  std::optional<int64_t> version;
+  RETURN_IF_ERROR(storage::ParseModelRef(name + ":" + v, &unused, &version));
+  auto m = registry->Find(name, *version);
+  if (m) return m;
+  auto served = registry->All();
+  auto it = served->find(name);
+  if (it == served->end()) return NotFound("unknown model '" + name + "'");
+  std::string have;
+  for (const auto& [n, sm] : it->second) have += (have.empty() ? "" : ", ") + std::to_string(n);
+  return NotFound("model '" + name + "' has no served version " + v + " (serving: " + have + ")");
 }
 
 Status NotReady(const ServedModel& m) {
@@ -105,8 +116,14 @@ void HttpApi::Routes() {
     auto m = Resolve(reg, req);
     if (!m.ok()) return SendStatus(res, m.status());
     const ServedModel& sm = **m;
+    json versions = json::array();
+    auto served = reg->All();
+    if (auto it = served->find(sm.name); it != served->end()) {
+      for (const auto& [n, unused] : it->second) versions.push_back(std::to_string(n));
+    }
     json j{{"name", sm.name},
-           {"versions", {std::to_string(sm.version)}},
+           {"version", std::to_string(sm.version)},
+           {"versions", versions},
            {"platform", "aotid_aoti"},
            {"state", ServeStateName(sm.state)},
            {"device", sm.device}};

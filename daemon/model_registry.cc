@@ -16,7 +16,19 @@ std::string_view ServeStateName(ServeState s) {
 std::shared_ptr<const ServedModel> ModelRegistry::Find(const std::string& name) const {
   auto snap = All();
   auto it = snap->find(name);
-  return it == snap->end() ? nullptr : it->second;
+  if (it == snap->end() || it->second.empty()) return nullptr;
+  for (auto v = it->second.rbegin(); v != it->second.rend(); ++v) {
+    if (v->second->state == ServeState::kReady) return v->second;
+  }
+  return it->second.rbegin()->second;
+}
+
+std::shared_ptr<const ServedModel> ModelRegistry::Find(const std::string& name, int64_t version) const {
+  auto snap = All();
+  auto it = snap->find(name);
+  if (it == snap->end()) return nullptr;
+  auto v = it->second.find(version);
+  return v == it->second.end() ? nullptr : v->second;
 }
 
 std::shared_ptr<const ModelRegistry::Snapshot> ModelRegistry::All() const {
@@ -28,14 +40,18 @@ void ModelRegistry::Put(ServedModel m) {
   auto entry = std::make_shared<const ServedModel>(std::move(m));
   std::lock_guard<std::mutex> lock(mu_);
   auto next = std::make_shared<Snapshot>(*snapshot_);
-  (*next)[entry->name] = std::move(entry);
+  (*next)[entry->name][entry->version] = std::move(entry);
   snapshot_ = std::move(next);
 }
 
-void ModelRegistry::Remove(const std::string& name) {
+void ModelRegistry::Remove(const std::string& name, int64_t version) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto it = snapshot_->find(name);
+  if (it == snapshot_->end() || !it->second.count(version)) return;
   auto next = std::make_shared<Snapshot>(*snapshot_);
-  next->erase(name);
+  auto& versions = (*next)[name];
+  versions.erase(version);
+  if (versions.empty()) next->erase(name);
   snapshot_ = std::move(next);
 }
 

@@ -1,13 +1,15 @@
-// What the data plane serves: one entry per model name, each an immutable
-// snapshot. Writers (the control loop) replace entries; readers (HTTP
-// threads) take a shared_ptr, so a request in flight keeps the model it
-// started with even when a newer version replaces it.
+// What the data plane serves: for each model name, the versions being
+// served, each an immutable snapshot. Writers (the control loop) replace
+// entries; readers (HTTP threads) take a shared_ptr, so a request in flight
+// keeps the model it started with even when a newer version, or the same
+// version with new settings, replaces it, or when it is removed.
 #pragma once
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,19 +30,25 @@ struct ServedModel {
   std::string message;  // the error when failed; what is happening otherwise
   std::string device;
   std::string artifact;
+  storage::VersionSettings settings;  // what `model` was loaded with
   std::shared_ptr<runtime::LoadedModel> model;  // set when ready
 };
 
 class ModelRegistry {
  public:
-  using Snapshot = std::map<std::string, std::shared_ptr<const ServedModel>>;
+  using Versions = std::map<int64_t, std::shared_ptr<const ServedModel>>;
+  using Snapshot = std::map<std::string, Versions>;
 
-  // nullptr when no model has that name.
+  // The version a request without one goes to: the newest ready version,
+  // else the newest of any state (so the caller can say why it is not
+  // ready). nullptr when no version of the model is served.
   std::shared_ptr<const ServedModel> Find(const std::string& name) const;
+  // Exactly that version, or nullptr.
+  std::shared_ptr<const ServedModel> Find(const std::string& name, int64_t version) const;
   std::shared_ptr<const Snapshot> All() const;
 
   void Put(ServedModel m);
-  void Remove(const std::string& name);
+  void Remove(const std::string& name, int64_t version);
 
   // Server readiness: set by the control loop once every model present at
   // start has been built and loaded, or has failed.

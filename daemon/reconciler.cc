@@ -5,7 +5,19 @@
 namespace aotid::daemon {
 namespace {
 
-std::string Key(const storage::ModelVersion& v) { return v.model + ":" + std::to_string(v.version); }
+std::string Name(const storage::ModelVersion& v) { return v.model + ":" + std::to_string(v.version); }
+
+// Identifies one piece of work: the version as the store described it.
+std::string WorkKey(const storage::ModelVersion& v) {
+  const auto& s = v.settings;
+  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + s.device + "/" + (s.fallback_cpu ? "f" : "-") +
+         "/" + std::to_string(s.num_runners) + "/" + std::to_string(s.max_batch_size) + "/" +
+         std::to_string(s.max_batch_delay_us);
+}
+
+std::string BuildKeyString(const runtime::BuildKey& k) {
+  return k.artifact + "/" + k.package_model + "/" + k.device + "/" + k.fingerprint;
+}
 
 struct LoadWork {
   uv_work_t req{};
@@ -14,7 +26,6 @@ struct LoadWork {
   runtime::CacheEntry entry;
   bool built_now = false;
   StatusOr<std::unique_ptr<runtime::LoadedModel>> result{Internal("not run")};
-  std::function<void(LoadWork*)> done;
 };
 
 }  // namespace
@@ -26,38 +37,95 @@ Reconciler::Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtim
 
 Status Reconciler::Reconcile() {
   if (stopping_) return Status::OK();
-  ASSIGN_OR_RETURN(auto versions, store_->ListVersions());
-  // The latest version of each model is the one served.
-  std::map<std::string, storage::ModelVersion> desired;
-  for (auto& v : versions) desired[v.model] = v;  // listed by name, then version ascending
-  for (const auto& [name, v] : desired) Ensure(v);
-  for (const auto& [name, served] : *registry_->All()) {
-    if (!desired.count(name)) {
-      LOG_INFO << "model " << name << " is no longer in the store; unloading";
-      registry_->Remove(name);
+  ASSIGN_OR_RETURN(auto models, store_->ListModels());
+  stored_.clear();
+  desired_.clear();
+  for (const auto& m : models) {
+    auto& versions = stored_[m.name];
+    for (const auto& v : m.versions) versions[v.version] = v;
+    if (versions.empty()) continue;
+    auto& want = desired_[m.name];
+    switch (m.policy.kind) {
+      case storage::VersionPolicy::kLatest: want.insert(versions.rbegin()->first); break;
+      case storage::VersionPolicy::kAll:
+        for (const auto& [n, v] : versions) want.insert(n);
+        break;
+      case storage::VersionPolicy::kPinned:
+        if (versions.count(m.policy.pinned)) {
+          want.insert(m.policy.pinned);
+        } else {
+          LOG_WARNING << "model " << m.name << " is pinned to version " << m.policy.pinned
+                      << ", which the store does not have; serving none";
+        }
+        break;
     }
   }
+
+  for (const auto& [name, want] : desired_) {
+    for (int64_t version : want) Ensure(stored_[name][version]);
+  }
+  auto served = registry_->All();
+  for (const auto& [name, versions] : *served) Retire(name);
   startup_pass_done_ = true;
   MaybeStartupDone();
   return Status::OK();
 }
 
+bool Reconciler::IsCurrent(const storage::ModelVersion& v) const {
+  auto m = stored_.find(v.model);
+  if (m == stored_.end()) return false;
+  auto it = m->second.find(v.version);
+  return it != m->second.end() && it->second.artifact == v.artifact && it->second.settings == v.settings;
+}
+
+bool Reconciler::IsDesired(const std::string& name, int64_t version) const {
+  auto it = desired_.find(name);
+  return it != desired_.end() && it->second.count(version);
+}
+
+void Reconciler::Retire(const std::string& name) {
+  auto served = registry_->All();
+  auto it = served->find(name);
+  if (it == served->end()) return;
+  bool wanted_ready = false;
+  for (const auto& [version, sm] : it->second) {
+    wanted_ready |= IsDesired(name, version) && sm->state == ServeState::kReady;
+  }
+  for (const auto& [version, sm] : it->second) {
+    auto m = stored_.find(name);
+    bool in_store = m != stored_.end() && m->second.count(version);
+    if (!in_store) {
+      LOG_INFO << "unloading " << name << ":" << version << ": removed from the store";
+      registry_->Remove(name, version);
+    } else if (!IsDesired(name, version) && (wanted_ready || sm->state != ServeState::kReady)) {
+      LOG_INFO << "unloading " << name << ":" << version << ": its version policy no longer serves it";
+      registry_->Remove(name, version);
+    }
+  }
+}
+
 StatusOr<std::string> Reconciler::ResolveDevice(const storage::ModelVersion& v) const {
   const std::string& d = v.settings.device;
   if (d == "auto" || d == "cpu") return std::string("cpu");
-  return FailedPrecondition("device '" + d + "' is not available on this machine");
+  if (v.settings.fallback_cpu) return std::string("cpu");
+  return FailedPrecondition("device '" + d + "' is not available on this machine and fallback_cpu is off");
 }
 
 void Reconciler::Ensure(const storage::ModelVersion& v) {
-  auto current = registry_->Find(v.model);
-  if (current && current->version == v.version) return;  // served, or work in flight/failed
-  if (in_flight_.count(Key(v)) || failed_.count(Key(v))) return;
+  auto current = registry_->Find(v.model, v.version);
+  if (current && current->artifact == v.artifact && current->settings == v.settings) return;
+  std::string work = WorkKey(v);
+  if (in_flight_.count(work) || failed_.count(work)) return;
+  if (current && current->state == ServeState::kReady) {
+    LOG_INFO << "reloading " << Name(v) << " with its new settings";
+    Record(v, "reloading", "settings changed; the loaded model serves until the new one is ready");
+  }
 
   auto device = ResolveDevice(v);
   if (!device.ok()) {
-    failed_.insert(Key(v));
-    Publish(v, ServeState::kFailed, device.status().message());
+    failed_.insert(work);
     Record(v, "build_failed", device.status().message());
+    Publish(v, ServeState::kFailed, device.status().message());
     return;
   }
   runtime::BuildKey key{v.artifact, v.package_model, *device, fingerprint_};
@@ -74,48 +142,61 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
 }
 
 void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key) {
-  in_flight_.insert(Key(v));
+  in_flight_.insert(WorkKey(v));
   Publish(v, ServeState::kQueued, "queued for build");
-  storage::BuildRecord rec{v.artifact, v.package_model, fingerprint_, key.device, storage::BuildState::kQueued, "",
-                           0, 0};
-  (void)store_->PutBuild(rec);
+  Record(v, "build_queued", "queued for a build for " + key.device);
+  std::string bkey = BuildKeyString(key);
+  auto [waiting, first] = builds_.try_emplace(bkey);
+  waiting->second.push_back(v);
+  if (!first) return;  // another version with the same artifact is building it
+
+  auto rec = std::make_shared<storage::BuildRecord>(
+      storage::BuildRecord{v.artifact, v.package_model, fingerprint_, key.device, storage::BuildState::kQueued, "", 0, 0});
+  (void)store_->PutBuild(*rec);
 
   runtime::BuildJob job;
   job.key = key;
   job.artifact_path = store_->BlobPath(v.artifact);
-  job.on_start = [this, v, rec]() mutable {
-    rec.state = storage::BuildState::kBuilding;
-    rec.started_at_ms = storage::NowMs();
-    (void)store_->PutBuild(rec);
-    Record(v, "build_started", "compiling for " + rec.device + " on " + fingerprint_);
-    Publish(v, ServeState::kBuilding, "building for " + rec.device);
-  };
-  job.on_done = [this, v, rec](const runtime::BuildResult& r) mutable {
-    rec.finished_at_ms = storage::NowMs();
-    if (!r.status.ok()) {
-      in_flight_.erase(Key(v));
-      failed_.insert(Key(v));
-      rec.state = storage::BuildState::kFailed;
-      rec.error = r.status.message();
-      (void)store_->PutBuild(rec);
-      LOG_ERROR << "build of " << Key(v) << " failed: " << r.status.message();
-      Record(v, "build_failed", r.status.message());
-      Publish(v, ServeState::kFailed, r.status.message());
-      MaybeStartupDone();
-      return;
+  job.on_start = [this, rec, bkey]() {
+    rec->state = storage::BuildState::kBuilding;
+    rec->started_at_ms = storage::NowMs();
+    (void)store_->PutBuild(*rec);
+    for (const auto& w : builds_[bkey]) {
+      Record(w, "build_started", "compiling for " + rec->device + " on " + fingerprint_);
+      Publish(w, ServeState::kBuilding, "building for " + rec->device);
     }
-    rec.state = storage::BuildState::kReady;
-    (void)store_->PutBuild(rec);
-    Record(v, "build_ready", "built in " + std::to_string(r.duration_ms) + " ms");
-    LOG_INFO << "build of " << Key(v) << " ready in " << r.duration_ms << " ms";
-    in_flight_.erase(Key(v));
-    if (!stopping_) StartLoad(v, r.entry, /*built_now=*/true);
+  };
+  job.on_done = [this, rec, bkey](const runtime::BuildResult& r) {
+    std::vector<storage::ModelVersion> waiters = std::move(builds_[bkey]);
+    builds_.erase(bkey);
+    rec->finished_at_ms = storage::NowMs();
+    rec->state = r.status.ok() ? storage::BuildState::kReady : storage::BuildState::kFailed;
+    rec->error = r.status.ok() ? "" : r.status.message();
+    (void)store_->PutBuild(*rec);
+    if (r.status.ok()) {
+      LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in "
+               << r.duration_ms << " ms";
+    } else {
+      LOG_ERROR << "build of " << rec->artifact.substr(0, 12) << " failed: " << r.status.message();
+    }
+    for (const auto& w : waiters) {
+      in_flight_.erase(WorkKey(w));
+      if (!r.status.ok()) {
+        failed_.insert(WorkKey(w));
+        Record(w, "build_failed", r.status.message());
+        Publish(w, ServeState::kFailed, r.status.message());
+        continue;
+      }
+      Record(w, "build_ready", "built in " + std::to_string(r.duration_ms) + " ms");
+      if (!stopping_ && IsCurrent(w)) StartLoad(w, r.entry, /*built_now=*/true);
+    }
+    MaybeStartupDone();
   };
   builder_->Submit(std::move(job));
 }
 
 void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now) {
-  in_flight_.insert(Key(v));
+  in_flight_.insert(WorkKey(v));
   Publish(v, ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
   auto* w = new LoadWork;
   w->req.data = w;
@@ -137,24 +218,27 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
         std::unique_ptr<LoadWork> work(static_cast<LoadWork*>(req->data));
         Reconciler* self = work->owner;
         const auto& v = work->version;
-        self->in_flight_.erase(Key(v));
+        self->in_flight_.erase(WorkKey(v));
         if (status != 0 || !work->result.ok()) {
           std::string why = status != 0 ? "load cancelled" : work->result.status().message();
-          LOG_ERROR << "loading " << Key(v) << " failed: " << why;
-          self->failed_.insert(Key(v));
+          LOG_ERROR << "loading " << Name(v) << " failed: " << why;
+          self->failed_.insert(WorkKey(v));
           self->Record(v, "load_failed", why);
           self->Publish(v, ServeState::kFailed, why);
+        } else if (!self->IsCurrent(v)) {
+          LOG_INFO << "dropping the load of " << Name(v) << ": the store changed it meanwhile";
         } else {
           std::shared_ptr<runtime::LoadedModel> model = std::move(work->result).value();
           std::string how = work->built_now ? "after build" : "from cache";
-          LOG_INFO << "serving " << Key(v) << " on " << model->device() << " (" << how << ")";
+          LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
+                   << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << ")";
           self->Record(v, "loaded", "loaded " + how + " on " + model->device());
           self->Publish(v, ServeState::kReady, "", std::move(model));
         }
         self->MaybeStartupDone();
       });
   if (rc != 0) {
-    in_flight_.erase(Key(v));
+    in_flight_.erase(WorkKey(v));
     Publish(v, ServeState::kFailed, std::string("cannot queue load: ") + uv_strerror(rc));
     delete w;
   }
@@ -162,14 +246,11 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
 
 void Reconciler::Publish(const storage::ModelVersion& v, ServeState state, std::string message,
                          std::shared_ptr<runtime::LoadedModel> model) {
-  // A newer version keeps serving while an older one's work finishes, and a
-  // ready older version keeps serving until its successor is ready.
-  auto current = registry_->Find(v.model);
-  if (current && current->version > v.version) return;
-  if (current && current->version < v.version && current->state == ServeState::kReady &&
-      state != ServeState::kReady) {
-    return;
-  }
+  if (!IsCurrent(v)) return;  // removed or changed since this work began
+  auto current = registry_->Find(v.model, v.version);
+  // A ready model keeps serving through a reload, and through its failure.
+  if (current && current->state == ServeState::kReady && state != ServeState::kReady) return;
+  if (!current && !IsDesired(v.model, v.version)) return;
   ServedModel m;
   m.name = v.model;
   m.version = v.version;
@@ -177,8 +258,10 @@ void Reconciler::Publish(const storage::ModelVersion& v, ServeState state, std::
   m.message = std::move(message);
   m.device = model ? model->device() : (current ? current->device : "");
   m.artifact = v.artifact;
+  m.settings = v.settings;
   m.model = std::move(model);
   registry_->Put(std::move(m));
+  if (state == ServeState::kReady || state == ServeState::kFailed) Retire(v.model);
 }
 
 void Reconciler::Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message) {

@@ -1,10 +1,23 @@
 // The control loop's core: makes what is served match what the store says.
 //
-// For each model the latest version should be served. For that version the
-// reconciler looks in the build cache; on a hit it loads the build (on the
-// libuv thread pool, off the loop), on a miss it queues a build. Every step
-// is recorded in the store (builds table and event log) and published to
-// the ModelRegistry that HTTP threads read.
+// Each model's version policy names the versions it wants served (the
+// latest, a pinned one, or all). For each such version the reconciler looks
+// in the build cache; on a hit it loads the build (on the libuv thread pool,
+// off the loop), on a miss it queues a build (one per build key, however
+// many versions share the artifact). Every step is recorded in the store
+// (builds table and event log) and published to the ModelRegistry that HTTP
+// threads read.
+//
+// What keeps serving while things change:
+//  - a version the policy no longer wants (a newer one was added, the pin
+//    moved) serves until one the policy wants is ready, so a failed build
+//    or load of a new version leaves the old one serving;
+//  - a version whose settings changed serves with the old settings until it
+//    is reloaded with the new ones;
+//  - a version removed from the store is unloaded at once (requests in
+//    flight finish on the model they hold).
+// Work whose version was removed or changed meanwhile is dropped when it
+// finishes.
 //
 // Runs on the loop thread only. Reconcile() is idempotent: calling it again
 // changes nothing unless the store changed.
@@ -16,6 +29,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "daemon/model_registry.h"
 #include "runtime/build_cache.h"
@@ -35,12 +49,17 @@ class Reconciler {
   void Stop() { stopping_ = true; }
 
  private:
-  struct Pending;
   void Ensure(const storage::ModelVersion& v);
   void StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key);
   void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now);
   void Publish(const storage::ModelVersion& v, ServeState state, std::string message,
                std::shared_ptr<runtime::LoadedModel> model = nullptr);
+  // Drops the served versions of `name` that the store no longer has, and
+  // those the policy no longer wants once a wanted one is ready.
+  void Retire(const std::string& name);
+  // True while `v` (artifact and settings) is what the store says.
+  bool IsCurrent(const storage::ModelVersion& v) const;
+  bool IsDesired(const std::string& name, int64_t version) const;
   void Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message);
   void MaybeStartupDone();
   // Where a version should run on this machine, or why it cannot.
@@ -53,10 +72,15 @@ class Reconciler {
   ModelRegistry* registry_;
   std::string fingerprint_;
   bool stopping_ = false;
-  // name:version of work in flight (building or loading).
+  // The store as of the last reconcile: every version, and the wanted ones.
+  std::map<std::string, std::map<int64_t, storage::ModelVersion>> stored_;
+  std::map<std::string, std::set<int64_t>> desired_;
+  // Work keys (version + artifact + settings) of work in flight, and of work
+  // that failed: not retried until the version or its settings change.
   std::set<std::string> in_flight_;
-  // name:version whose build or load failed: not retried on every reconcile.
   std::set<std::string> failed_;
+  // Builds in flight by build key, with the versions waiting for each.
+  std::map<std::string, std::vector<storage::ModelVersion>> builds_;
   bool startup_pass_done_ = false;
 };
 

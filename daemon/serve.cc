@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "daemon/http_api.h"
 #include "daemon/reconciler.h"
+#include "daemon/store_watch.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_version.h"
 
@@ -34,48 +35,6 @@ StatusOr<int> LockStore(const std::string& dir) {
   }
   return fd;
 }
-
-// Notices commits to the store from any process: a file watch on the store
-// directory wakes it at once, a one-second timer is the backstop, and PRAGMA
-// data_version says whether anything was committed since the last look.
-struct StoreWatch {
-  uv_fs_event_t dir_event{};
-  uv_timer_t tick{};
-  storage::ModelStore* store = nullptr;
-  Reconciler* reconciler = nullptr;
-  int64_t seen_version = -1;
-
-  void Start(uv_loop_t* loop, const std::string& dir) {
-    auto v = store->DataVersion();
-    seen_version = v.ok() ? *v : -1;
-    uv_timer_init(loop, &tick);
-    tick.data = this;
-    uv_timer_start(&tick, [](uv_timer_t* t) { static_cast<StoreWatch*>(t->data)->Check(); }, 1000, 1000);
-    uv_fs_event_init(loop, &dir_event);
-    dir_event.data = this;
-    int rc = uv_fs_event_start(&dir_event, [](uv_fs_event_t* h, const char* file, int, int) {
-      std::string_view f = file ? file : "";
-      if (f.empty() || f.rfind("aotid.db", 0) == 0) static_cast<StoreWatch*>(h->data)->Check();
-    }, dir.c_str(), 0);
-    if (rc != 0) LOG_WARNING << "cannot watch " << dir << " (" << uv_strerror(rc) << "); checking every second";
-  }
-  void Check() {
-    auto v = store->DataVersion();
-    if (!v.ok()) {
-      LOG_WARNING << "store check: " << v.status().message();
-      return;
-    }
-    if (*v == seen_version) return;
-    seen_version = *v;
-    LOG_DEBUG << "store changed; reconciling";
-    if (Status s = reconciler->Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
-  }
-  void Stop() {
-    uv_timer_stop(&tick);
-    uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&dir_event), nullptr);
-  }
-};
 
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
@@ -143,9 +102,10 @@ int Serve(const Config& config) {
   HttpApi http(&registry, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
 
-  StoreWatch watch;
-  watch.store = store->get();
-  watch.reconciler = &reconciler;
+  StoreWatch watch(store->get(), [&reconciler] {
+    LOG_DEBUG << "store changed; reconciling";
+    if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
+  });
   Shutdown shutdown;
   shutdown.watch = &watch;
   shutdown.http = &http;
@@ -159,7 +119,7 @@ int Serve(const Config& config) {
 
   // The first reconcile publishes every model's state before HTTP answers
   // anything, so an early request gets 503 "building", never 404.
-  watch.Start(&loop, config.store_path);
+  watch.Start(&loop);
   if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   std::string shown_host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
   LOG_INFO << "serving on http://" << shown_host << ":" << http.port();

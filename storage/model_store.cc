@@ -1,11 +1,20 @@
 #include "storage/model_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
 
+#include "base/crash_point.h"
 #include "base/fs.h"
 
 namespace aotid::storage {
@@ -52,13 +61,26 @@ const char* const kMigrations[] = {
       kind TEXT NOT NULL,
       message TEXT NOT NULL);
     )sql",
+    // 1 -> 2: per-version serving settings, per-model version policy, and
+    // the indexes that `rm`, `gc` and `show` use.
+    R"sql(
+    ALTER TABLE versions ADD COLUMN fallback_cpu INTEGER NOT NULL DEFAULT 1
+      CHECK(fallback_cpu IN (0, 1));
+    ALTER TABLE versions ADD COLUMN max_batch_size INTEGER NOT NULL DEFAULT 1
+      CHECK(max_batch_size >= 1);
+    ALTER TABLE versions ADD COLUMN max_batch_delay_us INTEGER NOT NULL DEFAULT 0
+      CHECK(max_batch_delay_us >= 0);
+    ALTER TABLE models ADD COLUMN version_policy TEXT NOT NULL DEFAULT 'latest';
+    CREATE INDEX versions_by_artifact ON versions(artifact);
+    CREATE INDEX events_by_model ON events(model, id);
+    )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
 constexpr char kVersionColumns[] =
-    "m.name, v.version, v.artifact, a.kind, v.package_model, a.size, v.device, v.num_runners, "
-    "v.created_at_ms FROM versions v JOIN models m ON m.id = v.model_id "
-    "JOIN artifacts a ON a.sha256 = v.artifact";
+    "m.name, v.version, v.artifact, a.kind, v.package_model, a.size, v.device, v.fallback_cpu, "
+    "v.num_runners, v.max_batch_size, v.max_batch_delay_us, v.created_at_ms "
+    "FROM versions v JOIN models m ON m.id = v.model_id JOIN artifacts a ON a.sha256 = v.artifact";
 
 ModelVersion ReadVersion(const Stmt& s) {
   ModelVersion v;
@@ -69,21 +91,146 @@ ModelVersion ReadVersion(const Stmt& s) {
   v.package_model = s.Text(4);
   v.size = s.Int(5);
   v.settings.device = s.Text(6);
-  v.settings.num_runners = static_cast<int>(s.Int(7));
-  v.created_at = s.Int(8) / 1000;
+  v.settings.fallback_cpu = s.Int(7) != 0;
+  v.settings.num_runners = static_cast<int>(s.Int(8));
+  v.settings.max_batch_size = static_cast<int>(s.Int(9));
+  v.settings.max_batch_delay_us = static_cast<int>(s.Int(10));
+  v.created_at_ms = s.Int(11);
   return v;
 }
 
-Status ValidateSettings(const VersionSettings& s) {
-  if (s.device != "auto" && s.device != "cpu" && s.device != "mps" && s.device != "cuda") {
-    return InvalidArgument("device '" + s.device + "' is not one of auto, cpu, mps, cuda");
+StatusOr<int64_t> ParseInt(std::string_view key, std::string_view text) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+    return InvalidArgument(std::string(key) + " must be an integer, got '" + std::string(text) + "'");
   }
-  if (s.num_runners < 1 || s.num_runners > 64) {
-    return InvalidArgument("num_runners must be between 1 and 64, got " +
-                           std::to_string(s.num_runners));
+  return v;
+}
+
+StatusOr<bool> ParseBool(std::string_view key, std::string_view text) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  return InvalidArgument(std::string(key) + " must be true or false, got '" + std::string(text) + "'");
+}
+
+// Applies one KEY=VALUE to version settings. The result is validated whole
+// afterwards, so only the value's syntax is checked here.
+Status ApplySetting(VersionSettings* s, const std::string& key, const std::string& value) {
+  if (key == "device") {
+    s->device = value;
+  } else if (key == "fallback_cpu") {
+    ASSIGN_OR_RETURN(s->fallback_cpu, ParseBool(key, value));
+  } else if (key == "num_runners" || key == "max_batch_size" || key == "max_batch_delay_us") {
+    ASSIGN_OR_RETURN(int64_t v, ParseInt(key, value));
+    if (v < 0 || v > 1'000'000'000) return InvalidArgument(key + " " + value + " is out of range");
+    int& field = key == "num_runners" ? s->num_runners
+                 : key == "max_batch_size" ? s->max_batch_size : s->max_batch_delay_us;
+    field = static_cast<int>(v);
+  } else {
+    return InvalidArgument("unknown setting '" + key +
+                           "'; known: device, fallback_cpu, num_runners, max_batch_size, "
+                           "max_batch_delay_us, version_policy");
   }
   return Status::OK();
 }
+
+// (key, old, new) for each setting that differs.
+std::vector<std::tuple<std::string, std::string, std::string>> Diff(const VersionSettings& a,
+                                                                    const VersionSettings& b) {
+  std::vector<std::tuple<std::string, std::string, std::string>> out;
+  auto b2s = [](bool v) { return std::string(v ? "true" : "false"); };
+  if (a.device != b.device) out.emplace_back("device", a.device, b.device);
+  if (a.fallback_cpu != b.fallback_cpu) out.emplace_back("fallback_cpu", b2s(a.fallback_cpu), b2s(b.fallback_cpu));
+  if (a.num_runners != b.num_runners) {
+    out.emplace_back("num_runners", std::to_string(a.num_runners), std::to_string(b.num_runners));
+  }
+  if (a.max_batch_size != b.max_batch_size) {
+    out.emplace_back("max_batch_size", std::to_string(a.max_batch_size), std::to_string(b.max_batch_size));
+  }
+  if (a.max_batch_delay_us != b.max_batch_delay_us) {
+    out.emplace_back("max_batch_delay_us", std::to_string(a.max_batch_delay_us),
+                     std::to_string(b.max_batch_delay_us));
+  }
+  return out;
+}
+
+std::string JoinVersions(const std::vector<int64_t>& vs) {
+  std::string out;
+  for (int64_t v : vs) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+// An flock on blobs/.lock orders blob renames (adds, shared) against blob
+// deletions (gc, exclusive), across processes. Waits up to 10 s, like the
+// database's busy timeout.
+class BlobLock {
+ public:
+  static StatusOr<BlobLock> Take(const std::string& store_dir, bool exclusive) {
+    std::string path = store_dir + "/blobs/.lock";
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError("open " + path, errno);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK || std::chrono::steady_clock::now() > deadline) {
+        int e = errno;
+        ::close(fd);
+        if (e == EWOULDBLOCK) return Unavailable("store " + store_dir + " is busy (gc or add holds blobs/.lock)");
+        return ErrnoError("lock " + path, e);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return BlobLock(fd);
+  }
+  BlobLock(BlobLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  ~BlobLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  explicit BlobLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+// A partial copy in blobs/tmp, locked for as long as this process holds it
+// so that gc in another process leaves it alone; removed on destruction
+// unless it was renamed into place.
+class TmpBlob {
+ public:
+  static StatusOr<std::unique_ptr<TmpBlob>> Create(const std::string& tmp_dir) {
+    RETURN_IF_ERROR(fs::MakeDirs(tmp_dir));
+    for (int attempt = 0;; ++attempt) {
+      std::string path = tmp_dir + "/import-" + std::to_string(::getpid()) + "-" + std::to_string(NowMs()) +
+                         "-" + std::to_string(attempt);
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0 && errno == EEXIST && attempt < 100) continue;
+      if (fd < 0) return ErrnoError("create " + path, errno);
+      // gc in another process may lock and delete a new file before its
+      // writer locks it: then start over with another name.
+      struct stat by_fd, by_path;
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::fstat(fd, &by_fd) != 0 ||
+          ::stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino) {
+        ::close(fd);
+        if (attempt >= 100) return Unavailable("cannot create a temporary file in " + tmp_dir);
+        continue;
+      }
+      return std::unique_ptr<TmpBlob>(new TmpBlob(std::move(path), fd));
+    }
+  }
+  ~TmpBlob() {
+    if (!renamed_) ::unlink(path_.c_str());
+    ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  void MarkRenamed() { renamed_ = true; }
+
+ private:
+  TmpBlob(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_;
+  bool renamed_ = false;
+};
 
 }  // namespace
 
@@ -94,8 +241,22 @@ int64_t NowMs() {
 }
 
 Status ValidateModelName(std::string_view name) {
+  auto shown = [&] {
+    std::string out;
+    for (char c : name.substr(0, 64)) {
+      unsigned char u = static_cast<unsigned char>(c);
+      if (u < 0x20 || u == 0x7f) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\x%02x", u);
+        out += buf;
+      } else {
+        out += c;
+      }
+    }
+    return out + (name.size() > 64 ? "..." : "");
+  };
   if (name.empty() || name.size() > 128) {
-    return InvalidArgument("model name must be 1 to 128 characters long");
+    return InvalidArgument("model name must be 1 to 128 characters long, got " + std::to_string(name.size()));
   }
   auto ok_char = [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -103,15 +264,14 @@ Status ValidateModelName(std::string_view name) {
   };
   for (char c : name) {
     if (!ok_char(c)) {
-      return InvalidArgument("model name '" + std::string(name) +
-                             "' may only contain letters, digits, '_', '.' and '-'");
+      return InvalidArgument("model name '" + shown() + "' may only contain letters, digits, '_', '.' and '-'");
     }
   }
-  if (!ok_char(name[0]) || name[0] == '_' || name[0] == '.' || name[0] == '-') {
-    return InvalidArgument("model name '" + std::string(name) + "' must start with a letter or digit");
+  if (name[0] == '_' || name[0] == '.' || name[0] == '-') {
+    return InvalidArgument("model name '" + shown() + "' must start with a letter or digit");
   }
   if (name.find("..") != std::string_view::npos) {
-    return InvalidArgument("model name '" + std::string(name) + "' must not contain '..'");
+    return InvalidArgument("model name '" + shown() + "' must not contain '..'");
   }
   return Status::OK();
 }
@@ -121,6 +281,64 @@ Status ValidateVersion(int64_t version) {
     return InvalidArgument("version must be an integer from 1 to 2^53, got " + std::to_string(version));
   }
   return Status::OK();
+}
+
+Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int64_t>* version) {
+  size_t colon = ref.rfind(':');
+  *name = std::string(ref.substr(0, colon));
+  version->reset();
+  RETURN_IF_ERROR(ValidateModelName(*name));
+  if (colon != std::string_view::npos) {
+    auto v = ParseInt("version", ref.substr(colon + 1));
+    if (!v.ok()) return InvalidArgument("'" + std::string(ref) + "': the version after ':' must be an integer");
+    RETURN_IF_ERROR(ValidateVersion(*v));
+    *version = *v;
+  }
+  return Status::OK();
+}
+
+Status ValidateSettings(const VersionSettings& s) {
+  if (s.device != "auto" && s.device != "cpu" && s.device != "mps" && s.device != "cuda") {
+    return InvalidArgument("device '" + s.device + "' is not one of auto, cpu, mps, cuda");
+  }
+  if (s.num_runners < 1 || s.num_runners > 64) {
+    return InvalidArgument("num_runners must be between 1 and 64, got " + std::to_string(s.num_runners));
+  }
+  if (s.max_batch_size < 1 || s.max_batch_size > 4096) {
+    return InvalidArgument("max_batch_size must be between 1 and 4096, got " + std::to_string(s.max_batch_size));
+  }
+  if (s.max_batch_delay_us < 0 || s.max_batch_delay_us > 1'000'000) {
+    return InvalidArgument("max_batch_delay_us must be between 0 and 1000000, got " +
+                           std::to_string(s.max_batch_delay_us));
+  }
+  return Status::OK();
+}
+
+std::string FormatVersionPolicy(const VersionPolicy& p) {
+  switch (p.kind) {
+    case VersionPolicy::kLatest: return "latest";
+    case VersionPolicy::kAll: return "all";
+    case VersionPolicy::kPinned: return "pinned:" + std::to_string(p.pinned);
+  }
+  return "latest";
+}
+
+StatusOr<VersionPolicy> ParseVersionPolicy(std::string_view text) {
+  VersionPolicy p;
+  if (text == "latest") return p;
+  if (text == "all") {
+    p.kind = VersionPolicy::kAll;
+    return p;
+  }
+  if (text.starts_with("pinned:")) {
+    auto v = ParseInt("version_policy", text.substr(7));
+    if (v.ok() && ValidateVersion(*v).ok()) {
+      p.kind = VersionPolicy::kPinned;
+      p.pinned = *v;
+      return p;
+    }
+  }
+  return InvalidArgument("version_policy must be latest, all or pinned:VERSION, got '" + std::string(text) + "'");
 }
 
 std::string_view BuildStateName(BuildState s) {
@@ -147,8 +365,8 @@ StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, b
   std::string db_path = dir + "/aotid.db";
   if (!create && !fs::Exists(db_path)) return NotFound("no aotid store at " + dir);
   if (create) {
-    RETURN_IF_ERROR(fs::MakeDirs(dir, 0750));
-    RETURN_IF_ERROR(fs::MakeDirs(dir + "/blobs/sha256"));
+    RETURN_IF_ERROR(fs::MakeDirs(dir, 0750).WithContext("creating the store"));
+    RETURN_IF_ERROR(fs::MakeDirs(dir + "/blobs/sha256").WithContext("creating the store"));
   }
   ASSIGN_OR_RETURN(auto db, Db::Open(db_path, create));
   std::unique_ptr<ModelStore> store(new ModelStore(dir, std::move(db)));
@@ -165,8 +383,8 @@ Status ModelStore::Migrate() {
   ASSIGN_OR_RETURN(int v, read_version());
   if (v > kSchemaVersion) {
     return FailedPrecondition("store " + dir_ + " has schema version " + std::to_string(v) +
-                              ", newer than this aotid understands (" +
-                              std::to_string(kSchemaVersion) + "); upgrade aotid");
+                              ", newer than this aotid understands (" + std::to_string(kSchemaVersion) +
+                              "); upgrade aotid");
   }
   if (v == kSchemaVersion) {
     schema_version_ = v;
@@ -175,8 +393,8 @@ Status ModelStore::Migrate() {
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
   ASSIGN_OR_RETURN(v, read_version());  // another process may have migrated meanwhile
   for (; v < kSchemaVersion; ++v) {
-    RETURN_IF_ERROR(db_->Exec(kMigrations[v]).WithContext(
-        "migrating store schema from version " + std::to_string(v)));
+    RETURN_IF_ERROR(db_->Exec(kMigrations[v]).WithContext("migrating store schema from version " +
+                                                           std::to_string(v)));
     RETURN_IF_ERROR(db_->Exec("PRAGMA user_version = " + std::to_string(v + 1)));
   }
   RETURN_IF_ERROR(txn->Commit());
@@ -190,72 +408,65 @@ std::string ModelStore::BlobPath(const std::string& sha256) const {
   return dir_ + "/blobs/sha256/" + sha256;
 }
 
-StatusOr<std::string> ModelStore::ImportBlob(const std::string& file) {
-  std::string tmp_dir = dir_ + "/blobs/tmp";
-  RETURN_IF_ERROR(fs::MakeDirs(tmp_dir));
-  std::string tmp = tmp_dir + "/import-" + std::to_string(::getpid()) + "-" + std::to_string(NowMs());
-  ASSIGN_OR_RETURN(std::string sha, fs::CopyAndHash(file, tmp));
-  std::string final_path = BlobPath(sha);
-  if (fs::Exists(final_path)) {
-    ::unlink(tmp.c_str());  // same content already stored
-    return sha;
-  }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("rename blob into " + final_path, e);
-  }
-  RETURN_IF_ERROR(fs::FsyncDir(dir_ + "/blobs/sha256"));
-  return sha;
-}
-
-StatusOr<PackageInfo> ModelStore::CheckAddRequest(const AddRequest& req) {
+StatusOr<std::string> ModelStore::CheckAddRequest(const AddRequest& req) {
   RETURN_IF_ERROR(ValidateModelName(req.name));
   if (req.version) RETURN_IF_ERROR(ValidateVersion(*req.version));
   RETURN_IF_ERROR(ValidateSettings(req.settings));
   ASSIGN_OR_RETURN(PackageInfo info, InspectPackage(req.file));
   if (info.kind != PackageKind::kExportedProgram) {
-    return InvalidArgument(req.file + " is an AOTInductor package (" +
-                           std::string(PackageKindName(info.kind)) +
+    return InvalidArgument(req.file + " is an AOTInductor package (" + std::string(PackageKindName(info.kind)) +
                            "); this aotid accepts exported programs (torch.export.save) only");
   }
-  if (info.model_names.size() != 1) {
-    return InvalidArgument(req.file + " holds " + std::to_string(info.model_names.size()) +
-                           " models; exactly one is supported");
+  std::string names;
+  for (const auto& n : info.model_names) names += (names.empty() ? "" : ", ") + n;
+  if (!req.package_model.empty()) {
+    for (const auto& n : info.model_names) {
+      if (n == req.package_model) return n;
+    }
+    return NotFound(req.file + " has no model '" + req.package_model + "' (it holds: " + names + ")");
   }
-  return info;
+  if (info.model_names.size() != 1) {
+    return InvalidArgument(req.file + " holds " + std::to_string(info.model_names.size()) + " models (" + names +
+                           "); choose one with --package-model");
+  }
+  return info.model_names[0];
 }
 
 StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
-  ASSIGN_OR_RETURN(PackageInfo info, CheckAddRequest(req));
+  ASSIGN_OR_RETURN(std::string package_model, CheckAddRequest(req));
   struct stat st;
   if (::stat(req.file.c_str(), &st) != 0) return ErrnoError("stat " + req.file, errno);
 
+  auto duplicate = [&](int64_t version) {
+    return AlreadyExists("model '" + req.name + "' already has version " + std::to_string(version) +
+                         " (versions are immutable: remove it first, or add without --version)");
+  };
   // Refuse a duplicate before copying anything.
   if (req.version) {
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT 1 FROM versions v JOIN models m ON m.id = "
-                                          "v.model_id WHERE m.name = ? AND v.version = ?"));
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT 1 FROM versions v JOIN models m ON m.id = v.model_id "
+                                          "WHERE m.name = ? AND v.version = ?"));
     s.Bind(1, req.name).Bind(2, *req.version);
     ASSIGN_OR_RETURN(bool exists, s.Step());
-    if (exists) {
-      return AlreadyExists("model '" + req.name + "' already has version " +
-                           std::to_string(*req.version));
-    }
+    if (exists) return duplicate(*req.version);
   }
 
-  ASSIGN_OR_RETURN(std::string sha, ImportBlob(req.file));
+  // The slow part, with no lock held: copy into a private, locked temp file
+  // while hashing.
+  ASSIGN_OR_RETURN(auto tmp, TmpBlob::Create(dir_ + "/blobs/tmp"));
+  ASSIGN_OR_RETURN(std::string sha, fs::CopyAndHashInto(req.file, tmp->fd(), tmp->path()));
+  CrashPoint("add:copied");
 
+  ASSIGN_OR_RETURN(BlobLock blob_lock, BlobLock::Take(dir_, /*exclusive=*/false));
   int64_t now = NowMs();
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
   {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
-    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, PackageKindName(info.kind)).Bind(3, int64_t{st.st_size})
-                        .Bind(4, now).Run());
+    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, PackageKindName(PackageKind::kExportedProgram))
+                        .Bind(3, int64_t{st.st_size}).Bind(4, now).Run());
   }
   {
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-        "INSERT OR IGNORE INTO models(name, created_at_ms) VALUES(?, ?)"));
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("INSERT OR IGNORE INTO models(name, created_at_ms) VALUES(?, ?)"));
     RETURN_IF_ERROR(s.Bind(1, req.name).Bind(2, now).Run());
   }
   int64_t version = 0;
@@ -269,35 +480,58 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
     int64_t model_id = s.Int(0);
     version = req.version.value_or(s.Int(1) + 1);
     ASSIGN_OR_RETURN(Stmt ins, db_->Prepare(
-        "INSERT INTO versions(model_id, version, artifact, package_model, device, num_runners, "
-        "created_at_ms) VALUES(?,?,?,?,?,?,?)"));
-    Status st_ins = ins.Bind(1, model_id).Bind(2, version).Bind(3, sha)
-                        .Bind(4, info.model_names[0]).Bind(5, req.settings.device)
-                        .Bind(6, int64_t{req.settings.num_runners}).Bind(7, now).Run();
-    if (st_ins.code() == StatusCode::kAlreadyExists) {
-      return AlreadyExists("model '" + req.name + "' already has version " + std::to_string(version));
-    }
+        "INSERT INTO versions(model_id, version, artifact, package_model, device, fallback_cpu, num_runners, "
+        "max_batch_size, max_batch_delay_us, created_at_ms) VALUES(?,?,?,?,?,?,?,?,?,?)"));
+    const VersionSettings& vs = req.settings;
+    Status st_ins = ins.Bind(1, model_id).Bind(2, version).Bind(3, sha).Bind(4, package_model)
+                        .Bind(5, vs.device).Bind(6, int64_t{vs.fallback_cpu}).Bind(7, int64_t{vs.num_runners})
+                        .Bind(8, int64_t{vs.max_batch_size}).Bind(9, int64_t{vs.max_batch_delay_us})
+                        .Bind(10, now).Run();
+    if (st_ins.code() == StatusCode::kAlreadyExists) return duplicate(version);
     RETURN_IF_ERROR(st_ins);
   }
-  RETURN_IF_ERROR(AppendEvent(req.name, version, "added",
-                              "added " + req.file + " as sha256:" + sha.substr(0, 12)));
+  RETURN_IF_ERROR(AppendEvent(req.name, version, "added", "added " + req.file + " as sha256:" + sha.substr(0, 12)));
+
+  // The blob enters blobs/sha256 under the write lock, verified against its
+  // digest, and durable before the rows that reference it commit.
+  std::string final_path = BlobPath(sha);
+  bool have_blob = false;
+  if (fs::Exists(final_path)) {
+    auto existing = fs::Sha256File(final_path);
+    have_blob = existing.ok() && *existing == sha;  // otherwise replaced by our verified copy
+  }
+  if (!have_blob) {
+    ASSIGN_OR_RETURN(std::string check, fs::Sha256File(tmp->path()));
+    if (check != sha) {
+      return Corruption("the copy of " + req.file + " read back with a different digest (sha256:" +
+                        check.substr(0, 12) + ", expected sha256:" + sha.substr(0, 12) +
+                        "); was the file changing while it was added?");
+    }
+    if (::rename(tmp->path().c_str(), final_path.c_str()) != 0) {
+      return ErrnoError("rename blob into " + final_path, errno);
+    }
+    tmp->MarkRenamed();
+    RETURN_IF_ERROR(fs::FsyncDir(dir_ + "/blobs/sha256"));
+  }
+  CrashPoint("add:before_commit");
   RETURN_IF_ERROR(txn->Commit());
 
   ModelVersion mv;
   mv.model = req.name;
   mv.version = version;
   mv.artifact = sha;
-  mv.kind = info.kind;
-  mv.package_model = info.model_names[0];
+  mv.kind = PackageKind::kExportedProgram;
+  mv.package_model = package_model;
   mv.size = st.st_size;
   mv.settings = req.settings;
-  mv.created_at = now / 1000;
+  mv.created_at_ms = now;
   return mv;
 }
 
-StatusOr<std::vector<ModelVersion>> ModelStore::ListVersions() {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string("SELECT ") + kVersionColumns +
+StatusOr<std::vector<ModelVersion>> ModelStore::QueryVersions(const std::string& where, const std::string& name) {
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string("SELECT ") + kVersionColumns + where +
                                         " ORDER BY m.name, v.version"));
+  if (!name.empty()) s.Bind(1, name);
   std::vector<ModelVersion> out;
   for (;;) {
     ASSIGN_OR_RETURN(bool row, s.Step());
@@ -307,40 +541,287 @@ StatusOr<std::vector<ModelVersion>> ModelStore::ListVersions() {
   return out;
 }
 
+StatusOr<std::vector<ModelVersion>> ModelStore::ListVersions() { return QueryVersions("", ""); }
+
+StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
+  ASSIGN_OR_RETURN(auto versions, ListVersions());
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT name, version_policy, created_at_ms FROM models ORDER BY name"));
+  std::vector<ModelInfo> out;
+  size_t vi = 0;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ModelInfo m;
+    m.name = s.Text(0);
+    auto policy = ParseVersionPolicy(s.Text(1));
+    if (policy.ok()) m.policy = *policy;  // a policy this binary cannot read serves the latest
+    m.created_at_ms = s.Int(2);
+    while (vi < versions.size() && versions[vi].model < m.name) ++vi;
+    while (vi < versions.size() && versions[vi].model == m.name) m.versions.push_back(std::move(versions[vi++]));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+StatusOr<ModelInfo> ModelStore::GetModel(const std::string& name) {
+  RETURN_IF_ERROR(ValidateModelName(name));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT version_policy, created_at_ms FROM models WHERE name = ?"));
+  s.Bind(1, name);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return NotFound("no model named '" + name + "' in the store " + dir_);
+  ModelInfo m;
+  m.name = name;
+  auto policy = ParseVersionPolicy(s.Text(0));
+  if (policy.ok()) m.policy = *policy;
+  m.created_at_ms = s.Int(1);
+  ASSIGN_OR_RETURN(m.versions, QueryVersions(" WHERE m.name = ?1", name));
+  return m;
+}
+
+StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std::optional<int64_t> version,
+                                                   const std::vector<std::pair<std::string, std::string>>& kv) {
+  if (kv.empty()) return InvalidArgument("nothing to set: give KEY=VALUE");
+  ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
+  ASSIGN_OR_RETURN(ModelInfo model, GetModel(name));
+  std::vector<ModelVersion*> targets;
+  for (auto& v : model.versions) {
+    if (!version || v.version == *version) targets.push_back(&v);
+  }
+  if (version && targets.empty()) {
+    std::vector<int64_t> have;
+    for (const auto& v : model.versions) have.push_back(v.version);
+    return NotFound("model '" + name + "' has no version " + std::to_string(*version) + " (versions: " +
+                    JoinVersions(have) + ")");
+  }
+
+  std::vector<std::string> changes;
+  std::optional<VersionPolicy> new_policy;
+  std::vector<std::pair<std::string, std::string>> version_kv;
+  for (const auto& [key, value] : kv) {
+    if (key == "version_policy") {
+      if (version) {
+        return InvalidArgument("version_policy belongs to the model, not one version: use '" + name +
+                               "' without ':" + std::to_string(*version) + "'");
+      }
+      ASSIGN_OR_RETURN(new_policy, ParseVersionPolicy(value));
+      if (new_policy->kind == VersionPolicy::kPinned) {
+        bool exists = false;
+        for (const auto& v : model.versions) exists |= v.version == new_policy->pinned;
+        if (!exists) {
+          return NotFound("cannot pin model '" + name + "' to version " + std::to_string(new_policy->pinned) +
+                          ": no such version");
+        }
+      }
+    } else {
+      version_kv.emplace_back(key, value);
+    }
+  }
+  for (ModelVersion* v : targets) {
+    VersionSettings next = v->settings;
+    for (const auto& [key, value] : version_kv) RETURN_IF_ERROR(ApplySetting(&next, key, value));
+    RETURN_IF_ERROR(ValidateSettings(next));
+    auto diff = Diff(v->settings, next);
+    if (diff.empty()) continue;
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
+        "UPDATE versions SET device = ?, fallback_cpu = ?, num_runners = ?, max_batch_size = ?, "
+        "max_batch_delay_us = ? WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
+    RETURN_IF_ERROR(s.Bind(1, next.device).Bind(2, int64_t{next.fallback_cpu}).Bind(3, int64_t{next.num_runners})
+                        .Bind(4, int64_t{next.max_batch_size}).Bind(5, int64_t{next.max_batch_delay_us})
+                        .Bind(6, v->version).Bind(7, name).Run());
+    std::string what;
+    for (const auto& [key, from, to] : diff) {
+      std::string line = key + " " + from + " -> " + to;
+      changes.push_back(name + ":" + std::to_string(v->version) + " " + line);
+      what += (what.empty() ? "" : ", ") + line;
+    }
+    RETURN_IF_ERROR(AppendEvent(name, v->version, "settings", what));
+  }
+  if (new_policy && !(*new_policy == model.policy)) {
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("UPDATE models SET version_policy = ? WHERE name = ?"));
+    RETURN_IF_ERROR(s.Bind(1, FormatVersionPolicy(*new_policy)).Bind(2, name).Run());
+    std::string line = "version_policy " + FormatVersionPolicy(model.policy) + " -> " + FormatVersionPolicy(*new_policy);
+    changes.push_back(name + " " + line);
+    RETURN_IF_ERROR(AppendEvent(name, 0, "settings", line));
+  }
+  RETURN_IF_ERROR(txn->Commit());
+  return changes;
+}
+
+StatusOr<std::vector<int64_t>> ModelStore::Remove(const std::string& name, std::optional<int64_t> version) {
+  ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
+  ASSIGN_OR_RETURN(ModelInfo model, GetModel(name));
+  std::vector<int64_t> have, removed;
+  for (const auto& v : model.versions) have.push_back(v.version);
+  if (version) {
+    if (std::find(have.begin(), have.end(), *version) == have.end()) {
+      return NotFound("model '" + name + "' has no version " + std::to_string(*version) + " (versions: " +
+                      JoinVersions(have) + ")");
+    }
+    if (model.policy.kind == VersionPolicy::kPinned && model.policy.pinned == *version && have.size() > 1) {
+      return FailedPrecondition("model '" + name + "' is pinned to version " + std::to_string(*version) +
+                                "; change its version_policy first, or remove the whole model");
+    }
+    removed.push_back(*version);
+  } else {
+    removed = have;
+  }
+  for (int64_t v : removed) {
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
+        "DELETE FROM versions WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
+    RETURN_IF_ERROR(s.Bind(1, v).Bind(2, name).Run());
+  }
+  if (removed.size() == have.size()) {
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("DELETE FROM models WHERE name = ?"));
+    RETURN_IF_ERROR(s.Bind(1, name).Run());
+    RETURN_IF_ERROR(AppendEvent(name, 0, "removed",
+                                "removed model '" + name + "' (versions " + JoinVersions(removed) + ")"));
+  } else {
+    RETURN_IF_ERROR(AppendEvent(name, *version, "removed", "removed version " + std::to_string(*version)));
+  }
+  RETURN_IF_ERROR(txn->Commit());
+  return removed;
+}
+
+StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events) {
+  namespace stdfs = std::filesystem;
+  GcReport report;
+  // Exclusive: no add may rename a blob in (or find one to reuse) while
+  // blobs are being deleted.
+  ASSIGN_OR_RETURN(BlobLock blob_lock, BlobLock::Take(dir_, /*exclusive=*/true));
+  std::set<std::string> keep;  // artifacts that stay
+  {
+    ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
+        "SELECT a.sha256, a.size, EXISTS(SELECT 1 FROM versions v WHERE v.artifact = a.sha256) FROM artifacts a"));
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      if (s.Int(2)) {
+        keep.insert(s.Text(0));
+      } else {
+        report.artifacts.push_back(s.Text(0));
+        report.bytes_freed += s.Int(1);
+      }
+    }
+    for (const auto& sha : report.artifacts) {
+      ASSIGN_OR_RETURN(Stmt del, db_->Prepare("DELETE FROM artifacts WHERE sha256 = ?"));  // builds cascade
+      RETURN_IF_ERROR(del.Bind(1, sha).Run());
+    }
+    if (keep_events >= 0) {
+      ASSIGN_OR_RETURN(Stmt cut, db_->Prepare(
+          "SELECT COUNT(*) FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)"));
+      cut.Bind(1, keep_events);
+      ASSIGN_OR_RETURN(bool row, cut.Step());
+      report.events_trimmed = row ? cut.Int(0) : 0;
+      if (report.events_trimmed > 0) {
+        ASSIGN_OR_RETURN(Stmt del, db_->Prepare(
+            "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)"));
+        RETURN_IF_ERROR(del.Bind(1, keep_events).Run());
+      }
+    }
+    // Rows go first: a crash after this commit leaves blob files without
+    // rows, which the next gc removes; never rows without blobs.
+    if (!dry_run) RETURN_IF_ERROR(txn->Commit());
+  }
+
+  auto remove = [&](const std::string& path, int64_t size) -> Status {
+    if (dry_run) return Status::OK();
+    if (size >= 0) report.bytes_freed += size;
+    return fs::RemoveAll(path);
+  };
+  for (const auto& sha : report.artifacts) RETURN_IF_ERROR(remove(BlobPath(sha), -1));
+
+  std::error_code ec;
+  for (auto& e : stdfs::directory_iterator(dir_ + "/blobs/sha256", ec)) {
+    std::string name = e.path().filename().string();
+    if (!fs::IsSha256Hex(name) || keep.count(name)) continue;  // never touch what is not a digest
+    if (std::find(report.artifacts.begin(), report.artifacts.end(), name) != report.artifacts.end()) continue;
+    report.orphan_blobs.push_back(name);
+    RETURN_IF_ERROR(remove(e.path().string(), static_cast<int64_t>(e.file_size(ec))));
+  }
+  for (auto& e : stdfs::directory_iterator(dir_ + "/blobs/tmp", ec)) {
+    // A copy in progress is locked by its writer; only unlocked ones are debris.
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    bool abandoned = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (abandoned) {
+      report.tmp_files.push_back(e.path().filename().string());
+      Status s = remove(e.path().string(), static_cast<int64_t>(e.file_size(ec)));
+      ::close(fd);
+      RETURN_IF_ERROR(s);
+    } else {
+      ::close(fd);
+    }
+  }
+  for (auto& e : stdfs::directory_iterator(CacheDir(), ec)) {
+    std::string name = e.path().filename().string();
+    if (!fs::IsSha256Hex(name) || keep.count(name)) continue;
+    report.cache_dirs.push_back(name);
+    int64_t size = 0;
+    std::error_code ec2;
+    for (auto& f : stdfs::recursive_directory_iterator(e.path(), ec2)) {
+      if (f.is_regular_file(ec2)) size += static_cast<int64_t>(f.file_size(ec2));
+    }
+    RETURN_IF_ERROR(remove(e.path().string(), size));
+  }
+  for (const auto& sha : keep) {
+    if (!fs::Exists(BlobPath(sha))) report.missing_blobs.push_back(sha);
+  }
+  return report;
+}
+
 Status ModelStore::PutBuild(const BuildRecord& b) {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
       "INSERT OR REPLACE INTO builds(artifact, package_model, fingerprint, device, state, error, "
-      "started_at_ms, finished_at_ms) VALUES(?,?,?,?,?,?,?,?)"));
+      "started_at_ms, finished_at_ms) SELECT ?1,?2,?3,?4,?5,?6,?7,?8 "
+      "WHERE EXISTS(SELECT 1 FROM artifacts WHERE sha256 = ?1)"));  // gc may have removed it meanwhile
   return s.Bind(1, b.artifact).Bind(2, b.package_model).Bind(3, b.fingerprint).Bind(4, b.device)
-      .Bind(5, BuildStateName(b.state)).Bind(6, b.error).Bind(7, b.started_at_ms)
-      .Bind(8, b.finished_at_ms).Run();
+      .Bind(5, BuildStateName(b.state)).Bind(6, b.error).Bind(7, b.started_at_ms).Bind(8, b.finished_at_ms).Run();
 }
+
+namespace {
+BuildRecord ReadBuild(const Stmt& s) {
+  BuildRecord b;
+  b.artifact = s.Text(0);
+  b.package_model = s.Text(1);
+  b.fingerprint = s.Text(2);
+  b.device = s.Text(3);
+  ParseBuildState(s.Text(4), &b.state);
+  b.error = s.Text(5);
+  b.started_at_ms = s.Int(6);
+  b.finished_at_ms = s.Int(7);
+  return b;
+}
+constexpr char kBuildColumns[] =
+    "SELECT artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms FROM builds ";
+}  // namespace
 
 StatusOr<std::optional<BuildRecord>> ModelStore::GetBuild(const std::string& artifact,
                                                           const std::string& package_model,
                                                           const std::string& fingerprint) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-      "SELECT device, state, error, started_at_ms, finished_at_ms FROM builds "
-      "WHERE artifact = ? AND package_model = ? AND fingerprint = ?"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) +
+                                        "WHERE artifact = ? AND package_model = ? AND fingerprint = ?"));
   s.Bind(1, artifact).Bind(2, package_model).Bind(3, fingerprint);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::optional<BuildRecord>();
-  BuildRecord b;
-  b.artifact = artifact;
-  b.package_model = package_model;
-  b.fingerprint = fingerprint;
-  b.device = s.Text(0);
-  ParseBuildState(s.Text(1), &b.state);
-  b.error = s.Text(2);
-  b.started_at_ms = s.Int(3);
-  b.finished_at_ms = s.Int(4);
-  return std::optional<BuildRecord>(std::move(b));
+  return std::optional<BuildRecord>(ReadBuild(s));
+}
+
+StatusOr<std::vector<BuildRecord>> ModelStore::ListBuilds(const std::string& artifact) {
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) + "WHERE artifact = ? ORDER BY fingerprint"));
+  s.Bind(1, artifact);
+  std::vector<BuildRecord> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(ReadBuild(s));
+  }
+  return out;
 }
 
 Status ModelStore::AppendEvent(const std::string& model, int64_t version, const std::string& kind,
                                const std::string& message) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-      "INSERT INTO events(at_ms, model, version, kind, message) VALUES(?,?,?,?,?)"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("INSERT INTO events(at_ms, model, version, kind, message) VALUES(?,?,?,?,?)"));
   return s.Bind(1, NowMs()).Bind(2, model).Bind(3, version).Bind(4, kind).Bind(5, message).Run();
 }
 
@@ -350,16 +831,50 @@ StatusOr<int64_t> ModelStore::DataVersion() {
   return row ? s.Int(0) : int64_t{0};
 }
 
-StatusOr<std::vector<Event>> ModelStore::ListEvents(int64_t after_id, int limit) {
+Status ModelStore::CheckIntegrity() {
+  std::string problems;
+  for (const char* pragma : {"PRAGMA integrity_check", "PRAGMA foreign_key_check"}) {
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(pragma));
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      std::string line = s.Text(0);
+      if (line == "ok") continue;
+      problems += std::string(pragma) + ": " + line + (s.IsNull(1) ? "" : " " + s.Text(1)) + "; ";
+    }
+  }
+  if (!problems.empty()) return Corruption("store " + dir_ + " failed its integrity check: " + problems);
+  return Status::OK();
+}
+
+namespace {
+Event ReadEvent(const Stmt& s) { return Event{s.Int(0), s.Int(1), s.Text(2), s.Int(3), s.Text(4), s.Text(5)}; }
+}  // namespace
+
+StatusOr<std::vector<Event>> ModelStore::ListEvents(int64_t after_id, int limit, const std::string& model) {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-      "SELECT id, at_ms, model, version, kind, message FROM events WHERE id > ? "
-      "ORDER BY id LIMIT ?"));
-  s.Bind(1, after_id).Bind(2, int64_t{limit});
+      "SELECT id, at_ms, model, version, kind, message FROM events WHERE id > ?1 AND (?3 = '' OR model = ?3) "
+      "ORDER BY id LIMIT ?2"));
+  s.Bind(1, after_id).Bind(2, int64_t{limit}).Bind(3, model);
   std::vector<Event> out;
   for (;;) {
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    out.push_back(Event{s.Int(0), s.Int(1), s.Text(2), s.Int(3), s.Text(4), s.Text(5)});
+    out.push_back(ReadEvent(s));
+  }
+  return out;
+}
+
+StatusOr<std::vector<Event>> ModelStore::RecentEvents(int limit, const std::string& model) {
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
+      "SELECT * FROM (SELECT id, at_ms, model, version, kind, message FROM events WHERE (?2 = '' OR model = ?2) "
+      "ORDER BY id DESC LIMIT ?1) ORDER BY id"));
+  s.Bind(1, int64_t{limit}).Bind(2, model);
+  std::vector<Event> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(ReadEvent(s));
   }
   return out;
 }

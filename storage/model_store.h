@@ -3,16 +3,26 @@
 // A directory holding
 //   aotid.db              SQLite (WAL): models, versions, artifacts, builds, events
 //   blobs/sha256/<hex>    content-addressed artifacts (.pt2 files)
-//   blobs/tmp/            partial copies; anything here after a crash is garbage
+//   blobs/tmp/            copies in progress, each locked (flock) by the
+//                         process writing it; unlocked ones are crash debris
+//   cache/                compiled builds (runtime/build_cache.h)
 //
-// Any process may open and write the store. One ModelStore holds one
-// connection and is not thread-safe: give each thread its own.
+// Any process may open and write the store at any time, the daemon running
+// or not. Writers take SQLite's write lock (BEGIN IMMEDIATE); a blob enters
+// blobs/sha256 only under that lock and only after it is fsynced and its
+// digest checked, so a committed row always has its blob, and gc (which
+// deletes under the same lock) never removes a blob a commit is about to
+// reference.
+//
+// One ModelStore holds one connection and is not thread-safe: give each
+// thread its own.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -23,18 +33,38 @@ namespace aotid::storage {
 
 // The schema version this binary writes. Older stores are migrated forward on
 // open; a newer one is refused.
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;
 
 // Model names: 1-128 characters of [A-Za-z0-9_.-], starting with a letter or
 // digit, with no "..". They appear in URLs and file names, so nothing else.
 Status ValidateModelName(std::string_view name);
 // Versions are integers from 1 to 2^53.
 Status ValidateVersion(int64_t version);
+// Parses "NAME" or "NAME:VERSION", validating both parts.
+Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int64_t>* version);
 
+// How one version is served. Keys as `aotid set` and `aotid show` spell them.
 struct VersionSettings {
-  std::string device = "auto";  // auto | cpu | mps | cuda
-  int num_runners = 1;          // concurrent model instances
+  std::string device = "auto";   // device: auto | cpu | mps | cuda
+  bool fallback_cpu = true;      // fallback_cpu: run on the CPU when the device cannot
+  int num_runners = 1;           // num_runners: concurrent model instances, 1-64
+  int max_batch_size = 1;        // max_batch_size: dynamic batching bound, 1 = off
+  int max_batch_delay_us = 0;    // max_batch_delay_us: wait for a batch to fill, 0-1000000
+
+  bool operator==(const VersionSettings&) const = default;
 };
+Status ValidateSettings(const VersionSettings& s);
+
+// Which versions of a model are served.
+struct VersionPolicy {
+  enum Kind { kLatest, kAll, kPinned };
+  Kind kind = kLatest;
+  int64_t pinned = 0;  // with kPinned
+
+  bool operator==(const VersionPolicy&) const = default;
+};
+std::string FormatVersionPolicy(const VersionPolicy& p);  // "latest", "all", "pinned:3"
+StatusOr<VersionPolicy> ParseVersionPolicy(std::string_view text);
 
 struct ModelVersion {
   std::string model;
@@ -44,7 +74,14 @@ struct ModelVersion {
   std::string package_model = "model";  // model_name inside the package
   int64_t size = 0;
   VersionSettings settings;
-  int64_t created_at = 0;  // unix seconds
+  int64_t created_at_ms = 0;
+};
+
+struct ModelInfo {
+  std::string name;
+  VersionPolicy policy;
+  int64_t created_at_ms = 0;
+  std::vector<ModelVersion> versions;  // ascending
 };
 
 enum class BuildState { kQueued, kBuilding, kReady, kFailed };
@@ -76,7 +113,19 @@ struct AddRequest {
   std::string file;
   std::string name;
   std::optional<int64_t> version;  // default: one past the latest
+  std::string package_model;       // which model in the package; default: its only one
   VersionSettings settings;
+};
+
+// What gc removed (or would remove, with dry_run).
+struct GcReport {
+  std::vector<std::string> artifacts;     // unreferenced artifacts: row, blob, builds
+  std::vector<std::string> orphan_blobs;  // blob files with no row (an add killed mid-way)
+  std::vector<std::string> tmp_files;     // abandoned partial copies
+  std::vector<std::string> cache_dirs;    // cached builds of artifacts no longer stored
+  int64_t events_trimmed = 0;
+  int64_t bytes_freed = 0;
+  std::vector<std::string> missing_blobs;  // referenced but absent: reported, not fixable here
 };
 
 class ModelStore {
@@ -88,7 +137,8 @@ class ModelStore {
 
   // Checks the request and the file without touching any store: the name,
   // version and settings, and that the file is a package aotid can add.
-  static StatusOr<PackageInfo> CheckAddRequest(const AddRequest& req);
+  // Returns the package model the version will serve.
+  static StatusOr<std::string> CheckAddRequest(const AddRequest& req);
 
   // Validates the request and the file, copies the file into the blob
   // directory and records the version. On any error the store is unchanged
@@ -97,23 +147,55 @@ class ModelStore {
 
   // All versions of all models, by model name then version.
   StatusOr<std::vector<ModelVersion>> ListVersions();
+  // All models with their policy and versions, by name.
+  StatusOr<std::vector<ModelInfo>> ListModels();
+  // One model; NotFound names it.
+  StatusOr<ModelInfo> GetModel(const std::string& name);
+
+  // Applies KEY=VALUE settings to one version, or to every version of the
+  // model when `version` is empty; `version_policy` applies to the model and
+  // takes no version. All or nothing: one bad key or value changes nothing.
+  // Returns a line per change ("mlp:2 num_runners 1 -> 2"); unchanged values
+  // are left out.
+  StatusOr<std::vector<std::string>> Set(const std::string& name, std::optional<int64_t> version,
+                                         const std::vector<std::pair<std::string, std::string>>& kv);
+
+  // Removes one version, or the whole model. A version the model's policy
+  // pins cannot be removed. Blobs and builds stay until gc. Returns the
+  // versions removed.
+  StatusOr<std::vector<int64_t>> Remove(const std::string& name, std::optional<int64_t> version);
+
+  // Removes what nothing references: artifacts no version uses (row, blob,
+  // cached builds), blob files without a row, unlocked partial copies, and
+  // events beyond the newest `keep_events`.
+  StatusOr<GcReport> CollectGarbage(bool dry_run = false, int64_t keep_events = 10000);
 
   std::string BlobPath(const std::string& sha256) const;
+  std::string CacheDir() const { return dir_ + "/cache"; }
 
   // Inserts or replaces the build row for (artifact, package_model, fingerprint).
   Status PutBuild(const BuildRecord& b);
   StatusOr<std::optional<BuildRecord>> GetBuild(const std::string& artifact,
                                                 const std::string& package_model,
                                                 const std::string& fingerprint);
+  // Every build row of an artifact, any machine.
+  StatusOr<std::vector<BuildRecord>> ListBuilds(const std::string& artifact);
 
   Status AppendEvent(const std::string& model, int64_t version, const std::string& kind,
                      const std::string& message);
-  // Events with id > after_id, oldest first, at most `limit`.
-  StatusOr<std::vector<Event>> ListEvents(int64_t after_id = 0, int limit = 1000);
+  // Events with id > after_id, oldest first, at most `limit`; only one
+  // model's when `model` is set.
+  StatusOr<std::vector<Event>> ListEvents(int64_t after_id = 0, int limit = 1000,
+                                          const std::string& model = "");
+  // The newest `limit` events (of one model when set), oldest first.
+  StatusOr<std::vector<Event>> RecentEvents(int limit, const std::string& model = "");
 
   // SQLite's PRAGMA data_version: changes when another connection (any
   // process) commits to the store, never for this connection's own writes.
   StatusOr<int64_t> DataVersion();
+  // PRAGMA integrity_check and foreign_key_check; ok or Corruption with
+  // what they found.
+  Status CheckIntegrity();
 
   const std::string& dir() const { return dir_; }
   int SchemaVersion() const { return schema_version_; }
@@ -122,7 +204,7 @@ class ModelStore {
  private:
   ModelStore(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}
   Status Migrate();
-  StatusOr<std::string> ImportBlob(const std::string& file);
+  StatusOr<std::vector<ModelVersion>> QueryVersions(const std::string& where, const std::string& name);
 
   std::string dir_;
   std::unique_ptr<Db> db_;

@@ -165,7 +165,7 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {
     std::string needle;
   } cases[] = {
       {"/v2/models/nope/infer", "{}", 404, "unknown model 'nope'"},
-      {"/v2/models/mlp/versions/9/infer", "{}", 404, "no served version '9'"},
+      {"/v2/models/mlp/versions/9/infer", "{}", 404, "no served version 9"},
       {"/v2/models/mlp/infer", "{\"inputs\": [", 400, "not valid JSON"},
       {"/v2/models/mlp/infer", R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,7],"data":[1,2,3,4,5,6,7]}]})",
        400, "input 'x' has shape [1, 7], expected [-1, 8]"},
