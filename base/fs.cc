@@ -103,9 +103,10 @@ StatusOr<std::string> HashStream(const std::string& src, int dst_fd, const std::
 
 Status MakeDirs(const std::string& path, unsigned mode) {
   std::error_code ec;
+  bool existed = stdfs::is_directory(path, ec);
   stdfs::create_directories(path, ec);
   if (ec) return IOError("create directory " + path + ": " + ec.message());
-  ::chmod(path.c_str(), mode);
+  if (!existed) ::chmod(path.c_str(), mode);  // never change the mode of a directory we did not make
   return Status::OK();
 }
 

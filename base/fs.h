@@ -10,7 +10,8 @@
 
 namespace aotid::fs {
 
-// Creates `path` and its parents (mode 0755 unless given). Ok if it exists.
+// Creates `path` and its parents (mode 0755 unless given). Ok if it exists;
+// an existing directory keeps its mode.
 Status MakeDirs(const std::string& path, unsigned mode = 0755);
 
 // fsyncs a directory so that renames and creations inside it are durable.

@@ -82,6 +82,8 @@ class [[nodiscard]] StatusOr {
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
+  // The value, or `fallback` when there is none.
+  T value_or(T fallback) const& { return ok() ? value() : std::move(fallback); }
 
  private:
   std::variant<Status, T> v_;

@@ -325,22 +325,23 @@ int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::
 int CmdRm(const GlobalFlags& g, const std::vector<std::string>& refs) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("rm", cfg.status());
-  // Every reference is checked before anything is removed.
-  std::vector<std::pair<std::string, std::optional<int64_t>>> parsed;
+  // All or nothing: every reference is checked before anything is removed.
+  std::vector<storage::ModelStore::ModelRef> parsed;
   for (const auto& ref : refs) {
     auto& [name, version] = parsed.emplace_back();
     if (Status s = storage::ParseModelRef(ref, &name, &version); !s.ok()) return Fail("rm", s);
   }
   auto store = OpenExisting(*cfg);
   if (!store.ok()) return Fail("rm", store.status());
-  for (const auto& [name, version] : parsed) {
-    auto removed = (*store)->Remove(name, version);
-    if (!removed.ok()) return Fail("rm", removed.status());
+  auto removed = (*store)->Remove(parsed);
+  if (!removed.ok()) return Fail("rm", removed.status());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const auto& [name, version] = parsed[i];
+    size_t n = (*removed)[i].size();
     if (version) {
       std::cout << "removed " << name << ":" << *version << "\n";
     } else {
-      std::cout << "removed " << name << " (" << removed->size() << " version" << (removed->size() == 1 ? "" : "s")
-                << ")\n";
+      std::cout << "removed " << name << " (" << n << " version" << (n == 1 ? "" : "s") << ")\n";
     }
   }
   std::cout << "blobs and builds stay until 'aotid gc'\n";
@@ -406,16 +407,20 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
       last = e.id;
     }
   });
-  uv_signal_t sigint, sigterm;
+  struct Signals {
+    uv_signal_t sigint{}, sigterm{};
+    StoreWatch* watch;
+  } signals{.watch = &watch};
   auto stop = [](uv_signal_t* h, int) {
-    auto* w = static_cast<StoreWatch*>(h->data);
-    w->Stop();
-    uv_close(reinterpret_cast<uv_handle_t*>(h), nullptr);
+    auto* s = static_cast<Signals*>(h->data);
+    s->watch->Stop();
+    uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   };
-  for (auto [sig, handle] : {std::pair{SIGINT, &sigint}, std::pair{SIGTERM, &sigterm}}) {
+  for (auto [sig, handle] : {std::pair{SIGINT, &signals.sigint}, std::pair{SIGTERM, &signals.sigterm}}) {
     uv_signal_init(&loop, handle);
-    handle->data = &watch;
-    uv_signal_start_oneshot(handle, stop, sig);
+    handle->data = &signals;
+    uv_signal_start(handle, stop, sig);
   }
   watch.Start(&loop);
   uv_run(&loop, UV_RUN_DEFAULT);

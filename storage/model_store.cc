@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -366,6 +367,14 @@ StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, b
   if (!create && !fs::Exists(db_path)) return NotFound("no aotid store at " + dir);
   if (create) {
     RETURN_IF_ERROR(fs::MakeDirs(dir, 0750).WithContext("creating the store"));
+    // Writers need the directory (SQLite's -wal and -shm files live there)
+    // and the blob directories; say so plainly rather than fail half-way.
+    for (const std::string& d : {dir, dir + "/blobs", dir + "/blobs/sha256", dir + "/blobs/tmp"}) {
+      if (fs::Exists(d) && ::access(d.c_str(), W_OK) != 0) {
+        return IOError("the store directory " + d + " is read-only for this user (" + std::strerror(errno) +
+                       "); aotid must be able to write its store");
+      }
+    }
     RETURN_IF_ERROR(fs::MakeDirs(dir + "/blobs/sha256").WithContext("creating the store"));
   }
   ASSIGN_OR_RETURN(auto db, Db::Open(db_path, create));
@@ -647,39 +656,43 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
   return changes;
 }
 
-StatusOr<std::vector<int64_t>> ModelStore::Remove(const std::string& name, std::optional<int64_t> version) {
+StatusOr<std::vector<std::vector<int64_t>>> ModelStore::Remove(const std::vector<ModelRef>& refs) {
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
-  ASSIGN_OR_RETURN(ModelInfo model, GetModel(name));
-  std::vector<int64_t> have, removed;
-  for (const auto& v : model.versions) have.push_back(v.version);
-  if (version) {
-    if (std::find(have.begin(), have.end(), *version) == have.end()) {
-      return NotFound("model '" + name + "' has no version " + std::to_string(*version) + " (versions: " +
-                      JoinVersions(have) + ")");
+  std::vector<std::vector<int64_t>> result;
+  for (const auto& [name, version] : refs) {
+    ASSIGN_OR_RETURN(ModelInfo model, GetModel(name));  // reflects earlier refs of this call
+    std::vector<int64_t> have, removed;
+    for (const auto& v : model.versions) have.push_back(v.version);
+    if (version) {
+      if (std::find(have.begin(), have.end(), *version) == have.end()) {
+        return NotFound("model '" + name + "' has no version " + std::to_string(*version) + " (versions: " +
+                        JoinVersions(have) + ")");
+      }
+      if (model.policy.kind == VersionPolicy::kPinned && model.policy.pinned == *version && have.size() > 1) {
+        return FailedPrecondition("model '" + name + "' is pinned to version " + std::to_string(*version) +
+                                  "; change its version_policy first, or remove the whole model");
+      }
+      removed.push_back(*version);
+    } else {
+      removed = have;
     }
-    if (model.policy.kind == VersionPolicy::kPinned && model.policy.pinned == *version && have.size() > 1) {
-      return FailedPrecondition("model '" + name + "' is pinned to version " + std::to_string(*version) +
-                                "; change its version_policy first, or remove the whole model");
+    for (int64_t v : removed) {
+      ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
+          "DELETE FROM versions WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
+      RETURN_IF_ERROR(s.Bind(1, v).Bind(2, name).Run());
     }
-    removed.push_back(*version);
-  } else {
-    removed = have;
-  }
-  for (int64_t v : removed) {
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-        "DELETE FROM versions WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
-    RETURN_IF_ERROR(s.Bind(1, v).Bind(2, name).Run());
-  }
-  if (removed.size() == have.size()) {
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("DELETE FROM models WHERE name = ?"));
-    RETURN_IF_ERROR(s.Bind(1, name).Run());
-    RETURN_IF_ERROR(AppendEvent(name, 0, "removed",
-                                "removed model '" + name + "' (versions " + JoinVersions(removed) + ")"));
-  } else {
-    RETURN_IF_ERROR(AppendEvent(name, *version, "removed", "removed version " + std::to_string(*version)));
+    if (removed.size() == have.size()) {
+      ASSIGN_OR_RETURN(Stmt s, db_->Prepare("DELETE FROM models WHERE name = ?"));
+      RETURN_IF_ERROR(s.Bind(1, name).Run());
+      RETURN_IF_ERROR(AppendEvent(name, 0, "removed",
+                                  "removed model '" + name + "' (versions " + JoinVersions(removed) + ")"));
+    } else {
+      RETURN_IF_ERROR(AppendEvent(name, *version, "removed", "removed version " + std::to_string(*version)));
+    }
+    result.push_back(std::move(removed));
   }
   RETURN_IF_ERROR(txn->Commit());
-  return removed;
+  return result;
 }
 
 StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events) {

@@ -160,10 +160,12 @@ class ModelStore {
   StatusOr<std::vector<std::string>> Set(const std::string& name, std::optional<int64_t> version,
                                          const std::vector<std::pair<std::string, std::string>>& kv);
 
-  // Removes one version, or the whole model. A version the model's policy
-  // pins cannot be removed. Blobs and builds stay until gc. Returns the
-  // versions removed.
-  StatusOr<std::vector<int64_t>> Remove(const std::string& name, std::optional<int64_t> version);
+  // Removes versions ("NAME:V") or whole models ("NAME"), all or nothing: if
+  // any is missing, nothing is removed. A version the model's policy pins
+  // cannot be removed while other versions stay. Blobs and builds stay until
+  // gc. Returns, per reference, the versions removed.
+  using ModelRef = std::pair<std::string, std::optional<int64_t>>;
+  StatusOr<std::vector<std::vector<int64_t>>> Remove(const std::vector<ModelRef>& refs);
 
   // Removes what nothing references: artifacts no version uses (row, blob,
   // cached builds), blob files without a row, unlocked partial copies, and

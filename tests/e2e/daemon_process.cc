@@ -2,7 +2,10 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#ifdef __linux__
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,20 +20,41 @@ extern char** environ;
 namespace aotid::testing {
 namespace {
 
-StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& out_path) {
+// fork + exec rather than posix_spawn: the child may have to drop
+// capabilities first. Everything the child touches is prepared before fork.
+StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& out_path, const RunOptions& opts) {
   std::vector<std::string> full = {AOTID_BINARY};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return ErrnoError("spawn aotid", rc);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  env_strings.insert(env_strings.end(), opts.env.begin(), opts.env.end());
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (out < 0) return ErrnoError("open " + out_path, errno);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(out);
+    return ErrnoError("fork", errno);
+  }
+  if (pid == 0) {
+#ifdef __linux__
+    if (opts.obey_file_modes) {
+      // Root ignores file modes through these capabilities; dropping them
+      // from the bounding set keeps them from coming back at exec.
+      for (int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}) ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+    }
+#endif
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(out);
   return pid;
 }
 
@@ -42,24 +66,48 @@ int DecodeWait(int status) {
 
 }  // namespace
 
-int RunAotid(const std::vector<std::string>& args, std::string* output) {
+int RunAotid(const std::vector<std::string>& args, std::string* output) { return RunAotid(args, {}, output); }
+
+int RunAotid(const std::vector<std::string>& args, const RunOptions& opts, std::string* output) {
   char templ[] = "/tmp/aotid-run-XXXXXX";
   int fd = ::mkstemp(templ);
   ::close(fd);
-  auto pid = Spawn(args, templ);
+  auto pid = Spawn(args, templ, opts);
   if (!pid.ok()) return -1;
-  int status = 0;
-  ::waitpid(*pid, &status, 0);
+  int code = WaitExit(*pid);
   if (output != nullptr) *output = fs::ReadFile(templ).value();
   ::unlink(templ);
+  return code;
+}
+
+StatusOr<pid_t> SpawnAotid(const std::vector<std::string>& args, const std::string& out_path, const RunOptions& opts) {
+  return Spawn(args, out_path, opts);
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
   return DecodeWait(status);
+}
+
+int WaitExitFor(pid_t pid, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return DecodeWait(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  return WaitExit(pid);
 }
 
 StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::vector<std::string>& args,
                                                               const std::string& log_path) {
   std::vector<std::string> full = {"serve"};
   full.insert(full.end(), args.begin(), args.end());
-  ASSIGN_OR_RETURN(pid_t pid, Spawn(full, log_path));
+  ASSIGN_OR_RETURN(pid_t pid, Spawn(full, log_path, {}));
   std::unique_ptr<DaemonProcess> d(new DaemonProcess);
   d->pid_ = pid;
   d->log_path_ = log_path;

@@ -11,8 +11,25 @@
 
 namespace aotid::testing {
 
-// Runs `aotid ARGS...` to completion; returns its exit code and output.
+struct RunOptions {
+  std::vector<std::string> env;  // NAME=VALUE, added to this process's environment
+  // Drop the capabilities through which root ignores file modes, so that a
+  // read-only directory is read-only even when the tests run as root.
+  bool obey_file_modes = false;
+};
+
+// Runs `aotid ARGS...` to completion; returns its exit code (128 + signal
+// when killed by one) and its output (stdout and stderr together).
 int RunAotid(const std::vector<std::string>& args, std::string* output = nullptr);
+int RunAotid(const std::vector<std::string>& args, const RunOptions& opts, std::string* output = nullptr);
+
+// Starts `aotid ARGS...` with stdout and stderr appended to `out_path`.
+StatusOr<pid_t> SpawnAotid(const std::vector<std::string>& args, const std::string& out_path,
+                           const RunOptions& opts = {});
+// Waits for a spawned process; its exit code as RunAotid reports it.
+int WaitExit(pid_t pid);
+// The same, but kills it (SIGKILL) after `timeout_s`: then 137.
+int WaitExitFor(pid_t pid, int timeout_s);
 
 // `aotid serve` on 127.0.0.1 with a port the kernel picks.
 class DaemonProcess {

@@ -1,0 +1,326 @@
+// The store through its real entrance: the aotid binary, run as separate
+// processes against one store directory, with no daemon. Covers the CLI
+// commands, several writers at once, kill -9 at chosen points of an add, and
+// bad input that must leave the store byte-for-byte as it was.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "base/fs.h"
+#include "e2e/daemon_process.h"
+#include "storage/model_store.h"
+#include "test_util.h"
+
+namespace aotid::testing {
+namespace {
+
+using json = nlohmann::json;
+namespace stdfs = std::filesystem;
+
+// Every file under `dir` with the sha256 of its contents. SQLite's -shm
+// file is a shared-memory index that readers touch, not stored data, so it
+// is left out.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (auto& e : stdfs::recursive_directory_iterator(dir)) {
+    std::string p = e.path().string();
+    if (e.is_regular_file() && !p.ends_with("-shm")) out[p.substr(dir.size())] = *fs::Sha256File(p);
+  }
+  return out;
+}
+
+std::vector<std::string> FilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : stdfs::directory_iterator(dir, ec)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// No version row without its blob, every blob matching its digest, and
+// SQLite's own checks clean.
+void ExpectStoreConsistent(const std::string& dir) {
+  auto store = storage::ModelStore::Open(dir, false);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_OK((*store)->CheckIntegrity());
+  auto versions = (*store)->ListVersions();
+  ASSERT_TRUE(versions.ok());
+  for (const auto& v : *versions) {
+    auto sha = fs::Sha256File((*store)->BlobPath(v.artifact));
+    ASSERT_TRUE(sha.ok()) << v.model << ":" << v.version << " has no blob: " << sha.status().ToString();
+    EXPECT_EQ(*sha, v.artifact);
+  }
+}
+
+class StoreCli : public ::testing::Test {
+ protected:
+  std::vector<std::string> Args(std::vector<std::string> args) const {
+    args.insert(args.begin(), {"--store", store_});
+    return args;
+  }
+  int Run(std::vector<std::string> args, std::string* out = nullptr) { return RunAotid(Args(std::move(args)), out); }
+
+  TempDir dir_;
+  std::string store_ = dir_ / "store";
+};
+
+TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--num-runners", "2", "--max-batch-size", "8",
+                 "--no-fallback-cpu"}, &out), 0) << out;
+  EXPECT_NE(out.find("added mlp:1"), std::string::npos) << out;
+  ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "mlp"}, &out), 0) << out;
+  EXPECT_NE(out.find("added mlp:2"), std::string::npos) << out;
+
+  ASSERT_EQ(Run({"show", "mlp:1", "--json"}, &out), 0) << out;
+  json shown = json::parse(out);
+  ASSERT_EQ(shown["versions"].size(), 1u);
+  const json& v1 = shown["versions"][0];
+  EXPECT_EQ(v1["version"], 1);
+  EXPECT_EQ(v1["artifact"], *fs::Sha256File(TestData("mlp.pt2")));
+  EXPECT_EQ(v1["settings"], json::parse(R"({"device":"auto","fallback_cpu":false,"num_runners":2,
+                                             "max_batch_size":8,"max_batch_delay_us":0})"));
+  EXPECT_EQ(v1["served_by_policy"], false);  // the latest (2) is
+  EXPECT_TRUE(v1["blob_present"].get<bool>());
+  EXPECT_TRUE(v1["build"].is_null());
+  EXPECT_EQ(shown["version_policy"], "latest");
+
+  // One bad value anywhere: nothing at all changes.
+  auto before = Snapshot(store_);
+  EXPECT_EQ(Run({"set", "mlp", "num_runners=3", "max_batch_size=0"}, &out), 5);
+  EXPECT_NE(out.find("max_batch_size must be between 1 and 4096, got 0"), std::string::npos) << out;
+  EXPECT_EQ(Run({"set", "mlp", "colour=blue"}, &out), 5);
+  EXPECT_NE(out.find("unknown setting 'colour'"), std::string::npos) << out;
+  EXPECT_EQ(Run({"set", "mlp", "version_policy=pinned:9"}, &out), 3);
+  EXPECT_NE(out.find("no such version"), std::string::npos) << out;
+  EXPECT_EQ(Run({"set", "mlp:1", "version_policy=all"}, &out), 5);
+  EXPECT_EQ(Run({"set", "ghost", "num_runners=2"}, &out), 3);
+  EXPECT_NE(out.find("no model named 'ghost'"), std::string::npos) << out;
+  EXPECT_EQ(Snapshot(store_), before);
+
+  ASSERT_EQ(Run({"set", "mlp", "num_runners=3", "version_policy=pinned:1"}, &out), 0) << out;
+  EXPECT_NE(out.find("set mlp:1 num_runners 2 -> 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("set mlp:2 num_runners 1 -> 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("set mlp version_policy latest -> pinned:1"), std::string::npos) << out;
+  ASSERT_EQ(Run({"set", "mlp", "num_runners=3"}, &out), 0) << out;
+  EXPECT_NE(out.find("nothing changed"), std::string::npos) << out;
+
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  json ls = json::parse(out);
+  ASSERT_EQ(ls.size(), 2u);
+  EXPECT_EQ(ls[0]["served_by_policy"], true);  // pinned:1
+  EXPECT_EQ(ls[1]["served_by_policy"], false);
+  EXPECT_EQ(ls[0]["build"], "none");
+
+  // The pinned version cannot go while others stay.
+  EXPECT_EQ(Run({"rm", "mlp:1"}, &out), 1);
+  EXPECT_NE(out.find("pinned to version 1"), std::string::npos) << out;
+  ASSERT_EQ(Run({"rm", "mlp:2"}, &out), 0) << out;
+  EXPECT_EQ(Run({"rm", "mlp:2"}, &out), 3);
+  EXPECT_NE(out.find("has no version 2 (versions: 1)"), std::string::npos) << out;
+
+  // gc removes the embed blob (no longer referenced) and keeps mlp's; a
+  // cached build of the removed artifact goes too.
+  std::string embed_sha = *fs::Sha256File(TestData("embed.pt2"));
+  std::string mlp_sha = *fs::Sha256File(TestData("mlp.pt2"));
+  ASSERT_OK(fs::MakeDirs(store_ + "/cache/" + embed_sha + "/model.cpu.fp"));
+  ASSERT_OK(fs::WriteFileAtomic(store_ + "/cache/" + embed_sha + "/model.cpu.fp/model.pt2", "x"));
+  ASSERT_EQ(Run({"gc", "--dry-run"}, &out), 0) << out;
+  EXPECT_NE(out.find("would remove artifact sha256:" + embed_sha), std::string::npos) << out;
+  EXPECT_TRUE(fs::Exists(store_ + "/blobs/sha256/" + embed_sha));
+  ASSERT_EQ(Run({"gc"}, &out), 0) << out;
+  EXPECT_NE(out.find("removed artifact sha256:" + embed_sha), std::string::npos) << out;
+  EXPECT_NE(out.find("removed cached builds cache/" + embed_sha), std::string::npos) << out;
+  EXPECT_EQ(FilesIn(store_ + "/blobs/sha256"), std::vector<std::string>{mlp_sha});
+  EXPECT_FALSE(fs::Exists(store_ + "/cache/" + embed_sha));
+
+  ASSERT_EQ(Run({"rm", "mlp"}, &out), 0) << out;
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out), json::array());
+  ASSERT_EQ(Run({"gc"}, &out), 0) << out;
+  EXPECT_TRUE(FilesIn(store_ + "/blobs/sha256").empty());
+
+  // The event log tells the whole story, oldest first.
+  ASSERT_EQ(Run({"events", "--json", "-n", "100"}, &out), 0) << out;
+  std::vector<std::string> kinds;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) kinds.push_back(json::parse(line)["kind"]);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"added", "added", "settings", "settings", "settings", "removed",
+                                             "removed"}));
+  ExpectStoreConsistent(store_);
+}
+
+TEST_F(StoreCli, EventsFollowPrintsEventsFromOtherProcesses) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "first"}, &out), 0) << out;
+  std::string follow_out = dir_ / "follow.out";
+  auto pid = SpawnAotid(Args({"events", "--follow", "--json", "-n", "0"}), follow_out);
+  ASSERT_TRUE(pid.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it take its starting point
+  ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "second"}, &out), 0) << out;
+  bool seen = false;
+  for (int i = 0; i < 100 && !seen; ++i) {  // bounded: 10 s
+    seen = fs::ReadFile(follow_out).value_or("").find("\"model\":\"second\"") != std::string::npos;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(*pid, SIGTERM);
+  EXPECT_EQ(WaitExitFor(*pid, 10), 0) << "events --follow did not stop on SIGTERM";
+  std::string printed = *fs::ReadFile(follow_out);
+  EXPECT_TRUE(seen) << printed;
+  EXPECT_EQ(printed.find("\"model\":\"first\""), std::string::npos) << "-n 0 printed old events: " << printed;
+}
+
+TEST_F(StoreCli, ConcurrentAddsAllSucceedOrFailCleanly) {
+  // Eight writers race to create the store and number their versions; four
+  // more race for one explicit version, which exactly one may get.
+  std::vector<std::pair<pid_t, std::string>> procs;
+  for (int i = 0; i < 12; ++i) {
+    std::string out = dir_ / ("add" + std::to_string(i) + ".out");
+    std::vector<std::string> args = i < 8 ? std::vector<std::string>{"add", TestData(i % 2 ? "mlp.pt2" : "embed.pt2"),
+                                                                      "--name", "race"}
+                                          : std::vector<std::string>{"add", TestData("mlp.pt2"), "--name", "pinned",
+                                                                     "--version", "7"};
+    auto pid = SpawnAotid(Args(args), out);
+    ASSERT_TRUE(pid.ok());
+    procs.emplace_back(*pid, out);
+  }
+  int ok = 0, exists = 0;
+  for (auto& [pid, out] : procs) {
+    int code = WaitExitFor(pid, 120);
+    std::string text = fs::ReadFile(out).value_or("");
+    if (code == 0) {
+      ++ok;
+    } else {
+      EXPECT_EQ(code, 4) << text;
+      EXPECT_NE(text.find("already has version 7"), std::string::npos) << text;
+      ++exists;
+    }
+  }
+  EXPECT_EQ(ok, 9);
+  EXPECT_EQ(exists, 3);
+  auto store = storage::ModelStore::Open(store_, false);
+  ASSERT_TRUE(store.ok());
+  auto race = (*store)->GetModel("race");
+  ASSERT_TRUE(race.ok());
+  std::set<int64_t> versions;
+  for (const auto& v : race->versions) versions.insert(v.version);
+  EXPECT_EQ(versions, (std::set<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(FilesIn(store_ + "/blobs/sha256").size(), 2u);  // two distinct files, stored once each
+  EXPECT_TRUE(FilesIn(store_ + "/blobs/tmp").empty());
+  ExpectStoreConsistent(store_);
+}
+
+// kill -9 at each point of an add: nothing half-added is visible, gc clears
+// what is left, and the same add then succeeds.
+TEST_F(StoreCli, KilledAddLeavesNothingGcCannotClear) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "keep"}, &out), 0) << out;
+  std::string embed_sha = *fs::Sha256File(TestData("embed.pt2"));
+  std::string mlp_sha = *fs::Sha256File(TestData("mlp.pt2"));
+  struct Case {
+    std::string point, file, sha;
+  } cases[] = {
+      {"add:copied", TestData("mlp.pt2"), mlp_sha},         // partial copy in blobs/tmp
+      {"add:before_commit", TestData("mlp.pt2"), mlp_sha},  // blob renamed in, rows not committed
+      {"add:before_commit", TestData("embed.pt2"), embed_sha},  // the blob is shared with 'keep'
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.point + " " + c.file);
+    RunOptions crash;
+    crash.env = {"AOTID_TEST_CRASH_AT=" + c.point};
+    EXPECT_EQ(RunAotid(Args({"add", c.file, "--name", "victim"}), crash, &out), 128 + SIGKILL) << out;
+    EXPECT_EQ(out.find("added"), std::string::npos) << out;
+    EXPECT_EQ(Run({"show", "victim"}, &out), 3) << out;  // no trace in the store's rows
+    ExpectStoreConsistent(store_);
+
+    ASSERT_EQ(Run({"gc"}, &out), 0) << out;
+    EXPECT_TRUE(FilesIn(store_ + "/blobs/tmp").empty()) << out;
+    EXPECT_EQ(FilesIn(store_ + "/blobs/sha256"), std::vector<std::string>{embed_sha}) << out;
+    ExpectStoreConsistent(store_);
+
+    ASSERT_EQ(Run({"add", c.file, "--name", "victim"}, &out), 0) << out;
+    ExpectStoreConsistent(store_);
+    ASSERT_EQ(Run({"rm", "victim"}, &out), 0) << out;
+    ASSERT_EQ(Run({"gc"}, &out), 0) << out;
+  }
+}
+
+TEST_F(StoreCli, BadInputIsRefusedWithReasonAndStoreUnchanged) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--version", "3"}, &out), 0) << out;
+  std::string truncated = dir_ / "truncated.pt2";
+  std::string whole = *fs::ReadFile(TestData("mlp.pt2"));
+  ASSERT_OK(fs::WriteFileAtomic(truncated, whole.substr(0, whole.size() / 2)));
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string needle;
+  } cases[] = {
+      {{"add", TestData("not_a_model.pt2"), "--name", "x"}, 5, "not a .pt2 package"},
+      {{"add", truncated, "--name", "x"}, 5, "not a .pt2 package"},
+      {{"add", TestData("empty.pt2"), "--name", "x"}, 5, "holds no model"},
+      {{"add", TestData("mlp.pt2"), "--name", "../evil"}, 5, "may only contain letters"},
+      {{"add", TestData("mlp.pt2"), "--name", "a\nb"}, 5, "model name 'a\\x0ab'"},
+      {{"add", TestData("mlp.pt2"), "--name", "_x"}, 5, "must start with a letter or digit"},
+      {{"add", TestData("mlp.pt2"), "--name", "mlp", "--version", "3"}, 4, "already has version 3"},
+      {{"add", TestData("mlp.pt2"), "--name", "mlp", "--version", "0"}, 5, "version must be an integer"},
+      {{"add", TestData("mlp.pt2"), "--name", "mlp", "--package-model", "other"}, 3, "has no model 'other'"},
+      {{"add", TestData("mlp.pt2"), "--name", "x", "--device", "tpu"}, 5, "device 'tpu' is not one of"},
+      {{"add", dir_ / "missing.pt2", "--name", "x"}, 3, "missing.pt2"},
+      {{"show", "mlp:x"}, 5, "must be an integer"},
+      {{"rm", "../mlp"}, 5, "may only contain letters"},
+      {{"rm", "mlp:3", "nope"}, 3, "no model named 'nope'"},
+  };
+  for (const auto& c : cases) {
+    auto before = Snapshot(store_);
+    EXPECT_EQ(Run(c.args, &out), c.code) << c.args[0] << " " << c.args[1] << ": " << out;
+    EXPECT_NE(out.find(c.needle), std::string::npos) << "expected '" << c.needle << "' in: " << out;
+    EXPECT_EQ(Snapshot(store_), before) << c.args[0] << " " << c.args[1] << " changed the store";
+  }
+  ExpectStoreConsistent(store_);
+}
+
+TEST_F(StoreCli, StoreFileThatIsNotSqliteIsRefused) {
+  ASSERT_OK(fs::MakeDirs(store_));
+  ASSERT_OK(fs::WriteFileAtomic(store_ + "/aotid.db", std::string(4096, 'x')));
+  auto before = Snapshot(store_);
+  std::string out;
+  EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 1);
+  EXPECT_NE(out.find("is not an SQLite database"), std::string::npos) << out;
+  EXPECT_EQ(Run({"ls"}, &out), 1);
+  EXPECT_NE(out.find("is not an SQLite database"), std::string::npos) << out;
+  EXPECT_EQ(Snapshot(store_), before);
+}
+
+TEST_F(StoreCli, ReadOnlyStoreDirectoryIsRefusedAndUnchanged) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  auto before = Snapshot(store_);
+  std::vector<std::string> dirs;
+  for (auto& e : stdfs::recursive_directory_iterator(store_)) {
+    if (e.is_directory()) dirs.push_back(e.path().string());
+  }
+  dirs.push_back(store_);
+  for (const auto& d : dirs) ::chmod(d.c_str(), 0555);
+  RunOptions ro;
+  ro.obey_file_modes = true;
+  int add = RunAotid(Args({"add", TestData("embed.pt2"), "--name", "embed"}), ro, &out);
+  std::string add_out = out;
+  int rm = RunAotid(Args({"rm", "mlp"}), ro, &out);
+  std::string rm_out = out;
+  for (const auto& d : dirs) ::chmod(d.c_str(), 0755);
+  EXPECT_NE(add, 0) << add_out;
+  EXPECT_NE(add_out.find("the store directory " + store_ + " is read-only"), std::string::npos) << add_out;
+  EXPECT_NE(rm, 0) << rm_out;
+  EXPECT_NE(rm_out.find("readonly database"), std::string::npos) << rm_out;
+  EXPECT_EQ(Snapshot(store_), before);
+  ExpectStoreConsistent(store_);
+}
+
+}  // namespace
+}  // namespace aotid::testing
