@@ -461,6 +461,7 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
 
   // The slow part, with no lock held: copy into a private, locked temp file
   // while hashing.
+  RETURN_IF_ERROR(fs::MakeDirs(dir_ + "/blobs/sha256"));
   ASSIGN_OR_RETURN(auto tmp, TmpBlob::Create(dir_ + "/blobs/tmp"));
   ASSIGN_OR_RETURN(std::string sha, fs::CopyAndHashInto(req.file, tmp->fd(), tmp->path()));
   CrashPoint("add:copied");

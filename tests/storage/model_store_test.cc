@@ -1,5 +1,10 @@
 #include "storage/model_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "base/fs.h"
@@ -151,6 +156,170 @@ TEST(ModelStore, BuildRecordsRoundTrip) {
   auto other = (*store)->GetBuild(mv->artifact, "model", "fp2");
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(other->has_value());
+}
+
+// A store written by every earlier schema opens with this binary, keeps
+// its models, builds and events, reads new settings as their defaults, and
+// takes new versions. Each schema bump must ship a fixture of the old one.
+TEST(ModelStoreMigration, EveryEarlierSchemaOpensAndKeepsItsModels) {
+  for (int from = 1; from < kSchemaVersion; ++from) {
+    SCOPED_TRACE("from schema " + std::to_string(from));
+    std::string fixture = std::string(AOTID_SOURCE_DIR) + "/tests/storage/testdata/store_v" +
+                          std::to_string(from) + ".sql";
+    auto sql = fs::ReadFile(fixture);
+    ASSERT_TRUE(sql.ok()) << "schema " << from << " has no fixture: " << sql.status().ToString();
+    TempDir d;
+    {
+      auto db = Db::Open(d / "aotid.db", /*create=*/true);
+      ASSERT_TRUE(db.ok());
+      ASSERT_OK((*db)->Exec(*sql));
+    }
+    auto store = ModelStore::Open(d.path(), /*create=*/false);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ((*store)->SchemaVersion(), kSchemaVersion);
+    EXPECT_OK((*store)->CheckIntegrity());
+
+    auto models = (*store)->ListModels();
+    ASSERT_TRUE(models.ok()) << models.status().ToString();
+    ASSERT_EQ(models->size(), 2u);
+    const ModelInfo& embed = (*models)[0];
+    const ModelInfo& mlp = (*models)[1];
+    EXPECT_EQ(embed.name, "embed");
+    EXPECT_EQ(mlp.name, "mlp");
+    EXPECT_EQ(mlp.policy, VersionPolicy{});
+    ASSERT_EQ(mlp.versions.size(), 2u);
+    EXPECT_EQ(mlp.versions[0].version, 1);
+    EXPECT_EQ(mlp.versions[1].version, 5);
+    EXPECT_EQ(mlp.versions[0].artifact, mlp.versions[1].artifact);
+    ASSERT_EQ(embed.versions.size(), 1u);
+    VersionSettings want;
+    want.num_runners = 2;
+    EXPECT_EQ(embed.versions[0].settings, want);  // kept, and the new settings at their defaults
+    auto builds = (*store)->ListBuilds(mlp.versions[0].artifact);
+    ASSERT_TRUE(builds.ok());
+    ASSERT_EQ(builds->size(), 1u);
+    EXPECT_EQ((*builds)[0].state, BuildState::kReady);
+    auto events = (*store)->ListEvents();
+    ASSERT_TRUE(events.ok());
+    EXPECT_GE(events->size(), 3u);
+
+    // Writable with the new schema: a setting only it has, and a new version.
+    auto set = (*store)->Set("mlp", std::nullopt, {{"max_batch_size", "4"}});
+    ASSERT_TRUE(set.ok()) << set.status().ToString();
+    EXPECT_EQ(set->size(), 2u);
+    auto added = (*store)->Add(Req(TestData("mlp.pt2"), "mlp"));
+    ASSERT_TRUE(added.ok()) << added.status().ToString();
+    EXPECT_EQ(added->version, 6);
+    EXPECT_OK((*store)->CheckIntegrity());
+  }
+}
+
+TEST(ModelStoreMigration, NewerSchemaIsRefused) {
+  TempDir d;
+  {
+    auto db = Db::Open(d / "aotid.db", true);
+    ASSERT_TRUE(db.ok());
+    ASSERT_OK((*db)->Exec("PRAGMA user_version = " + std::to_string(kSchemaVersion + 1)));
+  }
+  auto store = ModelStore::Open(d.path(), false);
+  EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(store.status().message().find("newer than this aotid understands"), std::string::npos);
+}
+
+TEST(Names, OnlyTheDocumentedPatternIsAccepted) {
+  for (std::string ok : {std::string("mlp"), std::string("MLP-v2.1_x"), std::string("0model"), std::string(128, 'a')}) {
+    EXPECT_OK(ValidateModelName(ok));
+  }
+  std::string nul("a\0b", 3);
+  struct Case {
+    std::string name, needle;
+  } bad[] = {
+      {"", "1 to 128"},        {std::string(129, 'a'), "1 to 128"}, {"../x", "may only contain"},
+      {"a/b", "may only contain"}, {nul, "a\\x00b"},            {"a\nb", "a\\x0ab"},
+      {"a b", "may only contain"}, {"a%2fb", "may only contain"}, {".hidden", "must start with"},
+      {"_x", "must start with"},   {"-x", "must start with"},     {"a..b", "must not contain '..'"},
+      {"caf\xc3\xa9", "may only contain"},
+  };
+  for (const auto& c : bad) {
+    Status s = ValidateModelName(c.name);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
+  }
+  std::string name;
+  std::optional<int64_t> version;
+  ASSERT_OK(ParseModelRef("mlp:12", &name, &version));
+  EXPECT_EQ(name, "mlp");
+  EXPECT_EQ(version, 12);
+  ASSERT_OK(ParseModelRef("mlp", &name, &version));
+  EXPECT_FALSE(version.has_value());
+  EXPECT_EQ(ParseModelRef("mlp:", &name, &version).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseModelRef("mlp:0", &name, &version).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseModelRef("mlp:1x", &name, &version).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseModelRef("../a:1", &name, &version).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(VersionPolicyText, RoundTripsAndRefusesNonsense) {
+  for (std::string text : {"latest", "all", "pinned:3"}) {
+    auto p = ParseVersionPolicy(text);
+    ASSERT_TRUE(p.ok()) << text;
+    EXPECT_EQ(FormatVersionPolicy(*p), text);
+  }
+  for (std::string text : {"", "newest", "pinned:", "pinned:0", "pinned:x", "pinned:-1"}) {
+    EXPECT_EQ(ParseVersionPolicy(text).status().code(), StatusCode::kInvalidArgument) << text;
+  }
+}
+
+// gc never touches a copy another process is still writing (it holds a
+// lock on it), nor files in blobs/sha256 whose names are not digests.
+TEST(ModelStoreGc, LeavesLockedCopiesAndForeignFilesAlone) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp")).ok());
+  ASSERT_OK(fs::MakeDirs(d / "blobs/tmp"));
+  ASSERT_OK(fs::WriteFileAtomic(d / "blobs/tmp/import-live", "partial"));
+  ASSERT_OK(fs::WriteFileAtomic(d / "blobs/tmp/import-dead", "partial"));
+  ASSERT_OK(fs::WriteFileAtomic(d / "blobs/sha256/README", "not ours"));
+  std::string orphan(64, 'a');
+  ASSERT_OK(fs::WriteFileAtomic(d / ("blobs/sha256/" + orphan), "crash debris"));
+  int fd = ::open((d / "blobs/tmp/import-live").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  // gc runs in a child process: flock locks belong to open files, so the
+  // child's own open of the file must find it locked.
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto child = ModelStore::Open(d.path(), false);
+    auto r = child.ok() ? (*child)->CollectGarbage() : StatusOr<GcReport>(child.status());
+    ::_exit(r.ok() && r->tmp_files == std::vector<std::string>{"import-dead"} &&
+                    r->orphan_blobs == std::vector<std::string>{orphan} && r->artifacts.empty()
+                ? 0
+                : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(fs::Exists(d / "blobs/tmp/import-live"));
+  EXPECT_FALSE(fs::Exists(d / "blobs/tmp/import-dead"));
+  EXPECT_TRUE(fs::Exists(d / "blobs/sha256/README"));
+  EXPECT_FALSE(fs::Exists(d / ("blobs/sha256/" + orphan)));
+  EXPECT_TRUE(fs::Exists((*store)->BlobPath(*fs::Sha256File(TestData("mlp.pt2")))));
+}
+
+TEST(ModelStoreGc, TrimsOldEventsKeepingTheNewest) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 30; ++i) ASSERT_OK((*store)->AppendEvent("m", 1, "test", std::to_string(i)));
+  auto r = (*store)->CollectGarbage(false, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->events_trimmed, 20);
+  auto events = (*store)->ListEvents();
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 10u);
+  EXPECT_EQ(events->front().message, "20");
+  EXPECT_EQ(events->back().message, "29");
 }
 
 }  // namespace
