@@ -7,6 +7,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <atomic>
+#include <functional>
+#include <mutex>
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
@@ -211,11 +214,142 @@ TEST_F(ServeTest, ModelsAddedByAnotherProcessAreServedWithoutRestart) {
   EXPECT_EQ(CountEvents(store_, "build_started"), 2);  // nothing new was compiled
 }
 
+// Polls `done` every 50 ms until it holds or `timeout_s` passes.
+bool WaitFor(const std::function<bool()>& done, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return done();
+}
+
+bool OutputsMatch(const json& got, const json& want) {
+  if (got.size() != want.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i]["shape"] != want[i]["shape"] || got[i]["data"].size() != want[i]["data"].size()) return false;
+    for (size_t k = 0; k < want[i]["data"].size(); ++k) {
+      double w = want[i]["data"][k].get<double>(), g = got[i]["data"][k].get<double>();
+      if (std::fabs(g - w) > 1e-5 + 1e-5 * std::fabs(w)) return false;
+    }
+  }
+  return true;
+}
+
+// Requests run without pause on two keep-alive connections while another
+// process replaces the served version with one of other weights, changes
+// its settings (a reload), adds a version that fails to build, removes it,
+// and moves the version policy. Every request must be answered 200 by some
+// version, with exactly that version's eager outputs.
+TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  const json& old_case = cases["mlp"][1];  // versions 1 and 2: mlp.pt2
+  const json& new_case = cases["mlp2"][1];  // version 3: mlp2.pt2, same inputs
+  std::string body = json{{"inputs", old_case["inputs"]}}.dump();
+  struct Seen {
+    int status = 0;
+    std::string version;
+    json outputs;
+    std::string raw;
+  };
+  std::mutex mu;
+  std::vector<Seen> seen;
+  std::atomic<bool> stop{false};
+  std::atomic<int> latest_v3{0};
+  auto client = [&] {
+    httplib::Client c("127.0.0.1", port());
+    c.set_keep_alive(true);
+    c.set_read_timeout(30, 0);
+    while (!stop.load()) {
+      Seen s;
+      if (auto r = c.Post("/v2/models/mlp/infer", body, "application/json")) {
+        s.status = r->status;
+        s.raw = r->body.substr(0, 300);
+        json j = json::parse(r->body, nullptr, false);
+        if (j.is_object()) {
+          s.version = j.value("model_version", "");
+          s.outputs = j.value("outputs", json());
+        }
+      }
+      if (s.version == "3") latest_v3 = 1;
+      std::lock_guard<std::mutex> lock(mu);
+      seen.push_back(std::move(s));
+    }
+  };
+  auto served_versions = [&] { return Get(port(), "/v2/models/mlp").body.value("versions", json()); };
+  std::thread t1(client), t2(client);
+  std::string out;
+
+  // A new version with other weights: compiled while version 2 serves.
+  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("mlp2.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_NE(out.find("added mlp:3"), std::string::npos) << out;
+  EXPECT_TRUE(WaitFor([&] { return latest_v3.load() == 1; }, 300)) << daemon_->Log();
+  EXPECT_TRUE(WaitFor([&] { return served_versions() == json::array({"3"}); }, 10)) << served_versions();
+
+  // New settings: version 3 is reloaded, and serves throughout.
+  int loads = CountEvents(store_, "loaded");
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp:3", "num_runners=2"}, &out), 0) << out;
+  EXPECT_TRUE(WaitFor([&] { return CountEvents(store_, "loaded") > loads; }, 30)) << daemon_->Log();
+
+  // A version whose build fails leaves version 3 serving.
+  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("broken_program.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_NE(out.find("added mlp:4"), std::string::npos) << out;
+  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/mlp/versions/4/ready").body.value("state", "") == "failed"; },
+                      120)) << daemon_->Log();
+  Reply failed = Get(port(), "/v2/models/mlp/versions/4/ready");
+  EXPECT_EQ(failed.status, 503);
+  EXPECT_NE(failed.body.value("error", "").find("failed"), std::string::npos) << failed.body.dump();
+  ASSERT_EQ(RunAotid({"--store", store_, "show", "mlp:4", "--json"}, &out), 0) << out;
+  json show = json::parse(out);
+  EXPECT_EQ(show["versions"][0]["build"]["state"], "failed") << out;
+  EXPECT_FALSE(show["versions"][0]["build"]["error"].get<std::string>().empty()) << out;
+
+  // Removing it: gone from the API within the watch's bound.
+  ASSERT_EQ(RunAotid({"--store", store_, "rm", "mlp:4"}, &out), 0) << out;
+  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/mlp/versions/4").status == 404; }, 5));
+
+  // Policy "all": every version addressable, each with its own weights.
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "version_policy=all"}, &out), 0) << out;
+  EXPECT_TRUE(WaitFor([&] { return served_versions() == json::array({"1", "2", "3"}); }, 10)) << served_versions();
+  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/mlp/versions/1/ready").status == 200; }, 30));
+  for (auto [v, want] : {std::pair{"1", &old_case}, std::pair{"3", &new_case}}) {
+    Reply r = Post(port(), std::string("/v2/models/mlp/versions/") + v + "/infer", body);
+    ASSERT_EQ(r.status, 200) << r.body.dump();
+    EXPECT_EQ(r.body["model_version"], v);
+    EXPECT_TRUE(OutputsMatch(r.body["outputs"], (*want)["outputs"])) << v << ": " << r.body.dump();
+  }
+  // Pinned to 2: the others are unloaded once it serves.
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "version_policy=pinned:2"}, &out), 0) << out;
+  EXPECT_TRUE(WaitFor([&] { return served_versions() == json::array({"2"}); }, 10)) << served_versions();
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "version_policy=latest"}, &out), 0) << out;
+  EXPECT_TRUE(WaitFor([&] { return served_versions() == json::array({"3"}); }, 30)) << served_versions();
+
+  stop = true;
+  t1.join();
+  t2.join();
+  int by_old = 0, by_new = 0;
+  for (const auto& s : seen) {
+    ASSERT_EQ(s.status, 200) << "a request failed during the changes: " << s.raw;
+    bool is_new = s.version == "3";
+    EXPECT_TRUE(s.version == "1" || s.version == "2" || is_new) << s.raw;
+    EXPECT_TRUE(OutputsMatch(s.outputs, (is_new ? new_case : old_case)["outputs"])) << s.version << ": " << s.raw;
+    (is_new ? by_new : by_old)++;
+  }
+  EXPECT_GT(by_old, 0);
+  EXPECT_GT(by_new, 0);
+  std::printf("[ info ] %zu requests during live changes: %d by versions 1-2, %d by version 3\n", seen.size(),
+              by_old, by_new);
+
+  // A removed model is unloaded.
+  ASSERT_EQ(RunAotid({"--store", store_, "rm", "embed-live"}, &out), 0) << out;
+  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/embed-live").status == 404; }, 5)) << daemon_->Log();
+  EXPECT_TRUE(daemon_->Alive());
+}
+
 // Runs last (gtest keeps declaration order): restarts the shared daemon.
 TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   int builds_before = CountEvents(store_, "build_started");
-  EXPECT_EQ(builds_before, 2);
-  EXPECT_EQ(CountEvents(store_, "loaded", "after build"), 2);
+  EXPECT_EQ(CountEvents(store_, "loaded", "after build"), 3);  // mlp, embed, mlp2
   int cache_loads_before = CountEvents(store_, "loaded", "from cache");
   EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
   delete daemon_;
@@ -227,11 +361,12 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   daemon_ = d->release();
   ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
   ASSERT_TRUE(WaitReady(port(), "embed", 60)) << daemon_->Log();
+  EXPECT_EQ(Get(port(), "/v2/health/ready").status, 200);
   EXPECT_EQ(CountEvents(store_, "build_started"), builds_before);
-  ASSERT_TRUE(WaitReady(port(), "embed-live", 60)) << daemon_->Log();
-  EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 3);  // mlp:2, embed, embed-live
+  EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 2);  // mlp:3, embed:1
   EXPECT_EQ(daemon_->Log().find("build started"), std::string::npos) << daemon_->Log();
-  ExpectCasesMatchEager(port(), "mlp");
+  EXPECT_EQ(Get(port(), "/v2/models/mlp").body["versions"], json::array({"3"}));
+  ExpectCasesMatchEager(port(), "mlp", "mlp2");
   ExpectCasesMatchEager(port(), "embed");
 }
 

@@ -2,9 +2,12 @@
 against. Run once per test run (a ctest fixture); writes into --out:
 
     mlp.pt2       FP32 input 'x' [-1, 8] (dynamic batch) -> 'y' [-1, 4]
+    mlp2.pt2      the same network with other weights: a new version of mlp
     embed.pt2     INT64 input 'ids' [2, 5] -> 'pooled' [2, 6]
     cases.json    inputs and eager outputs per model
     not_a_model.pt2   text, not a zip
+    broken_program.pt2  mlp.pt2 with its program replaced by garbage: passes
+                        the package check, fails its build
     empty.pt2         a zip archive with no model inside
 """
 
@@ -61,6 +64,17 @@ def main():
             y = mlp(x)
         cases["mlp"].append({"inputs": [tensor_json("x", x)], "outputs": [tensor_json("y", y)]})
 
+    torch.manual_seed(99)
+    mlp2 = Mlp().eval()
+    aotid_export.export(mlp2, (torch.randn(2, 8),), os.path.join(args.out, "mlp2.pt2"),
+                        input_names=["x"], output_names=["y"], dynamic_batch=True)
+    cases["mlp2"] = []
+    for case in cases["mlp"]:  # the same inputs, so either version's answer can be checked
+        x = torch.tensor(case["inputs"][0]["data"], dtype=torch.float32).reshape(case["inputs"][0]["shape"])
+        with torch.no_grad():
+            y = mlp2(x)
+        cases["mlp2"].append({"inputs": [tensor_json("x", x)], "outputs": [tensor_json("y", y)]})
+
     embed = Embed().eval()
     aotid_export.export(embed, (torch.zeros(2, 5, dtype=torch.int64),), os.path.join(args.out, "embed.pt2"),
                         input_names=["ids"], output_names=["pooled"])
@@ -75,6 +89,13 @@ def main():
         f.write("this is not a zip archive\n")
     with zipfile.ZipFile(os.path.join(args.out, "empty.pt2"), "w") as z:
         z.writestr("archive/readme.txt", "no model here")
+    with zipfile.ZipFile(os.path.join(args.out, "mlp.pt2")) as src, \
+            zipfile.ZipFile(os.path.join(args.out, "broken_program.pt2"), "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("/models/model.json"):
+                data = b'{"this is": "not an exported program"}'
+            dst.writestr(item, data)
     print(f"test models written to {args.out}")
 
 
