@@ -198,6 +198,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
 void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now) {
   in_flight_.insert(WorkKey(v));
   Publish(v, ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
+  if (!built_now) Record(v, "load_started", "loading the cached build for " + entry.dir.substr(entry.dir.rfind('/') + 1));
   auto* w = new LoadWork;
   w->req.data = w;
   w->owner = this;
