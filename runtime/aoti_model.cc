@@ -1,5 +1,6 @@
-// The one file of the serving path that includes torch. It catches every
-// exception torch throws and turns it into a Status.
+// The one file of the serving path that includes torch, built as the plugin
+// libaotid_torch.so (runtime/torch_plugin.h). It catches every exception
+// torch throws and turns it into a Status.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
@@ -7,6 +8,7 @@
 #include <mutex>
 
 #include "runtime/loaded_model.h"
+#include "runtime/torch_plugin.h"
 
 namespace aotid::runtime {
 namespace {
@@ -85,7 +87,7 @@ class AotiModel final : public LoadedModel {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, const LoadOptions& options) {
+StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, const LoadOptions& options) {
   if (options.device != "cpu") {
     return FailedPrecondition("device '" + options.device + "' is not supported by this build of aotid");
   }
@@ -108,3 +110,10 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, 
 }
 
 }  // namespace aotid::runtime
+
+// The entry point runtime/torch_plugin.cc looks up.
+extern "C" __attribute__((visibility("default"))) aotid::StatusOr<std::unique_ptr<aotid::runtime::LoadedModel>>
+aotid_torch_load_package_v1(const aotid::runtime::CacheEntry& entry, const aotid::runtime::LoadOptions& options) {
+  static_assert(std::is_same_v<decltype(&aotid_torch_load_package_v1), aotid::runtime::LoadAotiPackageFn>);
+  return aotid::runtime::LoadInPlugin(entry, options);
+}

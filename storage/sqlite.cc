@@ -1,5 +1,9 @@
 #include "storage/sqlite.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 namespace aotid::storage {
 
 StatusOr<std::unique_ptr<Db>> Db::Open(const std::string& path, bool create) {
@@ -16,8 +20,18 @@ StatusOr<std::unique_ptr<Db>> Db::Open(const std::string& path, bool create) {
   std::unique_ptr<Db> db(new Db(raw, path));
   sqlite3_busy_timeout(raw, 10000);
   // journal_mode is the first statement that reads the file, so a file that
-  // is not SQLite is reported here.
-  Status s = db->Exec("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON; PRAGMA synchronous=FULL;");
+  // is not SQLite is reported here. Switching a new database to WAL needs an
+  // exclusive lock, for which SQLite does not call the busy handler: when
+  // several processes create one store at once, the losers retry, within
+  // the same 10 s as the busy timeout. (WAL is then recorded in the file,
+  // and later opens do not switch again.)
+  Status s;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int delay_ms = 1;; delay_ms = std::min(delay_ms * 2, 50)) {
+    s = db->Exec("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON; PRAGMA synchronous=FULL;");
+    if (s.code() != StatusCode::kUnavailable || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  }
   if (!s.ok()) {
     int code = sqlite3_extended_errcode(raw);
     if ((code & 0xff) == SQLITE_NOTADB) {

@@ -1,0 +1,69 @@
+#include "runtime/torch_plugin.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "base/fs.h"
+
+namespace aotid::runtime {
+namespace {
+
+std::atomic<bool> g_loaded{false};
+
+std::string ExecutableDir() {
+  std::vector<char> buf(4096);
+  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) return "";
+  std::string path(buf.data(), static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+StatusOr<LoadAotiPackageFn> Resolve() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("AOTID_TORCH_PLUGIN"); env && *env) {
+    candidates.push_back(env);
+  } else {
+    if (std::string dir = ExecutableDir(); !dir.empty()) candidates.push_back(dir + "/" + AOTID_TORCH_PLUGIN_NAME);
+    candidates.push_back(AOTID_TORCH_PLUGIN_BUILD_PATH);
+  }
+  std::string tried;
+  for (const auto& path : candidates) {
+    if (!fs::Exists(path)) {
+      tried += "\n  " + path + ": no such file";
+      continue;
+    }
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      tried += "\n  " + path + ": " + ::dlerror();
+      continue;
+    }
+    auto fn = reinterpret_cast<LoadAotiPackageFn>(::dlsym(handle, kTorchPluginEntry));
+    if (fn == nullptr) {
+      tried += "\n  " + path + ": no " + kTorchPluginEntry + " (a plugin from another aotid version?)";
+      continue;  // never unloaded: its code may be running
+    }
+    g_loaded = true;
+    return fn;
+  }
+  return FailedPrecondition("cannot load the torch runtime plugin " + std::string(AOTID_TORCH_PLUGIN_NAME) +
+                            "; tried:" + tried);
+}
+
+}  // namespace
+
+bool TorchPluginLoaded() { return g_loaded.load(); }
+
+StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, const LoadOptions& options) {
+  static std::once_flag once;
+  static StatusOr<LoadAotiPackageFn> fn = Status(StatusCode::kInternal, "not resolved");
+  std::call_once(once, [] { fn = Resolve(); });
+  if (!fn.ok()) return fn.status();
+  return (*fn)(entry, options);
+}
+
+}  // namespace aotid::runtime

@@ -1,0 +1,24 @@
+// The torch runtime lives in a plugin, libaotid_torch.so, loaded the first
+// time a model is loaded. Commands that never load a model (add, ls, show,
+// set, rm, gc, events) then never pay libtorch's start-up, which is most of
+// a CLI command's time (about 0.2 s of static initialisation).
+//
+// The plugin is found, in order: $AOTID_TORCH_PLUGIN; next to the running
+// executable; at the path the build put it.
+#pragma once
+
+#include <memory>
+
+#include "base/status.h"
+#include "runtime/loaded_model.h"
+
+namespace aotid::runtime {
+
+// The plugin's one entry point. Bump the name when its signature changes.
+using LoadAotiPackageFn = StatusOr<std::unique_ptr<LoadedModel>> (*)(const CacheEntry&, const LoadOptions&);
+inline constexpr char kTorchPluginEntry[] = "aotid_torch_load_package_v1";
+
+// Whether the plugin is loaded in this process (for tests and `doctor`).
+bool TorchPluginLoaded();
+
+}  // namespace aotid::runtime
