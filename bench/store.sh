@@ -50,7 +50,7 @@ echo "   (written in its transaction, just before the blob check and the commit'
 echo "   daemon starts on it: median $(col 1 | median), max $(col 1 | sort -n | tail -1)"
 echo "   daemon serves it:    median $(col 2 | median), max $(col 2 | sort -n | tail -1)"
 echo "   daemon starts on it, relative to 'aotid add' returning: median $(col 3 | median)"
-echo "   (the add command: median $(col 4 | median) ms, most of it process start and exit)"
+echo "   (the add command, whole process: median $(col 4 | median) ms)"
 kill -TERM %1; wait %1 || true
 
 # 2. Listing a large store.

@@ -28,7 +28,10 @@ StatusOr<LoadAotiPackageFn> Resolve() {
   if (const char* env = std::getenv("AOTID_TORCH_PLUGIN"); env && *env) {
     candidates.push_back(env);
   } else {
-    if (std::string dir = ExecutableDir(); !dir.empty()) candidates.push_back(dir + "/" + AOTID_TORCH_PLUGIN_NAME);
+    if (std::string dir = ExecutableDir(); !dir.empty()) {
+      candidates.push_back(dir + "/" + AOTID_TORCH_PLUGIN_NAME);                // the build tree
+      candidates.push_back(dir + "/../lib/aotid/" + AOTID_TORCH_PLUGIN_NAME);  // an install
+    }
     candidates.push_back(AOTID_TORCH_PLUGIN_BUILD_PATH);
   }
   std::string tried;

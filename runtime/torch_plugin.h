@@ -3,8 +3,9 @@
 // set, rm, gc, events) then never pay libtorch's start-up, which is most of
 // a CLI command's time (about 0.2 s of static initialisation).
 //
-// The plugin is found, in order: $AOTID_TORCH_PLUGIN; next to the running
-// executable; at the path the build put it.
+// The plugin is found, in order: $AOTID_TORCH_PLUGIN alone when set; else
+// next to the running executable, in ../lib/aotid/ from it, and at the path
+// the build put it.
 #pragma once
 
 #include <memory>

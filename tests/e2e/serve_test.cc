@@ -182,6 +182,11 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {
        400, "has more than"},
       {"/v2/models/mlp/infer", std::string(kMaxBody + 10, ' '), 413, "exceeds the limit of 262144 bytes"},
       {"/v2/nowhere", "{}", 404, "no route"},
+      {"/v2/models/a..b/infer", "{}", 400, "must not contain '..'"},
+      {"/v2/models/.hidden/infer", "{}", 400, "must start with a letter or digit"},
+      {"/v2/models/a%20b/infer", "{}", 400, "may only contain letters"},
+      {"/v2/models/mlp/versions/abc/infer", "{}", 400, "must be an integer"},
+      {"/v2/models/mlp/versions/0/infer", "{}", 400, "version must be an integer from 1"},
   };
   for (const auto& c : cases) {
     Reply r = Post(port(), c.path, c.body);
