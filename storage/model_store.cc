@@ -737,6 +737,7 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
     // rows, which the next gc removes; never rows without blobs.
     if (!dry_run) RETURN_IF_ERROR(txn->Commit());
   }
+  if (!dry_run) CrashPoint("gc:rows_removed");
 
   auto remove = [&](const std::string& path, int64_t size) -> Status {
     if (dry_run) return Status::OK();

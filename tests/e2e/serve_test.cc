@@ -308,6 +308,8 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
   json show = json::parse(out);
   EXPECT_EQ(show["versions"][0]["build"]["state"], "failed") << out;
   EXPECT_FALSE(show["versions"][0]["build"]["error"].get<std::string>().empty()) << out;
+  EXPECT_NE(show["versions"][0]["build"]["started_at"], "-") << out;  // the build's timings are kept
+  EXPECT_NE(show["versions"][0]["build"]["finished_at"], "-") << out;
 
   // Removing it: gone from the API within the watch's bound.
   ASSERT_EQ(RunAotid({"--store", store_, "rm", "mlp:4"}, &out), 0) << out;

@@ -250,6 +250,26 @@ TEST_F(StoreCli, KilledAddLeavesNothingGcCannotClear) {
   }
 }
 
+// kill -9 of gc between removing the rows and deleting the files: the
+// blobs left behind are orphans, which the next gc removes.
+TEST_F(StoreCli, KilledGcLeavesOnlyWhatTheNextGcClears) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "gone"}, &out), 0) << out;
+  ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "kept"}, &out), 0) << out;
+  ASSERT_EQ(Run({"rm", "gone"}, &out), 0) << out;
+  RunOptions crash;
+  crash.env = {"AOTID_TEST_CRASH_AT=gc:rows_removed"};
+  EXPECT_EQ(RunAotid(Args({"gc"}), crash, &out), 128 + SIGKILL) << out;
+  ExpectStoreConsistent(store_);
+  std::string mlp_sha = *fs::Sha256File(TestData("mlp.pt2"));
+  std::string embed_sha = *fs::Sha256File(TestData("embed.pt2"));
+  EXPECT_TRUE(fs::Exists(store_ + "/blobs/sha256/" + mlp_sha));  // the row went, the file stayed
+  ASSERT_EQ(Run({"gc"}, &out), 0) << out;
+  EXPECT_NE(out.find("removed orphan blob sha256:" + mlp_sha), std::string::npos) << out;
+  EXPECT_EQ(FilesIn(store_ + "/blobs/sha256"), std::vector<std::string>{embed_sha});
+  ExpectStoreConsistent(store_);
+}
+
 TEST_F(StoreCli, BadInputIsRefusedWithReasonAndStoreUnchanged) {
   std::string out;
   ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--version", "3"}, &out), 0) << out;
