@@ -471,9 +471,14 @@ int RunCli(int argc, char** argv) {
 
   std::string set_ref;
   std::vector<std::string> set_kv;
-  auto* set = app.add_subcommand(
-      "set", "Change serving settings: device, fallback_cpu, num_runners, max_batch_size, max_batch_delay_us "
-             "(per version; on NAME, every version) and version_policy=latest|all|pinned:V (per model)");
+  auto* set = app.add_subcommand("set", "Change how a model or version is served");
+  set->footer(
+      "Per version (on NAME alone: every version of the model):\n"
+      "  device=auto|cpu|mps|cuda  fallback_cpu=true|false  num_runners=1..64\n"
+      "  max_batch_size=1..4096  max_batch_delay_us=0..1000000\n"
+      "Per model (NAME only):\n"
+      "  version_policy=latest|all|pinned:VERSION\n"
+      "All or nothing: one bad key or value changes nothing. A running daemon applies the change.");
   set->add_option("model", set_ref, "NAME or NAME:VERSION")->required();
   set->add_option("settings", set_kv, "KEY=VALUE ...")->required();
 
