@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -16,10 +17,16 @@ std::string Where(const std::string& file, const toml::source_region& src) {
 }
 
 struct Key {
-  enum Type { kString, kInt } type;
+  enum Type { kString, kInt, kStringList } type;
   std::function<void(Config&, const toml::node&)> set;
   int64_t min = 0, max = 0;  // for integers
 };
+
+std::vector<std::string> StringList(const toml::node& n) {
+  std::vector<std::string> out;
+  for (const auto& item : *n.as_array()) out.push_back(*item.value<std::string>());
+  return out;
+}
 
 const std::map<std::string, std::map<std::string, Key>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Key>>{
@@ -28,7 +35,10 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
       {"server",
        {{"listen", {Key::kString, [](Config& c, const toml::node& n) { c.listen = *n.value<std::string>(); }}},
         {"threads", {Key::kInt, [](Config& c, const toml::node& n) { c.threads = static_cast<int>(*n.value<int64_t>()); }, 1, 1024}},
-        {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}}}},
+        {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}},
+        {"token_file", {Key::kString, [](Config& c, const toml::node& n) { c.token_file = *n.value<std::string>(); }}},
+        {"allowed_hosts", {Key::kStringList, [](Config& c, const toml::node& n) { c.allowed_hosts = StringList(n); }}},
+        {"cors_origins", {Key::kStringList, [](Config& c, const toml::node& n) { c.cors_origins = StringList(n); }}}}},
       {"build",
        {{"python", {Key::kString, [](Config& c, const toml::node& n) { c.python = *n.value<std::string>(); }}},
         {"worker_dir", {Key::kString, [](Config& c, const toml::node& n) { c.worker_dir = *n.value<std::string>(); }}},
@@ -46,6 +56,7 @@ void ResolveDefaults(Config* c) {
   c->store_path = fs::ExpandHome(c->store_path);
   if (c->python.empty()) c->python = AOTID_DEFAULT_PYTHON;
   if (c->worker_dir.empty()) c->worker_dir = AOTID_DEFAULT_WORKER_DIR;
+  if (!c->token_file.empty()) c->token_file = fs::ExpandHome(c->token_file);
 }
 
 }  // namespace
@@ -81,6 +92,14 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
       if (spec.type == Key::kString && !node.is_string()) {
         return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be a string");
       }
+      if (spec.type == Key::kStringList) {
+        const toml::array* arr = node.as_array();
+        bool ok = arr != nullptr;
+        for (size_t i = 0; ok && i < arr->size(); ++i) ok = (*arr)[i].is_string();
+        if (!ok) {
+          return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be a list of strings");
+        }
+      }
       if (spec.type == Key::kInt) {
         if (!node.is_integer()) {
           return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be an integer");
@@ -105,6 +124,12 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
     int port;
     Status s = ParseListen(c.listen, &host, &port);
     if (!s.ok()) return s.WithContext(file_name + ": 'server.listen'");
+  }
+  for (const auto& o : c.cors_origins) {
+    if (o != "*" && o.find("://") == std::string::npos) {
+      return InvalidArgument(file_name + ": 'server.cors_origins' entries are origins like "
+                             "\"http://localhost:3000\" (or \"*\"), got '" + o + "'");
+    }
   }
   c.source = file_name;
   return c;
@@ -162,6 +187,14 @@ Status ParseListen(const std::string& listen, std::string* host, int* port) {
   *host = h;
   *port = v;
   return Status::OK();
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  unsigned a, b, c, d;
+  char tail;
+  return std::sscanf(host.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 &&
+         c < 256 && d < 256;
 }
 
 }  // namespace aotid::daemon

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -16,6 +17,9 @@ struct Config {
   std::string listen = "127.0.0.1:8765";
   int threads = 8;
   int64_t max_body_bytes = 64 << 20;
+  std::string token_file;                 // empty: no token required
+  std::vector<std::string> allowed_hosts;  // Host names accepted besides loopback ones
+  std::vector<std::string> cors_origins;   // empty: no CORS headers at all
   // [build]
   std::string python;      // resolved to the build-time venv when empty
   std::string worker_dir;  // resolved to the build-time python/ when empty
@@ -38,5 +42,9 @@ StatusOr<Config> LoadConfig(const std::string& explicit_path);
 
 // Splits "HOST:PORT" or "[V6]:PORT"; InvalidArgument naming the value.
 Status ParseListen(const std::string& listen, std::string* host, int* port);
+
+// True for addresses only this machine can reach: 127.0.0.0/8, ::1,
+// "localhost".
+bool IsLoopbackHost(const std::string& host);
 
 }  // namespace aotid::daemon

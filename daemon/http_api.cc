@@ -2,9 +2,12 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "daemon/config.h"
 #include "daemon/tensor_codec.h"
 
 namespace aotid::daemon {
@@ -65,7 +68,39 @@ Status NotReady(const ServedModel& m) {
   return Unavailable(what + " is not ready");
 }
 
+// Compares without stopping at the first difference, so the time taken
+// says nothing about how much of a guess was right.
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+bool OriginAllowed(const std::vector<std::string>& allowed, const std::string& origin) {
+  for (const auto& o : allowed) {
+    if (o == "*" || o == origin) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+std::string HostWithoutPort(const std::string& host_header) {
+  if (!host_header.empty() && host_header.front() == '[') {
+    size_t close = host_header.find(']');
+    return close == std::string::npos ? host_header : host_header.substr(1, close - 1);
+  }
+  size_t colon = host_header.find(':');
+  if (colon != std::string::npos && host_header.find(':', colon + 1) == std::string::npos) {
+    return host_header.substr(0, colon);
+  }
+  return host_header;
+}
 
 int HttpStatusFor(const Status& s) {
   switch (s.code()) {
@@ -98,6 +133,59 @@ HttpApi::~HttpApi() = default;
 void HttpApi::Routes() {
   auto& s = *server_;
   const ModelRegistry* reg = registry_;
+
+  s.set_pre_routing_handler([opts = options_](const httplib::Request& req, httplib::Response& res) {
+    using R = httplib::Server::HandlerResponse;
+    if (opts.check_host && req.has_header("Host")) {
+      std::string host = HostWithoutPort(req.get_header_value("Host"));
+      bool ok = IsLoopbackHost(host) ||
+                std::find(opts.allowed_hosts.begin(), opts.allowed_hosts.end(), host) != opts.allowed_hosts.end();
+      if (!ok) {
+        SendError(res, 403, "Host '" + host + "' is not allowed: aotid listens on loopback and answers only "
+                            "requests addressed to a loopback name (add the name to server.allowed_hosts to "
+                            "allow it)");
+        return R::Handled;
+      }
+    }
+    std::string origin = req.get_header_value("Origin");
+    if (req.method == "OPTIONS") {  // CORS preflight
+      if (origin.empty() || !OriginAllowed(opts.cors_origins, origin)) {
+        SendError(res, 403, origin.empty() ? "OPTIONS is only answered as a CORS preflight"
+                                           : "origin '" + origin + "' is not in server.cors_origins");
+        return R::Handled;
+      }
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Origin", origin);
+      res.set_header("Vary", "Origin");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Content-Type, Authorization, Inference-Header-Content-Length");
+      res.set_header("Access-Control-Max-Age", "600");
+      return R::Handled;
+    }
+    if (!opts.token.empty()) {
+      std::string auth = req.get_header_value("Authorization");
+      if (auth.empty()) {
+        res.set_header("WWW-Authenticate", "Bearer");
+        SendError(res, 401, "this aotid needs a bearer token: send 'Authorization: Bearer <token>' "
+                            "(the token is in the file server.token_file names)");
+        return R::Handled;
+      }
+      if (auth.rfind("Bearer ", 0) != 0 || !ConstantTimeEquals(auth.substr(7), opts.token)) {
+        SendError(res, 403, "wrong bearer token");
+        return R::Handled;
+      }
+    }
+    return R::Unhandled;
+  });
+  if (!options_.cors_origins.empty()) {
+    s.set_post_routing_handler([origins = options_.cors_origins](const httplib::Request& req, httplib::Response& res) {
+      std::string origin = req.get_header_value("Origin");
+      if (!origin.empty() && OriginAllowed(origins, origin)) {
+        res.set_header("Access-Control-Allow-Origin", origin);
+        res.set_header("Vary", "Origin");
+      }
+    });
+  }
 
   s.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"live":true})", kJson);

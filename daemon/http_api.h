@@ -3,11 +3,16 @@
 // Handlers never throw: every error becomes {"error": "..."} with the status
 // from HttpStatusFor(). HTTP threads never wait on a build: a model that is
 // not ready answers 503 at once.
+//
+// Before any route: the Host check (403), the bearer token (401 missing, 403
+// wrong) and CORS (preflight answered here; other responses get the
+// headers when their Origin is allowed).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "daemon/model_registry.h"
@@ -23,7 +28,16 @@ struct HttpOptions {
   int port = 8765;  // 0 picks a free port; see HttpApi::port()
   int threads = 8;
   int64_t max_body_bytes = 64 << 20;
+  std::string token;  // when set, every request needs "Authorization: Bearer <token>"
+  // Host-header check against DNS rebinding: on for loopback binds. Loopback
+  // names and addresses are always accepted, plus `allowed_hosts`.
+  bool check_host = true;
+  std::vector<std::string> allowed_hosts;
+  std::vector<std::string> cors_origins;  // "*" for any; empty: no CORS
 };
+
+// What the Host header names, without its port ("[::1]:8765" -> "::1").
+std::string HostWithoutPort(const std::string& host_header);
 
 // The one mapping from Status to HTTP status.
 int HttpStatusFor(const Status& s);

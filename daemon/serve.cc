@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -58,6 +59,23 @@ void OnSignal(uv_signal_t* handle, int signum) {
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
 }
 
+// The bearer token: the file's contents without surrounding whitespace.
+StatusOr<std::string> ReadToken(const std::string& path) {
+  auto text = fs::ReadFile(path);
+  if (!text.ok()) return text.status().WithContext("server.token_file");
+  std::string t = *text;
+  const char* ws = " \t\r\n";
+  t.erase(0, t.find_first_not_of(ws));
+  t.erase(t.find_last_not_of(ws) + 1);
+  if (t.empty()) return InvalidArgument("server.token_file " + path + " is empty");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    LOG_WARNING << "server.token_file " << path << " can be read by other users (mode "
+                << std::oct << (st.st_mode & 0777) << std::dec << "); chmod 600 it";
+  }
+  return t;
+}
+
 }  // namespace
 
 int Serve(const Config& config) {
@@ -99,6 +117,18 @@ int Serve(const Config& config) {
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
   hopts.threads = config.threads;
   hopts.max_body_bytes = config.max_body_bytes;
+  hopts.check_host = IsLoopbackHost(hopts.host);
+  hopts.allowed_hosts = config.allowed_hosts;
+  hopts.cors_origins = config.cors_origins;
+  if (!config.token_file.empty()) {
+    auto token = ReadToken(config.token_file);
+    if (!token.ok()) return fail(token.status());
+    hopts.token = *token;
+  }
+  if (!hopts.check_host) {
+    LOG_WARNING << "listening on " << hopts.host << ", which is not a loopback address: anyone who can reach "
+                << "this machine can use the API" << (hopts.token.empty() ? "; set server.token_file" : "");
+  }
   HttpApi http(&registry, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
 

@@ -1,6 +1,7 @@
 #include "daemon/config.h"
 
 #include "base/fs.h"
+#include "daemon/http_api.h"
 #include "test_util.h"
 
 namespace aotid::daemon {
@@ -81,6 +82,33 @@ TEST(Config, ParseListenAcceptsV4AndBracketedV6) {
   EXPECT_EQ(port, 0);
   EXPECT_FALSE(ParseListen("::1:80", &host, &port).ok());
   EXPECT_FALSE(ParseListen("h:99999", &host, &port).ok());
+}
+
+TEST(Config, SecurityKeysParseAndAreChecked) {
+  auto c = ParseConfig("[server]\ntoken_file = \"/etc/aotid/token\"\nallowed_hosts = [\"mybox.local\"]\n"
+                       "cors_origins = [\"http://localhost:3000\", \"*\"]\n",
+                       "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->token_file, "/etc/aotid/token");
+  EXPECT_EQ(c->allowed_hosts, std::vector<std::string>{"mybox.local"});
+  EXPECT_EQ(c->cors_origins, (std::vector<std::string>{"http://localhost:3000", "*"}));
+  auto not_list = ParseConfig("[server]\nallowed_hosts = \"mybox.local\"\n", "x.toml");
+  EXPECT_EQ(not_list.status().message(), "x.toml:2:17: 'server.allowed_hosts' must be a list of strings");
+  auto mixed = ParseConfig("[server]\ncors_origins = [\"http://a\", 3]\n", "x.toml");
+  EXPECT_NE(mixed.status().message().find("must be a list of strings"), std::string::npos);
+  auto bare = ParseConfig("[server]\ncors_origins = [\"localhost:3000\"]\n", "x.toml");
+  EXPECT_NE(bare.status().message().find("entries are origins like"), std::string::npos) << bare.status().message();
+}
+
+TEST(Listen, LoopbackHostsAreRecognised) {
+  for (std::string h : {"127.0.0.1", "127.255.0.9", "::1", "localhost"}) EXPECT_TRUE(IsLoopbackHost(h)) << h;
+  for (std::string h : {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "127.0.0.1.evil", "localhost.evil", "", "127.0.0"}) {
+    EXPECT_FALSE(IsLoopbackHost(h)) << h;
+  }
+  EXPECT_EQ(HostWithoutPort("localhost:8765"), "localhost");
+  EXPECT_EQ(HostWithoutPort("[::1]:8765"), "::1");
+  EXPECT_EQ(HostWithoutPort("[::1]"), "::1");
+  EXPECT_EQ(HostWithoutPort("example.com"), "example.com");
 }
 
 }  // namespace
