@@ -131,6 +131,7 @@ void PrintEvent(const storage::Event& e, bool as_json) {
 }
 
 bool Wanted(const storage::ModelInfo& m, int64_t version) {
+  if (!m.enabled) return false;
   switch (m.policy.kind) {
     case storage::VersionPolicy::kLatest: return !m.versions.empty() && m.versions.back().version == version;
     case storage::VersionPolicy::kAll: return true;
@@ -185,10 +186,11 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
         state = std::string(storage::BuildStateName((*b)->state));
         device = (*b)->device;
       }
-      std::string policy = Wanted(m, v.version) ? "serve" : "-";
+      std::string policy = !m.enabled ? "off" : Wanted(m, v.version) ? "serve" : "-";
       if (as_json) {
         out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", Wanted(m, v.version)},
-                       {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"build", state},
+                       {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"enabled", m.enabled},
+                       {"build", state},
                        {"device", device}, {"size", v.size}, {"artifact", v.artifact}});
         continue;
       }
@@ -227,6 +229,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
 
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
+         {"enabled", model->enabled},
          {"created_at", Timestamp(model->created_at_ms)},
          {"versions", json::array()},
          {"events", json::array()}};
@@ -258,9 +261,10 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     return 0;
   }
 
-  std::printf("%s\n  version policy  %s\n  versions        %s\n  created         %s\n", name.c_str(),
-              storage::FormatVersionPolicy(model->policy).c_str(), all_versions.c_str(),
-              Timestamp(model->created_at_ms).c_str());
+  std::printf("%s\n  version policy  %s\n  enabled         %s\n  versions        %s\n  created         %s\n",
+              name.c_str(), storage::FormatVersionPolicy(model->policy).c_str(),
+              model->enabled ? "true" : "false (served by no daemon; 'aotid set NAME enabled=true')",
+              all_versions.c_str(), Timestamp(model->created_at_ms).c_str());
   std::printf("  this machine    %s\n", fp.c_str());
   for (size_t i = 0; i < shown.size(); ++i) {
     const json& v = j["versions"][i];
@@ -477,7 +481,7 @@ int RunCli(int argc, char** argv) {
       "  device=auto|cpu|mps|cuda  fallback_cpu=true|false  num_runners=1..64\n"
       "  max_batch_size=1..4096  max_batch_delay_us=0..1000000\n"
       "Per model (NAME only):\n"
-      "  version_policy=latest|all|pinned:VERSION\n"
+      "  version_policy=latest|all|pinned:VERSION  enabled=true|false\n"
       "All or nothing: one bad key or value changes nothing. A running daemon applies the change.");
   set->add_option("model", set_ref, "NAME or NAME:VERSION")->required();
   set->add_option("settings", set_kv, "KEY=VALUE ...")->required();

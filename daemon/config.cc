@@ -37,6 +37,7 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
         {"threads", {Key::kInt, [](Config& c, const toml::node& n) { c.threads = static_cast<int>(*n.value<int64_t>()); }, 1, 1024}},
         {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}},
         {"token_file", {Key::kString, [](Config& c, const toml::node& n) { c.token_file = *n.value<std::string>(); }}},
+        {"token_scope", {Key::kString, [](Config& c, const toml::node& n) { c.token_scope = *n.value<std::string>(); }}},
         {"allowed_hosts", {Key::kStringList, [](Config& c, const toml::node& n) { c.allowed_hosts = StringList(n); }}},
         {"cors_origins", {Key::kStringList, [](Config& c, const toml::node& n) { c.cors_origins = StringList(n); }}}}},
       {"build",
@@ -124,6 +125,10 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
     int port;
     Status s = ParseListen(c.listen, &host, &port);
     if (!s.ok()) return s.WithContext(file_name + ": 'server.listen'");
+  }
+  if (c.token_scope != "all" && c.token_scope != "repository") {
+    return InvalidArgument(file_name + ": 'server.token_scope' must be all or repository, got '" + c.token_scope +
+                           "'");
   }
   for (const auto& o : c.cors_origins) {
     if (o != "*" && o.find("://") == std::string::npos) {

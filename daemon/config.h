@@ -18,6 +18,7 @@ struct Config {
   int threads = 8;
   int64_t max_body_bytes = 64 << 20;
   std::string token_file;                 // empty: no token required
+  std::string token_scope = "all";        // "all" routes, or "repository" routes only
   std::vector<std::string> allowed_hosts;  // Host names accepted besides loopback ones
   std::vector<std::string> cors_origins;   // empty: no CORS headers at all
   // [build]

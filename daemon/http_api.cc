@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -162,7 +164,8 @@ void HttpApi::Routes() {
       res.set_header("Access-Control-Max-Age", "600");
       return R::Handled;
     }
-    if (!opts.token.empty()) {
+    bool needs_token = opts.token_for_all || req.path.rfind("/v2/repository/", 0) == 0;
+    if (!opts.token.empty() && needs_token) {
       std::string auth = req.get_header_value("Authorization");
       if (auth.empty()) {
         res.set_header("WWW-Authenticate", "Bearer");
@@ -254,6 +257,64 @@ void HttpApi::Routes() {
   };
   s.Post(R"(/v2/models/([^/]+)/infer)", infer);
   s.Post(R"(/v2/models/([^/]+)/versions/([^/]+)/infer)", infer);
+
+  // The model repository extension: what the store holds, and whether each
+  // model is served. Load and unload write the store (so they outlast a
+  // restart) and wait, boundedly, for the daemon to act on it.
+  s.Post("/v2/repository/index", [reg](const httplib::Request& req, httplib::Response& res) {
+    bool only_ready = false;
+    if (!req.body.empty()) {
+      json body = json::parse(req.body, nullptr, false);
+      if (!body.is_object()) return SendError(res, 400, "repository index body must be a JSON object");
+      if (body.contains("ready")) {
+        if (!body["ready"].is_boolean()) return SendError(res, 400, "'ready' must be true or false");
+        only_ready = body["ready"].get<bool>();
+      }
+    }
+    auto catalog = reg->GetCatalog();
+    json out = json::array();
+    for (const auto& e : *catalog) {
+      auto sm = reg->Find(e.name, e.version);
+      std::string state = "UNAVAILABLE", reason;
+      if (sm) {
+        switch (sm->state) {
+          case ServeState::kReady: state = "READY"; break;
+          case ServeState::kFailed: reason = sm->message; break;
+          default: state = "LOADING"; reason = std::string(ServeStateName(sm->state)); break;
+        }
+        if (!e.wanted && sm->state == ServeState::kReady) reason = "serving until a newer version is ready";
+      } else {
+        reason = !e.enabled ? "unloaded" : "not served by version policy '" + e.policy + "'";
+      }
+      if (only_ready && state != "READY") continue;
+      json item{{"name", e.name}, {"version", std::to_string(e.version)}, {"state", state}};
+      if (!reason.empty()) item["reason"] = reason;
+      out.push_back(std::move(item));
+    }
+    res.set_content(out.dump(), kJson);
+  });
+  auto set_enabled = [reg, dir = options_.store_dir](bool enable) {
+    return [reg, dir, enable](const httplib::Request& req, httplib::Response& res) {
+      std::string name = req.matches[1];
+      if (Status s = storage::ValidateModelName(name); !s.ok()) return SendStatus(res, s);
+      auto store = storage::ModelStore::Open(dir, /*create=*/false);
+      if (!store.ok()) return SendStatus(res, store.status());
+      auto changed = (*store)->Set(name, std::nullopt, {{"enabled", enable ? "true" : "false"}});
+      if (!changed.ok()) return SendStatus(res, changed.status());
+      // The store watch sees the commit within milliseconds; wait (at most
+      // 5 s) until the registry shows it, so the reply describes the result.
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (std::chrono::steady_clock::now() < deadline && (reg->Find(name) != nullptr) != enable) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      auto sm = reg->Find(name);
+      json j{{"name", name}, {"enabled", enable}};
+      j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";
+      res.set_content(j.dump(), kJson);
+    };
+  };
+  s.Post(R"(/v2/repository/models/([^/]+)/load)", set_enabled(true));
+  s.Post(R"(/v2/repository/models/([^/]+)/unload)", set_enabled(false));
 
   // Bodies for statuses the library produces itself (404 no route, 413, 400).
   s.set_error_handler(httplib::Server::HandlerWithResponse([max = options_.max_body_bytes](

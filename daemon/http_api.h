@@ -28,7 +28,9 @@ struct HttpOptions {
   int port = 8765;  // 0 picks a free port; see HttpApi::port()
   int threads = 8;
   int64_t max_body_bytes = 64 << 20;
-  std::string token;  // when set, every request needs "Authorization: Bearer <token>"
+  std::string token;  // when set, requests need "Authorization: Bearer <token>"
+  bool token_for_all = true;  // false: only the repository routes need it
+  std::string store_dir;      // the repository routes write the store here
   // Host-header check against DNS rebinding: on for loopback binds. Loopback
   // names and addresses are always accepted, plus `allowed_hosts`.
   bool check_host = true;

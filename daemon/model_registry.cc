@@ -36,6 +36,17 @@ std::shared_ptr<const ModelRegistry::Snapshot> ModelRegistry::All() const {
   return snapshot_;
 }
 
+void ModelRegistry::SetCatalog(Catalog catalog) {
+  auto next = std::make_shared<const Catalog>(std::move(catalog));
+  std::lock_guard<std::mutex> lock(mu_);
+  catalog_ = std::move(next);
+}
+
+std::shared_ptr<const ModelRegistry::Catalog> ModelRegistry::GetCatalog() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return catalog_;
+}
+
 void ModelRegistry::Put(ServedModel m) {
   auto entry = std::make_shared<const ServedModel>(std::move(m));
   std::lock_guard<std::mutex> lock(mu_);

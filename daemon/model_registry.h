@@ -34,8 +34,19 @@ struct ServedModel {
   std::shared_ptr<runtime::LoadedModel> model;  // set when ready
 };
 
+// Every version in the store, as of the last reconcile: what the
+// repository index lists, served or not.
+struct CatalogEntry {
+  std::string name;
+  int64_t version = 0;
+  bool enabled = true;
+  bool wanted = false;  // its model's version policy serves it
+  std::string policy;   // "latest", "all", "pinned:3"
+};
+
 class ModelRegistry {
  public:
+  using Catalog = std::vector<CatalogEntry>;
   using Versions = std::map<int64_t, std::shared_ptr<const ServedModel>>;
   using Snapshot = std::map<std::string, Versions>;
 
@@ -46,6 +57,9 @@ class ModelRegistry {
   // Exactly that version, or nullptr.
   std::shared_ptr<const ServedModel> Find(const std::string& name, int64_t version) const;
   std::shared_ptr<const Snapshot> All() const;
+
+  void SetCatalog(Catalog catalog);
+  std::shared_ptr<const Catalog> GetCatalog() const;
 
   void Put(ServedModel m);
   void Remove(const std::string& name, int64_t version);
@@ -58,6 +72,7 @@ class ModelRegistry {
  private:
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ = std::make_shared<Snapshot>();  // guarded by mu_
+  std::shared_ptr<const Catalog> catalog_ = std::make_shared<Catalog>();     // guarded by mu_
   std::atomic<bool> startup_done_{false};
 };
 

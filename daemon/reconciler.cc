@@ -43,7 +43,7 @@ Status Reconciler::Reconcile() {
   for (const auto& m : models) {
     auto& versions = stored_[m.name];
     for (const auto& v : m.versions) versions[v.version] = v;
-    if (versions.empty()) continue;
+    if (versions.empty() || !m.enabled) continue;  // a disabled model wants nothing, at once (Retire)
     auto& want = desired_[m.name];
     switch (m.policy.kind) {
       case storage::VersionPolicy::kLatest: want.insert(versions.rbegin()->first); break;
@@ -60,6 +60,15 @@ Status Reconciler::Reconcile() {
         break;
     }
   }
+
+  ModelRegistry::Catalog catalog;
+  for (const auto& m : models) {
+    for (const auto& v : m.versions) {
+      catalog.push_back({m.name, v.version, m.enabled, IsDesired(m.name, v.version),
+                         storage::FormatVersionPolicy(m.policy)});
+    }
+  }
+  registry_->SetCatalog(std::move(catalog));
 
   for (const auto& [name, want] : desired_) {
     for (int64_t version : want) Ensure(stored_[name][version]);
@@ -96,6 +105,9 @@ void Reconciler::Retire(const std::string& name) {
     bool in_store = m != stored_.end() && m->second.count(version);
     if (!in_store) {
       LOG_INFO << "unloading " << name << ":" << version << ": removed from the store";
+      registry_->Remove(name, version);
+    } else if (!desired_.count(name)) {
+      LOG_INFO << "unloading " << name << ":" << version << ": the model is disabled";
       registry_->Remove(name, version);
     } else if (!IsDesired(name, version) && (wanted_ready || sm->state != ServeState::kReady)) {
       LOG_INFO << "unloading " << name << ":" << version << ": its version policy no longer serves it";

@@ -120,6 +120,8 @@ int Serve(const Config& config) {
   hopts.check_host = IsLoopbackHost(hopts.host);
   hopts.allowed_hosts = config.allowed_hosts;
   hopts.cors_origins = config.cors_origins;
+  hopts.token_for_all = config.token_scope == "all";
+  hopts.store_dir = config.store_path;
   if (!config.token_file.empty()) {
     auto token = ReadToken(config.token_file);
     if (!token.ok()) return fail(token.status());

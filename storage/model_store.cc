@@ -75,6 +75,11 @@ const char* const kMigrations[] = {
     CREATE INDEX versions_by_artifact ON versions(artifact);
     CREATE INDEX events_by_model ON events(model, id);
     )sql",
+    // 2 -> 3: whether a model is served at all (the repository API's
+    // load/unload, `aotid set NAME enabled=...`).
+    R"sql(
+    ALTER TABLE models ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1 CHECK(enabled IN (0, 1));
+    )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
@@ -131,7 +136,7 @@ Status ApplySetting(VersionSettings* s, const std::string& key, const std::strin
   } else {
     return InvalidArgument("unknown setting '" + key +
                            "'; known: device, fallback_cpu, num_runners, max_batch_size, "
-                           "max_batch_delay_us, version_policy");
+                           "max_batch_delay_us, version_policy, enabled");
   }
   return Status::OK();
 }
@@ -555,7 +560,7 @@ StatusOr<std::vector<ModelVersion>> ModelStore::ListVersions() { return QueryVer
 
 StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
   ASSIGN_OR_RETURN(auto versions, ListVersions());
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT name, version_policy, created_at_ms FROM models ORDER BY name"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT name, version_policy, created_at_ms, enabled FROM models ORDER BY name"));
   std::vector<ModelInfo> out;
   size_t vi = 0;
   for (;;) {
@@ -566,6 +571,7 @@ StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
     auto policy = ParseVersionPolicy(s.Text(1));
     if (policy.ok()) m.policy = *policy;  // a policy this binary cannot read serves the latest
     m.created_at_ms = s.Int(2);
+    m.enabled = s.Int(3) != 0;
     while (vi < versions.size() && versions[vi].model < m.name) ++vi;
     while (vi < versions.size() && versions[vi].model == m.name) m.versions.push_back(std::move(versions[vi++]));
     out.push_back(std::move(m));
@@ -575,7 +581,7 @@ StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
 
 StatusOr<ModelInfo> ModelStore::GetModel(const std::string& name) {
   RETURN_IF_ERROR(ValidateModelName(name));
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT version_policy, created_at_ms FROM models WHERE name = ?"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT version_policy, created_at_ms, enabled FROM models WHERE name = ?"));
   s.Bind(1, name);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("no model named '" + name + "' in the store " + dir_);
@@ -584,6 +590,7 @@ StatusOr<ModelInfo> ModelStore::GetModel(const std::string& name) {
   auto policy = ParseVersionPolicy(s.Text(0));
   if (policy.ok()) m.policy = *policy;
   m.created_at_ms = s.Int(1);
+  m.enabled = s.Int(2) != 0;
   ASSIGN_OR_RETURN(m.versions, QueryVersions(" WHERE m.name = ?1", name));
   return m;
 }
@@ -606,9 +613,16 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
 
   std::vector<std::string> changes;
   std::optional<VersionPolicy> new_policy;
+  std::optional<bool> new_enabled;
   std::vector<std::pair<std::string, std::string>> version_kv;
   for (const auto& [key, value] : kv) {
-    if (key == "version_policy") {
+    if (key == "enabled") {
+      if (version) {
+        return InvalidArgument("enabled belongs to the model, not one version: use '" + name + "' without ':" +
+                               std::to_string(*version) + "'");
+      }
+      ASSIGN_OR_RETURN(new_enabled, ParseBool(key, value));
+    } else if (key == "version_policy") {
       if (version) {
         return InvalidArgument("version_policy belongs to the model, not one version: use '" + name +
                                "' without ':" + std::to_string(*version) + "'");
@@ -650,6 +664,14 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare("UPDATE models SET version_policy = ? WHERE name = ?"));
     RETURN_IF_ERROR(s.Bind(1, FormatVersionPolicy(*new_policy)).Bind(2, name).Run());
     std::string line = "version_policy " + FormatVersionPolicy(model.policy) + " -> " + FormatVersionPolicy(*new_policy);
+    changes.push_back(name + " " + line);
+    RETURN_IF_ERROR(AppendEvent(name, 0, "settings", line));
+  }
+  if (new_enabled && *new_enabled != model.enabled) {
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("UPDATE models SET enabled = ? WHERE name = ?"));
+    RETURN_IF_ERROR(s.Bind(1, int64_t{*new_enabled}).Bind(2, name).Run());
+    std::string line = std::string("enabled ") + (model.enabled ? "true" : "false") + " -> " +
+                       (*new_enabled ? "true" : "false");
     changes.push_back(name + " " + line);
     RETURN_IF_ERROR(AppendEvent(name, 0, "settings", line));
   }

@@ -33,7 +33,7 @@ namespace aotid::storage {
 
 // The schema version this binary writes. Older stores are migrated forward on
 // open; a newer one is refused.
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 // Model names: 1-128 characters of [A-Za-z0-9_.-], starting with a letter or
 // digit, with no "..". They appear in URLs and file names, so nothing else.
@@ -80,6 +80,7 @@ struct ModelVersion {
 struct ModelInfo {
   std::string name;
   VersionPolicy policy;
+  bool enabled = true;  // false: kept in the store, served by no daemon
   int64_t created_at_ms = 0;
   std::vector<ModelVersion> versions;  // ascending
 };
@@ -153,8 +154,8 @@ class ModelStore {
   StatusOr<ModelInfo> GetModel(const std::string& name);
 
   // Applies KEY=VALUE settings to one version, or to every version of the
-  // model when `version` is empty; `version_policy` applies to the model and
-  // takes no version. All or nothing: one bad key or value changes nothing.
+  // model when `version` is empty; `version_policy` and `enabled` apply to
+  // the model and take no version. All or nothing: one bad key or value changes nothing.
   // Returns a line per change ("mlp:2 num_runners 1 -> 2"); unchanged values
   // are left out.
   StatusOr<std::vector<std::string>> Set(const std::string& name, std::optional<int64_t> version,

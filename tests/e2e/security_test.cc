@@ -65,6 +65,27 @@ TEST_F(ApiSecurity, BearerTokenIsRequiredAndChecked) {
   EXPECT_TRUE(daemon_->Alive());
 }
 
+TEST_F(ApiSecurity, TokenScopeRepositoryGuardsOnlyTheRepositoryRoutes) {
+  std::string token_file = dir_ / "token";
+  ASSERT_OK(fs::WriteFileAtomic(token_file, "t0ken"));
+  ::chmod(token_file.c_str(), 0600);
+  Start("[server]\ntoken_file = \"" + token_file + "\"\ntoken_scope = \"repository\"\n");
+  EXPECT_EQ(Get("/v2")->status, 200);
+  httplib::Client c("127.0.0.1", daemon_->port());
+  auto index = c.Post("/v2/repository/index", "", "application/json");
+  ASSERT_TRUE(index);
+  EXPECT_EQ(index->status, 401);
+  auto unload = c.Post("/v2/repository/models/x/unload", httplib::Headers{{"Authorization", "Bearer nope"}}, "",
+                       "application/json");
+  ASSERT_TRUE(unload);
+  EXPECT_EQ(unload->status, 403);
+  auto ok = c.Post("/v2/repository/index", httplib::Headers{{"Authorization", "Bearer t0ken"}}, "",
+                   "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->body, "[]");
+}
+
 TEST_F(ApiSecurity, TokenFileMustExistAndNotBeEmpty) {
   std::string empty = dir_ / "empty-token";
   ASSERT_OK(fs::WriteFileAtomic(empty, " \n"));

@@ -9,6 +9,7 @@
 #include <thread>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 
 #include "base/fs.h"
@@ -353,8 +354,50 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
   EXPECT_TRUE(daemon_->Alive());
 }
 
+// The repository extension: the index lists every version in the store
+// with its state; unload and load change the store, so they last.
+TEST_F(ServeTest, RepositoryIndexLoadAndUnload) {
+  auto index = [&](const std::string& body = "") {
+    Reply r = Post(port(), "/v2/repository/index", body);
+    EXPECT_EQ(r.status, 200) << r.body.dump();
+    std::map<std::string, json> by_ref;
+    for (const auto& e : r.body) by_ref[e["name"].get<std::string>() + ":" + e["version"].get<std::string>()] = e;
+    return by_ref;
+  };
+  auto all = index();
+  ASSERT_EQ(all.size(), 4u) << json(all).dump();  // mlp:1-3, embed:1
+  EXPECT_EQ(all["mlp:3"]["state"], "READY");
+  EXPECT_EQ(all["embed:1"]["state"], "READY");
+  EXPECT_EQ(all["mlp:1"]["state"], "UNAVAILABLE");
+  EXPECT_EQ(all["mlp:1"]["reason"], "not served by version policy 'latest'");
+  auto ready = index(R"({"ready": true})");
+  EXPECT_EQ(ready.size(), 2u) << json(ready).dump();
+  EXPECT_EQ(Post(port(), "/v2/repository/index", R"({"ready": "yes"})").status, 400);
+
+  Reply unload = Post(port(), "/v2/repository/models/embed/unload", "");
+  ASSERT_EQ(unload.status, 200) << unload.body.dump();
+  EXPECT_EQ(unload.body["state"], "unloaded");
+  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 404);  // the reply came after the unload
+  EXPECT_EQ(index()["embed:1"]["reason"], "unloaded");
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store_, "show", "embed", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out)["enabled"], false);  // in the store: it outlasts a restart
+
+  Reply load = Post(port(), "/v2/repository/models/embed/load", "");
+  ASSERT_EQ(load.status, 200) << load.body.dump();
+  ASSERT_TRUE(WaitReady(port(), "embed", 30)) << daemon_->Log();
+  ExpectCasesMatchEager(port(), "embed");
+
+  EXPECT_EQ(Post(port(), "/v2/repository/models/nope/load", "").status, 404);
+  Reply bad = Post(port(), "/v2/repository/models/..x/unload", "");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.value("error", "").find("must start with a letter or digit"), std::string::npos);
+}
+
 // Runs last (gtest keeps declaration order): restarts the shared daemon.
 TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
+  // An unload lasts across the restart.
+  ASSERT_EQ(Post(port(), "/v2/repository/models/embed/unload", "").status, 200);
   int builds_before = CountEvents(store_, "build_started");
   EXPECT_EQ(CountEvents(store_, "loaded", "after build"), 3);  // mlp, embed, mlp2
   int cache_loads_before = CountEvents(store_, "loaded", "from cache");
@@ -367,10 +410,13 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   daemon_ = d->release();
   ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
-  ASSERT_TRUE(WaitReady(port(), "embed", 60)) << daemon_->Log();
   EXPECT_EQ(Get(port(), "/v2/health/ready").status, 200);
+  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 404);
+  EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 1);  // mlp:3 only
+  ASSERT_EQ(Post(port(), "/v2/repository/models/embed/load", "").status, 200);
+  ASSERT_TRUE(WaitReady(port(), "embed", 60)) << daemon_->Log();
   EXPECT_EQ(CountEvents(store_, "build_started"), builds_before);
-  EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 2);  // mlp:3, embed:1
+  EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 2);  // and embed:1
   EXPECT_EQ(daemon_->Log().find("build started"), std::string::npos) << daemon_->Log();
   EXPECT_EQ(Get(port(), "/v2/models/mlp").body["versions"], json::array({"3"}));
   ExpectCasesMatchEager(port(), "mlp", "mlp2");

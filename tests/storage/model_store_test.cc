@@ -187,6 +187,7 @@ TEST(ModelStoreMigration, EveryEarlierSchemaOpensAndKeepsItsModels) {
     EXPECT_EQ(embed.name, "embed");
     EXPECT_EQ(mlp.name, "mlp");
     EXPECT_EQ(mlp.policy, VersionPolicy{});
+    EXPECT_TRUE(mlp.enabled);
     ASSERT_EQ(mlp.versions.size(), 2u);
     EXPECT_EQ(mlp.versions[0].version, 1);
     EXPECT_EQ(mlp.versions[1].version, 5);

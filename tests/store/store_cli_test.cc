@@ -110,6 +110,15 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   ASSERT_EQ(Run({"set", "mlp", "num_runners=3"}, &out), 0) << out;
   EXPECT_NE(out.find("nothing changed"), std::string::npos) << out;
 
+  EXPECT_EQ(Run({"set", "mlp:1", "enabled=false"}, &out), 5);
+  EXPECT_NE(out.find("enabled belongs to the model"), std::string::npos) << out;
+  ASSERT_EQ(Run({"set", "mlp", "enabled=false"}, &out), 0) << out;
+  EXPECT_NE(out.find("set mlp enabled true -> false"), std::string::npos) << out;
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out)[0]["enabled"], false);
+  EXPECT_EQ(json::parse(out)[0]["served_by_policy"], false);
+  ASSERT_EQ(Run({"set", "mlp", "enabled=true"}, &out), 0) << out;
+
   ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
   json ls = json::parse(out);
   ASSERT_EQ(ls.size(), 2u);
@@ -150,8 +159,8 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   std::vector<std::string> kinds;
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) kinds.push_back(json::parse(line)["kind"]);
-  EXPECT_EQ(kinds, (std::vector<std::string>{"added", "added", "settings", "settings", "settings", "removed",
-                                             "removed"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"added", "added", "settings", "settings", "settings", "settings",
+                                             "settings", "removed", "removed"}));
   ExpectStoreConsistent(store_);
 }
 
