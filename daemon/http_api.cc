@@ -117,8 +117,9 @@ int HttpStatusFor(const Status& s) {
   }
 }
 
-HttpApi::HttpApi(const ModelRegistry* registry, HttpOptions options)
-    : registry_(registry), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+HttpApi::HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options)
+    : registry_(registry), metrics_(metrics), options_(std::move(options)),
+      server_(std::make_unique<httplib::Server>()) {
   server_->new_task_queue = [threads = options_.threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));  // (n_threads)
   };
@@ -243,20 +244,49 @@ void HttpApi::Routes() {
   s.Get(R"(/v2/models/([^/]+)/ready)", ready);
   s.Get(R"(/v2/models/([^/]+)/versions/([^/]+)/ready)", ready);
 
-  auto infer = [reg](const httplib::Request& req, httplib::Response& res) {
+  Metrics* metrics = metrics_;
+  auto infer = [reg, metrics](const httplib::Request& req, httplib::Response& res) {
+    using Clock = std::chrono::steady_clock;
+    auto start = Clock::now();
+    Metrics::InFlight in_flight(metrics);
     auto m = Resolve(reg, req);
-    if (!m.ok()) return SendStatus(res, m.status());
+    if (!m.ok()) return SendStatus(res, m.status());  // not counted: the name is the caller's, not a model
     std::shared_ptr<const ServedModel> sm = *m;
+    double compute_s = 0;
+    // Records the request however the handler returns.
+    struct Done {
+      Metrics* metrics;
+      const ServedModel& sm;
+      const httplib::Response& res;
+      Clock::time_point start;
+      const double& compute_s;
+      ~Done() {
+        metrics->RecordInfer(sm.name, sm.version, res.status,
+                             std::chrono::duration<double>(Clock::now() - start).count(), compute_s);
+      }
+    } done{metrics, *sm, res, start, compute_s};
     if (sm->state != ServeState::kReady || !sm->model) return SendStatus(res, NotReady(*sm));
     auto decoded = DecodeInferRequest(req.body, sm->model->spec());
     if (!decoded.ok()) return SendStatus(res, decoded.status());
+    auto run_start = Clock::now();
     auto outputs = sm->model->Infer(decoded->inputs);
+    compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
     if (!outputs.ok()) return SendStatus(res, outputs.status());
+    res.status = 200;
     res.set_content(EncodeInferResponse(sm->name, sm->version, decoded->id, *outputs, decoded->output_names),
                     kJson);
   };
   s.Post(R"(/v2/models/([^/]+)/infer)", infer);
   s.Post(R"(/v2/models/([^/]+)/versions/([^/]+)/infer)", infer);
+
+  s.Get("/metrics", [reg, metrics](const httplib::Request&, httplib::Response& res) {
+    int loaded = 0;
+    for (const auto& [name, versions] : *reg->All()) {
+      for (const auto& [v, sm] : versions) loaded += sm->state == ServeState::kReady;
+    }
+    metrics->SetModelsLoaded(loaded);
+    res.set_content(metrics->Render(), "text/plain; version=0.0.4");
+  });
 
   // The model repository extension: what the store holds, and whether each
   // model is served. Load and unload write the store (so they outlast a

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "daemon/metrics.h"
 #include "daemon/model_registry.h"
 
 namespace httplib {
@@ -46,7 +47,9 @@ int HttpStatusFor(const Status& s);
 
 class HttpApi {
  public:
-  HttpApi(const ModelRegistry* registry, HttpOptions options);
+  // `metrics` records infer requests and renders GET /metrics; it must
+  // outlive the server.
+  HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options);
   ~HttpApi();
 
   // Binds the socket. Unavailable (naming the address) when it is taken.
@@ -60,6 +63,7 @@ class HttpApi {
  private:
   void Routes();
   const ModelRegistry* registry_;
+  Metrics* metrics_;
   HttpOptions options_;
   std::unique_ptr<httplib::Server> server_;
   int port_ = 0;

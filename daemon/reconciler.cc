@@ -31,9 +31,10 @@ struct LoadWork {
 }  // namespace
 
 Reconciler::Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-                       runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint)
+                       runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint,
+                       Metrics* metrics)
     : loop_(loop), store_(store), cache_(cache), builder_(builder), registry_(registry),
-      fingerprint_(std::move(fingerprint)) {}
+      fingerprint_(std::move(fingerprint)), metrics_(metrics) {}
 
 Status Reconciler::Reconcile() {
   if (stopping_) return Status::OK();
@@ -185,6 +186,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
     rec->state = r.status.ok() ? storage::BuildState::kReady : storage::BuildState::kFailed;
     rec->error = r.status.ok() ? "" : r.status.message();
     (void)store_->PutBuild(*rec);
+    if (metrics_) metrics_->RecordBuild(r.status.ok(), static_cast<double>(r.duration_ms) / 1000);
     if (r.status.ok()) {
       LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in "
                << r.duration_ms << " ms";

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/metrics.h"
 #include "daemon/model_registry.h"
 #include "runtime/build_cache.h"
 #include "runtime/builder.h"
@@ -41,7 +42,8 @@ namespace aotid::daemon {
 class Reconciler {
  public:
   Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-             runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint);
+             runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint,
+             Metrics* metrics = nullptr);
 
   // Brings the served set in line with the store.
   Status Reconcile();
@@ -71,6 +73,7 @@ class Reconciler {
   runtime::Builder* builder_;
   ModelRegistry* registry_;
   std::string fingerprint_;
+  Metrics* metrics_;
   bool stopping_ = false;
   // The store as of the last reconcile: every version, and the wanted ones.
   std::map<std::string, std::map<int64_t, storage::ModelVersion>> stored_;

@@ -111,7 +111,8 @@ int Serve(const Config& config) {
   bopts.timeout_s = config.build_timeout_s;
   runtime::Builder builder(&loop, &cache, bopts);
   ModelRegistry registry;
-  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, fingerprint);
+  Metrics metrics;
+  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, fingerprint, &metrics);
 
   HttpOptions hopts;
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
@@ -131,7 +132,7 @@ int Serve(const Config& config) {
     LOG_WARNING << "listening on " << hopts.host << ", which is not a loopback address: anyone who can reach "
                 << "this machine can use the API" << (hopts.token.empty() ? "; set server.token_file" : "");
   }
-  HttpApi http(&registry, hopts);
+  HttpApi http(&registry, &metrics, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
 
   StoreWatch watch(store->get(), [&reconciler] {

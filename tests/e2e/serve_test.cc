@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 #include <atomic>
 #include <functional>
@@ -160,6 +161,49 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
 TEST_F(ServeTest, InferMatchesEagerPyTorch) {
   ExpectCasesMatchEager(port(), "mlp");
   ExpectCasesMatchEager(port(), "embed");
+}
+
+// GET /metrics, as "name{labels}" -> value. Every line must parse.
+std::map<std::string, double> Scrape(int port) {
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get("/metrics");
+  std::map<std::string, double> out;
+  EXPECT_TRUE(r && r->status == 200);
+  if (!r) return out;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4");
+  std::istringstream lines(r->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t space = line.rfind(' ');
+    EXPECT_NE(space, std::string::npos) << line;
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+TEST_F(ServeTest, MetricsCountRequestsBuildsAndMemory) {
+  auto before = Scrape(port());
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  std::string good = json{{"inputs", cases["mlp"][0]["inputs"]}}.dump();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Post(port(), "/v2/models/mlp/infer", good).status, 200);
+  ASSERT_EQ(Post(port(), "/v2/models/mlp/infer", R"({"inputs":[]})").status, 400);
+  ASSERT_EQ(Post(port(), "/v2/models/nobody/infer", good).status, 404);
+  auto after = Scrape(port());
+  const std::string series = R"({model="mlp",version="1")";
+  auto delta = [&](const std::string& key) { return after[key] - before[key]; };
+  EXPECT_EQ(delta("aotid_inference_requests_total" + series + R"(,code="200"})"), 3);
+  EXPECT_EQ(delta("aotid_inference_requests_total" + series + R"(,code="400"})"), 1);
+  EXPECT_EQ(delta("aotid_inference_duration_seconds_count" + series + "}"), 4);
+  EXPECT_EQ(delta("aotid_compute_duration_seconds_count" + series + "}"), 3);  // the 400 never ran the model
+  EXPECT_EQ(after["aotid_inference_duration_seconds_bucket" + series + R"(,le="+Inf"})"],
+            after["aotid_inference_duration_seconds_count" + series + "}"]);
+  EXPECT_GT(after["aotid_inference_duration_seconds_sum" + series + "}"], 0);
+  for (const auto& [key, value] : after) EXPECT_EQ(key.find("nobody"), std::string::npos) << key;
+  EXPECT_EQ(after["aotid_models_loaded"], 2);
+  EXPECT_EQ(after["aotid_builds_total{outcome=\"ready\"}"], 2);  // mlp and embed, built by this daemon
+  EXPECT_EQ(after["aotid_build_duration_seconds_count"], 2);
+  EXPECT_EQ(after["aotid_inflight_requests"], 0);
+  EXPECT_GT(after["aotid_process_resident_memory_bytes"], 20e6);
 }
 
 TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {

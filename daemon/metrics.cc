@@ -1,0 +1,133 @@
+#include "daemon/metrics.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace aotid::daemon {
+namespace {
+
+// Request latencies: 50 µs to 10 s.
+std::vector<double> LatencyBounds() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+std::string Num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string Escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void Header(std::string* out, const std::string& name, const std::string& type, const std::string& help) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+}  // namespace
+
+void Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::Write(std::string* out, const std::string& name, const std::string& labels) const {
+  std::string sep = labels.empty() ? "" : ",";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    std::string le = i < bounds_.size() ? Num(bounds_[i]) : "+Inf";
+    *out += name + "_bucket{" + labels + sep + "le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  *out += name + "_sum" + braces + " " + Num(sum_) + "\n";
+  *out += name + "_count" + braces + " " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics() : build_duration_({1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800}) {}
+
+void Metrics::RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = models_.find({model, version});
+  if (it == models_.end()) {
+    it = models_.emplace(std::make_pair(model, version),
+                         ModelSeries{{}, Histogram(LatencyBounds()), Histogram(LatencyBounds())}).first;
+  }
+  ++it->second.requests_by_status[status];
+  it->second.total.Observe(total_s);
+  if (compute_s > 0) it->second.compute.Observe(compute_s);
+}
+
+void Metrics::RecordBuild(bool ok, double duration_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(ok ? builds_ok_ : builds_failed_);
+  build_duration_.Observe(duration_s);
+}
+
+std::string Metrics::Render() const {
+  std::string out;
+  std::lock_guard<std::mutex> lock(mu_);
+  Header(&out, "aotid_inference_requests_total", "counter",
+         "Infer requests by model, version and HTTP status.");
+  for (const auto& [key, s] : models_) {
+    for (const auto& [status, n] : s.requests_by_status) {
+      out += "aotid_inference_requests_total{model=\"" + Escape(key.first) + "\",version=\"" +
+             std::to_string(key.second) + "\",code=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
+    }
+  }
+  Header(&out, "aotid_inference_duration_seconds", "histogram",
+         "Infer request time in the server, from routing to the encoded reply.");
+  for (const auto& [key, s] : models_) {
+    s.total.Write(&out, "aotid_inference_duration_seconds",
+                  "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
+  }
+  Header(&out, "aotid_compute_duration_seconds", "histogram", "Time the model itself ran, per infer request.");
+  for (const auto& [key, s] : models_) {
+    s.compute.Write(&out, "aotid_compute_duration_seconds",
+                    "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
+  }
+  Header(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
+  out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";
+  Header(&out, "aotid_models_loaded", "gauge", "Model versions loaded and ready.");
+  out += "aotid_models_loaded " + std::to_string(models_loaded_.load()) + "\n";
+  Header(&out, "aotid_builds_total", "counter", "Builds that ended, by outcome, since the daemon started.");
+  out += "aotid_builds_total{outcome=\"ready\"} " + std::to_string(builds_ok_) + "\n";
+  out += "aotid_builds_total{outcome=\"failed\"} " + std::to_string(builds_failed_) + "\n";
+  Header(&out, "aotid_build_duration_seconds", "histogram", "How long builds took.");
+  build_duration_.Write(&out, "aotid_build_duration_seconds", "");
+  if (int64_t rss = ResidentMemoryBytes(); rss >= 0) {
+    Header(&out, "aotid_process_resident_memory_bytes", "gauge", "Resident set size of the daemon.");
+    out += "aotid_process_resident_memory_bytes " + std::to_string(rss) + "\n";
+  }
+  return out;
+}
+
+int64_t ResidentMemoryBytes() {
+#ifdef __linux__
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long long pages_total = 0, pages_resident = 0;
+  int n = std::fscanf(f, "%lld %lld", &pages_total, &pages_resident);
+  std::fclose(f);
+  if (n != 2) return -1;
+  return pages_resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+#else
+  return -1;
+#endif
+}
+
+}  // namespace aotid::daemon

@@ -1,0 +1,72 @@
+// Prometheus metrics for GET /metrics (text exposition format 0.0.4).
+//
+// Thread-safe: HTTP threads record requests, the loop thread records builds.
+// Series are created on first use, keyed by their labels; model names are
+// validated, so the label values stay few and tame.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace aotid::daemon {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  void Observe(double v);
+  // Appends NAME_bucket/_sum/_count lines with `labels` ("k=\"v\"" pairs, may be empty).
+  void Write(std::string* out, const std::string& name, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  // One finished infer request: its HTTP status, the whole handling time,
+  // and the model's own run time (0 when the model did not run).
+  void RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s);
+  // A build that ended.
+  void RecordBuild(bool ok, double duration_s);
+  void SetModelsLoaded(int n) { models_loaded_.store(n); }
+
+  // RAII: counts a request as in flight for its lifetime.
+  class InFlight {
+   public:
+    explicit InFlight(Metrics* m) : m_(m) { m_->in_flight_.fetch_add(1); }
+    ~InFlight() { m_->in_flight_.fetch_sub(1); }
+
+   private:
+    Metrics* m_;
+  };
+
+  std::string Render() const;
+
+ private:
+  struct ModelSeries {
+    std::map<int, uint64_t> requests_by_status;
+    Histogram total;
+    Histogram compute;
+  };
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int64_t>, ModelSeries> models_;  // guarded by mu_
+  uint64_t builds_ok_ = 0, builds_failed_ = 0;                      // guarded by mu_
+  Histogram build_duration_;                                         // guarded by mu_
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int> models_loaded_{0};
+};
+
+// This process's resident set size in bytes, or -1 where unknown.
+int64_t ResidentMemoryBytes();
+
+}  // namespace aotid::daemon
