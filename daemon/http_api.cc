@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <thread>
 
@@ -17,6 +18,8 @@ namespace {
 
 using json = nlohmann::json;
 constexpr char kJson[] = "application/json";
+// The binary tensor extension: the JSON part's length, the rest is tensor bytes.
+constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
 
 void SendError(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
@@ -266,15 +269,30 @@ void HttpApi::Routes() {
       }
     } done{metrics, *sm, res, start, compute_s};
     if (sm->state != ServeState::kReady || !sm->model) return SendStatus(res, NotReady(*sm));
-    auto decoded = DecodeInferRequest(req.body, sm->model->spec());
+    std::optional<size_t> json_length;
+    if (req.has_header(kHeaderLength)) {
+      std::string v = req.get_header_value(kHeaderLength);
+      size_t n = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
+        return SendError(res, 400, std::string(kHeaderLength) + " must be a byte count, got '" + v + "'");
+      }
+      json_length = n;
+    }
+    auto decoded = DecodeInferRequest(req.body, sm->model->spec(), {}, json_length);
     if (!decoded.ok()) return SendStatus(res, decoded.status());
     auto run_start = Clock::now();
     auto outputs = sm->model->Infer(decoded->inputs);
     compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
     if (!outputs.ok()) return SendStatus(res, outputs.status());
     res.status = 200;
-    res.set_content(EncodeInferResponse(sm->name, sm->version, decoded->id, *outputs, decoded->output_names),
-                    kJson);
+    EncodedResponse encoded = EncodeInferResponse(sm->name, sm->version, *decoded, *outputs);
+    if (encoded.has_binary) {
+      res.set_header(kHeaderLength, std::to_string(encoded.json_length));
+      res.set_content(std::move(encoded.body), "application/octet-stream");
+    } else {
+      res.set_content(std::move(encoded.body), kJson);
+    }
   };
   s.Post(R"(/v2/models/([^/]+)/infer)", infer);
   s.Post(R"(/v2/models/([^/]+)/versions/([^/]+)/infer)", infer);

@@ -101,7 +101,11 @@ Status Flatten(const json& node, DType dtype, size_t expected, size_t* count, st
   return Status::OK();
 }
 
-StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const DecodeLimits& limits) {
+static_assert(std::endian::native == std::endian::little,
+              "binary tensor data is little endian; a big-endian host needs byte swapping here");
+
+StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const DecodeLimits& limits,
+                                  std::optional<std::string_view> binary) {
   const std::string who = "input '" + spec.name + "'";
   HostTensor h;
   h.name = spec.name;
@@ -129,6 +133,27 @@ StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const D
                            std::to_string(limits.max_elements) + " elements");
   }
   auto data = t.find("data");
+  if (binary) {
+    if (data != t.end()) return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
+    size_t want = static_cast<size_t>(n) * runtime::DTypeSize(h.dtype);
+    if (binary->size() != want) {
+      return InvalidArgument(who + ": binary_data_size is " + std::to_string(binary->size()) + " bytes, shape " +
+                             runtime::ShapeString(h.shape) + " of " + std::string(runtime::DTypeName(h.dtype)) +
+                             " needs " + std::to_string(want));
+    }
+    h.data.resize(want);
+    if (want) std::memcpy(h.data.data(), binary->data(), want);
+    if (h.dtype == DType::kBool) {
+      for (size_t i = 0; i < want; ++i) {
+        if (static_cast<uint8_t>(h.data[i]) > 1) {
+          return InvalidArgument(who + ": BOOL element " + std::to_string(i) + " is byte " +
+                                 std::to_string(static_cast<int>(h.data[i])) + ", expected 0 or 1");
+        }
+      }
+    }
+    RETURN_IF_ERROR(runtime::CheckTensorAgainstSpec(h, spec));
+    return h;
+  }
   if (data == t.end()) return InvalidArgument(who + ": missing 'data'");
   // A shape whose element count exceeds what the body could hold is refused
   // before any allocation (each element takes at least one byte of JSON).
@@ -216,13 +241,40 @@ int JsonDepth(std::string_view body, int stop) {
   return max_depth;
 }
 
+namespace {
+
+// parameters.NAME of a tensor entry, or nullptr.
+const json* Param(const json& entry, const char* name) {
+  auto p = entry.find("parameters");
+  if (p == entry.end() || !p->is_object()) return nullptr;
+  auto v = p->find(name);
+  return v == p->end() ? nullptr : &*v;
+}
+
+}  // namespace
+
 StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::ModelSpec& spec,
-                                          const DecodeLimits& limits) {
+                                          const DecodeLimits& limits, std::optional<size_t> json_length) {
+  std::string_view binary;
+  if (json_length) {
+    if (*json_length > body.size()) {
+      return InvalidArgument("Inference-Header-Content-Length is " + std::to_string(*json_length) +
+                             " but the body has only " + std::to_string(body.size()) + " bytes");
+    }
+    binary = body.substr(*json_length);
+    body = body.substr(0, *json_length);
+  }
   if (JsonDepth(body, limits.max_depth) > limits.max_depth) {
     return InvalidArgument("request JSON is nested deeper than " + std::to_string(limits.max_depth) + " levels");
   }
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("request body is not valid JSON");
+  if (j.is_discarded()) {
+    if (!json_length && body.find("binary_data_size") != std::string_view::npos) {
+      return InvalidArgument("request body is not valid JSON (binary tensor data needs the "
+                             "Inference-Header-Content-Length header)");
+    }
+    return InvalidArgument("request body is not valid JSON");
+  }
   if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
   InferRequest req;
   if (auto id = j.find("id"); id != j.end()) {
@@ -232,6 +284,8 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
   auto inputs = j.find("inputs");
   if (inputs == j.end() || !inputs->is_array()) return InvalidArgument("request has no 'inputs' array");
   std::vector<const json*> by_spec(spec.inputs.size(), nullptr);
+  std::vector<std::optional<std::string_view>> chunk(spec.inputs.size());
+  size_t offset = 0;  // into `binary`, taken by inputs in the order listed
   for (const auto& t : *inputs) {
     if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
       return InvalidArgument("every entry of 'inputs' needs a string 'name'");
@@ -246,6 +300,26 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
     }
     if (by_spec[k] != nullptr) return InvalidArgument("input '" + name + "' appears twice");
     by_spec[k] = &t;
+    if (const json* size = Param(t, "binary_data_size")) {
+      if (!size->is_number_unsigned()) {
+        return InvalidArgument("input '" + name + "': binary_data_size must be a non-negative integer");
+      }
+      if (!json_length) {
+        return InvalidArgument("input '" + name + "' has binary_data_size but the request has no "
+                               "Inference-Header-Content-Length header");
+      }
+      uint64_t n = size->get<uint64_t>();
+      if (n > binary.size() - offset) {
+        return InvalidArgument("input '" + name + "': binary_data_size " + std::to_string(n) + " runs past the end "
+                               "of the body (" + std::to_string(binary.size() - offset) + " bytes left)");
+      }
+      chunk[k] = binary.substr(offset, n);
+      offset += n;
+    }
+  }
+  if (offset != binary.size()) {
+    return InvalidArgument(std::to_string(binary.size() - offset) +
+                           " bytes of binary data follow the JSON header that no input's binary_data_size claims");
   }
   for (size_t k = 0; k < spec.inputs.size(); ++k) {
     if (by_spec[k] == nullptr) {
@@ -253,7 +327,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
                              std::string(runtime::DTypeName(spec.inputs[k].dtype)) + " " +
                              runtime::ShapeString(spec.inputs[k].shape) + ")");
     }
-    ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(*by_spec[k], spec.inputs[k], limits));
+    ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(*by_spec[k], spec.inputs[k], limits, chunk[k]));
     req.inputs.push_back(std::move(h));
   }
   if (auto outs = j.find("outputs"); outs != j.end()) {
@@ -266,15 +340,30 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
       bool known = false;
       for (const auto& s : spec.outputs) known = known || s.name == name;
       if (!known) return InvalidArgument("unknown output '" + name + "'");
+      if (const json* b = Param(o, "binary_data")) {
+        if (!b->is_boolean()) return InvalidArgument("output '" + name + "': binary_data must be true or false");
+        req.output_binary.emplace_back(name, b->get<bool>());
+      }
       req.output_names.push_back(std::move(name));
+    }
+  }
+  if (auto params = j.find("parameters"); params != j.end() && params->is_object()) {
+    if (auto b = params->find("binary_data_output"); b != params->end()) {
+      if (!b->is_boolean()) return InvalidArgument("parameters.binary_data_output must be true or false");
+      req.binary_outputs = b->get<bool>();
     }
   }
   return req;
 }
 
-std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
-                                const std::vector<HostTensor>& outputs, const std::vector<std::string>& wanted) {
-  std::string out;
+namespace {
+
+EncodedResponse Encode(std::string_view model_name, int64_t version, std::string_view id,
+                       const std::vector<HostTensor>& outputs, const std::vector<std::string>& wanted,
+                       bool binary_default, const std::vector<std::pair<std::string, bool>>& binary_choice) {
+  EncodedResponse r;
+  std::string& out = r.body;
+  std::vector<const HostTensor*> binary;
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.data.size();
   out.reserve(128 + bytes * 3);
@@ -289,6 +378,10 @@ std::string EncodeInferResponse(std::string_view model_name, int64_t version, st
   bool first = true;
   for (const auto& t : outputs) {
     if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) continue;
+    bool as_binary = binary_default;
+    for (const auto& [name, choice] : binary_choice) {
+      if (name == t.name) as_binary = choice;
+    }
     if (!first) out += ',';
     first = false;
     out += "{\"name\":";
@@ -300,12 +393,36 @@ std::string EncodeInferResponse(std::string_view model_name, int64_t version, st
       if (i) out += ',';
       AppendInt(out, t.shape[i]);
     }
+    if (as_binary) {
+      out += "],\"parameters\":{\"binary_data_size\":";
+      AppendInt(out, t.data.size());
+      out += "}}";
+      binary.push_back(&t);
+      continue;
+    }
     out += "],\"data\":";
     AppendData(out, t);
     out += '}';
   }
   out += "]}";
-  return out;
+  if (!binary.empty()) {
+    r.has_binary = true;
+    r.json_length = out.size();
+    for (const HostTensor* t : binary) out.append(reinterpret_cast<const char*>(t->data.data()), t->data.size());
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
+                                const std::vector<HostTensor>& outputs, const std::vector<std::string>& wanted) {
+  return Encode(model_name, version, id, outputs, wanted, false, {}).body;
+}
+
+EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
+                                    const std::vector<HostTensor>& outputs) {
+  return Encode(model_name, version, req.id, outputs, req.output_names, req.binary_outputs, req.output_binary);
 }
 
 uint16_t FloatToHalf(float f) {

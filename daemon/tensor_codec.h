@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -25,15 +27,39 @@ struct InferRequest {
   std::string id;  // echoed when non-empty
   std::vector<runtime::HostTensor> inputs;   // in the order of spec.inputs
   std::vector<std::string> output_names;     // empty means all
+  // Binary tensor extension, outputs: the request-wide default
+  // (parameters.binary_data_output) and per-output choices
+  // (outputs[].parameters.binary_data), which win.
+  bool binary_outputs = false;
+  std::vector<std::pair<std::string, bool>> output_binary;
 };
 
+// Decodes a request body. With the binary tensor extension, `json_length`
+// is the Inference-Header-Content-Length header: the first json_length bytes
+// are the JSON, and the binary data of the inputs that carry
+// parameters.binary_data_size follows, in the order they are listed.
 StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::ModelSpec& spec,
-                                          const DecodeLimits& limits = {});
+                                          const DecodeLimits& limits = {},
+                                          std::optional<size_t> json_length = std::nullopt);
 
-// Encodes a response; `outputs` are filtered by `wanted` (all when empty).
+// Encodes a response as JSON alone; `outputs` are filtered by `wanted` (all
+// when empty).
 std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
                                 const std::vector<runtime::HostTensor>& outputs,
                                 const std::vector<std::string>& wanted = {});
+
+// Encodes the response `req` asked for: outputs filtered by its
+// output_names, those it wants in binary appended after the JSON (little
+// endian, BOOL one byte each) with parameters.binary_data_size in their JSON
+// entries. json_length is the size of the JSON part, for the
+// Inference-Header-Content-Length header, when there is binary data.
+struct EncodedResponse {
+  std::string body;
+  bool has_binary = false;
+  size_t json_length = 0;
+};
+EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
+                                    const std::vector<runtime::HostTensor>& outputs);
 
 // Deepest nesting of '[' and '{' outside strings; stops counting past `stop`.
 int JsonDepth(std::string_view body, int stop);

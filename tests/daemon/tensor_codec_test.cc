@@ -130,5 +130,113 @@ TEST(TensorCodec, HalfAndBFloat16ConversionsRoundTripAndRound) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.00390625f)), 1.0f);  // halfway rounds to even
 }
 
+std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+
+// Binary tensor extension: JSON header, then each binary input's bytes in
+// the order the inputs are listed (not the model's order).
+TEST(TensorCodecBinary, InputsMixJsonAndBinaryInListedOrder) {
+  std::string header = R"({"inputs":[
+      {"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":24}},
+      {"name":"x","datatype":"FP32","shape":[2,2],"parameters":{"binary_data_size":16}}],
+    "outputs":[{"name":"y","parameters":{"binary_data":true}},{"name":"z"}]})";
+  int64_t ids[3] = {7, -1, 1LL << 40};
+  float x[4] = {0.5f, -2.f, 3.25f, 1e-20f};
+  std::string body = header + Bytes(ids, sizeof ids) + Bytes(x, sizeof x);
+  auto r = DecodeInferRequest(body, TwoInputSpec(), {}, header.size());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Values<float>(r->inputs[0]), std::vector<float>(x, x + 4));
+  EXPECT_EQ(r->inputs[0].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(Values<int64_t>(r->inputs[1]), std::vector<int64_t>(ids, ids + 3));
+  EXPECT_FALSE(r->binary_outputs);
+  EXPECT_EQ(r->output_binary, (std::vector<std::pair<std::string, bool>>{{"y", true}}));
+
+  // A JSON input next to a binary one, and the request-wide output default.
+  std::string h2 = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]},
+      {"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":24}}],
+    "parameters":{"binary_data_output":true}})";
+  auto r2 = DecodeInferRequest(h2 + Bytes(ids, sizeof ids), TwoInputSpec(), {}, h2.size());
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(Values<float>(r2->inputs[0]), (std::vector<float>{1, 2}));
+  EXPECT_TRUE(r2->binary_outputs);
+}
+
+TEST(TensorCodecBinary, MalformedBinaryBodiesAreRefusedWithReason) {
+  int64_t ids[3] = {1, 2, 3};
+  std::string ok_ids = R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":24}})";
+  std::string x_json = R"({"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]})";
+  auto with = [&](const std::string& ids_entry) { return R"({"inputs":[)" + x_json + "," + ids_entry + "]}"; };
+  constexpr int64_t kHeader = -1;  // Inference-Header-Content-Length = the JSON's size
+  constexpr int64_t kNone = -2;    // no such header
+  struct Case {
+    std::string header, tail;
+    int64_t length;
+    std::string needle;
+  } cases[] = {
+      {with(ok_ids), Bytes(ids, 24), kNone, "binary tensor data needs the Inference-Header-Content-Length header"},
+      {with(ok_ids), "", kNone, "has binary_data_size but the request has no Inference-Header-Content-Length"},
+      {with(ok_ids), Bytes(ids, 24), 3, "not valid JSON"},
+      {with(ok_ids), Bytes(ids, 24), 100000, "but the body has only"},
+      {with(ok_ids), Bytes(ids, 16), kHeader, "runs past the end of the body (16 bytes left)"},
+      {with(ok_ids), Bytes(ids, 24) + "xx", kHeader, "2 bytes of binary data follow the JSON header"},
+      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":16}})"), Bytes(ids, 16),
+       kHeader, "binary_data_size is 16 bytes, shape [3] of INT64 needs 24"},
+      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":-3}})"), "", kHeader,
+       "binary_data_size must be a non-negative integer"},
+      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"data":[1,2,3],"parameters":{"binary_data_size":24}})"),
+       Bytes(ids, 24), kHeader, "has both 'data' and parameters.binary_data_size"},
+  };
+  for (const auto& c : cases) {
+    std::optional<size_t> length;
+    if (c.length == kHeader) length = c.header.size();
+    if (c.length >= 0) length = static_cast<size_t>(c.length);
+    auto r = DecodeInferRequest(c.header + c.tail, TwoInputSpec(), {}, length);
+    ASSERT_FALSE(r.ok()) << c.needle;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << c.needle << " <- " << r.status().message();
+  }
+  ModelSpec flags;
+  flags.inputs.push_back({"f", DType::kBool, {2}});
+  std::string h = R"({"inputs":[{"name":"f","datatype":"BOOL","shape":[2],"parameters":{"binary_data_size":2}}]})";
+  auto bad_bool = DecodeInferRequest(h + std::string("\x01\x02", 2), flags, {}, h.size());
+  EXPECT_NE(bad_bool.status().message().find("BOOL element 1 is byte 2, expected 0 or 1"), std::string::npos)
+      << bad_bool.status().message();
+  auto good_bool = DecodeInferRequest(h + std::string("\x01\x00", 2), flags, {}, h.size());
+  ASSERT_TRUE(good_bool.ok()) << good_bool.status().ToString();
+  EXPECT_EQ(Values<uint8_t>(good_bool->inputs[0]), (std::vector<uint8_t>{1, 0}));
+}
+
+TEST(TensorCodecBinary, OutputsGoBinaryWhenAskedAndJsonOtherwise) {
+  HostTensor y;
+  y.name = "y";
+  y.shape = {2};
+  float yv[2] = {1.5f, -0.25f};
+  y.data.resize(8);
+  std::memcpy(y.data.data(), yv, 8);
+  HostTensor z;
+  z.name = "z";
+  z.dtype = DType::kInt64;
+  z.shape = {1};
+  int64_t zv = 42;
+  z.data.resize(8);
+  std::memcpy(z.data.data(), &zv, 8);
+
+  InferRequest req;
+  req.binary_outputs = true;
+  req.output_binary = {{"z", false}};  // the per-output choice wins
+  EncodedResponse r = EncodeInferResponse("m", 1, req, {y, z});
+  ASSERT_TRUE(r.has_binary);
+  auto j = nlohmann::json::parse(r.body.substr(0, r.json_length));
+  EXPECT_EQ(j["outputs"][0]["parameters"]["binary_data_size"], 8);
+  EXPECT_FALSE(j["outputs"][0].contains("data"));
+  EXPECT_EQ(j["outputs"][1]["data"][0], 42);
+  ASSERT_EQ(r.body.size(), r.json_length + 8);
+  EXPECT_EQ(r.body.substr(r.json_length), Bytes(yv, 8));
+
+  InferRequest plain;
+  EncodedResponse p = EncodeInferResponse("m", 1, plain, {y, z});
+  EXPECT_FALSE(p.has_binary);
+  EXPECT_EQ(p.body, EncodeInferResponse("m", 1, "", {y, z}));
+}
+
 }  // namespace
 }  // namespace aotid::daemon

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -161,6 +162,50 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
 TEST_F(ServeTest, InferMatchesEagerPyTorch) {
   ExpectCasesMatchEager(port(), "mlp");
   ExpectCasesMatchEager(port(), "embed");
+}
+
+// The binary tensor extension over real HTTP: input bytes after a JSON
+// header, outputs back as bytes, against eager PyTorch.
+TEST_F(ServeTest, BinaryTensorsBothWays) {
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  const json& c = cases["mlp"][1];  // batch 3
+  std::vector<float> x;
+  for (const auto& v : c["inputs"][0]["data"]) x.push_back(v.get<float>());
+  json header{{"inputs", {{{"name", "x"}, {"datatype", "FP32"}, {"shape", c["inputs"][0]["shape"]},
+                           {"parameters", {{"binary_data_size", x.size() * 4}}}}}},
+              {"parameters", {{"binary_data_output", true}}}};
+  std::string head = header.dump();
+  std::string body = head + std::string(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  httplib::Client client("127.0.0.1", port());
+  auto r = client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", std::to_string(head.size())}},
+                       body, "application/octet-stream");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  size_t json_len = std::stoul(r->get_header_value("Inference-Header-Content-Length"));
+  json reply = json::parse(r->body.substr(0, json_len));
+  const json& y = reply["outputs"][0];
+  EXPECT_EQ(y["shape"], c["outputs"][0]["shape"]);
+  ASSERT_EQ(y["parameters"]["binary_data_size"].get<size_t>(), r->body.size() - json_len);
+  std::vector<float> got((r->body.size() - json_len) / 4);
+  std::memcpy(got.data(), r->body.data() + json_len, got.size() * 4);
+  const json& want = c["outputs"][0]["data"];
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i].get<double>(), 1e-5 + 1e-5 * std::fabs(want[i].get<double>())) << i;
+  }
+
+  // A truncated body and a malformed header: 400 naming the problem.
+  auto cut = client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", std::to_string(head.size())}},
+                         body.substr(0, body.size() - 5), "application/octet-stream");
+  ASSERT_TRUE(cut);
+  EXPECT_EQ(cut->status, 400);
+  EXPECT_NE(cut->body.find("runs past the end of the body"), std::string::npos) << cut->body;
+  auto bad = client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", "12abc"}}, body,
+                         "application/octet-stream");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("must be a byte count"), std::string::npos) << bad->body;
+  ExpectCasesMatchEager(port(), "mlp");  // JSON still answers as JSON
 }
 
 // GET /metrics, as "name{labels}" -> value. Every line must parse.
