@@ -1,0 +1,167 @@
+#include "runtime/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace aotid::runtime {
+namespace {
+
+// Same dims apart from the first, for every input.
+bool Joinable(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].shape.size() != b[i].shape.size()) return false;
+    if (!std::equal(a[i].shape.begin() + 1, a[i].shape.end(), b[i].shape.begin() + 1)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status CanBatch(const ModelSpec& spec) {
+  auto check = [](const TensorSpec& t, const char* kind) -> Status {
+    if (t.shape.empty() || t.shape[0] != -1) {
+      return FailedPrecondition(std::string(kind) + " '" + t.name + "' has shape " + ShapeString(t.shape) +
+                                ": batching needs a dynamic first dim (export with a dynamic batch)");
+    }
+    return Status::OK();
+  };
+  if (spec.inputs.empty()) return FailedPrecondition("a model without inputs cannot be batched");
+  for (const auto& t : spec.inputs) RETURN_IF_ERROR(check(t, "input"));
+  for (const auto& t : spec.outputs) RETURN_IF_ERROR(check(t, "output"));
+  return Status::OK();
+}
+
+BatchingModel::BatchingModel(std::shared_ptr<LoadedModel> inner, BatchOptions options,
+                             std::function<void(const BatchReport&)> on_batch)
+    : inner_(std::move(inner)), options_(options), on_batch_(std::move(on_batch)) {
+  options_.workers = std::max(1, options_.workers);
+  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { Work(); });
+}
+
+BatchingModel::~BatchingModel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  arrived_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+int64_t BatchingModel::QueuedRows() const {
+  int64_t rows = 0;
+  for (const Pending* p : queue_) rows += p->rows;
+  return rows;
+}
+
+StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs) {
+  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
+  Pending p{&inputs, inputs[0].shape[0], Clock::now()};
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) return Unavailable("the model is being unloaded");
+  if (static_cast<int>(queue_.size()) >= options_.max_queued) {
+    return ResourceExhausted("the model's queue is full (" + std::to_string(queue_.size()) +
+                             " requests waiting); retry shortly");
+  }
+  queue_.push_back(&p);
+  arrived_.notify_all();
+  finished_.wait(lock, [&] { return p.done; });
+  return std::move(p.result);
+}
+
+void BatchingModel::Work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    arrived_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    // Requests wait in the queue (counted against its bound) until a batch
+    // is full or the oldest has waited long enough.
+    auto deadline = queue_.front()->enqueued + std::chrono::microseconds(options_.max_delay_us);
+    while (!stopping_ && !queue_.empty() && QueuedRows() < options_.max_batch_size &&
+           Clock::now() < deadline) {
+      arrived_.wait_until(lock, deadline);
+    }
+    if (queue_.empty()) continue;
+    std::vector<Pending*> batch{queue_.front()};
+    queue_.pop_front();
+    int64_t rows = batch[0]->rows;
+    for (auto it = queue_.begin(); it != queue_.end() && rows < options_.max_batch_size;) {
+      if (rows + (*it)->rows <= options_.max_batch_size && Joinable(*batch[0]->inputs, *(*it)->inputs)) {
+        rows += (*it)->rows;
+        batch.push_back(*it);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    lock.unlock();
+    Run(batch);
+    lock.lock();
+    for (Pending* p : batch) p->done = true;
+    finished_.notify_all();
+    if (!queue_.empty()) arrived_.notify_one();  // another worker may take the rest
+  }
+}
+
+void BatchingModel::Run(std::vector<Pending*>& batch) {
+  BatchReport report;
+  report.requests = static_cast<int>(batch.size());
+  auto start = Clock::now();
+  for (const Pending* p : batch) {
+    report.rows += static_cast<int>(p->rows);
+    report.queue_seconds.push_back(std::chrono::duration<double>(start - p->enqueued).count());
+  }
+  if (on_batch_) on_batch_(report);
+  if (batch.size() == 1) {
+    batch[0]->result = inner_->Infer(*batch[0]->inputs);
+    return;
+  }
+  // Join each input along dim 0: row-major, so the bytes simply follow.
+  const auto& first = *batch[0]->inputs;
+  std::vector<HostTensor> joined(first.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    joined[i].name = first[i].name;
+    joined[i].dtype = first[i].dtype;
+    joined[i].shape = first[i].shape;
+    joined[i].shape[0] = report.rows;
+    size_t bytes = 0;
+    for (const Pending* p : batch) bytes += (*p->inputs)[i].data.size();
+    joined[i].data.resize(bytes);
+    size_t at = 0;
+    for (const Pending* p : batch) {
+      const auto& d = (*p->inputs)[i].data;
+      if (!d.empty()) std::memcpy(joined[i].data.data() + at, d.data(), d.size());
+      at += d.size();
+    }
+  }
+  auto out = inner_->Infer(joined);
+  auto fail_all = [&](const Status& s) {
+    for (Pending* p : batch) p->result = s;
+  };
+  if (!out.ok()) return fail_all(out.status());
+  for (const auto& t : *out) {
+    if (t.shape.empty() || t.shape[0] != report.rows) {
+      return fail_all(Internal("batched run of " + std::to_string(report.rows) + " rows returned output '" +
+                               t.name + "' with shape " + ShapeString(t.shape)));
+    }
+  }
+  // Split each output back by rows.
+  int64_t row = 0;
+  for (Pending* p : batch) {
+    std::vector<HostTensor> mine(out->size());
+    for (size_t i = 0; i < out->size(); ++i) {
+      const HostTensor& t = (*out)[i];
+      size_t row_bytes = t.data.size() / static_cast<size_t>(report.rows);
+      mine[i].name = t.name;
+      mine[i].dtype = t.dtype;
+      mine[i].shape = t.shape;
+      mine[i].shape[0] = p->rows;
+      mine[i].data.assign(t.data.begin() + static_cast<std::ptrdiff_t>(row * row_bytes),
+                          t.data.begin() + static_cast<std::ptrdiff_t>((row + p->rows) * row_bytes));
+    }
+    row += p->rows;
+    p->result = std::move(mine);
+  }
+}
+
+}  // namespace aotid::runtime

@@ -1,0 +1,77 @@
+// Dynamic batching: requests to one model version wait in a bounded queue
+// until enough rows have arrived (max_batch_size) or the oldest has waited
+// max_batch_delay_us, are joined along dim 0, run once, and split back, so
+// each caller gets exactly its own rows.
+//
+// Only models whose every input and output has a dynamic first dim can be
+// batched (CanBatch). Requests whose other dims differ are never joined;
+// a request with more rows than max_batch_size runs alone.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/loaded_model.h"
+
+namespace aotid::runtime {
+
+struct BatchOptions {
+  int max_batch_size = 8;       // rows per run
+  int max_delay_us = 0;         // how long the oldest request may wait for more
+  int max_queued = 256;         // requests waiting; beyond this Infer answers ResourceExhausted
+  int workers = 1;              // batches run at once (the model's runner count)
+};
+
+// What one run looked like, for metrics.
+struct BatchReport {
+  int rows = 0;
+  int requests = 0;
+  std::vector<double> queue_seconds;  // per request: enqueue to run start
+};
+
+// Ok when `spec` can be batched; otherwise why not (names the tensor).
+Status CanBatch(const ModelSpec& spec);
+
+class BatchingModel final : public LoadedModel {
+ public:
+  BatchingModel(std::shared_ptr<LoadedModel> inner, BatchOptions options,
+                std::function<void(const BatchReport&)> on_batch = nullptr);
+  ~BatchingModel() override;
+
+  const ModelSpec& spec() const override { return inner_->spec(); }
+  const std::string& device() const override { return inner_->device(); }
+  // Blocks until this request's rows are computed. ResourceExhausted when
+  // the queue is full (the caller should retry shortly).
+  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    const std::vector<HostTensor>* inputs;
+    int64_t rows;
+    Clock::time_point enqueued;
+    bool done = false;
+    StatusOr<std::vector<HostTensor>> result{Status(StatusCode::kInternal, "not run")};
+  };
+  void Work();
+  void Run(std::vector<Pending*>& batch);
+  int64_t QueuedRows() const;  // mu_ held
+
+  std::shared_ptr<LoadedModel> inner_;
+  BatchOptions options_;
+  std::function<void(const BatchReport&)> on_batch_;
+  std::mutex mu_;
+  std::condition_variable arrived_;  // workers wait here
+  std::condition_variable finished_;  // callers wait here
+  std::deque<Pending*> queue_;        // guarded by mu_
+  bool stopping_ = false;             // guarded by mu_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace aotid::runtime
