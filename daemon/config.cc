@@ -36,6 +36,7 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
        {{"listen", {Key::kString, [](Config& c, const toml::node& n) { c.listen = *n.value<std::string>(); }}},
         {"threads", {Key::kInt, [](Config& c, const toml::node& n) { c.threads = static_cast<int>(*n.value<int64_t>()); }, 1, 1024}},
         {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}},
+        {"max_queued_requests", {Key::kInt, [](Config& c, const toml::node& n) { c.max_queued_requests = static_cast<int>(*n.value<int64_t>()); }, 1, 1000000}},
         {"token_file", {Key::kString, [](Config& c, const toml::node& n) { c.token_file = *n.value<std::string>(); }}},
         {"token_scope", {Key::kString, [](Config& c, const toml::node& n) { c.token_scope = *n.value<std::string>(); }}},
         {"allowed_hosts", {Key::kStringList, [](Config& c, const toml::node& n) { c.allowed_hosts = StringList(n); }}},

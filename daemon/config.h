@@ -17,6 +17,7 @@ struct Config {
   std::string listen = "127.0.0.1:8765";
   int threads = 8;
   int64_t max_body_bytes = 64 << 20;
+  int max_queued_requests = 256;          // per batched model version; more get 503
   std::string token_file;                 // empty: no token required
   std::string token_scope = "all";        // "all" routes, or "repository" routes only
   std::vector<std::string> allowed_hosts;  // Host names accepted besides loopback ones

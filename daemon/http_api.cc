@@ -26,7 +26,10 @@ void SendError(httplib::Response& res, int status, const std::string& message) {
   res.set_content(json{{"error", message}}.dump(), kJson);
 }
 
-void SendStatus(httplib::Response& res, const Status& s) { SendError(res, HttpStatusFor(s), s.message()); }
+void SendStatus(httplib::Response& res, const Status& s) {
+  if (s.code() == StatusCode::kResourceExhausted) res.set_header("Retry-After", "1");  // a full queue drains fast
+  SendError(res, HttpStatusFor(s), s.message());
+}
 
 json TensorList(const std::vector<runtime::TensorSpec>& specs) {
   json arr = json::array();

@@ -60,16 +60,30 @@ void Histogram::Write(std::string* out, const std::string& name, const std::stri
 
 Metrics::Metrics() : build_duration_({1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800}) {}
 
-void Metrics::RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+Metrics::ModelSeries& Metrics::Series(const std::string& model, int64_t version) {
   auto it = models_.find({model, version});
   if (it == models_.end()) {
     it = models_.emplace(std::make_pair(model, version),
-                         ModelSeries{{}, Histogram(LatencyBounds()), Histogram(LatencyBounds())}).first;
+                         ModelSeries{{}, Histogram(LatencyBounds()), Histogram(LatencyBounds()),
+                                     Histogram(LatencyBounds()),
+                                     Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096})}).first;
   }
-  ++it->second.requests_by_status[status];
-  it->second.total.Observe(total_s);
-  if (compute_s > 0) it->second.compute.Observe(compute_s);
+  return it->second;
+}
+
+void Metrics::RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ModelSeries& s = Series(model, version);
+  ++s.requests_by_status[status];
+  s.total.Observe(total_s);
+  if (compute_s > 0) s.compute.Observe(compute_s);
+}
+
+void Metrics::RecordBatch(const std::string& model, int64_t version, int rows, const std::vector<double>& queue_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ModelSeries& s = Series(model, version);
+  s.batch_rows.Observe(rows);
+  for (double q : queue_s) s.queue.Observe(q);
 }
 
 void Metrics::RecordBuild(bool ok, double duration_s) {
@@ -99,6 +113,17 @@ std::string Metrics::Render() const {
   for (const auto& [key, s] : models_) {
     s.compute.Write(&out, "aotid_compute_duration_seconds",
                     "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
+  }
+  Header(&out, "aotid_queue_duration_seconds", "histogram",
+         "Time a request waited in its model's batching queue (batched models only).");
+  for (const auto& [key, s] : models_) {
+    s.queue.Write(&out, "aotid_queue_duration_seconds",
+                  "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
+  }
+  Header(&out, "aotid_batch_rows", "histogram", "Rows per batched model run (batched models only).");
+  for (const auto& [key, s] : models_) {
+    s.batch_rows.Write(&out, "aotid_batch_rows",
+                       "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
   }
   Header(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";

@@ -36,6 +36,8 @@ class Metrics {
   // One finished infer request: its HTTP status, the whole handling time,
   // and the model's own run time (0 when the model did not run).
   void RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s);
+  // One batched run: its rows, and how long each request waited in the queue.
+  void RecordBatch(const std::string& model, int64_t version, int rows, const std::vector<double>& queue_s);
   // A build that ended.
   void RecordBuild(bool ok, double duration_s);
   void SetModelsLoaded(int n) { models_loaded_.store(n); }
@@ -57,7 +59,10 @@ class Metrics {
     std::map<int, uint64_t> requests_by_status;
     Histogram total;
     Histogram compute;
+    Histogram queue;
+    Histogram batch_rows;
   };
+  ModelSeries& Series(const std::string& model, int64_t version);  // mu_ held
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int64_t>, ModelSeries> models_;  // guarded by mu_
   uint64_t builds_ok_ = 0, builds_failed_ = 0;                      // guarded by mu_

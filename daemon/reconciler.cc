@@ -1,6 +1,7 @@
 #include "daemon/reconciler.h"
 
 #include "base/log.h"
+#include "runtime/batcher.h"
 
 namespace aotid::daemon {
 namespace {
@@ -32,9 +33,31 @@ struct LoadWork {
 
 Reconciler::Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
                        runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint,
-                       Metrics* metrics)
+                       Metrics* metrics, int max_queued_requests)
     : loop_(loop), store_(store), cache_(cache), builder_(builder), registry_(registry),
-      fingerprint_(std::move(fingerprint)), metrics_(metrics) {}
+      fingerprint_(std::move(fingerprint)), metrics_(metrics), max_queued_requests_(max_queued_requests) {}
+
+std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::ModelVersion& v,
+                                                             std::shared_ptr<runtime::LoadedModel> model) {
+  if (v.settings.max_batch_size <= 1) return model;
+  if (Status ok = runtime::CanBatch(model->spec()); !ok.ok()) {
+    LOG_WARNING << Name(v) << ": max_batch_size " << v.settings.max_batch_size << " ignored: " << ok.message();
+    Record(v, "batching_off", ok.message());
+    return model;
+  }
+  runtime::BatchOptions opts;
+  opts.max_batch_size = v.settings.max_batch_size;
+  opts.max_delay_us = v.settings.max_batch_delay_us;
+  opts.max_queued = max_queued_requests_;
+  opts.workers = v.settings.num_runners;
+  Metrics* metrics = metrics_;
+  std::string name = v.model;
+  int64_t version = v.version;
+  return std::make_shared<runtime::BatchingModel>(std::move(model), opts, [metrics, name, version](
+                                                                            const runtime::BatchReport& r) {
+    if (metrics) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
+  });
+}
 
 Status Reconciler::Reconcile() {
   if (stopping_) return Status::OK();
@@ -243,10 +266,13 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
         } else if (!self->IsCurrent(v)) {
           LOG_INFO << "dropping the load of " << Name(v) << ": the store changed it meanwhile";
         } else {
-          std::shared_ptr<runtime::LoadedModel> model = std::move(work->result).value();
+          std::shared_ptr<runtime::LoadedModel> model = self->MaybeBatch(v, std::move(work->result).value());
           std::string how = work->built_now ? "after build" : "from cache";
           LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
-                   << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << ")";
+                   << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s")
+                   << (dynamic_cast<runtime::BatchingModel*>(model.get())
+                           ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
+                           : std::string()) << ")";
           self->Record(v, "loaded", "loaded " + how + " on " + model->device());
           self->Publish(v, ServeState::kReady, "", std::move(model));
         }

@@ -43,7 +43,7 @@ class Reconciler {
  public:
   Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
              runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint,
-             Metrics* metrics = nullptr);
+             Metrics* metrics = nullptr, int max_queued_requests = 256);
 
   // Brings the served set in line with the store.
   Status Reconcile();
@@ -54,6 +54,10 @@ class Reconciler {
   void Ensure(const storage::ModelVersion& v);
   void StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key);
   void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now);
+  // Puts the dynamic batcher in front of a loaded model when its settings
+  // ask for batching and its spec allows it.
+  std::shared_ptr<runtime::LoadedModel> MaybeBatch(const storage::ModelVersion& v,
+                                                   std::shared_ptr<runtime::LoadedModel> model);
   void Publish(const storage::ModelVersion& v, ServeState state, std::string message,
                std::shared_ptr<runtime::LoadedModel> model = nullptr);
   // Drops the served versions of `name` that the store no longer has, and
@@ -74,6 +78,7 @@ class Reconciler {
   ModelRegistry* registry_;
   std::string fingerprint_;
   Metrics* metrics_;
+  int max_queued_requests_;
   bool stopping_ = false;
   // The store as of the last reconcile: every version, and the wanted ones.
   std::map<std::string, std::map<int64_t, storage::ModelVersion>> stored_;

@@ -112,7 +112,8 @@ int Serve(const Config& config) {
   runtime::Builder builder(&loop, &cache, bopts);
   ModelRegistry registry;
   Metrics metrics;
-  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, fingerprint, &metrics);
+  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, fingerprint, &metrics,
+                        config.max_queued_requests);
 
   HttpOptions hopts;
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);

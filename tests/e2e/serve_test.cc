@@ -96,6 +96,28 @@ void ExpectCasesMatchEager(int port, const std::string& model, std::string cases
   }
 }
 
+// Polls `done` every 50 ms until it holds or `timeout_s` passes.
+bool WaitFor(const std::function<bool()>& done, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return done();
+}
+
+bool OutputsMatch(const json& got, const json& want) {
+  if (got.size() != want.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i]["shape"] != want[i]["shape"] || got[i]["data"].size() != want[i]["data"].size()) return false;
+    for (size_t k = 0; k < want[i]["data"].size(); ++k) {
+      double w = want[i]["data"][k].get<double>(), g = got[i]["data"][k].get<double>();
+      if (std::fabs(g - w) > 1e-5 + 1e-5 * std::fabs(w)) return false;
+    }
+  }
+  return true;
+}
+
 class ServeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -251,6 +273,50 @@ TEST_F(ServeTest, MetricsCountRequestsBuildsAndMemory) {
   EXPECT_GT(after["aotid_process_resident_memory_bytes"], 20e6);
 }
 
+// 32 clients at once, each with its own row: batched runs join them, and
+// every client still gets exactly its row's eager output.
+TEST_F(ServeTest, DynamicBatchingGivesEachClientItsOwnRows) {
+  std::string out;
+  int loads = CountEvents(store_, "loaded");
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=8", "max_batch_delay_us=20000"}, &out), 0)
+      << out;
+  ASSERT_TRUE(WaitFor([&] { return CountEvents(store_, "loaded") > loads; }, 30)) << daemon_->Log();
+  EXPECT_NE(daemon_->Log().find("batching up to 8 rows"), std::string::npos) << daemon_->Log();
+  auto before = Scrape(port());
+
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  const json& rows = cases["mlp_rows"];
+  ASSERT_EQ(rows.size(), 32u);
+  std::atomic<int> right{0};
+  std::vector<std::string> problems(rows.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    clients.emplace_back([&, i] {
+      Reply r = Post(port(), "/v2/models/mlp/infer", json{{"inputs", rows[i]["inputs"]}}.dump());
+      if (r.status == 200 && OutputsMatch(r.body["outputs"], rows[i]["outputs"])) {
+        right++;
+      } else {
+        problems[i] = std::to_string(r.status) + " " + r.body.dump();
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(right, 32);
+  for (const auto& p : problems) EXPECT_TRUE(p.empty()) << p;
+
+  auto after = Scrape(port());
+  const std::string series = R"({model="mlp",version="1")";
+  double runs = after["aotid_batch_rows_count" + series + "}"] - before["aotid_batch_rows_count" + series + "}"];
+  double rows_run = after["aotid_batch_rows_sum" + series + "}"] - before["aotid_batch_rows_sum" + series + "}"];
+  EXPECT_EQ(rows_run, 32);
+  EXPECT_LT(runs, 32) << "no run joined two requests";
+  EXPECT_GT(after["aotid_queue_duration_seconds_count" + series + "}"], 0);
+
+  loads = CountEvents(store_, "loaded");
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=1", "max_batch_delay_us=0"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return CountEvents(store_, "loaded") > loads; }, 30)) << daemon_->Log();
+}
+
 TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {
   struct Case {
     std::string path, body;
@@ -307,28 +373,6 @@ TEST_F(ServeTest, ModelsAddedByAnotherProcessAreServedWithoutRestart) {
   ASSERT_TRUE(v2) << daemon_->Log();
   ExpectCasesMatchEager(port(), "mlp");
   EXPECT_EQ(CountEvents(store_, "build_started"), 2);  // nothing new was compiled
-}
-
-// Polls `done` every 50 ms until it holds or `timeout_s` passes.
-bool WaitFor(const std::function<bool()>& done, int timeout_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return done();
-}
-
-bool OutputsMatch(const json& got, const json& want) {
-  if (got.size() != want.size()) return false;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (got[i]["shape"] != want[i]["shape"] || got[i]["data"].size() != want[i]["data"].size()) return false;
-    for (size_t k = 0; k < want[i]["data"].size(); ++k) {
-      double w = want[i]["data"][k].get<double>(), g = got[i]["data"][k].get<double>();
-      if (std::fabs(g - w) > 1e-5 + 1e-5 * std::fabs(w)) return false;
-    }
-  }
-  return true;
 }
 
 // Requests run without pause on two keep-alive connections while another
@@ -510,6 +554,58 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   EXPECT_EQ(Get(port(), "/v2/models/mlp").body["versions"], json::array({"3"}));
   ExpectCasesMatchEager(port(), "mlp", "mlp2");
   ExpectCasesMatchEager(port(), "embed");
+}
+
+// Runs after the restart: the daemon again, now with room for one queued
+// request. Requests past it get 503 with Retry-After at once; the queued
+// one completes; the daemon then answers normally.
+TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
+  EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+  delete daemon_;
+  daemon_ = nullptr;
+  std::string config = dir_->path() + "/queue.toml";
+  ASSERT_OK(fs::WriteFileAtomic(config, "[server]\nthreads = 8\nmax_queued_requests = 1\n"));
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=64", "max_batch_delay_us=400000"}, &out), 0)
+      << out;
+  auto d = DaemonProcess::Start({"--config", config, "--store", store_, "--listen", "127.0.0.1:0"},
+                                dir_->path() + "/daemon3.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  daemon_ = d->release();
+  ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
+
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  const json& c = cases["mlp2"][0];  // mlp serves version 3 (mlp2.pt2)
+  std::string body = json{{"inputs", c["inputs"]}}.dump();
+  std::atomic<int> ok{0}, full{0};
+  std::vector<std::string> other;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&] {
+      httplib::Client client("127.0.0.1", port());
+      client.set_read_timeout(30, 0);
+      auto r = client.Post("/v2/models/mlp/infer", body, "application/json");
+      json j = r ? json::parse(r->body, nullptr, false) : json();
+      if (r && r->status == 200 && OutputsMatch(j["outputs"], c["outputs"])) {
+        ok++;
+      } else if (r && r->status == 503 && r->get_header_value("Retry-After") == "1" &&
+                 j.value("error", "").find("queue is full") != std::string::npos) {
+        full++;
+      } else {
+        std::lock_guard<std::mutex> lock(mu);
+        other.push_back(r ? std::to_string(r->status) + " " + r->body : "no response");
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_TRUE(other.empty()) << other.front();
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(full, 1);
+  EXPECT_EQ(ok + full, 6);
+  Reply after = Post(port(), "/v2/models/mlp/infer", body);
+  EXPECT_EQ(after.status, 200) << after.body.dump();
+  EXPECT_TRUE(daemon_->Alive());
 }
 
 }  // namespace

@@ -64,6 +64,13 @@ def main():
             y = mlp(x)
         cases["mlp"].append({"inputs": [tensor_json("x", x)], "outputs": [tensor_json("y", y)]})
 
+    # 32 distinct single rows, for batching: each client must get its own row back.
+    rows = torch.randn(32, 8)
+    with torch.no_grad():
+        ys = mlp(rows)
+    cases["mlp_rows"] = [{"inputs": [tensor_json("x", rows[i:i + 1])], "outputs": [tensor_json("y", ys[i:i + 1])]}
+                         for i in range(32)]
+
     torch.manual_seed(99)
     mlp2 = Mlp().eval()
     aotid_export.export(mlp2, (torch.randn(2, 8),), os.path.join(args.out, "mlp2.pt2"),
