@@ -4,6 +4,7 @@ against. Run once per test run (a ctest fixture); writes into --out:
     mlp.pt2       FP32 input 'x' [-1, 8] (dynamic batch) -> 'y' [-1, 4]
     mlp2.pt2      the same network with other weights: a new version of mlp
     embed.pt2     INT64 input 'ids' [2, 5] -> 'pooled' [2, 6]
+    alltypes.pt2  one [2, 3] input and output of each of the 10 datatypes
     cases.json    inputs and eager outputs per model
     not_a_model.pt2   text, not a zip
     broken_program.pt2  mlp.pt2 with its program replaced by garbage: passes
@@ -40,9 +41,21 @@ class Embed(torch.nn.Module):
         return self.emb(ids).mean(dim=1) * 2.0
 
 
+class AllTypes(torch.nn.Module):
+    """One input and one output of every datatype the protocol has numbers for."""
+
+    def forward(self, b, u8, i8, i16, i32, i64, f16, bf16, f32, f64):
+        return (torch.logical_not(b), u8 + 1, i8 - 1, i16 * 2, i32 + 7, i64 * 3,
+                f16 * 2 + 0.5, bf16 * 2 + 0.5, f32 * 2 + 0.5, f64 * 2 + 0.5)
+
+
+DATATYPES = {torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
+             torch.int32: "INT32", torch.int64: "INT64", torch.float16: "FP16", torch.bfloat16: "BF16",
+             torch.float32: "FP32", torch.float64: "FP64"}
+
+
 def tensor_json(name, t):
-    dt = {torch.float32: "FP32", torch.int64: "INT64"}[t.dtype]
-    return {"name": name, "datatype": dt, "shape": list(t.shape), "data": t.flatten().tolist()}
+    return {"name": name, "datatype": DATATYPES[t.dtype], "shape": list(t.shape), "data": t.flatten().tolist()}
 
 
 def main():
@@ -89,6 +102,25 @@ def main():
     with torch.no_grad():
         pooled = embed(ids)
     cases["embed"] = [{"inputs": [tensor_json("ids", ids)], "outputs": [tensor_json("pooled", pooled)]}]
+
+    names = ["b", "u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"]
+    example = (torch.tensor([[True, False, True], [False, False, True]]),
+               torch.tensor([[0, 7, 254], [128, 1, 200]], dtype=torch.uint8),
+               torch.tensor([[-127, 0, 126], [5, -5, 100]], dtype=torch.int8),
+               torch.tensor([[-1000, 0, 16000], [7, -7, 300]], dtype=torch.int16),
+               torch.tensor([[-(2 ** 30), 0, 2 ** 30], [1, -1, 99]], dtype=torch.int32),
+               torch.tensor([[-(2 ** 60), 0, 2 ** 60], [1, -1, 123456789012]], dtype=torch.int64),
+               torch.tensor([[0.5, -1.25, 1000.0], [0.0, 3.0, -0.125]], dtype=torch.float16),
+               torch.tensor([[0.5, -1.25, 1000.0], [0.0, 3.0, -0.125]], dtype=torch.bfloat16),
+               torch.tensor([[0.5, -1.25, 1e30], [0.0, 3.0, -0.125]], dtype=torch.float32),
+               torch.tensor([[0.5, -1.25, 1e300], [0.0, 3.0, -0.125]], dtype=torch.float64))
+    alltypes = AllTypes().eval()
+    aotid_export.export(alltypes, example, os.path.join(args.out, "alltypes.pt2"),
+                        input_names=names, output_names=["o_" + n for n in names])
+    with torch.no_grad():
+        outs = alltypes(*example)
+    cases["alltypes"] = [{"inputs": [tensor_json(n, t) for n, t in zip(names, example)],
+                          "outputs": [tensor_json("o_" + n, t) for n, t in zip(names, outs)]}]
 
     with open(os.path.join(args.out, "cases.json"), "w") as f:
         json.dump(cases, f)
