@@ -1,17 +1,24 @@
 // One infer over HTTP (keep-alive, loopback) against the same call made
-// in-process on the same build, measured side by side in one run.
+// in-process on the same build, and against the floor: a bare TCP echo of
+// the same number of bytes over loopback. All three interleaved in one run.
 //
 //   aotid_latency_bench --store DIR --model NAME --port PORT --request FILE [--iterations N]
 //
 // FILE is an infer request body (JSON). The in-process side loads the cached
 // build of the model's latest version for this machine, as the daemon does.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/fs.h"
@@ -34,6 +41,53 @@ int Die(const std::string& msg) {
   std::fprintf(stderr, "aotid_latency_bench: %s\n", msg.c_str());
   return 1;
 }
+
+// A loopback echo server on its own thread: reads `size` bytes, writes them
+// back, until the client closes.
+class Echo {
+ public:
+  explicit Echo(size_t size) : size_(size) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::listen(listen_fd_, 1);
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      int fd = ::accept(listen_fd_, nullptr, nullptr);
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      std::string buf(size_, '\0');
+      while (ReadFull(fd, buf.data(), size_)) {
+        if (::write(fd, buf.data(), size_) != static_cast<ssize_t>(size_)) break;
+      }
+      ::close(fd);
+    });
+  }
+  ~Echo() {
+    thread_.join();
+    ::close(listen_fd_);
+  }
+  int port() const { return port_; }
+  static bool ReadFull(int fd, char* p, size_t n) {
+    while (n > 0) {
+      ssize_t r = ::read(fd, p, n);
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  }
+
+ private:
+  size_t size_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -74,6 +128,21 @@ int main(int argc, char** argv) {
   auto req = aotid::daemon::DecodeInferRequest(*body, (*loaded)->spec());
   if (!req.ok()) return Die(req.status().message());
 
+  // The floor: the same bytes as the HTTP request body, echoed back.
+  Echo echo(body->size());
+  int echo_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(echo.port()));
+    if (::connect(echo_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return Die("echo connect");
+    int one = 1;
+    ::setsockopt(echo_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  std::string echo_buf(body->size(), '\0');
+  std::vector<double> echo_us;
+
   httplib::Client client("127.0.0.1", port);
   client.set_keep_alive(true);
   client.set_tcp_nodelay(true);
@@ -88,14 +157,24 @@ int main(int argc, char** argv) {
     auto out = (*loaded)->Infer(req->inputs);
     auto t2 = Clock::now();
     if (!out.ok()) return Die(out.status().message());
+    if (::write(echo_fd, body->data(), body->size()) != static_cast<ssize_t>(body->size()) ||
+        !Echo::ReadFull(echo_fd, echo_buf.data(), echo_buf.size())) {
+      return Die("echo failed");
+    }
+    auto t3 = Clock::now();
     if (i < 50) continue;  // warm-up
     http_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     inproc_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    echo_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
   }
+  ::close(echo_fd);
   double hp50 = Percentile(http_us, 0.5), hp99 = Percentile(http_us, 0.99);
   double ip50 = Percentile(inproc_us, 0.5), ip99 = Percentile(inproc_us, 0.99);
-  std::printf("model=%s iterations=%d http_p50_us=%.1f http_p99_us=%.1f inproc_p50_us=%.1f inproc_p99_us=%.1f "
-              "overhead_p50_us=%.1f\n",
-              model.c_str(), iterations, hp50, hp99, ip50, ip99, hp50 - ip50);
+  double ep50 = Percentile(echo_us, 0.5), ep99 = Percentile(echo_us, 0.99);
+  std::printf("model=%s iterations=%d body_bytes=%zu http_p50_us=%.1f http_p99_us=%.1f inproc_p50_us=%.1f "
+              "inproc_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f echo_p50_us=%.1f echo_p99_us=%.1f "
+              "overhead_over_echo_p50=%.2f\n",
+              model.c_str(), iterations, body->size(), hp50, hp99, ip50, ip99, hp50 - ip50, hp99 - ip99, ep50, ep99,
+              (hp50 - ip50) / ep50);
   return 0;
 }

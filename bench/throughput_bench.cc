@@ -1,0 +1,111 @@
+// Throughput at a given concurrency: C keep-alive HTTP clients against the
+// daemon for T seconds, then C threads calling the same build in-process
+// (loaded with the same runner count) for T seconds, in one run.
+//
+//   aotid_throughput_bench --store DIR --model NAME --port PORT --request FILE
+//                          --concurrency C [--seconds T] [--runners R]
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/fs.h"
+#include "daemon/tensor_codec.h"
+#include "runtime/build_cache.h"
+#include "runtime/hardware.h"
+#include "runtime/loaded_model.h"
+#include "storage/model_store.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Die(const std::string& msg) {
+  std::fprintf(stderr, "aotid_throughput_bench: %s\n", msg.c_str());
+  return 1;
+}
+
+// Runs `call` on `threads` threads for `seconds`; returns (ok calls, failed calls).
+template <typename F>
+std::pair<int64_t, int64_t> Hammer(int threads, double seconds, F make_call) {
+  std::atomic<int64_t> ok{0}, failed{0};
+  auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      auto call = make_call();
+      while (Clock::now() < deadline) (call() ? ok : failed)++;
+    });
+  }
+  for (auto& t : pool) t.join();
+  return {ok.load(), failed.load()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string store_dir, model, request_file;
+  int port = 0, concurrency = 1, runners = 1;
+  double seconds = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--store") store_dir = v;
+    else if (k == "--model") model = v;
+    else if (k == "--port") port = std::stoi(v);
+    else if (k == "--request") request_file = v;
+    else if (k == "--concurrency") concurrency = std::stoi(v);
+    else if (k == "--seconds") seconds = std::stod(v);
+    else if (k == "--runners") runners = std::stoi(v);
+    else return Die("unknown flag " + k);
+  }
+  if (store_dir.empty() || model.empty() || port == 0 || request_file.empty()) {
+    return Die("usage: --store DIR --model NAME --port PORT --request FILE --concurrency C [--seconds T] [--runners R]");
+  }
+  auto body = aotid::fs::ReadFile(request_file);
+  if (!body.ok()) return Die(body.status().message());
+  std::string path = "/v2/models/" + model + "/infer";
+
+  auto [http_ok, http_failed] = Hammer(concurrency, seconds, [&] {
+    auto client = std::make_shared<httplib::Client>("127.0.0.1", port);
+    client->set_keep_alive(true);
+    client->set_tcp_nodelay(true);
+    client->set_read_timeout(60, 0);
+    return [client, &path, &body] {
+      auto r = client->Post(path.c_str(), *body, "application/json");
+      return r && r->status == 200;
+    };
+  });
+
+  auto store = aotid::storage::ModelStore::Open(store_dir, false);
+  if (!store.ok()) return Die(store.status().message());
+  auto info = (*store)->GetModel(model);
+  if (!info.ok()) return Die(info.status().message());
+  const auto& mv = info->versions.back();
+  aotid::runtime::BuildCache cache(store_dir + "/cache");
+  std::string fp = aotid::runtime::Fingerprint(aotid::runtime::ProbeHardware());
+  auto entry = cache.Lookup({mv.artifact, mv.package_model, "cpu", fp});
+  if (!entry.ok()) return Die(entry.status().message());
+  aotid::runtime::LoadOptions opts;
+  opts.package_model = mv.package_model;
+  opts.num_runners = runners;
+  auto loaded = aotid::runtime::LoadAotiPackage(*entry, opts);
+  if (!loaded.ok()) return Die(loaded.status().message());
+  auto req = aotid::daemon::DecodeInferRequest(*body, (*loaded)->spec());
+  if (!req.ok()) return Die(req.status().message());
+  aotid::runtime::LoadedModel* m = loaded->get();
+  auto [in_ok, in_failed] = Hammer(concurrency, seconds, [&] {
+    return [m, &req] { return m->Infer(req->inputs).ok(); };
+  });
+
+  int64_t rows = req->inputs[0].shape.empty() ? 1 : req->inputs[0].shape[0];
+  double http_rps = http_ok / seconds, in_rps = in_ok / seconds;
+  std::printf("model=%s concurrency=%d seconds=%.0f rows_per_request=%lld http_rps=%.0f http_failed=%lld "
+              "inproc_rps=%.0f inproc_failed=%lld http_over_inproc=%.2f\n",
+              model.c_str(), concurrency, seconds, static_cast<long long>(rows), http_rps,
+              static_cast<long long>(http_failed), in_rps, static_cast<long long>(in_failed), http_rps / in_rps);
+  return 0;
+}
