@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
     ::setsockopt(echo_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
   std::string echo_buf(body->size(), '\0');
-  std::vector<double> echo_us;
+  std::vector<double> echo_us, live_us;
 
   httplib::Client client("127.0.0.1", port);
   client.set_keep_alive(true);
@@ -162,7 +162,11 @@ int main(int argc, char** argv) {
       return Die("echo failed");
     }
     auto t3 = Clock::now();
+    auto live = client.Get("/v2/health/live");  // the HTTP path with no model and no JSON decode
+    auto t4 = Clock::now();
+    if (!live || live->status != 200) return Die("health check failed");
     if (i < 50) continue;  // warm-up
+    live_us.push_back(std::chrono::duration<double, std::micro>(t4 - t3).count());
     http_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     inproc_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
     echo_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
@@ -173,8 +177,8 @@ int main(int argc, char** argv) {
   double ep50 = Percentile(echo_us, 0.5), ep99 = Percentile(echo_us, 0.99);
   std::printf("model=%s iterations=%d body_bytes=%zu http_p50_us=%.1f http_p99_us=%.1f inproc_p50_us=%.1f "
               "inproc_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f echo_p50_us=%.1f echo_p99_us=%.1f "
-              "overhead_over_echo_p50=%.2f\n",
+              "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f\n",
               model.c_str(), iterations, body->size(), hp50, hp99, ip50, ip99, hp50 - ip50, hp99 - ip99, ep50, ep99,
-              (hp50 - ip50) / ep50);
+              (hp50 - ip50) / ep50, Percentile(live_us, 0.5));
   return 0;
 }
