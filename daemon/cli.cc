@@ -12,6 +12,7 @@
 #include "base/fs.h"
 #include "base/log.h"
 #include "daemon/config.h"
+#include "daemon/doctor.h"
 #include "daemon/serve.h"
 #include "daemon/store_watch.h"
 #include "runtime/hardware.h"
@@ -507,6 +508,8 @@ int RunCli(int argc, char** argv) {
       CLI::Range(0, 1000000));
   events->add_flag("--json", ev_json, "One JSON object per line");
 
+  auto* doctor = app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
+
   std::string listen;
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
@@ -534,6 +537,11 @@ int RunCli(int argc, char** argv) {
   if (rm->parsed()) return CmdRm(g, rm_refs);
   if (gc->parsed()) return CmdGc(g, gc_dry_run, gc_keep_events);
   if (events->parsed()) return CmdEvents(g, ev_follow, ev_model, ev_limit, ev_json);
+  if (doctor->parsed()) {
+    auto cfg = Resolve(g);
+    if (!cfg.ok()) return FailUsage("doctor", cfg.status());
+    return RunDoctor(*cfg);
+  }
   if (serve->parsed()) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("serve", cfg.status());

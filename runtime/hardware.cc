@@ -93,6 +93,22 @@ HardwareInfo ProbeHardware(const std::string& cxx) {
   }
   hw.torch_version = kTorchVersion;
   hw.compiler = FirstLineOf(cxx + " --version 2>/dev/null");
+  if (hw.os == "darwin" && hw.arch == "arm64") {
+    hw.accelerators.push_back("mps: Apple Silicon GPU (Metal Performance Shaders)");
+  } else {
+    hw.accelerators.push_back("mps: none (not Apple Silicon)");
+  }
+  std::ifstream gpus("/proc/driver/nvidia/version");
+  bool nvidia = gpus.good();
+  bool cpu_torch = hw.torch_version.find("+cpu") != std::string::npos;
+  if (!nvidia) {
+    hw.accelerators.push_back("cuda: none (no NVIDIA driver)");
+  } else if (cpu_torch) {
+    hw.accelerators.push_back("cuda: NVIDIA driver present, but this aotid's torch (" + hw.torch_version +
+                              ") is a CPU build");
+  } else {
+    hw.accelerators.push_back("cuda: NVIDIA driver present");
+  }
   return hw;
 }
 

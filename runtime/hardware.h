@@ -19,6 +19,9 @@ struct HardwareInfo {
   int64_t memory_bytes = 0;
   std::string torch_version;  // of the libtorch aotid is linked against
   std::string compiler;       // first line of `$CXX --version`
+  // Accelerators, one line each ("mps: Apple Silicon GPU", "cuda: none (...)").
+  // Not part of the fingerprint: the device a build is for is in its cache key.
+  std::vector<std::string> accelerators;
 };
 
 // Probes the machine. `cxx` is the compiler builds use (its version is part of

@@ -14,6 +14,7 @@ namespace aotid::runtime {
 namespace {
 
 std::atomic<bool> g_loaded{false};
+std::string g_path;  // set once, before g_loaded
 
 std::string ExecutableDir() {
   std::vector<char> buf(4096);
@@ -50,6 +51,7 @@ StatusOr<LoadAotiPackageFn> Resolve() {
       tried += "\n  " + path + ": no " + kTorchPluginEntry + " (a plugin from another aotid version?)";
       continue;  // never unloaded: its code may be running
     }
+    g_path = path;
     g_loaded = true;
     return fn;
   }
@@ -61,10 +63,22 @@ StatusOr<LoadAotiPackageFn> Resolve() {
 
 bool TorchPluginLoaded() { return g_loaded.load(); }
 
-StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, const LoadOptions& options) {
+namespace {
+const StatusOr<LoadAotiPackageFn>& Plugin() {
   static std::once_flag once;
   static StatusOr<LoadAotiPackageFn> fn = Status(StatusCode::kInternal, "not resolved");
   std::call_once(once, [] { fn = Resolve(); });
+  return fn;
+}
+}  // namespace
+
+StatusOr<std::string> LoadTorchPlugin() {
+  if (!Plugin().ok()) return Plugin().status();
+  return g_path;
+}
+
+StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, const LoadOptions& options) {
+  const auto& fn = Plugin();
   if (!fn.ok()) return fn.status();
   return (*fn)(entry, options);
 }

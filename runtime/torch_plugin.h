@@ -22,4 +22,8 @@ inline constexpr char kTorchPluginEntry[] = "aotid_torch_load_package_v1";
 // Whether the plugin is loaded in this process (for tests and `doctor`).
 bool TorchPluginLoaded();
 
+// Loads the plugin now if it is not loaded yet; its path, or why it cannot
+// be loaded (every place tried). Costs libtorch's start-up the first time.
+StatusOr<std::string> LoadTorchPlugin();
+
 }  // namespace aotid::runtime

@@ -351,5 +351,27 @@ TEST_F(StoreCli, ReadOnlyStoreDirectoryIsRefusedAndUnchanged) {
   ExpectStoreConsistent(store_);
 }
 
+TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_EQ(Run({"doctor"}, &out), 0) << out;
+  for (const char* want : {"fingerprint", "vector isa", "OK    compiler", "OK    python", "OK    compile worker",
+                           "OK    torch runtime", "(schema 3, 1 model)", "everything aotid needs is in place"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << " missing from:\n" << out;
+  }
+  ASSERT_OK(fs::WriteFileAtomic(dir_ / "broken.toml",
+                                "[build]\npython = \"/nonexistent/python3\"\ncxx = \"/nonexistent/c++\"\n"));
+  EXPECT_EQ(RunAotid({"--config", dir_ / "broken.toml", "--store", store_, "doctor"}, &out), 1) << out;
+  EXPECT_NE(out.find("FAIL  python           /nonexistent/python3 cannot import torch"), std::string::npos) << out;
+  EXPECT_NE(out.find("fix: set build.python"), std::string::npos) << out;
+  EXPECT_NE(out.find("FAIL  compiler"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 check(s) failed"), std::string::npos) << out;
+  RunOptions no_plugin;
+  no_plugin.env = {"AOTID_TORCH_PLUGIN=" + (dir_ / "nowhere.so")};
+  EXPECT_EQ(RunAotid(Args({"doctor"}), no_plugin, &out), 1) << out;
+  EXPECT_NE(out.find("FAIL  torch runtime"), std::string::npos) << out;
+  EXPECT_NE(out.find("nowhere.so: no such file"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace aotid::testing

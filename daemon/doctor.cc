@@ -1,0 +1,140 @@
+#include "daemon/doctor.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "base/fs.h"
+#include "runtime/hardware.h"
+#include "runtime/torch_plugin.h"
+#include "runtime/torch_version.h"
+#include "storage/model_store.h"
+
+namespace aotid::daemon {
+namespace {
+
+// The command's whole stdout (stderr dropped) and its exit status.
+std::pair<int, std::string> Capture(const std::string& command) {
+  FILE* p = ::popen((command + " 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  int status = ::pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Report {
+  int failures = 0;
+  void Info(const std::string& what, const std::string& value) { std::printf("  %-16s %s\n", what.c_str(), value.c_str()); }
+  void Ok(const std::string& what, const std::string& detail) {
+    std::printf("OK    %-16s %s\n", what.c_str(), detail.c_str());
+  }
+  void Fail(const std::string& what, const std::string& detail, const std::string& fix) {
+    ++failures;
+    std::printf("FAIL  %-16s %s\n      %-16s fix: %s\n", what.c_str(), detail.c_str(), "", fix.c_str());
+  }
+};
+
+}  // namespace
+
+int RunDoctor(const Config& config) {
+  Report r;
+  runtime::HardwareInfo hw = runtime::ProbeHardware(config.cxx);
+  std::printf("machine\n");
+  r.Info("os / arch", hw.os + " / " + hw.arch);
+  r.Info("cpu", hw.cpu_model.empty() ? "(unknown)" : hw.cpu_model);
+  r.Info("vector isa", hw.vector_isa);
+  std::string features;
+  for (const auto& f : hw.cpu_features) features += (features.empty() ? "" : " ") + f;
+  r.Info("cpu features", features.empty() ? "(none of interest)" : features);
+  r.Info("cores", std::to_string(hw.cores));
+  r.Info("memory", std::to_string(hw.memory_bytes / (1024 * 1024)) + " MiB");
+  for (const auto& a : hw.accelerators) r.Info("accelerator", a);
+  r.Info("torch", hw.torch_version);
+  r.Info("fingerprint", runtime::Fingerprint(hw));
+  std::printf("\nchecks\n");
+
+  if (hw.compiler.empty()) {
+    r.Fail("compiler", "no C++ compiler answers '" + config.cxx + " --version'",
+           "install g++ (Debian: apt install g++), or set build.cxx in the config");
+  } else {
+    r.Ok("compiler", hw.compiler);
+  }
+
+  auto [rc, torch] = Capture(Quote(config.python) + " -c 'import torch; print(torch.__version__)'");
+  if (rc != 0) {
+    r.Fail("python", config.python + " cannot import torch",
+           "set build.python to a Python with torch==" + std::string(runtime::kTorchVersion) +
+               " (./dev creates one under ~/.cache/aotid-dev)");
+  } else if (torch != runtime::kTorchVersion) {
+    r.Fail("python", config.python + " has torch " + torch + ", aotid was built against " + runtime::kTorchVersion,
+           "point build.python at a Python with torch " + std::string(runtime::kTorchVersion) +
+               ", or rebuild aotid against " + torch);
+  } else {
+    r.Ok("python", config.python + " (torch " + torch + ")");
+  }
+
+  std::string worker = config.worker_dir + "/aotid_worker/compile.py";
+  if (fs::Exists(worker)) {
+    r.Ok("compile worker", worker);
+  } else {
+    r.Fail("compile worker", worker + " does not exist", "set build.worker_dir to the directory holding aotid_worker/");
+  }
+
+  auto plugin = runtime::LoadTorchPlugin();
+  if (plugin.ok()) {
+    r.Ok("torch runtime", *plugin);
+  } else {
+    r.Fail("torch runtime", plugin.status().message(),
+           "install libaotid_torch.so next to aotid or in ../lib/aotid/, or set AOTID_TORCH_PLUGIN");
+  }
+
+  auto store = storage::ModelStore::Open(config.store_path, /*create=*/false);
+  if (store.ok()) {
+    auto models = (*store)->ListModels();
+    size_t n = models.ok() ? models->size() : 0;
+    r.Ok("store", config.store_path + " (schema " + std::to_string((*store)->SchemaVersion()) + ", " +
+                      std::to_string(n) + " model" + (n == 1 ? "" : "s") + ")");
+  } else if (store.status().code() == StatusCode::kNotFound) {
+    std::string parent = config.store_path.substr(0, config.store_path.find_last_of('/'));
+    if (parent.empty()) parent = ".";
+    std::string probe = fs::Exists(parent) ? parent : "/";
+    if (::access(probe.c_str(), W_OK) == 0 || !fs::Exists(parent)) {
+      r.Ok("store", config.store_path + " (not created yet; 'aotid add' creates it)");
+    } else {
+      r.Fail("store", config.store_path + " cannot be created: " + parent + " is not writable",
+             "set store.path (or --store) to a directory this user can write");
+    }
+  } else {
+    r.Fail("store", store.status().message(), "check --store; the file must be an aotid store");
+  }
+
+  std::string lock = config.store_path + "/daemon.lock";
+  int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    auto pid = fs::ReadFile(lock);
+    std::string p = pid.ok() ? *pid : "";
+    while (!p.empty() && p.back() == '\n') p.pop_back();
+    r.Ok("daemon", "running on this store (pid " + p + "), listen " + config.listen);
+  } else {
+    r.Ok("daemon", "not running on this store ('aotid serve' starts it; listen " + config.listen + ")");
+  }
+  if (fd >= 0) ::close(fd);
+
+  std::printf("\n%s\n", r.failures == 0 ? "everything aotid needs is in place"
+                                         : (std::to_string(r.failures) + " check(s) failed").c_str());
+  return r.failures == 0 ? 0 : 1;
+}
+
+}  // namespace aotid::daemon
