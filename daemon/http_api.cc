@@ -1,10 +1,14 @@
 #include "daemon/http_api.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -395,6 +399,32 @@ void HttpApi::Routes() {
   });
 }
 
+namespace {
+
+// Debian's cpp-httplib is built with a listen backlog of 5, so a burst of
+// new connections (32 clients connecting at once) overflows the accept
+// queue and some fail. The library does not expose its socket; find the
+// listening socket bound to `port` among this process's descriptors and
+// listen() on it again with a deep backlog (Linux updates it in place).
+void RaiseListenBacklog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int bound = addr.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+                : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                             : -1;
+    if (bound == port && ::listen(fd, SOMAXCONN) != 0) {
+      LOG_WARNING << "cannot raise the listen backlog: " << std::strerror(errno);
+    }
+  }
+}
+
+}  // namespace
+
 Status HttpApi::Bind() {
   if (options_.port == 0) {
     port_ = server_->bind_to_any_port(options_.host);
@@ -406,6 +436,7 @@ Status HttpApi::Bind() {
     }
     port_ = options_.port;
   }
+  RaiseListenBacklog(port_);
   return Status::OK();
 }
 
