@@ -22,11 +22,8 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "bench/cached_model.h"
 #include "daemon/tensor_codec.h"
-#include "runtime/build_cache.h"
-#include "runtime/hardware.h"
-#include "runtime/loaded_model.h"
-#include "storage/model_store.h"
 
 namespace {
 
@@ -109,21 +106,7 @@ int main(int argc, char** argv) {
   auto body = aotid::fs::ReadFile(request_file);
   if (!body.ok()) return Die(body.status().message());
 
-  auto store = aotid::storage::ModelStore::Open(store_dir, false);
-  if (!store.ok()) return Die(store.status().message());
-  auto versions = (*store)->ListVersions();
-  const aotid::storage::ModelVersion* mv = nullptr;
-  for (const auto& v : *versions) {
-    if (v.model == model) mv = &v;
-  }
-  if (mv == nullptr) return Die("no model " + model);
-  aotid::runtime::BuildCache cache(store_dir + "/cache");
-  std::string fp = aotid::runtime::Fingerprint(aotid::runtime::ProbeHardware());
-  auto entry = cache.Lookup({mv->artifact, mv->package_model, "cpu", fp});
-  if (!entry.ok()) return Die(entry.status().message());
-  aotid::runtime::LoadOptions opts;
-  opts.package_model = mv->package_model;
-  auto loaded = aotid::runtime::LoadAotiPackage(*entry, opts);
+  auto loaded = aotid::bench::LoadCachedModel(store_dir, model);
   if (!loaded.ok()) return Die(loaded.status().message());
   auto req = aotid::daemon::DecodeInferRequest(*body, (*loaded)->spec());
   if (!req.ok()) return Die(req.status().message());

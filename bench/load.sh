@@ -9,18 +9,10 @@
 #    and a Python process that loads the same compiled conv net.
 #   ./dev bench load     (calls: bench/load.sh BUILD_DIR PYTHON)
 set -euo pipefail
-BUILD="$1"
-PY="$2"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 SECONDS_PER_RUN="${AOTID_BENCH_SECONDS:-5}"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-AOTID="$BUILD/aotid"
-work="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-
-PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/tests/models/make_test_models.py" --out "$work/models" >/dev/null
 PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/bench/models.py" "$work/models" >/dev/null
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
-port_of() { grep -o 'serving on http://[^ ]*' "$1" | head -1 | sed 's/.*://'; }
 wait_log() {  # log pattern
   for _ in $(seq 1 6000); do grep -q "$2" "$1" && return 0; sleep 0.1; done
   echo "timed out waiting for '$2' in $1" >&2; cat "$1" >&2; return 1

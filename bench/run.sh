@@ -3,19 +3,10 @@
 # test model, cached start-to-ready time, and HTTP vs in-process latency.
 #   ./dev bench        (calls: bench/run.sh BUILD_DIR PYTHON)
 set -euo pipefail
-BUILD="$1"
-PY="$2"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-AOTID="$BUILD/aotid"
-work="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 store="$work/store"
-
-PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/tests/models/make_test_models.py" --out "$work/models" >/dev/null
 for m in mlp embed; do "$AOTID" --store "$store" add "$work/models/$m.pt2" --name "$m" >/dev/null; done
 
-now_ms() { date +%s%3N; }
-port_of() { grep -o 'serving on http://[^ ]*' "$1" | head -1 | sed 's/.*://'; }
 wait_ready() {  # log model -> ms from start to ready
   local log="$1" m="$2" start="$3" port
   for _ in $(seq 1 600); do port="$(port_of "$log")"; [[ -n "$port" ]] && break; sleep 0.01; done

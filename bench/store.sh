@@ -6,18 +6,11 @@
 #  2. `aotid ls` (and --json, show) with 1,000 models in the store, median of 5.
 #   ./dev bench store     (calls: bench/store.sh BUILD_DIR PYTHON)
 set -euo pipefail
-BUILD="$1"
-PY="$2"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-AOTID="$BUILD/aotid"
-work="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 store="$work/store"
-PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/tests/models/make_test_models.py" --out "$work/models" >/dev/null
 model="$work/models/mlp.pt2"
 
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-now_ms() { date +%s%3N; }
 
 # 1. Notice latency. One build first, so that every later version of the
 # same artifact only loads from the cache.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/fs.h"
+#include "base/shell.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
 #include "runtime/torch_version.h"
@@ -15,24 +16,6 @@
 
 namespace aotid::daemon {
 namespace {
-
-// The command's whole stdout (stderr dropped) and its exit status.
-std::pair<int, std::string> Capture(const std::string& command) {
-  FILE* p = ::popen((command + " 2>/dev/null").c_str(), "r");
-  if (p == nullptr) return {-1, ""};
-  std::string out;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  int status = ::pclose(p);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string Quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 struct Report {
   int failures = 0;
@@ -72,7 +55,7 @@ int RunDoctor(const Config& config) {
     r.Ok("compiler", hw.compiler);
   }
 
-  auto [rc, torch] = Capture(Quote(config.python) + " -c 'import torch; print(torch.__version__)'");
+  auto [rc, torch] = RunShell(ShellQuote(config.python) + " -c 'import torch; print(torch.__version__)'");
   if (rc != 0) {
     r.Fail("python", config.python + " cannot import torch",
            "set build.python to a Python with torch==" + std::string(runtime::kTorchVersion) +

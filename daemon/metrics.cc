@@ -95,35 +95,32 @@ void Metrics::RecordBuild(bool ok, double duration_s) {
 std::string Metrics::Render() const {
   std::string out;
   std::lock_guard<std::mutex> lock(mu_);
-  Header(&out, "aotid_inference_requests_total", "counter",
-         "Infer requests by model, version and HTTP status.");
+  auto labels = [](const std::pair<std::string, int64_t>& key) {
+    return "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"";
+  };
+  Header(&out, "aotid_inference_requests_total", "counter", "Infer requests by model, version and HTTP status.");
   for (const auto& [key, s] : models_) {
     for (const auto& [status, n] : s.requests_by_status) {
-      out += "aotid_inference_requests_total{model=\"" + Escape(key.first) + "\",version=\"" +
-             std::to_string(key.second) + "\",code=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
+      out += "aotid_inference_requests_total{" + labels(key) + ",code=\"" + std::to_string(status) + "\"} " +
+             std::to_string(n) + "\n";
     }
   }
-  Header(&out, "aotid_inference_duration_seconds", "histogram",
-         "Infer request time in the server, from routing to the encoded reply.");
-  for (const auto& [key, s] : models_) {
-    s.total.Write(&out, "aotid_inference_duration_seconds",
-                  "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
-  }
-  Header(&out, "aotid_compute_duration_seconds", "histogram", "Time the model itself ran, per infer request.");
-  for (const auto& [key, s] : models_) {
-    s.compute.Write(&out, "aotid_compute_duration_seconds",
-                    "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
-  }
-  Header(&out, "aotid_queue_duration_seconds", "histogram",
-         "Time a request waited in its model's batching queue (batched models only).");
-  for (const auto& [key, s] : models_) {
-    s.queue.Write(&out, "aotid_queue_duration_seconds",
-                  "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
-  }
-  Header(&out, "aotid_batch_rows", "histogram", "Rows per batched model run (batched models only).");
-  for (const auto& [key, s] : models_) {
-    s.batch_rows.Write(&out, "aotid_batch_rows",
-                       "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"");
+  // The per-model histograms: name, help, which one.
+  static const struct {
+    const char* name;
+    const char* help;
+    Histogram ModelSeries::*histogram;
+  } kHistograms[] = {
+      {"aotid_inference_duration_seconds", "Infer request time in the server, from routing to the encoded reply.",
+       &ModelSeries::total},
+      {"aotid_compute_duration_seconds", "Time the model itself ran, per infer request.", &ModelSeries::compute},
+      {"aotid_queue_duration_seconds", "Time a request waited in its model's batching queue (batched models only).",
+       &ModelSeries::queue},
+      {"aotid_batch_rows", "Rows per batched model run (batched models only).", &ModelSeries::batch_rows},
+  };
+  for (const auto& h : kHistograms) {
+    Header(&out, h.name, "histogram", h.help);
+    for (const auto& [key, s] : models_) (s.*h.histogram).Write(&out, h.name, labels(key));
   }
   Header(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";

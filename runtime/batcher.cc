@@ -48,12 +48,6 @@ BatchingModel::~BatchingModel() {
   for (auto& t : workers_) t.join();
 }
 
-int64_t BatchingModel::QueuedRows() const {
-  int64_t rows = 0;
-  for (const Pending* p : queue_) rows += p->rows;
-  return rows;
-}
-
 StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs) {
   if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
   Pending p{&inputs, inputs[0].shape[0], Clock::now()};
@@ -64,6 +58,7 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
                              " requests waiting); retry shortly");
   }
   queue_.push_back(&p);
+  queued_rows_ += p.rows;
   arrived_.notify_all();
   finished_.wait(lock, [&] { return p.done; });
   return std::move(p.result);
@@ -77,7 +72,7 @@ void BatchingModel::Work() {
     // Requests wait in the queue (counted against its bound) until a batch
     // is full or the oldest has waited long enough.
     auto deadline = queue_.front()->enqueued + std::chrono::microseconds(options_.max_delay_us);
-    while (!stopping_ && !queue_.empty() && QueuedRows() < options_.max_batch_size &&
+    while (!stopping_ && !queue_.empty() && queued_rows_ < options_.max_batch_size &&
            Clock::now() < deadline) {
       arrived_.wait_until(lock, deadline);
     }
@@ -85,9 +80,11 @@ void BatchingModel::Work() {
     std::vector<Pending*> batch{queue_.front()};
     queue_.pop_front();
     int64_t rows = batch[0]->rows;
+    queued_rows_ -= rows;
     for (auto it = queue_.begin(); it != queue_.end() && rows < options_.max_batch_size;) {
       if (rows + (*it)->rows <= options_.max_batch_size && Joinable(*batch[0]->inputs, *(*it)->inputs)) {
         rows += (*it)->rows;
+        queued_rows_ -= (*it)->rows;
         batch.push_back(*it);
         it = queue_.erase(it);
       } else {

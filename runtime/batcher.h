@@ -61,7 +61,6 @@ class BatchingModel final : public LoadedModel {
   };
   void Work();
   void Run(std::vector<Pending*>& batch);
-  int64_t QueuedRows() const;  // mu_ held
 
   std::shared_ptr<LoadedModel> inner_;
   BatchOptions options_;
@@ -70,6 +69,7 @@ class BatchingModel final : public LoadedModel {
   std::condition_variable arrived_;  // workers wait here
   std::condition_variable finished_;  // callers wait here
   std::deque<Pending*> queue_;        // guarded by mu_
+  int64_t queued_rows_ = 0;           // rows in queue_, guarded by mu_
   bool stopping_ = false;             // guarded by mu_
   std::vector<std::thread> workers_;
 };

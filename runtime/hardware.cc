@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/shell.h"
 #include "runtime/torch_version.h"
 
 namespace aotid::runtime {
@@ -18,17 +19,6 @@ namespace {
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
-}
-
-std::string FirstLineOf(const std::string& command) {
-  FILE* p = ::popen(command.c_str(), "r");
-  if (p == nullptr) return "";
-  char buf[512];
-  std::string line;
-  if (std::fgets(buf, sizeof buf, p) != nullptr) line = buf;
-  ::pclose(p);
-  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-  return line;
 }
 
 void ProbeLinuxCpu(HardwareInfo* hw) {
@@ -92,7 +82,8 @@ HardwareInfo ProbeHardware(const std::string& cxx) {
     hw.vector_isa = (hw.arch == "arm64") ? "neon" : "default";
   }
   hw.torch_version = kTorchVersion;
-  hw.compiler = FirstLineOf(cxx + " --version 2>/dev/null");
+  std::string version = RunShell(cxx + " --version").out;
+  hw.compiler = version.substr(0, version.find('\n'));
   if (hw.os == "darwin" && hw.arch == "arm64") {
     hw.accelerators.push_back("mps: Apple Silicon GPU (Metal Performance Shaders)");
   } else {

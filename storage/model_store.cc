@@ -547,13 +547,7 @@ StatusOr<std::vector<ModelVersion>> ModelStore::QueryVersions(const std::string&
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string("SELECT ") + kVersionColumns + where +
                                         " ORDER BY m.name, v.version"));
   if (!name.empty()) s.Bind(1, name);
-  std::vector<ModelVersion> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadVersion(s));
-  }
-  return out;
+  return s.Collect<ModelVersion>(ReadVersion);
 }
 
 StatusOr<std::vector<ModelVersion>> ModelStore::ListVersions() { return QueryVersions("", ""); }
@@ -563,19 +557,17 @@ StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT name, version_policy, created_at_ms, enabled FROM models ORDER BY name"));
   std::vector<ModelInfo> out;
   size_t vi = 0;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
+  RETURN_IF_ERROR(s.ForEachRow([&](const Stmt& row) {
     ModelInfo m;
-    m.name = s.Text(0);
-    auto policy = ParseVersionPolicy(s.Text(1));
+    m.name = row.Text(0);
+    auto policy = ParseVersionPolicy(row.Text(1));
     if (policy.ok()) m.policy = *policy;  // a policy this binary cannot read serves the latest
-    m.created_at_ms = s.Int(2);
-    m.enabled = s.Int(3) != 0;
+    m.created_at_ms = row.Int(2);
+    m.enabled = row.Int(3) != 0;
     while (vi < versions.size() && versions[vi].model < m.name) ++vi;
     while (vi < versions.size() && versions[vi].model == m.name) m.versions.push_back(std::move(versions[vi++]));
     out.push_back(std::move(m));
-  }
+  }));
   return out;
 }
 
@@ -729,16 +721,14 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
     ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "SELECT a.sha256, a.size, EXISTS(SELECT 1 FROM versions v WHERE v.artifact = a.sha256) FROM artifacts a"));
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      if (s.Int(2)) {
-        keep.insert(s.Text(0));
+    RETURN_IF_ERROR(s.ForEachRow([&](const Stmt& row) {
+      if (row.Int(2)) {
+        keep.insert(row.Text(0));
       } else {
-        report.artifacts.push_back(s.Text(0));
-        report.bytes_freed += s.Int(1);
+        report.artifacts.push_back(row.Text(0));
+        report.bytes_freed += row.Int(1);
       }
-    }
+    }));
     for (const auto& sha : report.artifacts) {
       ASSIGN_OR_RETURN(Stmt del, db_->Prepare("DELETE FROM artifacts WHERE sha256 = ?"));  // builds cascade
       RETURN_IF_ERROR(del.Bind(1, sha).Run());
@@ -847,13 +837,7 @@ StatusOr<std::optional<BuildRecord>> ModelStore::GetBuild(const std::string& art
 StatusOr<std::vector<BuildRecord>> ModelStore::ListBuilds(const std::string& artifact) {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) + "WHERE artifact = ? ORDER BY fingerprint"));
   s.Bind(1, artifact);
-  std::vector<BuildRecord> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadBuild(s));
-  }
-  return out;
+  return s.Collect<BuildRecord>(ReadBuild);
 }
 
 Status ModelStore::AppendEvent(const std::string& model, int64_t version, const std::string& kind,
@@ -872,13 +856,10 @@ Status ModelStore::CheckIntegrity() {
   std::string problems;
   for (const char* pragma : {"PRAGMA integrity_check", "PRAGMA foreign_key_check"}) {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(pragma));
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      std::string line = s.Text(0);
-      if (line == "ok") continue;
-      problems += std::string(pragma) + ": " + line + (s.IsNull(1) ? "" : " " + s.Text(1)) + "; ";
-    }
+    RETURN_IF_ERROR(s.ForEachRow([&](const Stmt& row) {
+      std::string line = row.Text(0);
+      if (line != "ok") problems += std::string(pragma) + ": " + line + (row.IsNull(1) ? "" : " " + row.Text(1)) + "; ";
+    }));
   }
   if (!problems.empty()) return Corruption("store " + dir_ + " failed its integrity check: " + problems);
   return Status::OK();
@@ -893,13 +874,7 @@ StatusOr<std::vector<Event>> ModelStore::ListEvents(int64_t after_id, int limit,
       "SELECT id, at_ms, model, version, kind, message FROM events WHERE id > ?1 AND (?3 = '' OR model = ?3) "
       "ORDER BY id LIMIT ?2"));
   s.Bind(1, after_id).Bind(2, int64_t{limit}).Bind(3, model);
-  std::vector<Event> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadEvent(s));
-  }
-  return out;
+  return s.Collect<Event>(ReadEvent);
 }
 
 StatusOr<std::vector<Event>> ModelStore::RecentEvents(int limit, const std::string& model) {
@@ -907,13 +882,7 @@ StatusOr<std::vector<Event>> ModelStore::RecentEvents(int limit, const std::stri
       "SELECT * FROM (SELECT id, at_ms, model, version, kind, message FROM events WHERE (?2 = '' OR model = ?2) "
       "ORDER BY id DESC LIMIT ?1) ORDER BY id"));
   s.Bind(1, int64_t{limit}).Bind(2, model);
-  std::vector<Event> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadEvent(s));
-  }
-  return out;
+  return s.Collect<Event>(ReadEvent);
 }
 
 }  // namespace aotid::storage

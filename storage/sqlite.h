@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -56,6 +57,22 @@ class Stmt {
   StatusOr<bool> Step();
   // Steps to completion, expecting no rows.
   Status Run();
+  // Steps through every row, calling f(*this) on each.
+  template <typename F>
+  Status ForEachRow(F&& f) {
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, Step());
+      if (!row) return Status::OK();
+      f(*this);
+    }
+  }
+  // Every row, each turned into a T by read(*this).
+  template <typename T, typename Read>
+  StatusOr<std::vector<T>> Collect(Read read) {
+    std::vector<T> out;
+    RETURN_IF_ERROR(ForEachRow([&](const Stmt& s) { out.push_back(read(s)); }));
+    return out;
+  }
 
   int64_t Int(int col) const;
   std::string Text(int col) const;

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 
+#include "base/fs.h"
 #include "base/status.h"
 
 #define ASSERT_OK(expr)                                  \
@@ -38,6 +40,18 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Every file under `dir` (path relative to it) with the sha256 of its
+// contents: "unchanged" means equal snapshots. SQLite's -shm file is a
+// shared-memory index that readers touch, not stored data, so it is left out.
+inline std::map<std::string, std::string> DirSnapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    std::string p = e.path().string();
+    if (e.is_regular_file() && !p.ends_with("-shm")) out[p.substr(dir.size())] = fs::Sha256File(p).value_or("?");
+  }
+  return out;
+}
 
 // Files written by tests/models/make_test_models.py (the test_models fixture).
 inline std::string TestData(const std::string& name) { return std::string(AOTID_TESTDATA) + "/" + name; }

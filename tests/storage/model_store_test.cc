@@ -14,20 +14,9 @@
 namespace aotid::storage {
 namespace {
 
+using testing::DirSnapshot;
 using testing::TempDir;
 using testing::TestData;
-
-// Every file under `dir` with its contents: "unchanged" means equal
-// snapshots. SQLite's -shm file is a shared-memory index that readers touch,
-// not stored data, so it is left out.
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    std::string p = e.path().string();
-    if (e.is_regular_file() && !p.ends_with("-shm")) out[p] = *fs::ReadFile(p);
-  }
-  return out;
-}
 
 AddRequest Req(const std::string& file, const std::string& name, std::optional<int64_t> version = std::nullopt) {
   AddRequest r;
@@ -82,11 +71,11 @@ TEST(ModelStore, AddSameVersionTwiceIsAlreadyExistsAndChangesNothing) {
   auto store = ModelStore::Open(d.path());
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp", 3)).ok());
-  auto before = Snapshot(d.path());
+  auto before = DirSnapshot(d.path());
   auto again = (*store)->Add(Req(TestData("embed.pt2"), "mlp", 3));
   EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
   EXPECT_NE(again.status().message().find("already has version 3"), std::string::npos);
-  EXPECT_EQ(Snapshot(d.path()), before);
+  EXPECT_EQ(DirSnapshot(d.path()), before);
 }
 
 TEST(ModelStore, BadFilesAndNamesAreRefusedAndStoreUnchanged) {
@@ -94,7 +83,7 @@ TEST(ModelStore, BadFilesAndNamesAreRefusedAndStoreUnchanged) {
   auto store = ModelStore::Open(d.path());
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp")).ok());
-  auto before = Snapshot(d.path());
+  auto before = DirSnapshot(d.path());
   struct Case {
     AddRequest req;
     StatusCode code;
@@ -113,7 +102,7 @@ TEST(ModelStore, BadFilesAndNamesAreRefusedAndStoreUnchanged) {
     EXPECT_EQ(r.status().code(), c.code) << c.req.name << " " << c.req.file << ": " << r.status().ToString();
     EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << r.status().message();
   }
-  EXPECT_EQ(Snapshot(d.path()), before);
+  EXPECT_EQ(DirSnapshot(d.path()), before);
 }
 
 TEST(ModelStore, NotSqliteFileIsCorruptionWithClearMessage) {

@@ -22,18 +22,6 @@ namespace {
 using json = nlohmann::json;
 namespace stdfs = std::filesystem;
 
-// Every file under `dir` with the sha256 of its contents. SQLite's -shm
-// file is a shared-memory index that readers touch, not stored data, so it
-// is left out.
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (auto& e : stdfs::recursive_directory_iterator(dir)) {
-    std::string p = e.path().string();
-    if (e.is_regular_file() && !p.ends_with("-shm")) out[p.substr(dir.size())] = *fs::Sha256File(p);
-  }
-  return out;
-}
-
 std::vector<std::string> FilesIn(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -91,7 +79,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(shown["version_policy"], "latest");
 
   // One bad value anywhere: nothing at all changes.
-  auto before = Snapshot(store_);
+  auto before = DirSnapshot(store_);
   EXPECT_EQ(Run({"set", "mlp", "num_runners=3", "max_batch_size=0"}, &out), 5);
   EXPECT_NE(out.find("max_batch_size must be between 1 and 4096, got 0"), std::string::npos) << out;
   EXPECT_EQ(Run({"set", "mlp", "colour=blue"}, &out), 5);
@@ -101,7 +89,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(Run({"set", "mlp:1", "version_policy=all"}, &out), 5);
   EXPECT_EQ(Run({"set", "ghost", "num_runners=2"}, &out), 3);
   EXPECT_NE(out.find("no model named 'ghost'"), std::string::npos) << out;
-  EXPECT_EQ(Snapshot(store_), before);
+  EXPECT_EQ(DirSnapshot(store_), before);
 
   ASSERT_EQ(Run({"set", "mlp", "num_runners=3", "version_policy=pinned:1"}, &out), 0) << out;
   EXPECT_NE(out.find("set mlp:1 num_runners 2 -> 3"), std::string::npos) << out;
@@ -306,10 +294,10 @@ TEST_F(StoreCli, BadInputIsRefusedWithReasonAndStoreUnchanged) {
       {{"rm", "mlp:3", "nope"}, 3, "no model named 'nope'"},
   };
   for (const auto& c : cases) {
-    auto before = Snapshot(store_);
+    auto before = DirSnapshot(store_);
     EXPECT_EQ(Run(c.args, &out), c.code) << c.args[0] << " " << c.args[1] << ": " << out;
     EXPECT_NE(out.find(c.needle), std::string::npos) << "expected '" << c.needle << "' in: " << out;
-    EXPECT_EQ(Snapshot(store_), before) << c.args[0] << " " << c.args[1] << " changed the store";
+    EXPECT_EQ(DirSnapshot(store_), before) << c.args[0] << " " << c.args[1] << " changed the store";
   }
   ExpectStoreConsistent(store_);
 }
@@ -317,19 +305,19 @@ TEST_F(StoreCli, BadInputIsRefusedWithReasonAndStoreUnchanged) {
 TEST_F(StoreCli, StoreFileThatIsNotSqliteIsRefused) {
   ASSERT_OK(fs::MakeDirs(store_));
   ASSERT_OK(fs::WriteFileAtomic(store_ + "/aotid.db", std::string(4096, 'x')));
-  auto before = Snapshot(store_);
+  auto before = DirSnapshot(store_);
   std::string out;
   EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 1);
   EXPECT_NE(out.find("is not an SQLite database"), std::string::npos) << out;
   EXPECT_EQ(Run({"ls"}, &out), 1);
   EXPECT_NE(out.find("is not an SQLite database"), std::string::npos) << out;
-  EXPECT_EQ(Snapshot(store_), before);
+  EXPECT_EQ(DirSnapshot(store_), before);
 }
 
 TEST_F(StoreCli, ReadOnlyStoreDirectoryIsRefusedAndUnchanged) {
   std::string out;
   ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
-  auto before = Snapshot(store_);
+  auto before = DirSnapshot(store_);
   std::vector<std::string> dirs;
   for (auto& e : stdfs::recursive_directory_iterator(store_)) {
     if (e.is_directory()) dirs.push_back(e.path().string());
@@ -347,7 +335,7 @@ TEST_F(StoreCli, ReadOnlyStoreDirectoryIsRefusedAndUnchanged) {
   EXPECT_NE(add_out.find("the store directory " + store_ + " is read-only"), std::string::npos) << add_out;
   EXPECT_NE(rm, 0) << rm_out;
   EXPECT_NE(rm_out.find("readonly database"), std::string::npos) << rm_out;
-  EXPECT_EQ(Snapshot(store_), before);
+  EXPECT_EQ(DirSnapshot(store_), before);
   ExpectStoreConsistent(store_);
 }
 
