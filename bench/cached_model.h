@@ -20,11 +20,12 @@ inline StatusOr<std::unique_ptr<runtime::LoadedModel>> LoadCachedModel(const std
   const auto& mv = info.versions.back();
   runtime::BuildCache cache(store->CacheDir());
   std::string fp = runtime::Fingerprint(runtime::ProbeHardware());
-  ASSIGN_OR_RETURN(runtime::CacheEntry entry, cache.Lookup({mv.artifact, mv.package_model, "cpu", fp}));
+  ASSIGN_OR_RETURN(runtime::CacheEntry entry,
+                   cache.Lookup({mv.artifact, mv.package_model, "cpu", fp, mv.settings.inductor_options}));
   runtime::LoadOptions opts;
-  opts.package_model = mv.package_model;
   opts.num_runners = runners;
-  return runtime::LoadAotiPackage(entry, opts);
+  opts.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, runtime::ProbeHardware().cores);
+  return runtime::LoadCompiledModel(entry, opts);
 }
 
 }  // namespace aotid::bench

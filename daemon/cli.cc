@@ -13,8 +13,10 @@
 #include "base/log.h"
 #include "daemon/config.h"
 #include "daemon/doctor.h"
+#include "daemon/internal_build.h"
 #include "daemon/serve.h"
 #include "daemon/store_watch.h"
+#include "runtime/aoti_package.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
 
@@ -101,19 +103,52 @@ json SettingsJson(const storage::VersionSettings& s) {
           {"fallback_cpu", s.fallback_cpu},
           {"num_runners", s.num_runners},
           {"max_batch_size", s.max_batch_size},
-          {"max_batch_delay_us", s.max_batch_delay_us}};
+          {"max_batch_delay_us", s.max_batch_delay_us},
+          {"threads", s.threads},
+          {"inductor_options", s.inductor_options.empty() ? json::object() : json::parse(s.inductor_options)}};
 }
 
 std::string SettingsLine(const storage::VersionSettings& s) {
   return "device=" + s.device + " fallback_cpu=" + (s.fallback_cpu ? "true" : "false") +
          " num_runners=" + std::to_string(s.num_runners) + " max_batch_size=" + std::to_string(s.max_batch_size) +
-         " max_batch_delay_us=" + std::to_string(s.max_batch_delay_us);
+         " max_batch_delay_us=" + std::to_string(s.max_batch_delay_us) + " threads=" +
+         (s.threads == 0 ? std::string("auto") : std::to_string(s.threads)) +
+         (s.inductor_options.empty() ? "" : " inductor=" + s.inductor_options);
 }
 
 json BuildJson(const storage::BuildRecord& b) {
-  return {{"fingerprint", b.fingerprint},   {"device", b.device},
-          {"state", storage::BuildStateName(b.state)}, {"error", b.error},
-          {"started_at", Timestamp(b.started_at_ms)}, {"finished_at", Timestamp(b.finished_at_ms)}};
+  return {{"fingerprint", b.fingerprint},
+          {"device", b.device},
+          {"inductor_options", b.options.empty() ? json::object() : json::parse(b.options, nullptr, false)},
+          {"state", storage::BuildStateName(b.state)},
+          {"progress", b.progress},
+          {"attempts", b.attempts},
+          {"error", b.error},
+          {"started_at", Timestamp(b.started_at_ms)},
+          {"finished_at", Timestamp(b.finished_at_ms)}};
+}
+
+// The build that serves a version on this machine, as far as the store
+// tells: a ready one first (a CPU fallback beside a failed device build),
+// then one in progress, then the latest failure.
+std::optional<storage::BuildRecord> BuildHere(const std::vector<storage::BuildRecord>& builds,
+                                              const storage::ModelVersion& v, const std::string& fp) {
+  std::optional<storage::BuildRecord> best;
+  auto rank = [](storage::BuildState s) {
+    return s == storage::BuildState::kReady ? 3 : s == storage::BuildState::kFailed ? 1 : 2;
+  };
+  for (const auto& b : builds) {
+    if (b.fingerprint != fp || b.package_model != v.package_model || b.options != v.settings.inductor_options) {
+      continue;
+    }
+    // Without fallback, only a build for the device asked for serves it.
+    if (!v.settings.fallback_cpu && v.settings.device != "auto" && b.device != v.settings.device) continue;
+    if (!best || rank(b.state) > rank(best->state) ||
+        (rank(b.state) == rank(best->state) && b.started_at_ms > best->started_at_ms)) {
+      best = b;
+    }
+  }
+  return best;
 }
 
 json EventJson(const storage::Event& e) {
@@ -145,7 +180,8 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("add", cfg.status());
   // Check everything about the request before the store is created or opened.
-  if (auto info = storage::ModelStore::CheckAddRequest(req); !info.ok()) return Fail("add", info.status());
+  auto plan = storage::ModelStore::CheckAddRequest(req);
+  if (!plan.ok()) return Fail("add", plan.status());
   auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
   if (!store.ok()) return Fail("add", store.status());
   auto added = (*store)->Add(req);
@@ -153,6 +189,14 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   std::cout << "added " << added->model << ":" << added->version << " (" << storage::PackageKindName(added->kind)
             << ", sha256:" << added->artifact.substr(0, 12) << ", " << HumanSize(added->size) << ") to "
             << cfg->store_path << "\n";
+  if (plan->kind != storage::PackageKind::kExportedProgram) {
+    // The store may feed other machines, so the package is kept; say now
+    // whether this one can run it.
+    auto md = runtime::ReadAotiMetadata(req.file, plan->package_model);
+    Status fits = md.ok() ? runtime::CheckFitsMachine(*md, runtime::ProbeHardware(cfg->cxx)) : md.status();
+    if (fits.ok() && md.ok()) fits = runtime::DeviceAvailable(runtime::ProbeHardware(cfg->cxx), md->device_key);
+    if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
+  }
   return 0;
 }
 
@@ -181,23 +225,27 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
   }
   for (const auto& m : *models) {
     for (const auto& v : m.versions) {
-      auto b = (*store)->GetBuild(v.artifact, v.package_model, fp);
-      std::string state = "none", device = v.settings.device;
-      if (b.ok() && b->has_value()) {
-        state = std::string(storage::BuildStateName((*b)->state));
-        device = (*b)->device;
+      auto builds = (*store)->ListBuilds(v.artifact);
+      if (!builds.ok()) return Fail("ls", builds.status());
+      auto b = BuildHere(*builds, v, fp);
+      std::string state = "none", device = v.settings.device, progress;
+      if (b) {
+        state = std::string(storage::BuildStateName(b->state));
+        device = b->device;
+        progress = b->state == storage::BuildState::kBuilding ? b->progress : "";
       }
       std::string policy = !m.enabled ? "off" : Wanted(m, v.version) ? "serve" : "-";
       if (as_json) {
         out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", Wanted(m, v.version)},
                        {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"enabled", m.enabled},
-                       {"build", state},
+                       {"build", state}, {"build_progress", progress},
                        {"device", device}, {"size", v.size}, {"artifact", v.artifact}});
         continue;
       }
-      std::printf("%-24s %-8lld %-9s %-9s %-7s %-10s sha256:%s\n", v.model.c_str(),
+      std::printf("%-24s %-8lld %-9s %-9s %-7s %-10s sha256:%s%s\n", v.model.c_str(),
                   static_cast<long long>(v.version), policy.c_str(), state.c_str(), device.c_str(),
-                  HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str());
+                  HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str(),
+                  progress.empty() ? "" : ("  " + progress).c_str());
     }
   }
   if (as_json) std::cout << out.dump(2) << "\n";
@@ -237,10 +285,10 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
   for (const auto* v : shown) {
     auto builds = (*store)->ListBuilds(v->artifact);
     if (!builds.ok()) return Fail("show", builds.status());
-    json here = nullptr, elsewhere = json::array();
+    json here = json::array(), elsewhere = json::array();
     for (const auto& b : *builds) {
       if (b.package_model != v->package_model) continue;
-      (b.fingerprint == fp ? here : elsewhere.emplace_back()) = BuildJson(b);
+      (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b));
     }
     j["versions"].push_back({{"version", v->version},
                              {"served_by_policy", Wanted(*model, v->version)},
@@ -251,7 +299,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                              {"blob_present", fs::Exists((*store)->BlobPath(v->artifact))},
                              {"created_at", Timestamp(v->created_at_ms)},
                              {"settings", SettingsJson(v->settings)},
-                             {"build", here},
+                             {"builds", here},
                              {"builds_elsewhere", elsewhere}});
   }
   for (const auto& e : *events) {
@@ -277,13 +325,18 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     std::printf("  package model   %s\n  added           %s\n", v["package_model"].get<std::string>().c_str(),
                 v["created_at"].get<std::string>().c_str());
     std::printf("  settings        %s\n", SettingsLine(shown[i]->settings).c_str());
-    const json& b = v["build"];
-    if (b.is_null()) {
+    if (v["builds"].empty()) {
       std::printf("  build here      none yet (built when the daemon first serves it)\n");
-    } else {
-      std::printf("  build here      %s on %s, started %s, finished %s\n", b["state"].get<std::string>().c_str(),
-                  b["device"].get<std::string>().c_str(), b["started_at"].get<std::string>().c_str(),
-                  b["finished_at"].get<std::string>().c_str());
+    }
+    for (const auto& b : v["builds"]) {
+      std::string options = b["inductor_options"].empty() ? "" : " with " + b["inductor_options"].dump();
+      std::printf("  build here      %s on %s%s, started %s, finished %s%s\n", b["state"].get<std::string>().c_str(),
+                  b["device"].get<std::string>().c_str(), options.c_str(), b["started_at"].get<std::string>().c_str(),
+                  b["finished_at"].get<std::string>().c_str(),
+                  b["attempts"].get<int>() > 1 ? (", attempt " + std::to_string(b["attempts"].get<int>())).c_str() : "");
+      if (!b["progress"].get<std::string>().empty() && b["state"] == "building") {
+        std::printf("  build progress  %s\n", b["progress"].get<std::string>().c_str());
+      }
       if (!b["error"].get<std::string>().empty()) {
         std::printf("  build error     %s\n", b["error"].get<std::string>().c_str());
       }
@@ -447,8 +500,8 @@ int RunCli(int argc, char** argv) {
 
   storage::AddRequest add_req;
   int64_t add_version = 0;
-  auto* add = app.add_subcommand("add", "Add an exported program (.pt2) to the store as a new version");
-  add->add_option("file", add_req.file, "The .pt2 file (torch.export.save)")->required();
+  auto* add = app.add_subcommand("add", "Add a model package (.pt2) to the store as a new version");
+  add->add_option("file", add_req.file, "The .pt2: an exported program (torch.export.save) or an AOTInductor package")->required();
   add->add_option("--name", add_req.name, "Model name: letters, digits, '_', '.', '-'")->required();
   add->add_option("--version", add_version, "Version number (default: one past the latest)");
   add->add_option("--device", add_req.settings.device, "auto, cpu, mps or cuda")->capture_default_str();
@@ -460,6 +513,11 @@ int RunCli(int argc, char** argv) {
   add->add_option("--max-batch-delay-us", add_req.settings.max_batch_delay_us, "Wait for a batch to fill")
       ->capture_default_str();
   add->add_option("--package-model", add_req.package_model, "Which model of a multi-model package");
+  add->add_option("--threads", add_req.settings.threads, "CPU threads per runner (0: the cores shared among runners)")
+      ->capture_default_str();
+  std::vector<std::string> add_inductor;
+  add->add_option("--inductor", add_inductor, "AOTInductor option for the build, KEY=VALUE (repeatable), "
+                                              "e.g. max_autotune=true, cpp.simdlen=8");
 
   bool ls_json = false;
   auto* ls = app.add_subcommand("ls", "List models, versions and their build state on this machine");
@@ -511,6 +569,16 @@ int RunCli(int argc, char** argv) {
   auto* doctor = app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
 
   std::string listen;
+  InternalBuildArgs ib;
+  auto* internal_build = app.add_subcommand("internal-build", "Build one model of an AOTInductor package (run by the daemon)");
+  internal_build->group("");  // not for people
+  internal_build->add_option("--artifact", ib.artifact)->required();
+  internal_build->add_option("--out", ib.out)->required();
+  internal_build->add_option("--kind", ib.kind)->required();
+  internal_build->add_option("--device", ib.device);
+  internal_build->add_option("--package-model", ib.package_model);
+  internal_build->add_option("--cxx", ib.cxx);
+
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
 
@@ -529,6 +597,14 @@ int RunCli(int argc, char** argv) {
 
   if (add->parsed()) {
     if (add->count("--version")) add_req.version = add_version;
+    for (const auto& a : add_inductor) {
+      size_t eq = a.find('=');
+      auto next = eq == std::string::npos || eq == 0
+                      ? StatusOr<std::string>(InvalidArgument("--inductor '" + a + "' is not KEY=VALUE"))
+                      : storage::SetInductorOption(add_req.settings.inductor_options, a.substr(0, eq), a.substr(eq + 1));
+      if (!next.ok()) return Fail("add", next.status());
+      add_req.settings.inductor_options = *next;
+    }
     return CmdAdd(g, add_req);
   }
   if (ls->parsed()) return CmdLs(g, ls_json);
@@ -542,6 +618,7 @@ int RunCli(int argc, char** argv) {
     if (!cfg.ok()) return FailUsage("doctor", cfg.status());
     return RunDoctor(*cfg);
   }
+  if (internal_build->parsed()) return RunInternalBuild(ib);
   if (serve->parsed()) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("serve", cfg.status());

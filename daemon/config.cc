@@ -46,6 +46,8 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
         {"worker_dir", {Key::kString, [](Config& c, const toml::node& n) { c.worker_dir = *n.value<std::string>(); }}},
         {"jobs", {Key::kInt, [](Config& c, const toml::node& n) { c.build_jobs = static_cast<int>(*n.value<int64_t>()); }, 1, 64}},
         {"timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.build_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 7 * 24 * 3600}},
+        {"retry_initial_s", {Key::kInt, [](Config& c, const toml::node& n) { c.build_retry_initial_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
+        {"max_attempts", {Key::kInt, [](Config& c, const toml::node& n) { c.build_max_attempts = static_cast<int>(*n.value<int64_t>()); }, 1, 100}},
         {"cxx", {Key::kString, [](Config& c, const toml::node& n) { c.cxx = *n.value<std::string>(); }}}}},
       {"log",
        {{"level", {Key::kString, [](Config& c, const toml::node& n) { c.log_level = *n.value<std::string>(); }}}}},

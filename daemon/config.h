@@ -27,6 +27,8 @@ struct Config {
   std::string worker_dir;  // resolved to the build-time python/ when empty
   int build_jobs = 1;
   int build_timeout_s = 1800;
+  int build_retry_initial_s = 10;  // first wait before retrying a build that may pass; doubles each time
+  int build_max_attempts = 4;      // builds tried per version before it stays failed
   std::string cxx = "c++";
   // [log]
   std::string log_level = "info";

@@ -237,6 +237,15 @@ void HttpApi::Routes() {
       j["outputs"] = json::array();
     }
     if (sm.state == ServeState::kFailed) j["error"] = sm.message;
+    if (!sm.device_note.empty()) j["device_note"] = sm.device_note;
+    if (!sm.package_json.empty()) {
+      json p = json::parse(sm.package_json, nullptr, false);
+      if (p.is_object()) {
+        j["parameters"] = {{"package_kind", p.value("kind", "")},
+                           {"aoti", p.value("aoti", json::object())},
+                           {"author", p.value("author", json::object())}};
+      }
+    }
     res.set_content(j.dump(), kJson);
   };
   s.Get(R"(/v2/models/([^/]+))", metadata);

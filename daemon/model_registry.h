@@ -29,6 +29,8 @@ struct ServedModel {
   ServeState state = ServeState::kQueued;
   std::string message;  // the error when failed; what is happening otherwise
   std::string device;
+  std::string device_note;   // why it runs where it runs, when not where asked (CPU fallback)
+  std::string package_json;  // the build's package.json: the package's metadata
   std::string artifact;
   storage::VersionSettings settings;  // what `model` was loaded with
   std::shared_ptr<runtime::LoadedModel> model;  // set when ready

@@ -17,7 +17,17 @@
 //  - a version removed from the store is unloaded at once (requests in
 //    flight finish on the model they hold).
 // Work whose version was removed or changed meanwhile is dropped when it
-// finishes.
+// finishes; a build nobody wants any more is cancelled.
+//
+// Devices: `auto` is MPS on Apple Silicon, CUDA where present, else the
+// CPU. An exported program whose device is missing here, or fails to build
+// or load there, runs on the CPU when fallback_cpu is on, with the reason
+// in the event log, `aotid show` and the metadata route; with it off the
+// version fails with that reason. An AOTInductor package runs on the device
+// it was compiled for or not at all.
+//
+// Builds that fail in a way that may pass (killed, timed out) are retried
+// with a doubling wait, up to max_attempts; a compile error is not.
 //
 // Runs on the loop thread only. Reconcile() is idempotent: calling it again
 // changes nothing unless the store changed.
@@ -35,31 +45,67 @@
 #include "daemon/model_registry.h"
 #include "runtime/build_cache.h"
 #include "runtime/builder.h"
+#include "runtime/hardware.h"
 #include "storage/model_store.h"
 
 namespace aotid::daemon {
 
+struct ReconcilerOptions {
+  std::string fingerprint;
+  runtime::HardwareInfo hardware;
+  int max_queued_requests = 256;
+  int retry_initial_ms = 10000;
+  int max_attempts = 4;
+};
+
 class Reconciler {
  public:
   Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-             runtime::Builder* builder, ModelRegistry* registry, std::string fingerprint,
-             Metrics* metrics = nullptr, int max_queued_requests = 256);
+             runtime::Builder* builder, ModelRegistry* registry, ReconcilerOptions options,
+             Metrics* metrics = nullptr);
+  ~Reconciler();
 
   // Brings the served set in line with the store.
   Status Reconcile();
-  // No new work after this; work in flight finishes.
-  void Stop() { stopping_ = true; }
+  // No new work after this; work in flight finishes. Closes the timers.
+  void Stop();
 
  private:
+  // Where one version runs, and why there when it is not where it asked.
+  struct DevicePlan {
+    std::string device;
+    std::string note;
+  };
+  struct PendingBuild {
+    runtime::BuildKey key;
+    std::vector<storage::ModelVersion> waiters;
+    std::shared_ptr<storage::BuildRecord> record;
+  };
+  struct Retry {
+    int attempts = 0;
+    int64_t at_ms = 0;  // steady clock
+  };
+
   void Ensure(const storage::ModelVersion& v);
+  StatusOr<DevicePlan> PlanDevice(const storage::ModelVersion& v) const;
+  runtime::BuildKey KeyFor(const storage::ModelVersion& v, const std::string& device) const;
   void StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key);
-  void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now);
+  void BuildDone(const std::string& bkey, const runtime::BuildResult& r);
+  // A version whose device build or load failed runs on the CPU next, when
+  // it may; true when that was arranged.
+  bool FallBack(const storage::ModelVersion& v, const std::string& device, const std::string& why);
+  void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+                 const DevicePlan& plan);
+  void CancelUnwanted();
+  void UpdateProgress();
+  void ScheduleRetry(int64_t at_ms);
   // Puts the dynamic batcher in front of a loaded model when its settings
   // ask for batching and its spec allows it.
   std::shared_ptr<runtime::LoadedModel> MaybeBatch(const storage::ModelVersion& v,
                                                    std::shared_ptr<runtime::LoadedModel> model);
   void Publish(const storage::ModelVersion& v, ServeState state, std::string message,
-               std::shared_ptr<runtime::LoadedModel> model = nullptr);
+               std::shared_ptr<runtime::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
+               std::string package_json = "");
   // Drops the served versions of `name` that the store no longer has, and
   // those the policy no longer wants once a wanted one is ready.
   void Retire(const std::string& name);
@@ -68,27 +114,33 @@ class Reconciler {
   bool IsDesired(const std::string& name, int64_t version) const;
   void Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message);
   void MaybeStartupDone();
-  // Where a version should run on this machine, or why it cannot.
-  StatusOr<std::string> ResolveDevice(const storage::ModelVersion& v) const;
 
   uv_loop_t* loop_;
   storage::ModelStore* store_;
   const runtime::BuildCache* cache_;
   runtime::Builder* builder_;
   ModelRegistry* registry_;
-  std::string fingerprint_;
+  ReconcilerOptions options_;
+  const std::string& fingerprint_ = options_.fingerprint;
   Metrics* metrics_;
-  int max_queued_requests_;
   bool stopping_ = false;
+  uv_timer_t retry_timer_{};
+  uv_timer_t progress_timer_{};
+  bool timers_open_ = false;
   // The store as of the last reconcile: every version, and the wanted ones.
   std::map<std::string, std::map<int64_t, storage::ModelVersion>> stored_;
   std::map<std::string, std::set<int64_t>> desired_;
   // Work keys (version + artifact + settings) of work in flight, and of work
-  // that failed: not retried until the version or its settings change.
+  // that failed for good: not tried again until the version or its
+  // settings change.
   std::set<std::string> in_flight_;
   std::set<std::string> failed_;
-  // Builds in flight by build key, with the versions waiting for each.
-  std::map<std::string, std::vector<storage::ModelVersion>> builds_;
+  // Work that failed in a way that may pass, with when to try again.
+  std::map<std::string, Retry> retries_;
+  // Work sent to the CPU after its device failed, with the reason.
+  std::map<std::string, std::string> fell_back_;
+  // Builds in flight by build key.
+  std::map<std::string, PendingBuild> builds_;
   bool startup_pass_done_ = false;
 };
 

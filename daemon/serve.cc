@@ -59,6 +59,14 @@ void OnSignal(uv_signal_t* handle, int signum) {
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
 }
 
+// This executable, which runs builds of AOTInductor packages
+// (`aotid internal-build`).
+std::string SelfExe() {
+  std::vector<char> buf(4096);
+  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : std::string("aotid");
+}
+
 // The bearer token: the file's contents without surrounding whitespace.
 StatusOr<std::string> ReadToken(const std::string& path) {
   auto text = fs::ReadFile(path);
@@ -109,11 +117,18 @@ int Serve(const Config& config) {
   bopts.scratch_dir = config.store_path + "/cache/.inductor";
   bopts.jobs = config.build_jobs;
   bopts.timeout_s = config.build_timeout_s;
+  bopts.self_exe = SelfExe();
+  bopts.cxx = config.cxx;
   runtime::Builder builder(&loop, &cache, bopts);
   ModelRegistry registry;
   Metrics metrics;
-  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, fingerprint, &metrics,
-                        config.max_queued_requests);
+  ReconcilerOptions ropts;
+  ropts.fingerprint = fingerprint;
+  ropts.hardware = hw;
+  ropts.max_queued_requests = config.max_queued_requests;
+  ropts.retry_initial_ms = config.build_retry_initial_s * 1000;
+  ropts.max_attempts = config.build_max_attempts;
+  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, std::move(ropts), &metrics);
 
   HttpOptions hopts;
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);

@@ -3,12 +3,17 @@
 // torch throws and turns it into a Status.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "runtime/loaded_model.h"
 #include "runtime/torch_plugin.h"
+
+// From the OpenMP runtime libtorch loads; weak so a torch without OpenMP
+// still loads the plugin (threads are then torch's default).
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
 
 namespace aotid::runtime {
 namespace {
@@ -37,11 +42,21 @@ StatusOr<DType> FromScalarType(at::ScalarType t) {
   return InvalidArgument(std::string("model produced unsupported dtype ") + c10::toString(t));
 }
 
+// Run failures that are the caller's: with AOTI_RUNTIME_CHECK_INPUTS set,
+// the model's own input checks reject a dim outside the traced range. aotid
+// does not set it: torch.export traces a dynamic batch as >= 2, and the
+// checks would then refuse batch 1, which the kernels run correctly.
+Status RunError(const std::string& what) {
+  bool input = what.find("input_handles[") != std::string::npos;
+  std::string msg = "model run failed: " + what;
+  return input ? InvalidArgument(msg) : Internal(msg);
+}
+
 class AotiModel final : public LoadedModel {
  public:
-  AotiModel(std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader, ModelSpec spec,
-            std::string device)
-      : loader_(std::move(loader)), spec_(std::move(spec)), device_(std::move(device)) {}
+  AotiModel(std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner, ModelSpec spec,
+            std::string device, int threads)
+      : runner_(std::move(runner)), spec_(std::move(spec)), device_(std::move(device)), threads_(threads) {}
 
   const ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
@@ -55,8 +70,11 @@ class AotiModel final : public LoadedModel {
         void* data = const_cast<std::byte*>(t.data.data());
         args.push_back(at::from_blob(data, t.shape, at::TensorOptions().dtype(ToScalarType(t.dtype))));
       }
-      std::vector<at::Tensor> outs = loader_->run(args);
-      if (outs.size() != spec_.outputs.size()) {
+      // Kernels are built with dynamic threads: the count is this thread's
+      // OpenMP setting, chosen per model (LoadOptions::threads).
+      if (threads_ > 0 && omp_set_num_threads != nullptr) omp_set_num_threads(threads_);
+      std::vector<at::Tensor> outs = runner_->run(args);
+      if (!spec_.outputs.empty() && outs.size() != spec_.outputs.size()) {
         return Internal("model returned " + std::to_string(outs.size()) + " outputs, its spec declares " +
                         std::to_string(spec_.outputs.size()));
       }
@@ -64,7 +82,7 @@ class AotiModel final : public LoadedModel {
       for (size_t i = 0; i < outs.size(); ++i) {
         at::Tensor o = outs[i].to(at::kCPU).contiguous();
         HostTensor& h = result[i];
-        h.name = spec_.outputs[i].name;
+        h.name = spec_.outputs.empty() ? "output" + std::to_string(i) : spec_.outputs[i].name;
         ASSIGN_OR_RETURN(h.dtype, FromScalarType(o.scalar_type()));
         h.shape.assign(o.sizes().begin(), o.sizes().end());
         size_t bytes = o.numel() * o.element_size();
@@ -73,39 +91,42 @@ class AotiModel final : public LoadedModel {
       }
       return result;
     } catch (const c10::Error& e) {
-      return Internal(std::string("model run failed: ") + e.what_without_backtrace());
+      return RunError(e.what_without_backtrace());
     } catch (const std::exception& e) {
-      return Internal(std::string("model run failed: ") + e.what());
+      return RunError(e.what());
     }
   }
 
  private:
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner_;
   ModelSpec spec_;
   std::string device_;
+  int threads_;
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, const LoadOptions& options) {
-  if (options.device != "cpu") {
-    return FailedPrecondition("device '" + options.device + "' is not supported by this build of aotid");
-  }
-  // torch's package loader is not safe to run twice at once: two cached
-  // builds loading in parallel at start-up failed with "No device
-  // information found" (seen with torch 2.13.0). Loads are rare and short,
-  // so they take turns.
+  // Loads take turns: they are rare and short, and one at a time keeps
+  // torch's runner registry and dlopen of model code simple to reason about.
   static std::mutex load_mutex;
   std::lock_guard<std::mutex> lock(load_mutex);
   try {
-    auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-        entry.package_path, options.package_model, /*run_single_threaded=*/false,
-        static_cast<size_t>(std::max(1, options.num_runners)), /*device_index=*/-1);
-    return std::unique_ptr<LoadedModel>(new AotiModel(std::move(loader), entry.spec, options.device));
+    auto& registry = torch::inductor::getAOTIModelRunnerRegistry();
+    auto it = registry.find(options.device);
+    if (it == registry.end()) {
+      std::string have;
+      for (const auto& [k, v] : registry) have += (have.empty() ? "" : ", ") + k;
+      return FailedPrecondition("this aotid's torch has no AOTInductor runner for device '" + options.device +
+                                "' (it has: " + have + ")");
+    }
+    auto runner = it->second(entry.so_path, static_cast<size_t>(std::max(1, options.num_runners)), options.device,
+                             /*bin_dir=*/entry.dir, /*run_single_threaded=*/false);
+    return std::unique_ptr<LoadedModel>(new AotiModel(std::move(runner), entry.spec, options.device, options.threads));
   } catch (const c10::Error& e) {
-    return Internal("loading " + entry.package_path + ": " + e.what_without_backtrace());
+    return Internal("loading " + entry.so_path + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return Internal("loading " + entry.package_path + ": " + e.what());
+    return Internal("loading " + entry.so_path + ": " + e.what());
   }
 }
 
@@ -113,7 +134,7 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, con
 
 // The entry point runtime/torch_plugin.cc looks up.
 extern "C" __attribute__((visibility("default"))) aotid::StatusOr<std::unique_ptr<aotid::runtime::LoadedModel>>
-aotid_torch_load_package_v1(const aotid::runtime::CacheEntry& entry, const aotid::runtime::LoadOptions& options) {
-  static_assert(std::is_same_v<decltype(&aotid_torch_load_package_v1), aotid::runtime::LoadAotiPackageFn>);
+aotid_torch_load_v2(const aotid::runtime::CacheEntry& entry, const aotid::runtime::LoadOptions& options) {
+  static_assert(std::is_same_v<decltype(&aotid_torch_load_v2), aotid::runtime::LoadCompiledModelFn>);
   return aotid::runtime::LoadInPlugin(entry, options);
 }

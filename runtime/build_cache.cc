@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
@@ -11,7 +12,18 @@
 namespace aotid::runtime {
 namespace {
 
-constexpr const char* kEntryFiles[] = {"model.pt2", "spec.json"};
+constexpr const char* kEntryFiles[] = {"model.so", "spec.json", "package.json"};
+// Entries written by an aotid with another layout are rebuilt, not loaded.
+constexpr int kLayout = 2;
+
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
 
 StatusOr<int64_t> FileSize(const std::string& path) {
   struct stat st;
@@ -32,7 +44,13 @@ Status CheckKey(const BuildKey& key) {
 }  // namespace
 
 std::string BuildCache::EntryDir(const BuildKey& key) const {
-  return root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
+  std::string dir = root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
+  if (!key.options.empty()) {
+    char hash[10];
+    std::snprintf(hash, sizeof hash, ".%08x", Fnv1a(key.options));
+    dir += hash;
+  }
+  return dir;
 }
 
 StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
@@ -48,6 +66,10 @@ StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
   auto m = nlohmann::json::parse(text, nullptr, false);
   if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
     return Corruption("cache entry " + e.dir + " has an unreadable manifest");
+  }
+  if (m.value("layout", 1) != kLayout) {
+    return Corruption("cache entry " + e.dir + " was written by an older aotid (layout " +
+                      std::to_string(m.value("layout", 1)) + ")");
   }
   for (const char* name : kEntryFiles) {
     auto want = m["files"].find(name);
@@ -65,7 +87,8 @@ StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
   auto spec = ModelSpec::FromJson(spec_text);
   if (!spec.ok()) return spec.status().WithContext("cache entry " + e.dir);
   e.spec = std::move(spec).value();
-  e.package_path = e.dir + "/model.pt2";
+  e.so_path = e.dir + "/model.so";
+  ASSIGN_OR_RETURN(e.package_json, fs::ReadFile(e.dir + "/package.json"));
   return e;
 }
 
@@ -86,6 +109,8 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
   manifest["package_model"] = key.package_model;
   manifest["device"] = key.device;
   manifest["fingerprint"] = key.fingerprint;
+  manifest["options"] = key.options;
+  manifest["layout"] = kLayout;
   for (const char* name : kEntryFiles) {
     auto size = FileSize(staging + "/" + name);
     if (!size.ok()) return fail(Corruption("build produced no " + std::string(name)));
@@ -96,7 +121,7 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
   auto spec = ModelSpec::FromJson(*spec_text);
   if (!spec.ok()) return fail(spec.status().WithContext("build output"));
   // Everything the worker wrote is fsynced before the manifest names it.
-  for (const char* name : {"model.pt2", "spec.json", "build.log"}) {
+  for (const char* name : {"model.so", "spec.json", "package.json", "build.log"}) {
     std::string p = staging + "/" + name;
     if (!fs::Exists(p)) continue;
     FILE* f = std::fopen(p.c_str(), "rb");
@@ -124,9 +149,46 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
   if (!s.ok()) return s;
   CacheEntry e;
   e.dir = dest;
-  e.package_path = dest + "/model.pt2";
+  e.so_path = dest + "/model.so";
   e.spec = std::move(spec).value();
+  auto package_json = fs::ReadFile(dest + "/package.json");
+  if (!package_json.ok()) return package_json.status();
+  e.package_json = std::move(package_json).value();
   return e;
+}
+
+std::vector<CacheListing> BuildCache::List() const {
+  std::vector<CacheListing> out;
+  std::error_code ec;
+  for (const auto& a : std::filesystem::directory_iterator(root_, ec)) {
+    std::string artifact = a.path().filename().string();
+    if (!a.is_directory() || !fs::IsSha256Hex(artifact)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(a.path(), ec)) {
+      if (!e.is_directory()) continue;
+      CacheListing l;
+      l.dir = e.path().string();
+      l.key.artifact = artifact;
+      for (const auto& f : std::filesystem::recursive_directory_iterator(e.path(), ec)) {
+        if (f.is_regular_file()) l.bytes += static_cast<int64_t>(f.file_size());
+      }
+      auto text = fs::ReadFile(l.dir + "/manifest.json");
+      auto m = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+      if (!m.is_object()) {
+        l.status = Corruption("no readable manifest (an interrupted or damaged entry)");
+      } else {
+        l.key.package_model = m.value("package_model", "");
+        l.key.device = m.value("device", "");
+        l.key.fingerprint = m.value("fingerprint", "");
+        l.key.options = m.value("options", "");
+        auto found = Lookup(l.key);
+        l.status = found.ok() ? Status::OK()
+                   : EntryDir(l.key) != l.dir ? Corruption("its manifest describes another entry")
+                                              : found.status();
+      }
+      out.push_back(std::move(l));
+    }
+  }
+  return out;
 }
 
 Status BuildCache::ClearStaging() const {

@@ -1,9 +1,10 @@
 // The cache of builds for this machine, under <store>/cache:
 //
-//   <artifact sha256>/<package model>.<device>.<fingerprint>/
-//       model.pt2     the AOTInductor package
+//   <artifact sha256>/<package model>.<device>.<fingerprint>[.<options hash>]/
+//       model.so      the compiled model with its weights, loaded in place
 //       spec.json     inputs and outputs (names, datatypes, shapes)
-//       build.log     the compile worker's output
+//       package.json  the package's metadata (AOTInductor's and the author's)
+//       build.log     the build's output
 //       manifest.json what the entry holds, with file sizes; written last
 //   .staging/         entries being built; never read, cleared at start
 //
@@ -24,12 +25,22 @@ struct BuildKey {
   std::string package_model;
   std::string device;  // "cpu", "cuda", "mps"
   std::string fingerprint;
+  std::string options;  // inductor options (JSON object text), "" for none
 };
 
 struct CacheEntry {
   std::string dir;
-  std::string package_path;  // dir + "/model.pt2"
+  std::string so_path;  // dir + "/model.so"
   ModelSpec spec;
+  std::string package_json;  // package.json as written by the build
+};
+
+// One entry as `aotid cache ls` shows it.
+struct CacheListing {
+  std::string dir;
+  BuildKey key;
+  int64_t bytes = 0;
+  Status status;  // ok, or what is wrong with it (missing files, older layout)
 };
 
 class BuildCache {
@@ -50,6 +61,9 @@ class BuildCache {
 
   // Removes every staging directory: at start, none of them can be live.
   Status ClearStaging() const;
+
+  // Every entry (complete or not) under the root.
+  std::vector<CacheListing> List() const;
 
   std::string EntryDir(const BuildKey& key) const;
   const std::string& root() const { return root_; }

@@ -37,6 +37,11 @@ std::string LogTail(const std::string& path, size_t max_lines = 15) {
   return (pos == std::string::npos || pos == 0) ? s : s.substr(pos + 1);
 }
 
+bool SameKey(const BuildKey& a, const BuildKey& b) {
+  return a.artifact == b.artifact && a.package_model == b.package_model && a.device == b.device &&
+         a.fingerprint == b.fingerprint && a.options == b.options;
+}
+
 }  // namespace
 
 struct Builder::Running {
@@ -47,8 +52,10 @@ struct Builder::Running {
   uv_timer_t timer{};
   int open_handles = 0;
   bool timed_out = false;
+  bool cancelled = false;
   int64_t started_ms = 0;
 };
+
 
 Builder::Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options)
     : loop_(loop), cache_(cache), options_(std::move(options)) {
@@ -82,6 +89,53 @@ void Builder::Shutdown() {
 }
 
 
+std::vector<std::string> Builder::Command(const BuildJob& job, const std::string& staging) const {
+  if (job.kind == "exported_program") {
+    return {options_.python, "-m", "aotid_worker.compile", "--artifact", job.artifact_path, "--out", staging,
+            "--device", job.key.device, "--package-model", job.key.package_model, "--inductor-options",
+            job.key.options, "--expect-torch", options_.torch_version};
+  }
+  return {options_.self_exe, "internal-build", "--artifact", job.artifact_path, "--out", staging,
+          "--kind", job.kind, "--device", job.key.device, "--package-model", job.key.package_model,
+          "--cxx", options_.cxx};
+}
+
+bool Builder::Cancel(const BuildKey& key) {
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    if (!SameKey(it->key, key)) continue;
+    BuildJob job = std::move(*it);
+    queue_.erase(it);
+    BuildResult res;
+    res.status = Unavailable("build cancelled before it started");
+    res.cancelled = true;
+    if (job.on_done) job.on_done(res);
+    return true;
+  }
+  for (Running* r : live_) {
+    if (!SameKey(r->job.key, key) || r->cancelled) continue;
+    r->cancelled = true;
+    uv_process_kill(&r->process, SIGKILL);
+    return true;
+  }
+  return false;
+}
+
+std::string Builder::Progress(const BuildKey& key) const {
+  for (const Running* r : live_) {
+    if (!SameKey(r->job.key, key)) continue;
+    // Both builds log "[aotid-...] step N/M: what" lines.
+    std::string step;
+    std::string tail = LogTail(r->staging + "/build.log", 40);
+    if (size_t pos = tail.rfind("] step "); pos != std::string::npos) {
+      size_t end = tail.find('\n', pos);
+      step = tail.substr(pos + 2, end == std::string::npos ? std::string::npos : end - pos - 2);
+    }
+    int64_t s = (SteadyMs() - r->started_ms) / 1000;
+    return (step.empty() ? std::string("started") : step) + " (" + std::to_string(s) + " s)";
+  }
+  return "";
+}
+
 void Builder::Start(BuildJob job) {
   auto fail_now = [](BuildJob& j, Status s, bool permanent) {
     BuildResult res;
@@ -93,6 +147,7 @@ void Builder::Start(BuildJob job) {
   if (!staging.ok()) return fail_now(job, staging.status(), false);
 
   auto* r = new Running{this, std::move(job), *staging};
+  std::vector<std::string> args = Command(r->job, r->staging);
   std::string log_path = r->staging + "/build.log";
   int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) {
@@ -103,10 +158,6 @@ void Builder::Start(BuildJob job) {
     return fail_now(j, s, false);
   }
 
-  std::vector<std::string> args = {options_.python, "-m", "aotid_worker.compile",
-                                   "--artifact", r->job.artifact_path, "--out", r->staging,
-                                   "--device", r->job.key.device, "--expect-torch",
-                                   options_.torch_version};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "PYTHONPATH=", 11) != 0 && std::strncmp(*e, "TORCHINDUCTOR_CACHE_DIR=", 24) != 0) {
@@ -143,8 +194,8 @@ void Builder::Start(BuildJob job) {
   int rc = uv_spawn(loop_, &r->process, &opts);
   ::close(log_fd);
   if (rc != 0) {
-    Status s = FailedPrecondition("cannot start the compile worker " + options_.python + ": " +
-                                  uv_strerror(rc) + " (set build.python in the config)");
+    Status s = FailedPrecondition("cannot start the build " + args[0] + ": " + uv_strerror(rc) +
+                                  (args[0] == options_.python ? " (set build.python in the config)" : ""));
     (void)fs::RemoveAll(r->staging);
     BuildJob j = std::move(r->job);
     // libuv needs the handle closed even after a failed spawn; r goes with it.
@@ -182,12 +233,15 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   } else {
     std::string tail = LogTail(r->staging + "/build.log");
     std::string why;
-    if (r->timed_out) {
+    if (r->cancelled) {
+      why = "build cancelled";
+      res.cancelled = true;
+    } else if (r->timed_out) {
       why = "build timed out after " + std::to_string(options_.timeout_s) + "s (build.timeout_s)";
     } else if (term_signal != 0) {
       why = "compile worker killed by signal " + std::to_string(term_signal);
     } else {
-      why = "compile worker exited with status " + std::to_string(exit_status);
+      why = "build exited with status " + std::to_string(exit_status);
       res.permanent = exit_status == kExitPermanent;
     }
     res.status = Internal(tail.empty() ? why : why + ":\n" + tail);

@@ -1,6 +1,8 @@
-// Runs builds as child processes on a libuv loop: the Python compile worker
-// for exported programs, with a time limit, a concurrency limit and the
-// worker's output captured in the entry's build.log.
+// Runs builds as child processes on a libuv loop, with a time limit, a
+// concurrency limit and the child's output captured in the entry's
+// build.log: the Python compile worker for exported programs, and aotid
+// itself (`aotid internal-build`, no Python) for AOTInductor packages, so a
+// package that crashes when run kills a child, never the daemon.
 //
 // All methods run on the loop thread, and completion callbacks run there too.
 #pragma once
@@ -23,11 +25,14 @@ struct BuilderOptions {
   std::string scratch_dir;    // inductor's own cache (TORCHINDUCTOR_CACHE_DIR)
   int jobs = 1;               // builds at once
   int timeout_s = 1800;       // a build running longer is killed
+  std::string self_exe;       // this aotid, for internal builds
+  std::string cxx = "c++";    // compiler for source packages
 };
 
 struct BuildResult {
   Status status;      // ok, or why the build failed with the log's last lines
   bool permanent = false;  // the artifact cannot be built; a retry will not help
+  bool cancelled = false;  // Cancel() stopped it
   CacheEntry entry;   // when ok
   int64_t duration_ms = 0;
 };
@@ -35,6 +40,7 @@ struct BuildResult {
 struct BuildJob {
   BuildKey key;
   std::string artifact_path;
+  std::string kind = "exported_program";  // or aoti_compiled, aoti_source
   std::function<void()> on_start;  // when the child process starts
   std::function<void(const BuildResult&)> on_done;
 };
@@ -50,6 +56,12 @@ class Builder {
   void Submit(BuildJob job);
   int running() const { return running_; }
   size_t queued() const { return queue_.size(); }
+  // Stops the build of `key`, queued or running; its callback runs with
+  // `cancelled` set. False when there is no such build.
+  bool Cancel(const BuildKey& key);
+  // The last step a running build of `key` reported ("step 3/4: compiling
+  // for cpu ..."), with its elapsed time; empty when it is not running.
+  std::string Progress(const BuildKey& key) const;
   // Kills running builds (their callbacks still run, with an error) and
   // drops queued ones.
   void Shutdown();
@@ -59,6 +71,7 @@ class Builder {
   void StartNext();
   void Start(BuildJob job);
   void Finish(Running* r, int64_t exit_status, int term_signal);
+  std::vector<std::string> Command(const BuildJob& job, const std::string& staging) const;
 
   uv_loop_t* loop_;
   const BuildCache* cache_;

@@ -86,21 +86,40 @@ HardwareInfo ProbeHardware(const std::string& cxx) {
   hw.compiler = version.substr(0, version.find('\n'));
   if (hw.os == "darwin" && hw.arch == "arm64") {
     hw.accelerators.push_back("mps: Apple Silicon GPU (Metal Performance Shaders)");
+    hw.mps_missing.clear();
   } else {
     hw.accelerators.push_back("mps: none (not Apple Silicon)");
+    hw.mps_missing = "this machine is not an Apple Silicon Mac";
   }
   std::ifstream gpus("/proc/driver/nvidia/version");
   bool nvidia = gpus.good();
   bool cpu_torch = hw.torch_version.find("+cpu") != std::string::npos;
   if (!nvidia) {
     hw.accelerators.push_back("cuda: none (no NVIDIA driver)");
+    hw.cuda_missing = "no NVIDIA driver";
   } else if (cpu_torch) {
     hw.accelerators.push_back("cuda: NVIDIA driver present, but this aotid's torch (" + hw.torch_version +
                               ") is a CPU build");
+    hw.cuda_missing = "this aotid's torch " + hw.torch_version + " is a CPU build";
   } else {
     hw.accelerators.push_back("cuda: NVIDIA driver present");
+    hw.cuda_missing.clear();
   }
   return hw;
+}
+
+Status DeviceAvailable(const HardwareInfo& hw, const std::string& device) {
+  if (device == "cpu") return Status::OK();
+  const std::string* missing = device == "mps" ? &hw.mps_missing : device == "cuda" ? &hw.cuda_missing : nullptr;
+  if (missing == nullptr) return InvalidArgument("unknown device '" + device + "'");
+  if (missing->empty()) return Status::OK();
+  return Unavailable("device '" + device + "' is not available here: " + *missing);
+}
+
+std::string AutoDevice(const HardwareInfo& hw) {
+  if (hw.mps_missing.empty()) return "mps";
+  if (hw.cuda_missing.empty()) return "cuda";
+  return "cpu";
 }
 
 std::string Fingerprint(const HardwareInfo& hw) {

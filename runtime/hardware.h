@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace aotid::runtime {
 
 struct HardwareInfo {
@@ -22,7 +24,16 @@ struct HardwareInfo {
   // Accelerators, one line each ("mps: Apple Silicon GPU", "cuda: none (...)").
   // Not part of the fingerprint: the device a build is for is in its cache key.
   std::vector<std::string> accelerators;
+  // Why each accelerator cannot be used here; empty when it can.
+  std::string mps_missing = "not probed";
+  std::string cuda_missing = "not probed";
 };
+
+// Ok when `device` (cpu, mps, cuda) can run models here; otherwise
+// Unavailable saying why ("device 'cuda' is not available here: no NVIDIA driver").
+Status DeviceAvailable(const HardwareInfo& hw, const std::string& device);
+// What `auto` means here: mps on Apple Silicon, cuda where present, else cpu.
+std::string AutoDevice(const HardwareInfo& hw);
 
 // Probes the machine. `cxx` is the compiler builds use (its version is part of
 // the fingerprint); the probe runs it once.

@@ -27,13 +27,19 @@ class LoadedModel {
 };
 
 struct LoadOptions {
-  std::string package_model = "model";
-  std::string device = "cpu";
-  int num_runners = 1;
+  std::string device = "cpu";  // the AOTInductor runner: cpu, cuda, mps
+  int num_runners = 1;         // model instances that run at once
+  int threads = 0;             // OpenMP threads per run; 0 leaves torch's default
 };
 
-// Loads an AOTInductor package from a cache entry. Errors name the package
-// and carry torch's message without its backtrace.
-StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, const LoadOptions& options);
+// Threads per run for a version: its own setting, else the cores shared
+// among its runners (at least one each), so runners x threads fits the
+// machine instead of every runner spinning a thread per core.
+int ThreadsPerRunner(int threads_setting, int num_runners, int cores);
+
+// Loads a cache entry's model.so in place (no copy, no extraction) through
+// the runner for its device. Errors name the file and carry torch's message
+// without its backtrace.
+StatusOr<std::unique_ptr<LoadedModel>> LoadCompiledModel(const CacheEntry& entry, const LoadOptions& options);
 
 }  // namespace aotid::runtime

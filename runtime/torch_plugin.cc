@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -24,7 +25,7 @@ std::string ExecutableDir() {
   return path.substr(0, path.rfind('/'));
 }
 
-StatusOr<LoadAotiPackageFn> Resolve() {
+StatusOr<LoadCompiledModelFn> Resolve() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("AOTID_TORCH_PLUGIN"); env && *env) {
     candidates.push_back(env);
@@ -46,7 +47,7 @@ StatusOr<LoadAotiPackageFn> Resolve() {
       tried += "\n  " + path + ": " + ::dlerror();
       continue;
     }
-    auto fn = reinterpret_cast<LoadAotiPackageFn>(::dlsym(handle, kTorchPluginEntry));
+    auto fn = reinterpret_cast<LoadCompiledModelFn>(::dlsym(handle, kTorchPluginEntry));
     if (fn == nullptr) {
       tried += "\n  " + path + ": no " + kTorchPluginEntry + " (a plugin from another aotid version?)";
       continue;  // never unloaded: its code may be running
@@ -63,10 +64,15 @@ StatusOr<LoadAotiPackageFn> Resolve() {
 
 bool TorchPluginLoaded() { return g_loaded.load(); }
 
+int ThreadsPerRunner(int threads_setting, int num_runners, int cores) {
+  if (threads_setting > 0) return threads_setting;
+  return std::max(1, cores / std::max(1, num_runners));
+}
+
 namespace {
-const StatusOr<LoadAotiPackageFn>& Plugin() {
+const StatusOr<LoadCompiledModelFn>& Plugin() {
   static std::once_flag once;
-  static StatusOr<LoadAotiPackageFn> fn = Status(StatusCode::kInternal, "not resolved");
+  static StatusOr<LoadCompiledModelFn> fn = Status(StatusCode::kInternal, "not resolved");
   std::call_once(once, [] { fn = Resolve(); });
   return fn;
 }
@@ -77,7 +83,7 @@ StatusOr<std::string> LoadTorchPlugin() {
   return g_path;
 }
 
-StatusOr<std::unique_ptr<LoadedModel>> LoadAotiPackage(const CacheEntry& entry, const LoadOptions& options) {
+StatusOr<std::unique_ptr<LoadedModel>> LoadCompiledModel(const CacheEntry& entry, const LoadOptions& options) {
   const auto& fn = Plugin();
   if (!fn.ok()) return fn.status();
   return (*fn)(entry, options);

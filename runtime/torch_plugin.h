@@ -16,8 +16,8 @@
 namespace aotid::runtime {
 
 // The plugin's one entry point. Bump the name when its signature changes.
-using LoadAotiPackageFn = StatusOr<std::unique_ptr<LoadedModel>> (*)(const CacheEntry&, const LoadOptions&);
-inline constexpr char kTorchPluginEntry[] = "aotid_torch_load_package_v1";
+using LoadCompiledModelFn = StatusOr<std::unique_ptr<LoadedModel>> (*)(const CacheEntry&, const LoadOptions&);
+inline constexpr char kTorchPluginEntry[] = "aotid_torch_load_v2";
 
 // Whether the plugin is loaded in this process (for tests and `doctor`).
 bool TorchPluginLoaded();

@@ -15,6 +15,8 @@
 #include <thread>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "base/crash_point.h"
 #include "base/fs.h"
 
@@ -80,12 +82,38 @@ const char* const kMigrations[] = {
     R"sql(
     ALTER TABLE models ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1 CHECK(enabled IN (0, 1));
     )sql",
+    // 3 -> 4: threads per runner and inductor options per version; builds
+    // keyed by device and options too (a fallback build for the CPU sits
+    // beside the failed one for the device), with their progress and the
+    // number of attempts.
+    R"sql(
+    ALTER TABLE versions ADD COLUMN threads INTEGER NOT NULL DEFAULT 0 CHECK(threads >= 0);
+    ALTER TABLE versions ADD COLUMN inductor_options TEXT NOT NULL DEFAULT '';
+    CREATE TABLE builds4(
+      artifact TEXT NOT NULL REFERENCES artifacts(sha256) ON DELETE CASCADE,
+      package_model TEXT NOT NULL,
+      fingerprint TEXT NOT NULL,
+      device TEXT NOT NULL,
+      options TEXT NOT NULL DEFAULT '',
+      state TEXT NOT NULL,
+      error TEXT NOT NULL DEFAULT '',
+      started_at_ms INTEGER NOT NULL DEFAULT 0,
+      finished_at_ms INTEGER NOT NULL DEFAULT 0,
+      progress TEXT NOT NULL DEFAULT '',
+      attempts INTEGER NOT NULL DEFAULT 0,
+      PRIMARY KEY(artifact, package_model, fingerprint, device, options));
+    INSERT INTO builds4(artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms,
+                        attempts)
+      SELECT artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms, 1 FROM builds;
+    DROP TABLE builds;
+    ALTER TABLE builds4 RENAME TO builds;
+    )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
 constexpr char kVersionColumns[] =
     "m.name, v.version, v.artifact, a.kind, v.package_model, a.size, v.device, v.fallback_cpu, "
-    "v.num_runners, v.max_batch_size, v.max_batch_delay_us, v.created_at_ms "
+    "v.num_runners, v.max_batch_size, v.max_batch_delay_us, v.created_at_ms, v.threads, v.inductor_options "
     "FROM versions v JOIN models m ON m.id = v.model_id JOIN artifacts a ON a.sha256 = v.artifact";
 
 ModelVersion ReadVersion(const Stmt& s) {
@@ -102,6 +130,8 @@ ModelVersion ReadVersion(const Stmt& s) {
   v.settings.max_batch_size = static_cast<int>(s.Int(9));
   v.settings.max_batch_delay_us = static_cast<int>(s.Int(10));
   v.created_at_ms = s.Int(11);
+  v.settings.threads = static_cast<int>(s.Int(12));
+  v.settings.inductor_options = s.Text(13);
   return v;
 }
 
@@ -127,16 +157,20 @@ Status ApplySetting(VersionSettings* s, const std::string& key, const std::strin
     s->device = value;
   } else if (key == "fallback_cpu") {
     ASSIGN_OR_RETURN(s->fallback_cpu, ParseBool(key, value));
-  } else if (key == "num_runners" || key == "max_batch_size" || key == "max_batch_delay_us") {
+  } else if (key == "num_runners" || key == "max_batch_size" || key == "max_batch_delay_us" || key == "threads") {
     ASSIGN_OR_RETURN(int64_t v, ParseInt(key, value));
     if (v < 0 || v > 1'000'000'000) return InvalidArgument(key + " " + value + " is out of range");
     int& field = key == "num_runners" ? s->num_runners
-                 : key == "max_batch_size" ? s->max_batch_size : s->max_batch_delay_us;
+                 : key == "max_batch_size" ? s->max_batch_size
+                 : key == "threads" ? s->threads : s->max_batch_delay_us;
     field = static_cast<int>(v);
+  } else if (key.rfind(kInductorPrefix, 0) == 0) {
+    ASSIGN_OR_RETURN(s->inductor_options,
+                     SetInductorOption(s->inductor_options, key.substr(std::strlen(kInductorPrefix)), value));
   } else {
     return InvalidArgument("unknown setting '" + key +
-                           "'; known: device, fallback_cpu, num_runners, max_batch_size, "
-                           "max_batch_delay_us, version_policy, enabled");
+                           "'; known: device, fallback_cpu, num_runners, threads, max_batch_size, "
+                           "max_batch_delay_us, inductor.<option>, version_policy, enabled");
   }
   return Status::OK();
 }
@@ -157,6 +191,11 @@ std::vector<std::tuple<std::string, std::string, std::string>> Diff(const Versio
   if (a.max_batch_delay_us != b.max_batch_delay_us) {
     out.emplace_back("max_batch_delay_us", std::to_string(a.max_batch_delay_us),
                      std::to_string(b.max_batch_delay_us));
+  }
+  if (a.threads != b.threads) out.emplace_back("threads", std::to_string(a.threads), std::to_string(b.threads));
+  if (a.inductor_options != b.inductor_options) {
+    auto shown = [](const std::string& o) { return o.empty() ? std::string("{}") : o; };
+    out.emplace_back("inductor_options", shown(a.inductor_options), shown(b.inductor_options));
   }
   return out;
 }
@@ -317,7 +356,51 @@ Status ValidateSettings(const VersionSettings& s) {
     return InvalidArgument("max_batch_delay_us must be between 0 and 1000000, got " +
                            std::to_string(s.max_batch_delay_us));
   }
+  if (s.threads < 0 || s.threads > 1024) {
+    return InvalidArgument("threads must be between 0 (one share of the cores per runner) and 1024, got " +
+                           std::to_string(s.threads));
+  }
+  if (!s.inductor_options.empty()) {
+    auto j = nlohmann::json::parse(s.inductor_options, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      return InvalidArgument("inductor_options must be a JSON object, got '" + s.inductor_options + "'");
+    }
+    for (const auto& [k, v] : j.items()) RETURN_IF_ERROR(ValidateInductorOption(k, v.dump()));
+  }
   return Status::OK();
+}
+
+Status ValidateInductorOption(std::string_view name, std::string_view json_value) {
+  bool ok = !name.empty() && name.size() <= 128 && name.front() != '.' && name.back() != '.' &&
+            name.find("..") == std::string_view::npos;
+  for (char c : name) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  if (!ok) {
+    return InvalidArgument("inductor option '" + std::string(name) +
+                           "' is not a dotted name like max_autotune or cpp.simdlen");
+  }
+  auto v = nlohmann::json::parse(json_value, nullptr, false);
+  if (v.is_discarded() || v.is_structured()) {
+    return InvalidArgument("inductor option " + std::string(name) + " must be a number, true, false or a string");
+  }
+  return Status::OK();
+}
+
+StatusOr<std::string> SetInductorOption(const std::string& options, const std::string& name,
+                                        const std::string& value) {
+  nlohmann::json obj = nlohmann::json::object();
+  if (!options.empty()) {
+    obj = nlohmann::json::parse(options, nullptr, false);
+    if (obj.is_discarded() || !obj.is_object()) return InvalidArgument("stored inductor_options are not a JSON object");
+  }
+  if (value.empty()) {
+    obj.erase(name);
+  } else {
+    auto v = nlohmann::json::parse(value, nullptr, false);
+    if (v.is_discarded()) v = value;  // a bare word is a string
+    RETURN_IF_ERROR(ValidateInductorOption(name, v.dump()));
+    obj[name] = v;
+  }
+  return obj.empty() ? std::string() : obj.dump();  // nlohmann orders keys: canonical
 }
 
 std::string FormatVersionPolicy(const VersionPolicy& p) {
@@ -422,20 +505,16 @@ std::string ModelStore::BlobPath(const std::string& sha256) const {
   return dir_ + "/blobs/sha256/" + sha256;
 }
 
-StatusOr<std::string> ModelStore::CheckAddRequest(const AddRequest& req) {
+StatusOr<ModelStore::AddPlan> ModelStore::CheckAddRequest(const AddRequest& req) {
   RETURN_IF_ERROR(ValidateModelName(req.name));
   if (req.version) RETURN_IF_ERROR(ValidateVersion(*req.version));
   RETURN_IF_ERROR(ValidateSettings(req.settings));
   ASSIGN_OR_RETURN(PackageInfo info, InspectPackage(req.file));
-  if (info.kind != PackageKind::kExportedProgram) {
-    return InvalidArgument(req.file + " is an AOTInductor package (" + std::string(PackageKindName(info.kind)) +
-                           "); this aotid accepts exported programs (torch.export.save) only");
-  }
   std::string names;
   for (const auto& n : info.model_names) names += (names.empty() ? "" : ", ") + n;
   if (!req.package_model.empty()) {
     for (const auto& n : info.model_names) {
-      if (n == req.package_model) return n;
+      if (n == req.package_model) return AddPlan{n, info.kind};
     }
     return NotFound(req.file + " has no model '" + req.package_model + "' (it holds: " + names + ")");
   }
@@ -443,11 +522,12 @@ StatusOr<std::string> ModelStore::CheckAddRequest(const AddRequest& req) {
     return InvalidArgument(req.file + " holds " + std::to_string(info.model_names.size()) + " models (" + names +
                            "); choose one with --package-model");
   }
-  return info.model_names[0];
+  return AddPlan{info.model_names[0], info.kind};
 }
 
 StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
-  ASSIGN_OR_RETURN(std::string package_model, CheckAddRequest(req));
+  ASSIGN_OR_RETURN(AddPlan plan, CheckAddRequest(req));
+  const std::string& package_model = plan.package_model;
   struct stat st;
   if (::stat(req.file.c_str(), &st) != 0) return ErrnoError("stat " + req.file, errno);
 
@@ -477,7 +557,7 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
-    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, PackageKindName(PackageKind::kExportedProgram))
+    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, PackageKindName(plan.kind))
                         .Bind(3, int64_t{st.st_size}).Bind(4, now).Run());
   }
   {
@@ -496,12 +576,13 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
     version = req.version.value_or(s.Int(1) + 1);
     ASSIGN_OR_RETURN(Stmt ins, db_->Prepare(
         "INSERT INTO versions(model_id, version, artifact, package_model, device, fallback_cpu, num_runners, "
-        "max_batch_size, max_batch_delay_us, created_at_ms) VALUES(?,?,?,?,?,?,?,?,?,?)"));
+        "max_batch_size, max_batch_delay_us, created_at_ms, threads, inductor_options) "
+        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?)"));
     const VersionSettings& vs = req.settings;
     Status st_ins = ins.Bind(1, model_id).Bind(2, version).Bind(3, sha).Bind(4, package_model)
                         .Bind(5, vs.device).Bind(6, int64_t{vs.fallback_cpu}).Bind(7, int64_t{vs.num_runners})
                         .Bind(8, int64_t{vs.max_batch_size}).Bind(9, int64_t{vs.max_batch_delay_us})
-                        .Bind(10, now).Run();
+                        .Bind(10, now).Bind(11, int64_t{vs.threads}).Bind(12, vs.inductor_options).Run();
     if (st_ins.code() == StatusCode::kAlreadyExists) return duplicate(version);
     RETURN_IF_ERROR(st_ins);
   }
@@ -535,7 +616,7 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   mv.model = req.name;
   mv.version = version;
   mv.artifact = sha;
-  mv.kind = PackageKind::kExportedProgram;
+  mv.kind = plan.kind;
   mv.package_model = package_model;
   mv.size = st.st_size;
   mv.settings = req.settings;
@@ -640,10 +721,12 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
     if (diff.empty()) continue;
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "UPDATE versions SET device = ?, fallback_cpu = ?, num_runners = ?, max_batch_size = ?, "
-        "max_batch_delay_us = ? WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
+        "max_batch_delay_us = ?, threads = ?, inductor_options = ? "
+        "WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
     RETURN_IF_ERROR(s.Bind(1, next.device).Bind(2, int64_t{next.fallback_cpu}).Bind(3, int64_t{next.num_runners})
                         .Bind(4, int64_t{next.max_batch_size}).Bind(5, int64_t{next.max_batch_delay_us})
-                        .Bind(6, v->version).Bind(7, name).Run());
+                        .Bind(6, int64_t{next.threads}).Bind(7, next.inductor_options)
+                        .Bind(8, v->version).Bind(9, name).Run());
     std::string what;
     for (const auto& [key, from, to] : diff) {
       std::string line = key + " " + from + " -> " + to;
@@ -800,10 +883,11 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
 Status ModelStore::PutBuild(const BuildRecord& b) {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
       "INSERT OR REPLACE INTO builds(artifact, package_model, fingerprint, device, state, error, "
-      "started_at_ms, finished_at_ms) SELECT ?1,?2,?3,?4,?5,?6,?7,?8 "
+      "started_at_ms, finished_at_ms, options, progress, attempts) SELECT ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11 "
       "WHERE EXISTS(SELECT 1 FROM artifacts WHERE sha256 = ?1)"));  // gc may have removed it meanwhile
   return s.Bind(1, b.artifact).Bind(2, b.package_model).Bind(3, b.fingerprint).Bind(4, b.device)
-      .Bind(5, BuildStateName(b.state)).Bind(6, b.error).Bind(7, b.started_at_ms).Bind(8, b.finished_at_ms).Run();
+      .Bind(5, BuildStateName(b.state)).Bind(6, b.error).Bind(7, b.started_at_ms).Bind(8, b.finished_at_ms)
+      .Bind(9, b.options).Bind(10, b.progress).Bind(11, int64_t{b.attempts}).Run();
 }
 
 namespace {
@@ -817,25 +901,32 @@ BuildRecord ReadBuild(const Stmt& s) {
   b.error = s.Text(5);
   b.started_at_ms = s.Int(6);
   b.finished_at_ms = s.Int(7);
+  b.options = s.Text(8);
+  b.progress = s.Text(9);
+  b.attempts = static_cast<int>(s.Int(10));
   return b;
 }
 constexpr char kBuildColumns[] =
-    "SELECT artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms FROM builds ";
+    "SELECT artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms, options, "
+    "progress, attempts FROM builds ";
 }  // namespace
 
 StatusOr<std::optional<BuildRecord>> ModelStore::GetBuild(const std::string& artifact,
                                                           const std::string& package_model,
-                                                          const std::string& fingerprint) {
+                                                          const std::string& fingerprint,
+                                                          const std::string& device,
+                                                          const std::string& options) {
   ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) +
-                                        "WHERE artifact = ? AND package_model = ? AND fingerprint = ?"));
-  s.Bind(1, artifact).Bind(2, package_model).Bind(3, fingerprint);
+                                        "WHERE artifact = ? AND package_model = ? AND fingerprint = ? "
+                                        "AND device = ? AND options = ?"));
+  s.Bind(1, artifact).Bind(2, package_model).Bind(3, fingerprint).Bind(4, device).Bind(5, options);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::optional<BuildRecord>();
   return std::optional<BuildRecord>(ReadBuild(s));
 }
 
 StatusOr<std::vector<BuildRecord>> ModelStore::ListBuilds(const std::string& artifact) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) + "WHERE artifact = ? ORDER BY fingerprint"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) + "WHERE artifact = ? ORDER BY fingerprint, device, options"));
   s.Bind(1, artifact);
   return s.Collect<BuildRecord>(ReadBuild);
 }

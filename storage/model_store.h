@@ -33,7 +33,7 @@ namespace aotid::storage {
 
 // The schema version this binary writes. Older stores are migrated forward on
 // open; a newer one is refused.
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 
 // Model names: 1-128 characters of [A-Za-z0-9_.-], starting with a letter or
 // digit, with no "..". They appear in URLs and file names, so nothing else.
@@ -50,10 +50,25 @@ struct VersionSettings {
   int num_runners = 1;           // num_runners: concurrent model instances, 1-64
   int max_batch_size = 1;        // max_batch_size: dynamic batching bound, 1 = off
   int max_batch_delay_us = 0;    // max_batch_delay_us: wait for a batch to fill, 0-1000000
+  int threads = 0;               // threads: CPU threads per runner; 0 = the cores shared among runners
+  // inductor.<option>: AOTInductor options for the build, as a JSON object
+  // with sorted keys ("" = none). Part of the build's cache key.
+  std::string inductor_options;
 
   bool operator==(const VersionSettings&) const = default;
 };
 Status ValidateSettings(const VersionSettings& s);
+
+// `aotid set NAME inductor.cpp.simdlen=8`: the prefix of inductor options.
+inline constexpr char kInductorPrefix[] = "inductor.";
+// Option names are dotted identifiers (max_autotune, cpp.simdlen); values
+// are JSON scalars. Whether torch knows the option is checked by the build.
+Status ValidateInductorOption(std::string_view name, std::string_view json_value);
+// Sets (or, with an empty value, removes) one option in a JSON object text,
+// returning the new canonical text ("" when no option is left). A value that
+// is not JSON is taken as a string.
+StatusOr<std::string> SetInductorOption(const std::string& options, const std::string& name,
+                                        const std::string& value);
 
 // Which versions of a model are served.
 struct VersionPolicy {
@@ -99,6 +114,9 @@ struct BuildRecord {
   std::string error;
   int64_t started_at_ms = 0;
   int64_t finished_at_ms = 0;
+  std::string options;   // the inductor options it was built with
+  std::string progress;  // while building: the build's last step
+  int attempts = 0;      // builds tried for this key, retries included
 };
 
 struct Event {
@@ -138,8 +156,12 @@ class ModelStore {
 
   // Checks the request and the file without touching any store: the name,
   // version and settings, and that the file is a package aotid can add.
-  // Returns the package model the version will serve.
-  static StatusOr<std::string> CheckAddRequest(const AddRequest& req);
+  // Returns the package model the version will serve and the package kind.
+  struct AddPlan {
+    std::string package_model;
+    PackageKind kind;
+  };
+  static StatusOr<AddPlan> CheckAddRequest(const AddRequest& req);
 
   // Validates the request and the file, copies the file into the blob
   // directory and records the version. On any error the store is unchanged
@@ -176,11 +198,12 @@ class ModelStore {
   std::string BlobPath(const std::string& sha256) const;
   std::string CacheDir() const { return dir_ + "/cache"; }
 
-  // Inserts or replaces the build row for (artifact, package_model, fingerprint).
+  // Inserts or replaces the build row for (artifact, package_model, fingerprint, device, options).
   Status PutBuild(const BuildRecord& b);
   StatusOr<std::optional<BuildRecord>> GetBuild(const std::string& artifact,
                                                 const std::string& package_model,
-                                                const std::string& fingerprint);
+                                                const std::string& fingerprint, const std::string& device,
+                                                const std::string& options = "");
   // Every build row of an artifact, any machine.
   StatusOr<std::vector<BuildRecord>> ListBuilds(const std::string& artifact);
 

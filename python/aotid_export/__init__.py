@@ -10,6 +10,22 @@ and aotid compiles them with AOTInductor for whatever hardware it runs on.
 
 Names and metadata travel inside the archive (``extra/aotid.json``); aotid
 uses the names in its HTTP API.
+
+``format`` picks the package kind:
+
+* ``"exported_program"`` (default): portable; aotid compiles it for each
+  machine, with per-model inductor options.
+* ``"aoti"``: compiled here with AOTInductor into a ``.so`` for *this*
+  machine's OS, CPU architecture and vector ISA; aotid loads it as is on a
+  machine that matches and refuses it, with the reason, on one that does not.
+* ``"aoti_source"``: AOTInductor's C++ (``aot_inductor.package_cpp_only``);
+  aotid compiles it with the local C++ compiler, no Python needed.
+
+For the two AOTInductor kinds the archive also records every input's and
+output's datatype and shape, which a compiled model does not carry.
+
+``export_many`` writes several models into one exported-program package;
+``aotid add --package-model NAME`` picks one.
 """
 
 from __future__ import annotations
@@ -19,7 +35,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-__all__ = ["export", "AOTID_EXTRA_FILE"]
+__all__ = ["export", "export_many", "AOTID_EXTRA_FILE", "FORMATS"]
+
+FORMATS = ("exported_program", "aoti", "aoti_source")
 
 AOTID_EXTRA_FILE = "aotid.json"
 MAX_DYNAMIC_BATCH = 1 << 16
@@ -40,22 +58,8 @@ def _input_names(model: torch.nn.Module, n: int, given: Sequence[str] | None) ->
     return params[:n] if len(params) >= n else [f"input{i}" for i in range(n)]
 
 
-def export(
-    model: torch.nn.Module,
-    example_inputs: Sequence[torch.Tensor],
-    path: str,
-    *,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    dynamic_batch: bool = False,
-    metadata: Mapping[str, Any] | None = None,
-) -> torch.export.ExportedProgram:
-    """Exports ``model`` called on ``example_inputs`` to ``path``.
-
-    Every input must be a tensor and the model must return a tensor or a
-    tuple/list of tensors. With ``dynamic_batch``, dim 0 of every input is
-    dynamic (1 to 65536), so the served model takes any batch size.
-    """
+def _export_program(model, example_inputs, input_names, output_names, dynamic_batch):
+    """The exported program and the names aotid will show."""
     example_inputs = tuple(example_inputs)
     for i, t in enumerate(example_inputs):
         if not isinstance(t, torch.Tensor):
@@ -74,11 +78,82 @@ def export(
     n_out = len(ep.graph_signature.user_outputs)
     if output_names is not None and len(output_names) != n_out:
         raise ValueError(f"output_names has {len(output_names)} names; the model returns {n_out} outputs")
-    extra = {
-        "format": 1,
-        "input_names": names,
-        "output_names": list(output_names) if output_names is not None else None,
-        "metadata": dict(metadata or {}),
-    }
-    torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})
+    return ep, {"input_names": names, "output_names": list(output_names) if output_names is not None else None}
+
+
+def export(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    path: str,
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    dynamic_batch: bool = False,
+    metadata: Mapping[str, Any] | None = None,
+    format: str = "exported_program",
+    inductor_configs: Mapping[str, Any] | None = None,
+) -> torch.export.ExportedProgram:
+    """Exports ``model`` called on ``example_inputs`` to ``path``.
+
+    Every input must be a tensor and the model must return a tensor or a
+    tuple/list of tensors. With ``dynamic_batch``, dim 0 of every input is
+    dynamic (1 to 65536), so the served model takes any batch size.
+    ``inductor_configs`` applies to the two AOTInductor formats.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    ep, names = _export_program(model, example_inputs, input_names, output_names, dynamic_batch)
+    extra = {"format": 1, **names, "metadata": dict(metadata or {})}
+    if format == "exported_program":
+        torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})
+        return ep
+    _compile_aoti(ep, names, extra, path, format == "aoti_source", dict(inductor_configs or {}))
     return ep
+
+
+def export_many(
+    models: Mapping[str, tuple[torch.nn.Module, Sequence[torch.Tensor], Mapping[str, Any]]],
+    path: str,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+) -> None:
+    """Writes several models into one exported-program package.
+
+    ``models`` maps each package model name to ``(module, example_inputs,
+    options)``, where options are ``export``'s keyword arguments
+    ``input_names``, ``output_names`` and ``dynamic_batch``.
+    """
+    from torch.export.pt2_archive._package import package_pt2
+
+    programs, per_model = {}, {}
+    for name, (model, example_inputs, options) in models.items():
+        programs[name], per_model[name] = _export_program(
+            model, example_inputs, options.get("input_names"), options.get("output_names"),
+            options.get("dynamic_batch", False))
+    extra = {"format": 1, "models": per_model, "metadata": dict(metadata or {})}
+    package_pt2(path, exported_programs=programs, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})
+
+
+def _compile_aoti(ep, names, extra, path, source_only, configs):
+    """Compiles with AOTInductor and records the interface beside the code."""
+    import os
+    import tempfile
+    import zipfile
+
+    from aotid_worker.compile import model_spec
+
+    spec = model_spec(ep, names)
+    configs.setdefault("cpp.dynamic_threads", True)  # aotid sets threads per model when it loads it
+    if source_only:
+        configs["aot_inductor.package_cpp_only"] = True
+    with tempfile.TemporaryDirectory() as tmp:
+        built = os.path.join(tmp, "model.pt2")
+        with torch.no_grad():
+            torch._inductor.aoti_compile_and_package(ep, package_path=built, inductor_configs=configs)
+        with zipfile.ZipFile(built) as src:
+            root = src.namelist()[0].split("/")[0]
+            with zipfile.ZipFile(path, "w") as dst:
+                for item in src.infolist():
+                    dst.writestr(item, src.read(item.filename))
+                dst.writestr(f"{root}/extra/{AOTID_EXTRA_FILE}",
+                             json.dumps({**extra, "models": {"model": spec}}))

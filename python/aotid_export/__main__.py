@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import export
+from . import FORMATS, export
 
 _INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]+)\[([0-9, ]*)\]$")
 
@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-name", action="append", default=None, metavar="NAME")
     p.add_argument("--dynamic-batch", action="store_true", help="make dim 0 of every input dynamic")
     p.add_argument("--metadata", default="{}", help="JSON object stored with the model")
+    p.add_argument("--format", choices=FORMATS, default="exported_program",
+                   help="exported_program (portable, compiled by aotid on each machine), aoti (compiled here "
+                        "for this machine), aoti_source (C++ that aotid compiles without Python)")
     p.add_argument("-o", "--out", required=True)
     args = p.parse_args(argv)
 
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     model = factory()
     names, inputs = zip(*(_example(s) for s in args.input))
     export(model, inputs, args.out, input_names=names, output_names=args.output_name,
-           dynamic_batch=args.dynamic_batch, metadata=json.loads(args.metadata))
+           dynamic_batch=args.dynamic_batch, metadata=json.loads(args.metadata), format=args.format)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -4,8 +4,12 @@ AOTInductor package for this machine.
 The daemon runs it as a child process with a time limit and captures its
 output into the build log. It writes into --out (a fresh staging directory):
 
-    model.pt2   the AOTInductor package
-    spec.json   {"inputs": [...], "outputs": [...]}: name, datatype, shape (-1 = dynamic)
+    model.so      the compiled model, weights inside, loaded by the daemon as is
+    spec.json     {"inputs": [...], "outputs": [...]}: name, datatype, shape (-1 = dynamic)
+    package.json  the package's metadata: AOTInductor's and the author's own
+
+Progress goes to stderr as "[aotid-worker] step N/4: ..." lines, which the
+daemon shows while the build runs.
 
 Exit status: 0 built; 2 the artifact cannot be built (the message says why,
 retrying will not help); anything else is a failure that may pass on retry.
@@ -76,8 +80,80 @@ def model_spec(ep, extra: dict) -> dict:
     return {"inputs": inputs, "outputs": outputs}
 
 
+def write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def inductor_configs(text: str) -> dict:
+    """The version's inductor options, over aotid's defaults."""
+    import torch._inductor.config as config
+
+    # Kernels read the OpenMP thread count at run time, so the daemon picks
+    # threads per runner when it loads the model, not the build machine.
+    opts = {"cpp.dynamic_threads": True}
+    user = json.loads(text) if text else {}
+    for name in user:
+        obj = config
+        for part in name.split(".")[:-1]:
+            obj = getattr(obj, part, None)
+        if obj is None or not hasattr(obj, name.split(".")[-1]):
+            raise BuildError(f"unknown inductor option '{name}' (torch {torch_version()})")
+    opts.update(user)
+    return opts
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def extract_build(pkg: str, out: str, package_model: str) -> dict:
+    """Takes the compiled .so and AOTInductor's metadata out of the package."""
+    import zipfile
+
+    meta = {}
+    with zipfile.ZipFile(pkg) as z:
+        sos = [n for n in z.namelist() if f"/data/aotinductor/{package_model}/" in n and n.endswith(".so")]
+        if len(sos) != 1:
+            raise BuildError(f"the compiled package holds {len(sos)} .so files for '{package_model}', expected 1")
+        with z.open(sos[0]) as src, open(os.path.join(out, "model.so"), "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        for n in z.namelist():
+            if f"/data/aotinductor/{package_model}/" in n and n.endswith("wrapper_metadata.json"):
+                meta = json.loads(z.read(n))
+    return meta
+
+
+def load_program(path: str, package_model: str):
+    from torch.export.pt2_archive._package import load_pt2
+
+    try:
+        contents = load_pt2(path)
+    except Exception as e:  # a damaged or foreign archive
+        raise BuildError(f"cannot load exported program: {e}") from e
+    programs = contents.exported_programs
+    if package_model not in programs:
+        raise BuildError(f"the package has no model '{package_model}' (it has: {', '.join(sorted(programs))})")
+    extra_text = contents.extra_files.get("aotid.json", "")
+    if isinstance(extra_text, bytes):
+        extra_text = extra_text.decode()
+    extra = json.loads(extra_text) if extra_text else {}
+    # A multi-model package names each model's inputs and outputs under "models".
+    per_model = extra.get("models", {}).get(package_model, {})
+    names = {**extra, **per_model}
+    return programs[package_model], names, extra.get("metadata", {})
+
+
 def build(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
+    log("step 1/4: loading torch")
     import torch
 
     if args.expect_torch and torch.__version__ != args.expect_torch:
@@ -85,29 +161,35 @@ def build(args: argparse.Namespace) -> None:
                          f"{args.expect_torch}; point build.python at a Python with torch=={args.expect_torch}")
     log(f"torch {torch.__version__} loaded in {time.monotonic() - t0:.1f}s")
 
-    extra_files = {"aotid.json": ""}
-    try:
-        ep = torch.export.load(args.artifact, extra_files=extra_files)
-    except Exception as e:  # a damaged or foreign archive
-        raise BuildError(f"cannot load exported program: {e}") from e
-    extra = json.loads(extra_files["aotid.json"]) if extra_files["aotid.json"] else {}
-    spec = model_spec(ep, extra)
+    log("step 2/4: loading the exported program")
+    ep, names, author = load_program(args.artifact, args.package_model)
+    spec = model_spec(ep, names)
     log(f"exported program loaded: {len(spec['inputs'])} inputs, {len(spec['outputs'])} outputs")
+    configs = inductor_configs(args.inductor_options)
 
     if args.device != "cpu":
         from torch.export.passes import move_to_device_pass
         ep = move_to_device_pass(ep, args.device)
 
+    log(f"step 3/4: compiling for {args.device} with AOTInductor ({json.dumps(configs, sort_keys=True)})")
     t1 = time.monotonic()
-    out_pkg = os.path.join(args.out, "model.pt2")
-    with torch.no_grad():
-        torch._inductor.aoti_compile_and_package(ep, package_path=out_pkg)
+    out_pkg = os.path.join(args.out, "compiled.pt2")
+    try:
+        with torch.no_grad():
+            torch._inductor.aoti_compile_and_package(ep, package_path=out_pkg, inductor_configs=configs)
+    except Exception as e:
+        # A lowering or C++ compile error is in the model: a retry would fail the same way.
+        raise BuildError(f"AOTInductor could not compile the model for {args.device}: "
+                         f"{type(e).__name__}: {str(e)[-2000:]}") from e
     log(f"compiled for {args.device} in {time.monotonic() - t1:.1f}s")
 
-    with open(os.path.join(args.out, "spec.json"), "w") as f:
-        json.dump(spec, f)
-        f.flush()
-        os.fsync(f.fileno())
+    log("step 4/4: writing the build")
+    aoti = extract_build(out_pkg, args.out, "model")
+    os.unlink(out_pkg)
+    write_json(os.path.join(args.out, "spec.json"), spec)
+    write_json(os.path.join(args.out, "package.json"),
+               {"kind": "exported_program", "package_model": args.package_model, "aoti": aoti,
+                "author": author, "inductor_options": configs})
 
 
 def die_with_parent() -> None:
@@ -128,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifact", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    p.add_argument("--package-model", default="model")
+    p.add_argument("--inductor-options", default="", help="JSON object of inductor config overrides")
     p.add_argument("--expect-torch", default="")
     args = p.parse_args(argv)
     try:

@@ -36,7 +36,7 @@ TEST(BuildFailure, MissingWorkerPythonFailsVersionWithReasonAndDaemonServes) {
   }
   ASSERT_EQ(ready.value("state", ""), "failed") << ready.dump() << "\n" << (*d)->Log();
   std::string why = ready.value("error", "");
-  EXPECT_NE(why.find("cannot start the compile worker /nonexistent/bin/python3"), std::string::npos) << why;
+  EXPECT_NE(why.find("cannot start the build /nonexistent/bin/python3"), std::string::npos) << why;
   EXPECT_NE(why.find("build.python"), std::string::npos) << why;
 
   auto infer = c.Post("/v2/models/mlp/infer", R"({"inputs":[]})", "application/json");

@@ -29,7 +29,13 @@ StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& o
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  // opts.env replaces variables of the same name.
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view var(*e);
+    bool replaced = false;
+    for (const auto& o : opts.env) replaced |= o.substr(0, o.find('=') + 1) == var.substr(0, var.find('=') + 1);
+    if (!replaced) env_strings.emplace_back(*e);
+  }
   env_strings.insert(env_strings.end(), opts.env.begin(), opts.env.end());
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
@@ -104,10 +110,10 @@ int WaitExitFor(pid_t pid, int timeout_s) {
 }
 
 StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::vector<std::string>& args,
-                                                              const std::string& log_path) {
+                                                              const std::string& log_path, const RunOptions& opts) {
   std::vector<std::string> full = {"serve"};
   full.insert(full.end(), args.begin(), args.end());
-  ASSIGN_OR_RETURN(pid_t pid, Spawn(full, log_path, {}));
+  ASSIGN_OR_RETURN(pid_t pid, Spawn(full, log_path, opts));
   std::unique_ptr<DaemonProcess> d(new DaemonProcess);
   d->pid_ = pid;
   d->log_path_ = log_path;
@@ -142,6 +148,15 @@ bool DaemonProcess::Alive() {
     return false;
   }
   return true;
+}
+
+int DaemonProcess::Kill() {
+  if (!Alive()) return exit_code_;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  exit_code_ = DecodeWait(status);
+  return exit_code_;
 }
 
 int DaemonProcess::Stop(int grace_s) {

@@ -12,7 +12,7 @@
 namespace aotid::testing {
 
 struct RunOptions {
-  std::vector<std::string> env;  // NAME=VALUE, added to this process's environment
+  std::vector<std::string> env;  // NAME=VALUE, replacing or adding to this process's environment
   // Drop the capabilities through which root ignores file modes, so that a
   // read-only directory is read-only even when the tests run as root.
   bool obey_file_modes = false;
@@ -37,7 +37,7 @@ class DaemonProcess {
   // Starts the daemon with `args` after "serve" and waits (bounded) for the
   // "serving on" line that carries the port.
   static StatusOr<std::unique_ptr<DaemonProcess>> Start(const std::vector<std::string>& args,
-                                                        const std::string& log_path);
+                                                        const std::string& log_path, const RunOptions& opts = {});
   ~DaemonProcess();
 
   int port() const { return port_; }
@@ -46,6 +46,8 @@ class DaemonProcess {
   // SIGTERM, then waits up to `grace_s` before SIGKILL. Returns the exit code
   // (128 + signal when killed by one).
   int Stop(int grace_s = 30);
+  // SIGKILL at once (a crash); returns 137.
+  int Kill();
 
  private:
   pid_t pid_ = -1;

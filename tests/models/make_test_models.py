@@ -10,6 +10,19 @@ against. Run once per test run (a ctest fixture); writes into --out:
     broken_program.pt2  mlp.pt2 with its program replaced by garbage: passes
                         the package check, fails its build
     empty.pt2         a zip archive with no model inside
+
+The model zoo (exported programs, each with eager outputs in cases.json):
+    conv.pt2      conv net, FP32 'image' [-1, 3, 16, 16] -> 'logits' [-1, 10]
+    block.pt2     transformer block (attention, layer norm), FP32 'tokens' [-1, 12, 32]
+    two_io.pt2    FP32 'x' [-1, 6] and INT64 'idx' [-1] -> 'scaled' FP32, 'counts' INT64
+    multi.pt2     two models in one package: 'encoder' and 'head'
+The AOTInductor kinds, all of mlp (cases "mlp"):
+    mlp_so.pt2       compiled package with aotid's extra/aotid.json
+    mlp_so_raw.pt2   the same without it: aotid reads the inputs from the C++
+    mlp_src.pt2      source package (aot_inductor.package_cpp_only)
+    broken_src.pt2   mlp_src.pt2 with C++ that does not compile
+    foreign_so.pt2   mlp_so.pt2 whose metadata names another CPU architecture
+    cuda_so.pt2      mlp_so.pt2 whose metadata names the cuda device
 """
 
 import argparse
@@ -41,6 +54,41 @@ class Embed(torch.nn.Module):
         return self.emb(ids).mean(dim=1) * 2.0
 
 
+class Conv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, image):
+        h = torch.relu(self.c2(torch.relu(self.c1(image))))
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: attention and an MLP, each with a residual."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 64), torch.nn.GELU(), torch.nn.Linear(64, d))
+
+    def forward(self, tokens):
+        h = self.ln1(tokens)
+        tokens = tokens + self.attn(h, h, h, need_weights=False)[0]
+        return tokens + self.mlp(self.ln2(tokens))
+
+
+class TwoIO(torch.nn.Module):
+    """Two inputs of different datatypes, two outputs."""
+
+    def forward(self, x, idx):
+        return x * (idx.unsqueeze(1).to(torch.float32) + 1.0), (x > 0).sum(dim=1) + idx
+
+
 class AllTypes(torch.nn.Module):
     """One input and one output of every datatype the protocol has numbers for."""
 
@@ -56,6 +104,85 @@ DATATYPES = {torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch
 
 def tensor_json(name, t):
     return {"name": name, "datatype": DATATYPES[t.dtype], "shape": list(t.shape), "data": t.flatten().tolist()}
+
+
+def eager_cases(model, inputs_list, in_names, out_names):
+    out = []
+    for inputs in inputs_list:
+        with torch.no_grad():
+            res = model(*inputs)
+        res = res if isinstance(res, tuple) else (res,)
+        out.append({"inputs": [tensor_json(n, t) for n, t in zip(in_names, inputs)],
+                    "outputs": [tensor_json(n, t) for n, t in zip(out_names, res)]})
+    return out
+
+
+def write_zoo(out, cases):
+    torch.manual_seed(7)
+    conv = Conv().eval()
+    aotid_export.export(conv, (torch.randn(2, 3, 16, 16),), os.path.join(out, "conv.pt2"),
+                        input_names=["image"], output_names=["logits"], dynamic_batch=True)
+    cases["conv"] = eager_cases(conv, [(torch.randn(b, 3, 16, 16),) for b in (1, 7)], ["image"], ["logits"])
+
+    block = Block().eval()
+    aotid_export.export(block, (torch.randn(2, 12, 32),), os.path.join(out, "block.pt2"),
+                        input_names=["tokens"], output_names=["hidden"], dynamic_batch=True)
+    cases["block"] = eager_cases(block, [(torch.randn(b, 12, 32),) for b in (1, 7)], ["tokens"], ["hidden"])
+
+    two = TwoIO().eval()
+    aotid_export.export(two, (torch.randn(2, 6), torch.tensor([1, 2])), os.path.join(out, "two_io.pt2"),
+                        input_names=["x", "idx"], output_names=["scaled", "counts"], dynamic_batch=True)
+    cases["two_io"] = eager_cases(two, [(torch.randn(b, 6), torch.randint(0, 9, (b,))) for b in (1, 7)],
+                                  ["x", "idx"], ["scaled", "counts"])
+
+    head = torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.Softmax(dim=1)).eval()
+    aotid_export.export_many({"encoder": (block, (torch.randn(2, 12, 32),),
+                                          {"input_names": ["tokens"], "output_names": ["hidden"],
+                                           "dynamic_batch": True}),
+                              "head": (head, (torch.randn(2, 6),), {"input_names": ["features"],
+                                                                   "output_names": ["probs"]})},
+                             os.path.join(out, "multi.pt2"), metadata={"suite": "multi-model test"})
+    cases["multi_encoder"] = cases["block"]
+    cases["multi_head"] = eager_cases(head, [(torch.randn(2, 6),)], ["features"], ["probs"])
+
+
+def rewrite_zip(src_path, dst_path, change):
+    """Copies an archive, passing each (name, bytes) through `change` (None drops it)."""
+    with zipfile.ZipFile(src_path) as src, zipfile.ZipFile(dst_path, "w") as dst:
+        for item in src.infolist():
+            data = change(item.filename, src.read(item.filename))
+            if data is not None:
+                dst.writestr(item, data)
+
+
+def write_aoti_kinds(out, mlp):
+    import platform
+
+    example = (torch.randn(2, 8),)
+    so = os.path.join(out, "mlp_so.pt2")
+    aotid_export.export(mlp, example, so, input_names=["x"], output_names=["y"], dynamic_batch=True,
+                        format="aoti", metadata={"purpose": "aotid test", "kind": "so"})
+    src = os.path.join(out, "mlp_src.pt2")
+    aotid_export.export(mlp, example, src, input_names=["x"], output_names=["y"], dynamic_batch=True,
+                        format="aoti_source")
+    rewrite_zip(so, os.path.join(out, "mlp_so_raw.pt2"),
+                lambda name, data: None if name.endswith("/extra/aotid.json") else data)
+    rewrite_zip(src, os.path.join(out, "broken_src.pt2"),
+                lambda name, data: b"#error this package is broken on purpose\n" + data
+                if name.endswith("wrapper.cpp") else data)
+
+    def set_meta(key, value):
+        def change(name, data):
+            if name.endswith("_metadata.json"):
+                meta = json.loads(data)
+                meta[key] = value
+                return json.dumps(meta).encode()
+            return data
+        return change
+
+    other_arch = "aarch64" if platform.machine() == "x86_64" else "x86_64"
+    rewrite_zip(so, os.path.join(out, "foreign_so.pt2"), set_meta("AOTI_MACHINE", other_arch))
+    rewrite_zip(so, os.path.join(out, "cuda_so.pt2"), set_meta("AOTI_DEVICE_KEY", "cuda"))
 
 
 def main():
@@ -121,6 +248,9 @@ def main():
         outs = alltypes(*example)
     cases["alltypes"] = [{"inputs": [tensor_json(n, t) for n, t in zip(names, example)],
                           "outputs": [tensor_json("o_" + n, t) for n, t in zip(names, outs)]}]
+
+    write_zoo(args.out, cases)
+    write_aoti_kinds(args.out, mlp)
 
     with open(os.path.join(args.out, "cases.json"), "w") as f:
         json.dump(cases, f)

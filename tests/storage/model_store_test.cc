@@ -136,13 +136,22 @@ TEST(ModelStore, BuildRecordsRoundTrip) {
   ASSERT_TRUE(store.ok());
   auto mv = (*store)->Add(Req(TestData("mlp.pt2"), "mlp"));
   ASSERT_TRUE(mv.ok());
-  BuildRecord b{mv->artifact, "model", "fp1", "cpu", BuildState::kFailed, "compiler said no", 10, 20};
+  BuildRecord b{mv->artifact, "model", "fp1", "cuda", BuildState::kFailed, "compiler said no", 10, 20,
+                R"({"max_autotune":true})", "", 2};
   ASSERT_OK((*store)->PutBuild(b));
-  auto got = (*store)->GetBuild(mv->artifact, "model", "fp1");
+  // The CPU build of the same artifact (a fallback) is a row of its own.
+  BuildRecord cpu{mv->artifact, "model", "fp1", "cpu", BuildState::kBuilding, "", 30, 0, "", "step 3/4", 1};
+  ASSERT_OK((*store)->PutBuild(cpu));
+  auto got = (*store)->GetBuild(mv->artifact, "model", "fp1", "cuda", R"({"max_autotune":true})");
   ASSERT_TRUE(got.ok() && got->has_value());
   EXPECT_EQ((*got)->state, BuildState::kFailed);
   EXPECT_EQ((*got)->error, "compiler said no");
-  auto other = (*store)->GetBuild(mv->artifact, "model", "fp2");
+  EXPECT_EQ((*got)->attempts, 2);
+  auto got_cpu = (*store)->GetBuild(mv->artifact, "model", "fp1", "cpu");
+  ASSERT_TRUE(got_cpu.ok() && got_cpu->has_value());
+  EXPECT_EQ((*got_cpu)->progress, "step 3/4");
+  EXPECT_EQ((*store)->ListBuilds(mv->artifact)->size(), 2u);
+  auto other = (*store)->GetBuild(mv->artifact, "model", "fp2", "cpu");
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(other->has_value());
 }

@@ -72,10 +72,11 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(v1["version"], 1);
   EXPECT_EQ(v1["artifact"], *fs::Sha256File(TestData("mlp.pt2")));
   EXPECT_EQ(v1["settings"], json::parse(R"({"device":"auto","fallback_cpu":false,"num_runners":2,
-                                             "max_batch_size":8,"max_batch_delay_us":0})"));
+                                             "max_batch_size":8,"max_batch_delay_us":0,"threads":0,
+                                             "inductor_options":{}})"));
   EXPECT_EQ(v1["served_by_policy"], false);  // the latest (2) is
   EXPECT_TRUE(v1["blob_present"].get<bool>());
-  EXPECT_TRUE(v1["build"].is_null());
+  EXPECT_TRUE(v1["builds"].empty());
   EXPECT_EQ(shown["version_policy"], "latest");
 
   // One bad value anywhere: nothing at all changes.
@@ -97,6 +98,22 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_NE(out.find("set mlp version_policy latest -> pinned:1"), std::string::npos) << out;
   ASSERT_EQ(Run({"set", "mlp", "num_runners=3"}, &out), 0) << out;
   EXPECT_NE(out.find("nothing changed"), std::string::npos) << out;
+
+  // Threads and inductor options: per version, canonical JSON, removable.
+  before = DirSnapshot(store_);
+  EXPECT_EQ(Run({"set", "mlp:1", "inductor.cpp..simdlen=8"}, &out), 5);
+  EXPECT_NE(out.find("is not a dotted name"), std::string::npos) << out;
+  EXPECT_EQ(Run({"set", "mlp:1", "threads=-1"}, &out), 5);
+  EXPECT_EQ(DirSnapshot(store_), before);
+  ASSERT_EQ(Run({"set", "mlp:1", "threads=1", "inductor.max_autotune=true", "inductor.cpp.simdlen=8"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("set mlp:1 threads 0 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"(set mlp:1 inductor_options {} -> {"cpp.simdlen":8,"max_autotune":true})"), std::string::npos)
+      << out;
+  ASSERT_EQ(Run({"set", "mlp:1", "inductor.max_autotune="}, &out), 0) << out;
+  EXPECT_NE(out.find(R"(-> {"cpp.simdlen":8})"), std::string::npos) << out;
+  ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
+  EXPECT_NE(out.find(R"(threads=1 inductor={"cpp.simdlen":8})"), std::string::npos) << out;
 
   EXPECT_EQ(Run({"set", "mlp:1", "enabled=false"}, &out), 5);
   EXPECT_NE(out.find("enabled belongs to the model"), std::string::npos) << out;
@@ -148,7 +165,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) kinds.push_back(json::parse(line)["kind"]);
   EXPECT_EQ(kinds, (std::vector<std::string>{"added", "added", "settings", "settings", "settings", "settings",
-                                             "settings", "removed", "removed"}));
+                                             "settings", "settings", "settings", "removed", "removed"}));
   ExpectStoreConsistent(store_);
 }
 
@@ -344,7 +361,7 @@ TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
   ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
   ASSERT_EQ(Run({"doctor"}, &out), 0) << out;
   for (const char* want : {"fingerprint", "vector isa", "OK    compiler", "OK    python", "OK    compile worker",
-                           "OK    torch runtime", "(schema 3, 1 model)", "everything aotid needs is in place"}) {
+                           "OK    torch runtime", "(schema 4, 1 model)", "everything aotid needs is in place"}) {
     EXPECT_NE(out.find(want), std::string::npos) << want << " missing from:\n" << out;
   }
   ASSERT_OK(fs::WriteFileAtomic(dir_ / "broken.toml",

@@ -4,7 +4,9 @@
 -- copy of this store, whose cache this one reused). Made with
 -- `sqlite3 aotid.db .dump`; the migration test loads it and opens it with
 -- the current binary. Never edit it: add a store_vN.sql for each new schema
--- version instead.
+-- version instead. (This sqlite3's .dump leaves out PRAGMA user_version;
+-- the line below restores the schema version the file had.)
+PRAGMA user_version=3;
 PRAGMA foreign_keys=OFF;
 BEGIN TRANSACTION;
 CREATE TABLE artifacts(

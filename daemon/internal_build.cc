@@ -1,0 +1,129 @@
+// `aotid internal-build`: the child process the daemon's Builder runs for an
+// AOTInductor package. It writes a build directory (runtime/build_cache.h)
+// and exits 0; 2 when the package cannot be built here (a retry will not
+// help); 1 for anything else. Its output is the build log.
+//
+// Running the model once on zeros happens here too, in the child: it finds
+// the outputs of a package that does not declare them, and a package that
+// slipped past the checks and crashes on this CPU (SIGILL) kills this
+// process, never the daemon.
+#include "daemon/internal_build.h"
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "base/fs.h"
+#include "runtime/aoti_package.h"
+#include "runtime/loaded_model.h"
+#include "runtime/torch_plugin.h"
+
+namespace aotid::daemon {
+namespace {
+
+constexpr int kExitPermanent = 2;
+
+void Step(int n, const std::string& what) { std::cout << "[aotid-build] step " << n << "/3: " << what << std::endl; }
+
+Status WriteJson(const std::string& path, const nlohmann::json& j) { return fs::WriteFileAtomic(path, j.dump(2)); }
+
+// Runs the model on zeros of its smallest accepted shapes; the outputs'
+// datatypes and ranks complete a spec read from the package's C++.
+Status FirstRun(const runtime::PackageBuildResult& built, const std::string& dir, const std::string& device,
+                runtime::ModelSpec* spec) {
+  ASSIGN_OR_RETURN(std::string plugin, runtime::LoadTorchPlugin());
+  std::cout << "torch runtime: " << plugin << std::endl;
+  runtime::CacheEntry entry;
+  entry.dir = dir;
+  entry.so_path = dir + "/model.so";
+  entry.spec = *spec;
+  entry.spec.outputs.clear();
+  runtime::LoadOptions opts;
+  opts.device = device;
+  opts.threads = 1;
+  ASSIGN_OR_RETURN(auto model, runtime::LoadCompiledModel(entry, opts));
+  std::vector<runtime::HostTensor> inputs;
+  for (size_t i = 0; i < spec->inputs.size(); ++i) {
+    runtime::HostTensor t;
+    t.name = spec->inputs[i].name;
+    t.dtype = spec->inputs[i].dtype;
+    t.shape = built.min_shapes[i];
+    t.data.assign(static_cast<size_t>(t.num_elements()) * runtime::DTypeSize(t.dtype), std::byte{0});
+    inputs.push_back(std::move(t));
+  }
+  ASSIGN_OR_RETURN(auto outputs, model->Infer(inputs));
+  if (built.outputs_declared) {
+    if (outputs.size() != spec->outputs.size()) {
+      return InvalidArgument("the package declares " + std::to_string(spec->outputs.size()) +
+                             " outputs but the model returns " + std::to_string(outputs.size()));
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].dtype != spec->outputs[i].dtype) {
+        return InvalidArgument("output '" + spec->outputs[i].name + "' is declared " +
+                               std::string(runtime::DTypeName(spec->outputs[i].dtype)) + " but the model returns " +
+                               std::string(runtime::DTypeName(outputs[i].dtype)));
+      }
+    }
+    return Status::OK();
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    runtime::TensorSpec t;
+    t.name = "output" + std::to_string(i);
+    t.dtype = outputs[i].dtype;
+    t.shape.assign(outputs[i].shape.size(), -1);  // which dims vary is not recorded in the package
+    spec->outputs.push_back(std::move(t));
+  }
+  std::cout << "first run on zeros: " << outputs.size() << " outputs" << std::endl;
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunInternalBuild(const InternalBuildArgs& args) {
+#ifdef __linux__
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the daemon
+  if (::getppid() == 1) return 1;
+#endif
+  runtime::HardwareInfo hw = runtime::ProbeHardware(args.cxx);
+  runtime::PackageBuildRequest req;
+  req.artifact_path = args.artifact;
+  req.package_model = args.package_model;
+  req.kind = args.kind;
+  req.device = args.device;
+  req.out_dir = args.out;
+  req.cxx = args.cxx;
+  req.torch_dir = AOTID_TORCH_DIR;
+  Step(1, args.kind == "aoti_source" ? "checking the package and compiling its C++ with " + args.cxx
+                                     : "checking the package and copying its compiled model");
+  auto built = runtime::BuildFromAotiPackage(req, hw, std::cout);
+  if (!built.ok()) {
+    std::cout << "error: " << built.status().message() << std::endl;
+    StatusCode c = built.status().code();
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kExitPermanent : 1;
+  }
+  Step(2, "loading the model and running it once on zeros");
+  runtime::ModelSpec spec = built->spec;
+  if (Status s = FirstRun(*built, args.out, args.device, &spec); !s.ok()) {
+    std::cout << "error: the model does not run on this machine: " << s.message() << std::endl;
+    return s.code() == StatusCode::kInternal ? 1 : kExitPermanent;
+  }
+  Step(3, "writing the build");
+  Status s = fs::WriteFileAtomic(args.out + "/spec.json", spec.ToJson());
+  if (s.ok()) {
+    s = WriteJson(args.out + "/package.json",
+                  {{"kind", args.kind},
+                   {"package_model", args.package_model},
+                   {"aoti", nlohmann::json::parse(built->metadata.json)},
+                   {"author", nlohmann::json::parse(built->author_metadata)}});
+  }
+  if (!s.ok()) {
+    std::cout << "error: " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace aotid::daemon

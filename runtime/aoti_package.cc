@@ -1,0 +1,403 @@
+#include "runtime/aoti_package.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zip.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "base/fs.h"
+#include "base/shell.h"
+
+namespace aotid::runtime {
+namespace {
+
+using nlohmann::json;
+
+struct ZipCloser {
+  void operator()(zip_t* z) const { zip_discard(z); }
+};
+using Zip = std::unique_ptr<zip_t, ZipCloser>;
+
+StatusOr<Zip> OpenZip(const std::string& path) {
+  int err = 0;
+  Zip z(zip_open(path.c_str(), ZIP_RDONLY, &err));
+  if (!z) return InvalidArgument(path + " is not a readable zip archive (libzip error " + std::to_string(err) + ")");
+  return z;
+}
+
+StatusOr<std::string> ReadEntry(zip_t* z, const std::string& name, size_t limit = 64 << 20) {
+  zip_stat_t st;
+  if (zip_stat(z, name.c_str(), 0, &st) != 0) return NotFound("no " + name + " in the package");
+  if (st.size > limit) return InvalidArgument(name + " is too large (" + std::to_string(st.size) + " bytes)");
+  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen(z, name.c_str(), 0), zip_fclose);
+  if (!f) return InvalidArgument("cannot read " + name + " from the package");
+  std::string out(st.size, '\0');
+  zip_int64_t n = zip_fread(f.get(), out.data(), out.size());
+  if (n < 0 || static_cast<zip_uint64_t>(n) != st.size) return InvalidArgument("truncated entry " + name);
+  return out;
+}
+
+Status ExtractEntry(zip_t* z, const std::string& name, const std::string& dest) {
+  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen(z, name.c_str(), 0), zip_fclose);
+  if (!f) return InvalidArgument("cannot read " + name + " from the package");
+  int fd = ::open(dest.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("create " + dest, errno);
+  std::vector<char> buf(1 << 20);
+  Status s = Status::OK();
+  for (;;) {
+    zip_int64_t n = zip_fread(f.get(), buf.data(), buf.size());
+    if (n < 0) {
+      s = InvalidArgument("cannot read " + name + " from the package (damaged archive?)");
+      break;
+    }
+    if (n == 0) break;
+    for (zip_int64_t done = 0; done < n && s.ok();) {
+      ssize_t w = ::write(fd, buf.data() + done, static_cast<size_t>(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) s = ErrnoError("write " + dest, errno);
+      else done += w;
+    }
+    if (!s.ok()) break;
+  }
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoError("fsync " + dest, errno);
+  ::close(fd);
+  return s;
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string Basename(const std::string& p) { return p.substr(p.rfind('/') + 1); }
+
+// CPU features a package's AOTI_CPU_ISA token needs, by platform.
+const std::map<std::string, std::vector<std::string>>& IsaNeeds() {
+  static const auto* m = new std::map<std::string, std::vector<std::string>>{
+      {"AVX2", {"avx2", "fma"}},
+      {"AVX512", {"avx512f", "avx512dq", "avx512vl", "avx512bw"}},
+      {"AVX512_VNNI", {"avx512_vnni"}},
+      {"AMX_TILE", {"amx_tile", "amx_bf16", "amx_int8"}},
+      {"SVE", {"sve"}},
+  };
+  return *m;
+}
+
+std::string UpperIsa(const HardwareInfo& hw) {
+  std::string s = hw.vector_isa;
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s == "DEFAULT" ? "no vector extensions" : s;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+const std::map<std::string, DType>& AotiDtypes() {
+  static const auto* m = new std::map<std::string, DType>{
+      {"bool", DType::kBool},       {"uint8", DType::kUInt8},       {"int8", DType::kInt8},
+      {"int16", DType::kInt16},     {"int32", DType::kInt32},       {"int64", DType::kInt64},
+      {"float16", DType::kFloat16}, {"bfloat16", DType::kBFloat16}, {"float32", DType::kFloat32},
+      {"float64", DType::kFloat64}};
+  return *m;
+}
+
+// The entries of one model: <root>/data/aotinductor/<model>/<file>.
+std::vector<std::string> ModelEntries(zip_t* z, const std::string& package_model) {
+  std::vector<std::string> files;
+  std::string marker = "/data/aotinductor/" + package_model + "/";
+  zip_int64_t n = zip_get_num_entries(z, 0);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    const char* raw = zip_get_name(z, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+    if (raw == nullptr) continue;
+    std::string name = raw;
+    size_t at = name.find(marker);
+    if (at != std::string::npos && at == name.find('/') && name.size() > at + marker.size() &&
+        name.find('/', at + marker.size()) == std::string::npos) {
+      files.push_back(name);
+    }
+  }
+  return files;
+}
+
+StatusOr<AotiMetadata> MetadataOf(zip_t* z, const std::vector<std::string>& files, const std::string& package_model) {
+  std::string meta_name;
+  for (const auto& f : files) {
+    if (EndsWith(f, "_metadata.json") && (meta_name.empty() || EndsWith(f, "wrapper_metadata.json"))) meta_name = f;
+  }
+  if (meta_name.empty()) return InvalidArgument("the package has no AOTInductor metadata for '" + package_model + "'");
+  ASSIGN_OR_RETURN(std::string meta_text, ReadEntry(z, meta_name));
+  json meta = json::parse(meta_text, nullptr, false);
+  if (!meta.is_object()) return InvalidArgument(meta_name + " is not a JSON object");
+  auto field = [&](const char* k) { return meta.contains(k) && meta[k].is_string() ? meta[k].get<std::string>() : ""; };
+  AotiMetadata m{field("AOTI_DEVICE_KEY"), field("AOTI_PLATFORM"), field("AOTI_MACHINE"), field("AOTI_CPU_ISA"),
+                 meta.dump()};
+  if (m.device_key.empty()) return InvalidArgument("the package's metadata names no device (AOTI_DEVICE_KEY)");
+  return m;
+}
+
+}  // namespace
+
+StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model) {
+  ASSIGN_OR_RETURN(Zip z, OpenZip(path));
+  std::vector<std::string> files = ModelEntries(z.get(), package_model);
+  if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + package_model + "'");
+  return MetadataOf(z.get(), files, package_model);
+}
+
+Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw) {
+  if (!m.platform.empty() && m.platform != hw.os) {
+    return FailedPrecondition("package was compiled for " + m.platform + ", this machine runs " + hw.os);
+  }
+  auto norm = [](std::string a) { return a == "aarch64" ? std::string("arm64") : a; };
+  if (!m.machine.empty() && norm(m.machine) != norm(hw.arch)) {
+    return FailedPrecondition("package was compiled for " + m.machine + " CPUs, this machine is " + hw.arch);
+  }
+  if (m.device_key != "cpu") return Status::OK();  // the ISA only matters for CPU kernels
+  std::istringstream tokens(m.cpu_isa);
+  std::string token;
+  std::set<std::string> have(hw.cpu_features.begin(), hw.cpu_features.end());
+  while (tokens >> token) {
+    std::string base = token.rfind("SVE", 0) == 0 ? "SVE" : token;
+    auto it = IsaNeeds().find(base);
+    if (it == IsaNeeds().end()) continue;  // NEON/ASIMD on every arm64; INVALIDVECISA: scalar code
+    std::string missing;
+    for (const auto& f : it->second) {
+      if (!have.count(f)) missing += (missing.empty() ? "" : " ") + f;
+    }
+    if (!missing.empty()) {
+      return FailedPrecondition("package was compiled for " + m.cpu_isa + ", this CPU has " + UpperIsa(hw) +
+                                " only (it lacks " + missing + ")");
+    }
+  }
+  return Status::OK();
+}
+
+StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
+  DerivedInputs d;
+  static const std::regex kInputName(R"re(inputs_info_\[(\d+)\]\.name = "([^"]*)";)re");
+  static const std::regex kOutputName(R"re(outputs_info_\[(\d+)\]\.name = "([^"]*)";)re");
+  std::map<int, std::string> in_names, out_names;
+  for (std::sregex_iterator it(cpp.begin(), cpp.end(), kInputName), end; it != end; ++it) {
+    in_names[std::stoi((*it)[1])] = (*it)[2];
+  }
+  for (std::sregex_iterator it(cpp.begin(), cpp.end(), kOutputName), end; it != end; ++it) {
+    out_names[std::stoi((*it)[1])] = (*it)[2];
+  }
+  if (in_names.empty() && out_names.empty()) {
+    return InvalidArgument("the package's C++ does not name the model's inputs and outputs");
+  }
+  for (const auto& [i, name] : out_names) d.output_names.push_back(name);
+  static const std::regex kDtype(R"re(_expected_dtype = aoti_torch_dtype_(\w+)\(\))re");
+  static const std::regex kFixed(R"re(if \((\d+) != \w+_size\[(\d+)\]\))re");
+  static const std::regex kMin(R"re(if \(\w+_size\[(\d+)\] < (\d+)\))re");
+  static const std::regex kAnyDim(R"re(\w+_(?:size|stride)\[(\d+)\])re");
+  for (const auto& [i, name] : in_names) {
+    std::string head = "static void check_input_" + std::to_string(i) + "(";
+    size_t start = cpp.find(head);
+    if (start == std::string::npos) {
+      return InvalidArgument("the package's C++ has no input check for input " + std::to_string(i) + " ('" + name +
+                             "'), so its datatype and shape are unknown; export it with aotid_export to "
+                             "record them");
+    }
+    size_t stop = cpp.find("\n}\n", start);
+    std::string body = cpp.substr(start, stop == std::string::npos ? std::string::npos : stop - start);
+    std::smatch m;
+    TensorSpec t;
+    t.name = name;
+    if (!std::regex_search(body, m, kDtype) || !AotiDtypes().count(m[1])) {
+      return InvalidArgument("input '" + name + "' has a datatype aotid cannot serve (" +
+                             (m.size() > 1 ? m[1].str() : std::string("unknown")) + ")");
+    }
+    t.dtype = AotiDtypes().at(m[1]);
+    int rank = 0;
+    for (std::sregex_iterator it(body.begin(), body.end(), kAnyDim), end; it != end; ++it) {
+      rank = std::max(rank, std::stoi((*it)[1]) + 1);
+    }
+    t.shape.assign(rank, -1);
+    std::vector<int64_t> min_shape(rank, 1);
+    for (std::sregex_iterator it(body.begin(), body.end(), kFixed), end; it != end; ++it) {
+      int dim = std::stoi((*it)[2]);
+      t.shape[dim] = min_shape[dim] = std::stoll((*it)[1]);
+    }
+    for (std::sregex_iterator it(body.begin(), body.end(), kMin), end; it != end; ++it) {
+      int dim = std::stoi((*it)[1]);
+      if (t.shape[dim] == -1) min_shape[dim] = std::max<int64_t>(1, std::stoll((*it)[2]));
+    }
+    d.inputs.push_back(std::move(t));
+    d.min_shapes.push_back(std::move(min_shape));
+  }
+  return d;
+}
+
+StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req, const HardwareInfo& hw,
+                                                  std::ostream& log) {
+  ASSIGN_OR_RETURN(Zip z, OpenZip(req.artifact_path));
+  std::vector<std::string> files = ModelEntries(z.get(), req.package_model);
+  std::string extra_name;
+  zip_int64_t n = zip_get_num_entries(z.get(), 0);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    const char* raw = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+    if (raw == nullptr) continue;
+    std::string name = raw;
+    if (EndsWith(name, "/extra/aotid.json") && name.find('/') == name.size() - 17) extra_name = name;
+    if (name.find("/data/weights/") != std::string::npos || name.find("/data/constants/") != std::string::npos) {
+      return InvalidArgument("the package keeps its weights outside the compiled code (" + name +
+                             "); aotid loads packages whose weights are inside (AOTInductor's default, "
+                             "aot_inductor.package_constants_in_so=True)");
+    }
+  }
+  if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + req.package_model + "'");
+
+  PackageBuildResult result;
+  ASSIGN_OR_RETURN(result.metadata, MetadataOf(z.get(), files, req.package_model));
+  const AotiMetadata& md = result.metadata;
+  log << "package metadata: device " << md.device_key << ", platform " << md.platform << ", machine " << md.machine
+      << ", CPU ISA " << md.cpu_isa << "\n";
+  if (md.device_key != req.device) {
+    return FailedPrecondition("package was compiled for device '" + md.device_key + "', not '" + req.device + "'");
+  }
+  RETURN_IF_ERROR(CheckFitsMachine(md, hw));
+
+  // The interface: declared by the exporter, or read from the C++.
+  std::string cpp_text;
+  for (const auto& f : files) {
+    if (EndsWith(f, ".cpp") && (cpp_text.empty() || f.find("wrapper") != std::string::npos)) {
+      ASSIGN_OR_RETURN(cpp_text, ReadEntry(z.get(), f));
+    }
+  }
+  result.author_metadata = "{}";
+  if (!extra_name.empty()) {
+    ASSIGN_OR_RETURN(std::string extra_text, ReadEntry(z.get(), extra_name));
+    json extra = json::parse(extra_text, nullptr, false);
+    if (!extra.is_object()) return InvalidArgument(extra_name + " is not a JSON object");
+    if (extra.contains("metadata") && extra["metadata"].is_object()) result.author_metadata = extra["metadata"].dump();
+    if (extra.contains("models") && extra["models"].contains(req.package_model)) {
+      const json& one = extra["models"][req.package_model];
+      if (one.contains("inputs") && one.contains("outputs")) {
+        auto spec = ModelSpec::FromJson(one.dump());
+        if (!spec.ok()) return spec.status().WithContext(extra_name);
+        result.spec = std::move(spec).value();
+        result.outputs_declared = true;
+      }
+    }
+  }
+  if (!result.outputs_declared) {
+    if (cpp_text.empty()) {
+      return InvalidArgument("the package neither declares its inputs and outputs (extra/aotid.json) nor carries "
+                             "its C++ to read them from; export it with aotid_export");
+    }
+    ASSIGN_OR_RETURN(DerivedInputs d, DeriveInputsFromSource(cpp_text));
+    result.spec.inputs = std::move(d.inputs);
+    result.min_shapes = std::move(d.min_shapes);
+    log << "inputs read from the package's C++: " << result.spec.inputs.size() << "; outputs found by a first run\n";
+  }
+  if (result.min_shapes.empty()) {
+    for (const auto& t : result.spec.inputs) {
+      std::vector<int64_t> s = t.shape;
+      for (auto& d : s) d = d < 0 ? 1 : d;
+      result.min_shapes.push_back(s);
+    }
+  }
+
+  std::string so_out = req.out_dir + "/model.so";
+  if (req.kind == "aoti_compiled") {
+    std::vector<std::string> sos;
+    for (const auto& f : files) {
+      if (EndsWith(f, ".so")) sos.push_back(f);
+    }
+    if (sos.size() != 1) {
+      return InvalidArgument("the package holds " + std::to_string(sos.size()) + " .so files for '" +
+                             req.package_model + "', expected 1");
+    }
+    log << "copying " << Basename(sos[0]) << " out of the package\n";
+    RETURN_IF_ERROR(ExtractEntry(z.get(), sos[0], so_out));
+    return result;
+  }
+  if (req.kind != "aoti_source") return InvalidArgument("not an AOTInductor package kind: " + req.kind);
+
+  // A source package: compile its C++ here with the recorded flags.
+  std::string src = req.out_dir + "/src";
+  RETURN_IF_ERROR(fs::MakeDirs(src));
+  std::vector<std::string> cpps, objects;
+  std::string compile_flags_name, linker_flags_name;
+  for (const auto& f : files) {
+    std::string base = Basename(f);
+    if (EndsWith(base, "_compile_flags.json")) compile_flags_name = f;
+    if (EndsWith(base, "_linker_flags.json")) linker_flags_name = f;
+    if (!EndsWith(base, ".cpp") && !EndsWith(base, ".o")) continue;
+    RETURN_IF_ERROR(ExtractEntry(z.get(), f, src + "/" + base));
+    (EndsWith(base, ".cpp") ? cpps : objects).push_back(src + "/" + base);
+  }
+  if (cpps.empty() || compile_flags_name.empty()) {
+    return InvalidArgument("the source package has no C++ or no compile flags for '" + req.package_model + "'");
+  }
+  ASSIGN_OR_RETURN(std::string cf_text, ReadEntry(z.get(), compile_flags_name));
+  json cf = json::parse(cf_text, nullptr, false);
+  json lf = json::object();
+  if (!linker_flags_name.empty()) {
+    ASSIGN_OR_RETURN(std::string lf_text, ReadEntry(z.get(), linker_flags_name));
+    lf = json::parse(lf_text, nullptr, false);
+  }
+  if (!cf.is_object() || !lf.is_object()) return InvalidArgument("the source package's build flags are not JSON objects");
+  auto strings = [](const json& j, const char* key) {
+    std::vector<std::string> out;
+    if (j.contains(key) && j[key].is_array()) {
+      for (const auto& v : j[key]) {
+        if (v.is_string() && !Trim(v.get<std::string>()).empty()) out.push_back(Trim(v.get<std::string>()));
+      }
+    }
+    return out;
+  };
+  // The exporting machine's include and library paths are replaced by this
+  // machine's torch; everything else (defines, optimisation, the vector ISA
+  // flags) is kept, so the kernels match the ISA the metadata declares.
+  std::string compile = ShellQuote(req.cxx) + " -c";
+  for (const auto& d : strings(cf, "definitions")) compile += " -D" + ShellQuote(d);
+  compile += " -I" + ShellQuote(req.torch_dir + "/include") + " -I" +
+             ShellQuote(req.torch_dir + "/include/torch/csrc/api/include");
+  for (const auto& f : strings(cf, "cflags")) {
+    if (f == "shared") continue;
+    compile += " -" + ShellQuote(f);
+  }
+  for (const auto& p : strings(cf, "passthrough_args")) compile += " " + p;  // already shell words
+  std::vector<std::string> objs = objects;
+  for (size_t i = 0; i < cpps.size(); ++i) {
+    std::string obj = src + "/compiled" + std::to_string(i) + ".o";
+    std::string cmd = compile + " " + ShellQuote(cpps[i]) + " -o " + ShellQuote(obj);
+    log << "compiling " << Basename(cpps[i]) << ":\n  " << cmd << "\n" << std::flush;
+    ShellResult r = RunShell("{ " + cmd + " 2>&1; }");  // the compiler's messages are the log
+    log << r.out << std::flush;
+    if (r.exit_code != 0) {
+      // The compiler's own words, without the long command lines: its first
+      // error lines are what a person needs.
+      std::string first = r.out.substr(0, 3000);
+      return InvalidArgument("the package's C++ does not compile with " + req.cxx + " (exit " +
+                             std::to_string(r.exit_code) + "): " + first);
+    }
+    objs.push_back(obj);
+  }
+  std::string link = ShellQuote(req.cxx) + " -shared -fPIC -o " + ShellQuote(so_out);
+  for (const auto& o : objs) link += " " + ShellQuote(o);
+  link += " -L" + ShellQuote(req.torch_dir + "/lib") + " -Wl,-rpath," + ShellQuote(req.torch_dir + "/lib");
+  for (const auto& f : strings(lf, "ldflags")) link += " -" + ShellQuote(f);
+  for (const auto& l : strings(lf, "libraries")) link += " -l" + ShellQuote(l);
+  if (cf.contains("cflags") && cf["cflags"].dump().find("fopenmp") != std::string::npos) link += " -fopenmp";
+  log << "linking model.so:\n  " << link << "\n" << std::flush;
+  ShellResult r = RunShell("{ " + link + " 2>&1; }");
+  log << r.out << std::flush;
+  if (r.exit_code != 0) {
+    return InvalidArgument("linking the package's objects failed (exit " + std::to_string(r.exit_code) + "):\n" + r.out);
+  }
+  (void)fs::RemoveAll(src);
+  return result;
+}
+
+}  // namespace aotid::runtime

@@ -1,0 +1,78 @@
+// AOTInductor packages read without torch: the metadata AOTInductor writes
+// for each model, whether a package fits this machine, and turning one model
+// of a package into a build directory (runtime/build_cache.h):
+//
+//   compiled package  the .so is copied out as is, after the checks;
+//   source package    (aot_inductor.package_cpp_only) its C++ is compiled
+//                     here with the local compiler against the libtorch this
+//                     aotid links, with the flags the package records, and
+//                     the paths of the machine that exported it replaced.
+//
+// The model's inputs and outputs come from the package's extra/aotid.json
+// (written by aotid_export) when it has one; otherwise the inputs are read
+// from the input checks in the generated C++ (names, datatypes, fixed and
+// dynamic dims) and the outputs are found by running the model once
+// (daemon/internal_build.cc).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "runtime/hardware.h"
+#include "runtime/tensor.h"
+
+namespace aotid::runtime {
+
+struct AotiMetadata {
+  std::string device_key;  // AOTI_DEVICE_KEY: cpu, cuda, mps, ...
+  std::string platform;    // AOTI_PLATFORM: linux, darwin, ...
+  std::string machine;     // AOTI_MACHINE: x86_64, arm64, ...
+  std::string cpu_isa;     // AOTI_CPU_ISA: AVX2, AVX512, "AVX512 AVX512_VNNI", NEON, ...
+  std::string json;        // all of it, as the package has it
+};
+
+// The metadata of one model in an AOTInductor package (the wrapper's when
+// the package has several .json files for it).
+StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model);
+
+// Ok when a build with this metadata can run here; otherwise
+// FailedPrecondition naming the mismatch, for example "package was compiled
+// for AVX512 (avx512f avx512dq avx512vl avx512bw), this CPU has AVX2 only".
+Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw);
+
+// A model's inputs as read from generated C++, with the lowest value each
+// dynamic dim accepts (to run the model once on zeros).
+struct DerivedInputs {
+  std::vector<TensorSpec> inputs;
+  std::vector<std::vector<int64_t>> min_shapes;
+  std::vector<std::string> output_names;
+};
+StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp);
+
+struct PackageBuildRequest {
+  std::string artifact_path;
+  std::string package_model = "model";
+  std::string kind;    // "aoti_compiled" or "aoti_source"
+  std::string device;  // the device asked for: must match the package's
+  std::string out_dir;
+  std::string cxx = "c++";
+  std::string torch_dir;  // the torch this aotid links: include/ and lib/
+};
+
+struct PackageBuildResult {
+  AotiMetadata metadata;
+  ModelSpec spec;                // outputs empty when the package does not declare them
+  bool outputs_declared = false;
+  std::vector<std::vector<int64_t>> min_shapes;  // for a run on zeros
+  std::string author_metadata;   // JSON object from extra/aotid.json, "{}" without
+};
+
+// Writes out_dir/model.so for one model of an AOTInductor package, logging
+// each step and command to `log`. InvalidArgument for a package that cannot
+// be built (does not fit, fails to compile: a retry will not help).
+StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req, const HardwareInfo& hw,
+                                                  std::ostream& log);
+
+}  // namespace aotid::runtime

@@ -1,0 +1,210 @@
+// Builds for this machine, end to end: the model zoo, the three package
+// kinds, multi-model packages, device fallback, and a cache that survives a
+// daemon killed mid-build. Real packages, the real binary, real HTTP; every
+// answer is compared with eager PyTorch.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "base/fs.h"
+#include "e2e/daemon_process.h"
+#include "e2e/http_util.h"
+#include "storage/model_store.h"
+#include "test_util.h"
+
+namespace aotid::testing {
+namespace {
+
+// `aotid ARGS` must succeed.
+void Aotid(const std::vector<std::string>& args) {
+  std::string out;
+  ASSERT_EQ(RunAotid(args, &out), 0) << out;
+}
+
+std::string Error(int port, const std::string& model) { return Get(port, "/v2/models/" + model).body.value("error", ""); }
+
+// Cache entries (complete or not) of one artifact: <cache>/<sha>/<entry>/.
+std::vector<std::string> Entries(const std::string& store, const std::string& package) {
+  std::vector<std::string> out;
+  std::string dir = store + "/cache/" + *fs::Sha256File(package);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.push_back(e.path().string());
+  return out;
+}
+
+// Pids of the processes whose command line contains `needle`.
+std::vector<pid_t> Pids(const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : cmd) c = c == '\0' ? ' ' : c;
+    if (cmd.find(needle) != std::string::npos) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// The zoo and the exported-program paths, in one daemon that compiles each
+// model once: a conv net, a transformer block, two inputs of different
+// datatypes with two outputs, dynamic batch served at 1 and 7, two models
+// of one package under their own names, and a version asking for a device
+// this machine lacks, with and without fallback.
+TEST(Packages, ModelZooMultiModelAndDeviceFallback) {
+  TempDir dir;
+  std::string store = dir / "store";
+  for (const char* m : {"conv", "block", "two_io"}) Aotid({"--store", store, "add", TestData(std::string(m) + ".pt2"), "--name", m});
+  std::string out;
+  EXPECT_EQ(RunAotid({"--store", store, "add", TestData("multi.pt2"), "--name", "encoder"}, &out), 5) << out;
+  EXPECT_NE(out.find("holds 2 models (encoder, head); choose one with --package-model"), std::string::npos) << out;
+  Aotid({"--store", store, "add", TestData("multi.pt2"), "--name", "encoder", "--package-model", "encoder"});
+  Aotid({"--store", store, "add", TestData("multi.pt2"), "--name", "head", "--package-model", "head"});
+  Aotid({"--store", store, "add", TestData("mlp.pt2"), "--name", "on_cuda", "--device", "cuda"});
+  Aotid({"--store", store, "add", TestData("mlp.pt2"), "--name", "only_cuda", "--device", "cuda", "--no-fallback-cpu"});
+
+  auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  int port = (*d)->port();
+  for (const char* m : {"conv", "block", "two_io", "encoder", "head", "on_cuda"}) {
+    ASSERT_TRUE(WaitReady(port, m)) << m << ": " << Error(port, m) << "\n" << (*d)->Log();
+  }
+  ExpectCasesMatchEager(port, "conv");    // batch 1 and 7 of one dynamic-batch build
+  ExpectCasesMatchEager(port, "block");
+  ExpectCasesMatchEager(port, "two_io");  // FP32 and INT64 in, FP32 and INT64 out
+  ExpectCasesMatchEager(port, "encoder", "multi_encoder");
+  ExpectCasesMatchEager(port, "head", "multi_head");
+  Reply two = Get(port, "/v2/models/two_io");
+  EXPECT_EQ(two.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,6]},
+                                                {"name":"idx","datatype":"INT64","shape":[-1]}])"));
+  EXPECT_EQ(Get(port, "/v2/models/head").body["parameters"]["author"]["suite"], "multi-model test");
+
+  // Fallback on: served on the CPU, the reason where people look.
+  ExpectCasesMatchEager(port, "on_cuda", "mlp");
+  Reply fb = Get(port, "/v2/models/on_cuda");
+  EXPECT_EQ(fb.body["device"], "cpu");
+  EXPECT_NE(fb.body.value("device_note", "").find("device 'cuda' is not available here"), std::string::npos)
+      << fb.body.dump();
+  EXPECT_EQ(CountEvents(store, "device_fallback", "device 'cuda' is not available here"), 1);
+  ASSERT_EQ(RunAotid({"--store", store, "show", "on_cuda"}, &out), 0) << out;
+  EXPECT_NE(out.find("device_fallback"), std::string::npos) << out;
+  // Fallback off: failed with the reason, the rest unaffected.
+  EXPECT_FALSE(WaitReady(port, "only_cuda", 30));
+  EXPECT_NE(Error(port, "only_cuda").find("device 'cuda' is not available here"), std::string::npos);
+  EXPECT_NE(Error(port, "only_cuda").find("fallback_cpu is off"), std::string::npos);
+  ASSERT_EQ(RunAotid({"--store", store, "ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("only_cuda                1        serve     failed    cuda"), std::string::npos) << out;
+  ExpectCasesMatchEager(port, "conv");
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+}
+
+// AOTInductor packages with no Python anywhere near the daemon: a compiled
+// .so loaded as is (with and without aotid's interface file), a source
+// package compiled with the local compiler, and three that must be refused
+// with the reason while the others serve.
+TEST(Packages, AotiPackagesBuildWithoutPython) {
+  TempDir dir;
+  std::string store = dir / "store", config = dir / "aotid.toml";
+  ASSERT_OK(fs::WriteFileAtomic(config, "[build]\npython = \"/nonexistent/python3\"\n"));
+  std::vector<std::pair<std::string, std::string>> models = {
+      {"so", "mlp_so.pt2"},      {"so_raw", "mlp_so_raw.pt2"}, {"src", "mlp_src.pt2"},
+      {"broken", "broken_src.pt2"}, {"foreign", "foreign_so.pt2"}, {"cuda", "cuda_so.pt2"}};
+  for (const auto& [name, file] : models) Aotid({"--config", config, "--store", store, "add", TestData(file), "--name", name});
+  RunOptions no_python;
+  no_python.env = {"PATH=/usr/bin:/bin", "PYTHONPATH=/nonexistent"};
+  auto d = DaemonProcess::Start({"--config", config, "--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log",
+                                no_python);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  int port = (*d)->port();
+  for (const char* m : {"so", "so_raw", "src"}) {
+    ASSERT_TRUE(WaitReady(port, m)) << m << ": " << Error(port, m) << "\n" << (*d)->Log();
+  }
+  ExpectCasesMatchEager(port, "so", "mlp");
+  ExpectCasesMatchEager(port, "src", "mlp");
+  // Without extra/aotid.json the inputs come from the generated C++ and the
+  // outputs from a first run: graph names, but the same numbers.
+  Reply raw = Get(port, "/v2/models/so_raw");
+  ASSERT_EQ(raw.body["inputs"].size(), 1u) << raw.body.dump();
+  EXPECT_EQ(raw.body["inputs"][0]["datatype"], "FP32");
+  EXPECT_EQ(raw.body["inputs"][0]["shape"], json::parse("[-1, 8]"));
+  EXPECT_EQ(raw.body["outputs"][0]["datatype"], "FP32");
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  json req = {{"inputs", cases["mlp"][1]["inputs"]}};
+  req["inputs"][0]["name"] = raw.body["inputs"][0]["name"];
+  Reply r = Post(port, "/v2/models/so_raw/infer", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  json want = cases["mlp"][1]["outputs"];
+  want[0]["name"] = r.body["outputs"][0]["name"];
+  EXPECT_TRUE(OutputsMatch(r.body["outputs"], want)) << r.body.dump();
+  EXPECT_EQ(Get(port, "/v2/models/so").body["parameters"]["aoti"]["AOTI_DEVICE_KEY"], "cpu");
+  EXPECT_EQ(Get(port, "/v2/models/so").body["parameters"]["author"]["kind"], "so");
+
+  // Refused, each with its reason; the daemon and the others keep serving.
+  EXPECT_FALSE(WaitReady(port, "broken", 300));
+  EXPECT_NE(Error(port, "broken").find("this package is broken on purpose"), std::string::npos)
+      << Error(port, "broken");
+  EXPECT_FALSE(WaitReady(port, "foreign", 60));
+  EXPECT_NE(Error(port, "foreign").find("package was compiled for "), std::string::npos) << Error(port, "foreign");
+  EXPECT_NE(Error(port, "foreign").find("CPUs, this machine is"), std::string::npos) << Error(port, "foreign");
+  EXPECT_FALSE(WaitReady(port, "cuda", 60));
+  EXPECT_NE(Error(port, "cuda").find("package was compiled for device 'cuda'"), std::string::npos) << Error(port, "cuda");
+  std::string out;
+  ASSERT_EQ(RunAotid({"--config", config, "--store", store, "show", "broken"}, &out), 0) << out;
+  EXPECT_NE(out.find("this package is broken on purpose"), std::string::npos) << out;
+  EXPECT_TRUE(Entries(store, TestData("broken_src.pt2")).empty());
+  ExpectCasesMatchEager(port, "src", "mlp");
+  EXPECT_EQ((*d)->Log().find("aotid_worker"), std::string::npos);  // no Python build ran
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+}
+
+// kill -9 of the daemon mid-build leaves no cache entry, and the next start
+// builds again and serves; a build killed under a live daemon is retried;
+// an entry with a truncated model.so is rebuilt, not loaded.
+TEST(Packages, CacheSurvivesKillsAndTruncation) {
+  TempDir dir;
+  std::string store = dir / "store", config = dir / "aotid.toml";
+  ASSERT_OK(fs::WriteFileAtomic(config, "[build]\nretry_initial_s = 1\n"));
+  Aotid({"--config", config, "--store", store, "add", TestData("mlp2.pt2"), "--name", "m"});
+  std::vector<std::string> args = {"--config", config, "--store", store, "--listen", "127.0.0.1:0"};
+  {
+    auto d = DaemonProcess::Start(args, dir / "daemon1.log");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_TRUE(WaitFor([&] { return !Pids(store + "/cache/.staging").empty(); }, 60)) << (*d)->Log();
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // well into the build
+    EXPECT_EQ((*d)->Kill(), 137);
+  }
+  // The worker dies with its daemon; nothing half-built is in the cache.
+  EXPECT_TRUE(WaitFor([&] { return Pids(store + "/cache/.staging").empty(); }, 30));
+  EXPECT_TRUE(Entries(store, TestData("mlp2.pt2")).empty());
+
+  auto d = DaemonProcess::Start(args, dir / "daemon2.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  int port = (*d)->port();
+  // Kill the worker this time: a failure that may pass, so it is retried.
+  ASSERT_TRUE(WaitFor([&] { return !Pids("aotid_worker.compile").empty(); }, 60)) << (*d)->Log();
+  for (pid_t p : Pids("aotid_worker.compile")) ::kill(p, SIGKILL);
+  ASSERT_TRUE(WaitReady(port, "m")) << Error(port, "m") << "\n" << (*d)->Log();
+  ExpectCasesMatchEager(port, "m", "mlp2");
+  EXPECT_EQ(CountEvents(store, "build_retry", "killed by signal 9"), 1);
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store, "show", "m"}, &out), 0) << out;
+  EXPECT_NE(out.find("attempt 2"), std::string::npos) << out;
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+
+  auto entries = Entries(store, TestData("mlp2.pt2"));
+  ASSERT_EQ(entries.size(), 1u);
+  std::string so = entries[0] + "/model.so";
+  ASSERT_EQ(::truncate(so.c_str(), 4096), 0);
+  d = DaemonProcess::Start(args, dir / "daemon3.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(WaitReady((*d)->port(), "m")) << (*d)->Log();
+  ExpectCasesMatchEager((*d)->port(), "m", "mlp2");
+  EXPECT_EQ(CountEvents(store, "cache_invalid", "model.so is 4096 bytes"), 1);
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+}
+
+}  // namespace
+}  // namespace aotid::testing
