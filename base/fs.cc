@@ -1,5 +1,10 @@
 #include "base/fs.h"
 
+#ifdef __APPLE__
+#include <mach-o/dyld.h>
+#endif
+#include <climits>
+
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
@@ -211,6 +216,22 @@ std::string DefaultStoreDir() {
     return std::string(x) + "/aotid";
   }
   return ExpandHome("~/.local/share/aotid");
+}
+
+std::string ExecutablePath() {
+#ifdef __APPLE__
+  uint32_t size = 0;
+  _NSGetExecutablePath(nullptr, &size);
+  std::string path(size, '\0');
+  if (_NSGetExecutablePath(path.data(), &size) != 0) return "";
+  path.resize(std::strlen(path.c_str()));
+  char resolved[PATH_MAX];
+  return ::realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+#else
+  std::vector<char> buf(4096);
+  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : std::string();
+#endif
 }
 
 }  // namespace aotid::fs

@@ -37,6 +37,9 @@ StatusOr<std::string> Sha256File(const std::string& path);
 // path is ever derived.
 bool IsSha256Hex(std::string_view s);
 
+// The running executable's absolute path ("" when the OS will not say).
+std::string ExecutablePath();
+
 // A new, empty, uniquely named directory inside `parent`.
 StatusOr<std::string> MakeTempDir(const std::string& parent, std::string_view prefix);
 

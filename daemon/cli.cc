@@ -17,6 +17,7 @@
 #include "daemon/serve.h"
 #include "daemon/store_watch.h"
 #include "runtime/aoti_package.h"
+#include "runtime/build_cache.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
 
@@ -429,6 +430,69 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   return r->missing_blobs.empty() ? 0 : kExitFailure;
 }
 
+// `aotid cache ls|prune`: the builds on disk, what uses each, and removing
+// the ones nothing here will load (damaged, built for another machine or
+// torch, or for no stored version); --all removes every build.
+int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool all) {
+  const char* cmd = prune ? "cache prune" : "cache ls";
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage(cmd, cfg.status());
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail(cmd, store.status());
+  auto versions = (*store)->ListVersions();
+  if (!versions.ok()) return Fail(cmd, versions.status());
+  std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
+  runtime::BuildCache cache((*store)->CacheDir());
+  json rows = json::array();
+  int64_t freed = 0;
+  int removed = 0;
+  if (!prune && !as_json) {
+    std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", "ARTIFACT", "MODEL", "DEVICE", "SIZE", "STATE", "USED BY");
+  }
+  for (const auto& e : cache.List()) {
+    std::string used_by;
+    for (const auto& v : *versions) {
+      if (v.artifact == e.key.artifact && v.package_model == e.key.package_model) {
+        used_by += (used_by.empty() ? "" : ",") + v.model + ":" + std::to_string(v.version);
+      }
+    }
+    std::string state = !e.status.ok() ? "damaged" : e.key.fingerprint != fp ? "other-machine" : "ok";
+    std::string why = !e.status.ok() ? e.status.message()
+                      : e.key.fingerprint != fp ? "built for " + e.key.fingerprint + ", this machine is " + fp
+                      : used_by.empty() ? "no stored version uses it"
+                                        : "";
+    if (prune) {
+      if (!all && why.empty()) continue;
+      std::cout << (dry_run ? "would remove " : "removed ") << e.dir.substr((*store)->CacheDir().size() + 1) << " ("
+                << HumanSize(e.bytes) << "): " << (why.empty() ? "--all" : why) << "\n";
+      if (!dry_run) {
+        if (Status s = fs::RemoveAll(e.dir); !s.ok()) return Fail(cmd, s);
+      }
+      freed += e.bytes;
+      ++removed;
+      continue;
+    }
+    if (as_json) {
+      rows.push_back({{"dir", e.dir}, {"artifact", e.key.artifact}, {"package_model", e.key.package_model},
+                      {"device", e.key.device}, {"fingerprint", e.key.fingerprint},
+                      {"inductor_options", e.key.options}, {"bytes", e.bytes}, {"state", state},
+                      {"problem", e.status.ok() ? "" : e.status.message()},
+                      {"used_by", used_by}});
+      continue;
+    }
+    std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", e.key.artifact.substr(0, 12).c_str(),
+                e.key.package_model.c_str(), e.key.device.c_str(), HumanSize(e.bytes).c_str(), state.c_str(),
+                used_by.empty() ? "-" : used_by.c_str());
+  }
+  if (prune) {
+    if (all && !dry_run) (void)fs::RemoveAll((*store)->CacheDir() + "/.inductor");  // the compiler's own cache
+    std::cout << (dry_run ? "would remove " : "removed ") << removed << " cache entries, " << HumanSize(freed) << "\n";
+  } else if (as_json) {
+    std::cout << rows.dump(2) << "\n";
+  }
+  return 0;
+}
+
 int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int limit, bool as_json) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("events", cfg.status());
@@ -569,6 +633,16 @@ int RunCli(int argc, char** argv) {
   auto* doctor = app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
 
   std::string listen;
+  bool cache_json = false, cache_dry_run = false, cache_all = false;
+  auto* cache = app.add_subcommand("cache", "List or prune the builds cached for this machine");
+  cache->require_subcommand(1);
+  auto* cache_ls = cache->add_subcommand("ls", "List cached builds: model, device, size, state, the versions using each");
+  cache_ls->add_flag("--json", cache_json, "Print JSON");
+  auto* cache_prune = cache->add_subcommand(
+      "prune", "Remove damaged builds, builds for another machine or torch, and builds no version uses");
+  cache_prune->add_flag("--dry-run", cache_dry_run, "Only say what would be removed");
+  cache_prune->add_flag("--all", cache_all, "Remove every build (each is rebuilt when next needed)");
+
   InternalBuildArgs ib;
   auto* internal_build = app.add_subcommand("internal-build", "Build one model of an AOTInductor package (run by the daemon)");
   internal_build->group("");  // not for people
@@ -619,6 +693,7 @@ int RunCli(int argc, char** argv) {
     return RunDoctor(*cfg);
   }
   if (internal_build->parsed()) return RunInternalBuild(ib);
+  if (cache->parsed()) return CmdCache(g, cache_prune->parsed(), cache_json, cache_dry_run, cache_all);
   if (serve->parsed()) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("serve", cfg.status());

@@ -9,8 +9,10 @@
 // process, never the daemon.
 #include "daemon/internal_build.h"
 
-#include <sys/prctl.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <csignal>
 #include <iostream>

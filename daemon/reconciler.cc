@@ -202,7 +202,12 @@ runtime::BuildKey Reconciler::KeyFor(const storage::ModelVersion& v, const std::
 
 void Reconciler::Ensure(const storage::ModelVersion& v) {
   auto current = registry_->Find(v.model, v.version);
-  if (current && current->artifact == v.artifact && current->settings == v.settings) return;
+  // Serving as the store says. Anything else (in flight, failed, waiting
+  // for a retry) is told apart by the work sets below.
+  if (current && current->artifact == v.artifact && current->settings == v.settings &&
+      current->state == ServeState::kReady) {
+    return;
+  }
   std::string work = WorkKey(v);
   if (in_flight_.count(work) || failed_.count(work)) return;
   if (auto r = retries_.find(work); r != retries_.end() && r->second.at_ms > SteadyNowMs()) return;
@@ -331,7 +336,7 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
                         std::to_string(options_.max_attempts) + "); retrying in " +
                         std::to_string((wait_ms + 999) / 1000) + " s: " + r.status.message();
       Record(w, "build_retry", msg);
-      Publish(w, ServeState::kFailed, msg);
+      Publish(w, ServeState::kQueued, msg);
       ScheduleRetry(retries_[work].at_ms);
       continue;
     }

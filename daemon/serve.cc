@@ -62,9 +62,8 @@ void OnSignal(uv_signal_t* handle, int signum) {
 // This executable, which runs builds of AOTInductor packages
 // (`aotid internal-build`).
 std::string SelfExe() {
-  std::vector<char> buf(4096);
-  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : std::string("aotid");
+  std::string path = fs::ExecutablePath();
+  return path.empty() ? std::string("aotid") : path;
 }
 
 // The bearer token: the file's contents without surrounding whitespace.

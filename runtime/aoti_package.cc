@@ -368,6 +368,7 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     compile += " -" + ShellQuote(f);
   }
   for (const auto& p : strings(cf, "passthrough_args")) compile += " " + p;  // already shell words
+  compile += " -w";  // torch's headers warn by the hundred under -Wall -pedantic; errors are what matter here
   std::vector<std::string> objs = objects;
   for (size_t i = 0; i < cpps.size(); ++i) {
     std::string obj = src + "/compiled" + std::to_string(i) + ".o";
@@ -376,11 +377,18 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     ShellResult r = RunShell("{ " + cmd + " 2>&1; }");  // the compiler's messages are the log
     log << r.out << std::flush;
     if (r.exit_code != 0) {
-      // The compiler's own words, without the long command lines: its first
-      // error lines are what a person needs.
-      std::string first = r.out.substr(0, 3000);
+      // The compiler's error lines are what a person needs.
+      std::string errors;
+      std::istringstream lines(r.out);
+      int n = 0;
+      for (std::string line; std::getline(lines, line) && n < 10;) {
+        if (line.find("error") == std::string::npos) continue;
+        errors += "\n  " + line;
+        ++n;
+      }
+      if (errors.empty()) errors = "\n" + r.out.substr(0, 2000);
       return InvalidArgument("the package's C++ does not compile with " + req.cxx + " (exit " +
-                             std::to_string(r.exit_code) + "): " + first);
+                             std::to_string(r.exit_code) + "):" + errors);
     }
     objs.push_back(obj);
   }

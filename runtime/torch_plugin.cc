@@ -18,11 +18,8 @@ std::atomic<bool> g_loaded{false};
 std::string g_path;  // set once, before g_loaded
 
 std::string ExecutableDir() {
-  std::vector<char> buf(4096);
-  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) return "";
-  std::string path(buf.data(), static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/'));
+  std::string path = fs::ExecutablePath();
+  return path.empty() ? "" : path.substr(0, path.rfind('/'));
 }
 
 StatusOr<LoadCompiledModelFn> Resolve() {

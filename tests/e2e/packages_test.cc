@@ -204,6 +204,19 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
   ExpectCasesMatchEager((*d)->port(), "m", "mlp2");
   EXPECT_EQ(CountEvents(store, "cache_invalid", "model.so is 4096 bytes"), 1);
   EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+
+  // `aotid cache`: the entry, who uses it, and pruning it once nothing does.
+  ASSERT_EQ(RunAotid({"--store", store, "cache", "ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("ok         m:1"), std::string::npos) << out;
+  ASSERT_EQ(RunAotid({"--store", store, "cache", "prune"}, &out), 0) << out;
+  EXPECT_NE(out.find("removed 0 cache entries"), std::string::npos) << out;
+  Aotid({"--store", store, "rm", "m"});
+  ASSERT_EQ(RunAotid({"--store", store, "cache", "prune", "--dry-run"}, &out), 0) << out;
+  EXPECT_NE(out.find("no stored version uses it"), std::string::npos) << out;
+  EXPECT_EQ(Entries(store, TestData("mlp2.pt2")).size(), 1u);
+  ASSERT_EQ(RunAotid({"--store", store, "cache", "prune"}, &out), 0) << out;
+  EXPECT_NE(out.find("removed 1 cache entries"), std::string::npos) << out;
+  EXPECT_TRUE(Entries(store, TestData("mlp2.pt2")).empty());
 }
 
 }  // namespace
