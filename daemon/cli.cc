@@ -177,6 +177,29 @@ bool Wanted(const storage::ModelInfo& m, int64_t version) {
   return false;
 }
 
+// A package's metadata for `show`: the author's (from the blob), and
+// AOTInductor's: from the blob for a compiled package, from this machine's
+// build for an exported program (none before it is built).
+json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
+                     const std::vector<storage::BuildRecord>& builds, const std::string& fp) {
+  json out{{"author", json::object()}, {"aoti", json::object()}};
+  std::string blob = store.BlobPath(v.artifact);
+  if (auto author = runtime::ReadAuthorMetadata(blob); author.ok()) out["author"] = json::parse(*author, nullptr, false);
+  if (v.kind != storage::PackageKind::kExportedProgram) {
+    if (auto md = runtime::ReadAotiMetadata(blob, v.package_model); md.ok()) out["aoti"] = json::parse(md->json, nullptr, false);
+    return out;
+  }
+  auto b = BuildHere(builds, v, fp);
+  if (!b || b->state != storage::BuildState::kReady) return out;
+  runtime::BuildCache cache(store.CacheDir());
+  auto entry = cache.Lookup({v.artifact, v.package_model, b->device, fp, b->options});
+  if (entry.ok()) {
+    json p = json::parse(entry->package_json, nullptr, false);
+    if (p.is_object() && p.contains("aoti")) out["aoti"] = p["aoti"];
+  }
+  return out;
+}
+
 int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("add", cfg.status());
@@ -301,7 +324,8 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                              {"created_at", Timestamp(v->created_at_ms)},
                              {"settings", SettingsJson(v->settings)},
                              {"builds", here},
-                             {"builds_elsewhere", elsewhere}});
+                             {"builds_elsewhere", elsewhere},
+                             {"package_metadata", PackageMetadata(**store, *v, *builds, fp)}});
   }
   for (const auto& e : *events) {
     if (!version || e.version == *version || e.version == 0) j["events"].push_back(EventJson(e));
@@ -346,6 +370,9 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
       std::printf("  built elsewhere %s: %s\n", o["fingerprint"].get<std::string>().c_str(),
                   o["state"].get<std::string>().c_str());
     }
+    const json& pm = v["package_metadata"];
+    if (!pm["author"].empty()) std::printf("  author meta     %s\n", pm["author"].dump().c_str());
+    if (!pm["aoti"].empty()) std::printf("  aoti meta       %s\n", pm["aoti"].dump().c_str());
   }
   if (!j["events"].empty()) {
     std::printf("\nrecent events\n");

@@ -152,6 +152,20 @@ StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::stri
   return MetadataOf(z.get(), files, package_model);
 }
 
+StatusOr<std::string> ReadAuthorMetadata(const std::string& path) {
+  ASSIGN_OR_RETURN(Zip z, OpenZip(path));
+  zip_int64_t n = zip_get_num_entries(z.get(), 0);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    const char* raw = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+    std::string name = raw ? raw : "";
+    if (!EndsWith(name, "/extra/aotid.json") || name.find('/') != name.size() - 17) continue;
+    ASSIGN_OR_RETURN(std::string text, ReadEntry(z.get(), name));
+    json j = json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("metadata") && j["metadata"].is_object()) return j["metadata"].dump();
+  }
+  return std::string("{}");
+}
+
 Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw) {
   if (!m.platform.empty() && m.platform != hw.os) {
     return FailedPrecondition("package was compiled for " + m.platform + ", this machine runs " + hw.os);

@@ -37,6 +37,11 @@ struct AotiMetadata {
 // the package has several .json files for it).
 StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model);
 
+// The author's metadata of a package (the "metadata" object of its
+// extra/aotid.json, as aotid_export writes it), as JSON text; "{}" when
+// the package has none.
+StatusOr<std::string> ReadAuthorMetadata(const std::string& path);
+
 // Ok when a build with this metadata can run here; otherwise
 // FailedPrecondition naming the mismatch, for example "package was compiled
 // for AVX512 (avx512f avx512dq avx512vl avx512bw), this CPU has AVX2 only".

@@ -141,6 +141,10 @@ TEST(Packages, AotiPackagesBuildWithoutPython) {
   EXPECT_TRUE(OutputsMatch(r.body["outputs"], want)) << r.body.dump();
   EXPECT_EQ(Get(port, "/v2/models/so").body["parameters"]["aoti"]["AOTI_DEVICE_KEY"], "cpu");
   EXPECT_EQ(Get(port, "/v2/models/so").body["parameters"]["author"]["kind"], "so");
+  std::string shown;
+  ASSERT_EQ(RunAotid({"--config", config, "--store", store, "show", "so"}, &shown), 0) << shown;
+  EXPECT_NE(shown.find(R"(author meta     {"kind":"so","purpose":"aotid test"})"), std::string::npos) << shown;
+  EXPECT_NE(shown.find(R"("AOTI_DEVICE_KEY":"cpu")"), std::string::npos) << shown;
 
   // Refused, each with its reason; the daemon and the others keep serving.
   EXPECT_FALSE(WaitReady(port, "broken", 300));
@@ -203,6 +207,17 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
   ASSERT_TRUE(WaitReady((*d)->port(), "m")) << (*d)->Log();
   ExpectCasesMatchEager((*d)->port(), "m", "mlp2");
   EXPECT_EQ(CountEvents(store, "cache_invalid", "model.so is 4096 bytes"), 1);
+
+  // A version removed while it builds: the build is cancelled, and leaves
+  // nothing behind.
+  Aotid({"--store", store, "add", TestData("mlp.pt2"), "--name", "gone"});
+  ASSERT_TRUE(WaitFor([&] { return !Pids("aotid_worker.compile").empty(); }, 60)) << (*d)->Log();
+  Aotid({"--store", store, "rm", "gone"});
+  EXPECT_TRUE(WaitFor([&] { return Pids("aotid_worker.compile").empty(); }, 30)) << (*d)->Log();
+  EXPECT_TRUE(WaitFor([&] { return (*d)->Log().find("cancelling the build of") != std::string::npos; }, 5));
+  EXPECT_TRUE(Entries(store, TestData("mlp.pt2")).empty());
+  EXPECT_EQ(Get((*d)->port(), "/v2/models/gone").status, 404);
+  ExpectCasesMatchEager((*d)->port(), "m", "mlp2");
   EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
 
   // `aotid cache`: the entry, who uses it, and pruning it once nothing does.
