@@ -25,14 +25,17 @@ echo "== first build (cold store, one build at a time, $(nproc) cores)"
 "$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/cold.log" 2>&1 &
 wait_ready "$work/cold.log"
 kill -TERM $! && wait $! || true
-"$AOTID" --store "$store" events --json -n 1000 | "$PY" -c '
+"$AOTID" --store "$store" events --json -n 1000 >"$work/events.json"
+"$PY" - "$work/events.json" <<'PYEOF'
 import json, sys
-for line in sys.stdin:
+for line in open(sys.argv[1]):
     e = json.loads(line)
+    model, msg = e["model"], e["message"]
     if e["kind"] == "build_ready":
-        print(f"  {e[\"model\"]:8} {int(e[\"message\"].split()[2]) / 1000:6.1f} s")
+        print(f"  {model:8} {int(msg.split()[2]) / 1000:6.1f} s")
     if e["kind"] in ("build_failed", "load_failed"):
-        print(f"  {e[\"model\"]:8} FAILED: {e[\"message\"][:200]}")'
+        print(f"  {model:8} FAILED: {msg[:200]}")
+PYEOF
 
 echo "== cached start ($RESTARTS restarts): start -> every model ready, and start -> each model loaded"
 for i in $(seq 1 "$RESTARTS"); do

@@ -12,20 +12,33 @@
 
 namespace aotid::bench {
 
-inline StatusOr<std::unique_ptr<runtime::LoadedModel>> LoadCachedModel(const std::string& store_dir,
-                                                                        const std::string& model, int runners = 1) {
+// The cache entry of a model's newest version on this machine, with the
+// options the daemon would load it with.
+struct CachedBuild {
+  runtime::CacheEntry entry;
+  runtime::LoadOptions options;
+};
+
+inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const std::string& model, int runners = 1) {
   ASSIGN_OR_RETURN(auto store, storage::ModelStore::Open(store_dir, false));
   ASSIGN_OR_RETURN(storage::ModelInfo info, store->GetModel(model));
   if (info.versions.empty()) return NotFound("model " + model + " has no versions");
   const auto& mv = info.versions.back();
   runtime::BuildCache cache(store->CacheDir());
-  std::string fp = runtime::Fingerprint(runtime::ProbeHardware());
-  ASSIGN_OR_RETURN(runtime::CacheEntry entry,
-                   cache.Lookup({mv.artifact, mv.package_model, "cpu", fp, mv.settings.inductor_options}));
-  runtime::LoadOptions opts;
-  opts.num_runners = runners;
-  opts.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, runtime::ProbeHardware().cores);
-  return runtime::LoadCompiledModel(entry, opts);
+  runtime::HardwareInfo hw = runtime::ProbeHardware();
+  CachedBuild b;
+  ASSIGN_OR_RETURN(b.entry, cache.Lookup({mv.artifact, mv.package_model, "cpu", runtime::Fingerprint(hw),
+                                          mv.kind == storage::PackageKind::kExportedProgram
+                                              ? mv.settings.inductor_options : ""}));
+  b.options.num_runners = runners;
+  b.options.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, hw.cores);
+  return b;
+}
+
+inline StatusOr<std::unique_ptr<runtime::LoadedModel>> LoadCachedModel(const std::string& store_dir,
+                                                                        const std::string& model, int runners = 1) {
+  ASSIGN_OR_RETURN(CachedBuild b, FindCachedBuild(store_dir, model, runners));
+  return runtime::LoadCompiledModel(b.entry, b.options);
 }
 
 }  // namespace aotid::bench
