@@ -36,6 +36,8 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
        {{"listen", {Key::kString, [](Config& c, const toml::node& n) { c.listen = *n.value<std::string>(); }}},
         {"threads", {Key::kInt, [](Config& c, const toml::node& n) { c.threads = static_cast<int>(*n.value<int64_t>()); }, 1, 1024}},
         {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}},
+        {"request_timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.request_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
+        {"idle_timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.idle_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
         {"max_queued_requests", {Key::kInt, [](Config& c, const toml::node& n) { c.max_queued_requests = static_cast<int>(*n.value<int64_t>()); }, 1, 1000000}},
         {"token_file", {Key::kString, [](Config& c, const toml::node& n) { c.token_file = *n.value<std::string>(); }}},
         {"token_scope", {Key::kString, [](Config& c, const toml::node& n) { c.token_scope = *n.value<std::string>(); }}},
@@ -175,8 +177,17 @@ StatusOr<Config> LoadConfig(const std::string& explicit_path) {
 
 Status ParseListen(const std::string& listen, std::string* host, int* port) {
   auto bad = [&](const std::string& why) {
-    return InvalidArgument("listen address '" + listen + "' " + why + " (expected HOST:PORT, e.g. 127.0.0.1:8765)");
+    return InvalidArgument("listen address '" + listen + "' " + why +
+                           " (expected HOST:PORT, e.g. 127.0.0.1:8765, or unix:/absolute/path)");
   };
+  if (listen.rfind("unix:", 0) == 0) {
+    std::string path = listen.substr(5);
+    if (path.empty() || path.front() != '/') return bad("needs an absolute socket path");
+    if (path.size() > 100) return bad("has a socket path longer than 100 bytes");
+    *host = listen;
+    *port = 0;
+    return Status::OK();
+  }
   size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0) return bad("has no port");
   std::string h = listen.substr(0, colon);

@@ -16,6 +16,8 @@ struct Config {
   // [server]
   std::string listen = "127.0.0.1:8765";
   int threads = 8;
+  int request_timeout_s = 60;  // reading one request must finish within this
+  int idle_timeout_s = 30;     // a keep-alive connection's wait for its next request
   int64_t max_body_bytes = 64 << 20;
   int max_queued_requests = 256;          // per batched model version; more get 503
   std::string token_file;                 // empty: no token required

@@ -2,10 +2,17 @@
 
 #include <arpa/inet.h>
 #include <httplib.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstring>
@@ -19,6 +26,15 @@
 
 namespace aotid::daemon {
 namespace {
+
+// cpp-httplib's request handling (routing, the handlers below, 413s, the
+// exception handler) on a connection aotid accepted itself.
+class ConnectionServer final : public httplib::Server {
+ public:
+  bool Process(httplib::Stream& strm, bool close_connection, bool& connection_closed) {
+    return process_request(strm, close_connection, connection_closed, nullptr);
+  }
+};
 
 using json = nlohmann::json;
 constexpr char kJson[] = "application/json";
@@ -129,15 +145,8 @@ int HttpStatusFor(const Status& s) {
 
 HttpApi::HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options)
     : registry_(registry), metrics_(metrics), options_(std::move(options)),
-      server_(std::make_unique<httplib::Server>()) {
-  server_->new_task_queue = [threads = options_.threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));  // (n_threads)
-  };
+      server_(std::make_unique<ConnectionServer>()) {
   server_->set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
-  server_->set_tcp_nodelay(true);  // small JSON replies must not wait on Nagle
-  server_->set_keep_alive_max_count(1000);
-  server_->set_read_timeout(30, 0);
-  server_->set_write_timeout(30, 0);
   Routes();
 }
 
@@ -410,47 +419,236 @@ void HttpApi::Routes() {
 
 namespace {
 
-// Debian's cpp-httplib is built with a listen backlog of 5, so a burst of
-// new connections (32 clients connecting at once) overflows the accept
-// queue and some fail. The library does not expose its socket; find the
-// listening socket bound to `port` among this process's descriptors and
-// listen() on it again with a deep backlog (Linux updates it in place).
-void RaiseListenBacklog(int port) {
-  for (int fd = 0; fd < 4096; ++fd) {
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
-    sockaddr_storage addr{};
-    socklen_t alen = sizeof addr;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
-    int bound = addr.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
-                : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                                             : -1;
-    if (bound == port && ::listen(fd, SOMAXCONN) != 0) {
-      LOG_WARNING << "cannot raise the listen backlog: " << std::strerror(errno);
-    }
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One accepted connection as httplib reads and writes it. Every read of a
+// request shares one deadline, so a client that trickles its headers or
+// body (slowloris) is cut off after the request time limit, not after each
+// byte's timeout.
+class ConnStream final : public httplib::Stream {
+ public:
+  ConnStream(int fd, std::string peer, int write_timeout_ms)
+      : fd_(fd), peer_(std::move(peer)), write_timeout_ms_(write_timeout_ms) {}
+
+  void StartRequest(int64_t deadline_ms) { deadline_ms_ = deadline_ms; }
+
+  bool is_readable() const override {
+    return pos_ < end_ || Wait(POLLIN, std::max<int64_t>(0, deadline_ms_ - NowMs()));
   }
+  bool is_writable() const override { return Wait(POLLOUT, write_timeout_ms_); }
+  // Buffered: httplib reads the request line and headers a byte at a time.
+  ssize_t read(char* ptr, size_t size) override {
+    if (pos_ == end_) {
+      if (size >= sizeof buf_) return Recv(ptr, size);  // a large body: straight into place
+      ssize_t n = Recv(buf_, sizeof buf_);
+      if (n <= 0) return n;
+      pos_ = 0;
+      end_ = static_cast<size_t>(n);
+    }
+    size_t n = std::min(size, end_ - pos_);
+    std::memcpy(ptr, buf_ + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  bool HasBuffered() const { return pos_ < end_; }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    ssize_t n;
+    do n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+  }
+  ssize_t Recv(char* ptr, size_t size) {
+    if (!Wait(POLLIN, std::max<int64_t>(0, deadline_ms_ - NowMs()))) return -1;
+    ssize_t n;
+    do n = ::recv(fd_, ptr, size, 0);
+    while (n < 0 && errno == EINTR);
+    return n;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = peer_;
+    port = 0;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "";
+    port = 0;
+  }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  bool Wait(short events, int64_t timeout_ms) const {
+    pollfd p{fd_, events, 0};
+    int r;
+    do r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(timeout_ms, 1 << 30)));
+    while (r < 0 && errno == EINTR);
+    return r > 0 && (p.revents & (events | POLLHUP)) != 0;
+  }
+
+  int fd_;
+  std::string peer_;
+  int write_timeout_ms_;
+  int64_t deadline_ms_ = 0;
+  char buf_[4096];
+  size_t pos_ = 0, end_ = 0;
+};
+
+std::string PeerName(const sockaddr_storage& addr) {
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (addr.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, buf, sizeof buf);
+  } else if (addr.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, buf, sizeof buf);
+  } else {
+    return "unix";
+  }
+  return buf;
 }
 
 }  // namespace
 
-Status HttpApi::Bind() {
-  if (options_.port == 0) {
-    port_ = server_->bind_to_any_port(options_.host);
-    if (port_ <= 0) return Unavailable("cannot bind " + options_.host + " on any port");
-  } else {
-    if (!server_->bind_to_port(options_.host, options_.port)) {
-      return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
-                         " (address in use or not available; set server.listen or --listen)");
-    }
-    port_ = options_.port;
+// The listening socket and its accept loop. aotid accepts connections
+// itself (TCP or a unix socket) and hands each to a worker thread, which
+// runs httplib's request handling on it: Debian's cpp-httplib (0.11.4) can
+// neither listen on a unix socket nor bound the time a whole request takes,
+// and it listens with a backlog of 5, which a burst of clients overflows.
+class HttpApi::Listener {
+ public:
+  Listener(ConnectionServer* server, const HttpOptions& options) : server_(server), options_(options) {}
+  ~Listener() {
+    Stop();
+    if (fd_ >= 0) ::close(fd_);
+    if (!options_.unix_path.empty() && bound_) ::unlink(options_.unix_path.c_str());
   }
-  RaiseListenBacklog(port_);
+
+  StatusOr<int> Bind() {
+    if (!options_.unix_path.empty()) return BindUnix();
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    std::string port = std::to_string(options_.port);
+    if (int rc = ::getaddrinfo(options_.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+      return InvalidArgument("cannot listen on " + options_.host + ": " + ::gai_strerror(rc));
+    }
+    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
+    fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return ErrnoError("socket", errno);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd_, SOMAXCONN) != 0) {
+      int e = errno;
+      return Unavailable("cannot listen on " + options_.host + ":" + port + ": " + std::strerror(e) +
+                         " (set server.listen or --listen)");
+    }
+    bound_ = true;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  }
+
+  void Serve() {
+    httplib::ThreadPool pool(static_cast<size_t>(std::max(1, options_.threads)));
+    while (!stopping_.load()) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;  // wakes to notice Stop()
+      sockaddr_storage peer{};
+      socklen_t len = sizeof peer;
+      int conn = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      if (peer.ss_family != AF_UNIX) {
+        int one = 1;
+        ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies must not wait on Nagle
+      }
+      pool.enqueue([this, conn, name = PeerName(peer)] { Handle(conn, name); });
+    }
+    pool.shutdown();
+  }
+
+  void Stop() { stopping_.store(true); }
+
+ private:
+  StatusOr<int> BindUnix() {
+    const std::string& path = options_.unix_path;
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) return InvalidArgument("unix socket path is too long: " + path);
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    // A socket file left by an earlier run (the daemon holds the store lock,
+    // so no other aotid is using it); anything else is not ours to remove.
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) return FailedPrecondition(path + " exists and is not a socket");
+      ::unlink(path.c_str());
+    }
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return ErrnoError("socket", errno);
+    mode_t old = ::umask(0117);  // created 0660: owner and group
+    int rc = ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    int e = errno;
+    ::umask(old);
+    if (rc != 0) return Unavailable("cannot listen on unix:" + path + ": " + std::strerror(e));
+    bound_ = true;
+    if (::chmod(path.c_str(), 0660) != 0) return ErrnoError("chmod 0660 " + path, errno);
+    if (::listen(fd_, SOMAXCONN) != 0) return ErrnoError("listen on unix:" + path, errno);
+    return 0;
+  }
+
+  void Handle(int fd, const std::string& peer) {
+    ConnStream strm(fd, peer, 30'000);
+    while (!stopping_.load()) {
+      // Idle between requests: wait for the next one's first byte (it may
+      // already be buffered, pipelined behind the last request).
+      if (!strm.HasBuffered()) {
+        pollfd p{fd, POLLIN, 0};
+        int64_t idle_until = NowMs() + int64_t{options_.idle_timeout_s} * 1000;
+        int r = 0;
+        while (!stopping_.load() && (r = ::poll(&p, 1, 100)) == 0 && NowMs() < idle_until) {
+        }
+        if (r <= 0 || (p.revents & POLLIN) == 0 || stopping_.load()) break;
+      }
+      int64_t deadline = NowMs() + int64_t{options_.request_timeout_s} * 1000;
+      strm.StartRequest(deadline);
+      bool closed = false;
+      bool ok = server_->Process(strm, /*close_connection=*/false, closed);
+      // A request that could not be read whole (timed out, malformed, cut
+      // off) ends the connection: its remaining bytes cannot be trusted.
+      if (closed || !ok || NowMs() >= deadline) break;
+    }
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+  }
+
+  ConnectionServer* server_;
+  HttpOptions options_;
+  int fd_ = -1;
+  bool bound_ = false;
+  std::atomic<bool> stopping_{false};
+};
+
+Status HttpApi::Bind() {
+  listener_ = std::make_unique<Listener>(static_cast<ConnectionServer*>(server_.get()), options_);
+  ASSIGN_OR_RETURN(port_, listener_->Bind());
   return Status::OK();
 }
 
-void HttpApi::Serve() { server_->listen_after_bind(); }
+std::string HttpApi::Address() const {
+  if (!options_.unix_path.empty()) return "unix:" + options_.unix_path;
+  std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host;
+  return "http://" + host + ":" + std::to_string(port_);
+}
 
-void HttpApi::Stop() { server_->stop(); }
+void HttpApi::Serve() {
+  if (listener_) listener_->Serve();
+}
+
+void HttpApi::Stop() {
+  if (listener_) listener_->Stop();
+}
 
 }  // namespace aotid::daemon

@@ -27,7 +27,13 @@ namespace aotid::daemon {
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8765;  // 0 picks a free port; see HttpApi::port()
+  std::string unix_path;  // when set, listen on this unix socket (mode 0660) instead of host:port
   int threads = 8;
+  // Limits per connection: reading one request (line, headers and body)
+  // must finish within request_timeout_s; a keep-alive connection may wait
+  // idle_timeout_s for its next request.
+  int request_timeout_s = 60;
+  int idle_timeout_s = 30;
   int64_t max_body_bytes = 64 << 20;
   std::string token;  // when set, requests need "Authorization: Bearer <token>"
   bool token_for_all = true;  // false: only the repository routes need it
@@ -47,6 +53,7 @@ int HttpStatusFor(const Status& s);
 
 class HttpApi {
  public:
+  class Listener;
   // `metrics` records infer requests and renders GET /metrics; it must
   // outlive the server.
   HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options);
@@ -55,6 +62,8 @@ class HttpApi {
   // Binds the socket. Unavailable (naming the address) when it is taken.
   Status Bind();
   int port() const { return port_; }
+  // Where it listens, for people: "http://127.0.0.1:8765", "unix:/run/aotid.sock".
+  std::string Address() const;
   // Serves until Stop(); call from the thread that should run the accept loop.
   void Serve();
   // Safe from any thread.
@@ -66,6 +75,7 @@ class HttpApi {
   Metrics* metrics_;
   HttpOptions options_;
   std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<Listener> listener_;
   int port_ = 0;
 };
 

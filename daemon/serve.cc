@@ -133,7 +133,13 @@ int Serve(const Config& config) {
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
   hopts.threads = config.threads;
   hopts.max_body_bytes = config.max_body_bytes;
-  hopts.check_host = IsLoopbackHost(hopts.host);
+  hopts.request_timeout_s = config.request_timeout_s;
+  hopts.idle_timeout_s = config.idle_timeout_s;
+  bool on_unix = hopts.host.rfind("unix:", 0) == 0;
+  if (on_unix) hopts.unix_path = hopts.host.substr(5);
+  // A unix socket is out of a browser's reach, so DNS rebinding cannot
+  // reach it; its file mode (0660) guards it.
+  hopts.check_host = !on_unix && IsLoopbackHost(hopts.host);
   hopts.allowed_hosts = config.allowed_hosts;
   hopts.cors_origins = config.cors_origins;
   hopts.token_for_all = config.token_scope == "all";
@@ -143,7 +149,7 @@ int Serve(const Config& config) {
     if (!token.ok()) return fail(token.status());
     hopts.token = *token;
   }
-  if (!hopts.check_host) {
+  if (!on_unix && !IsLoopbackHost(hopts.host)) {
     LOG_WARNING << "listening on " << hopts.host << ", which is not a loopback address: anyone who can reach "
                 << "this machine can use the API" << (hopts.token.empty() ? "; set server.token_file" : "");
   }
@@ -169,8 +175,7 @@ int Serve(const Config& config) {
   // anything, so an early request gets 503 "building", never 404.
   watch.Start(&loop);
   if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
-  std::string shown_host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
-  LOG_INFO << "serving on http://" << shown_host << ":" << http.port();
+  LOG_INFO << "serving on " << http.Address();
   std::thread http_thread([&http] { http.Serve(); });
 
   uv_run(&loop, UV_RUN_DEFAULT);

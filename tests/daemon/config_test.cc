@@ -82,6 +82,11 @@ TEST(Config, ParseListenAcceptsV4AndBracketedV6) {
   EXPECT_EQ(port, 0);
   EXPECT_FALSE(ParseListen("::1:80", &host, &port).ok());
   EXPECT_FALSE(ParseListen("h:99999", &host, &port).ok());
+  ASSERT_OK(ParseListen("unix:/run/aotid/aotid.sock", &host, &port));
+  EXPECT_EQ(host, "unix:/run/aotid/aotid.sock");
+  Status relative = ParseListen("unix:aotid.sock", &host, &port);
+  EXPECT_NE(relative.message().find("needs an absolute socket path"), std::string::npos) << relative.message();
+  EXPECT_FALSE(ParseListen("unix:/" + std::string(200, 'x'), &host, &port).ok());
 }
 
 TEST(Config, SecurityKeysParseAndAreChecked) {

@@ -2,7 +2,16 @@
 // loopback: the Host check that stops DNS rebinding, the bearer token, and
 // CORS. No model is needed, so no build runs.
 #include <httplib.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -157,6 +166,111 @@ TEST_F(ApiSecurity, CorsAnswersConfiguredOriginsOnly) {
   auto bad_preflight = c.Options("/v2", {{"Origin", "http://evil.example"}});
   ASSERT_TRUE(bad_preflight);
   EXPECT_EQ(bad_preflight->status, 403);
+}
+
+// Raw HTTP over a connected socket: what was written, and all the reply
+// until the server closes or `timeout_ms` passes.
+std::string Exchange(int fd, const std::string& request, int timeout_ms = 5000) {
+  if (!request.empty()) (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string reply;
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) break;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+    if (request.find("Connection: close") == std::string::npos && reply.find("\r\n\r\n") != std::string::npos) {
+      size_t cl = reply.find("Content-Length: ");
+      size_t head = reply.find("\r\n\r\n") + 4;
+      if (cl != std::string::npos && reply.size() >= head + std::stoul(reply.substr(cl + 16))) break;
+    }
+  }
+  return reply;
+}
+
+int ConnectTcp(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// listen = "unix:/path": a socket file of mode 0660, the API over it, and
+// no TCP port at all.
+TEST(ApiListen, UnixSocketServesTheApiWithMode0660) {
+  TempDir dir;
+  std::string sock = dir / "aotid.sock", log = dir / "daemon.log";
+  auto pid = SpawnAotid({"serve", "--store", dir / "store", "--listen", "unix:" + sock}, log);
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  bool up = false;
+  for (int i = 0; i < 600 && !up; ++i) {  // bounded: 60 s
+    up = fs::ReadFile(log).value_or("").find("serving on unix:" + sock) != std::string::npos;
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(up) << fs::ReadFile(log).value_or("");
+  struct stat st;
+  ASSERT_EQ(::lstat(sock.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  for (int round = 0; round < 2; ++round) {  // two connections, the second after the first closed
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, sock.c_str(), sock.size() + 1);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+    // Keep-alive: two requests on one connection.
+    std::string live = Exchange(fd, "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    EXPECT_NE(live.find("HTTP/1.1 200"), std::string::npos) << live;
+    EXPECT_NE(live.find(R"({"live":true})"), std::string::npos) << live;
+    std::string meta = Exchange(fd, "GET /v2 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    EXPECT_NE(meta.find(R"("name":"aotid")"), std::string::npos) << meta;
+    ::close(fd);
+  }
+  ASSERT_EQ(::kill(*pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExitFor(*pid, 30), 0);
+  EXPECT_FALSE(fs::Exists(sock));  // removed on the way out
+}
+
+// A client that trickles its request is cut off at server.request_timeout_s,
+// however steadily it sends; headers past the limit get an error; and the
+// daemon answers the next request at once.
+TEST_F(ApiSecurity, SlowAndOversizedRequestsAreCutOff) {
+  Start("[server]\nrequest_timeout_s = 2\nthreads = 4\n");
+  int slow = ConnectTcp(daemon_->port());
+  ASSERT_GE(slow, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string head = "GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+  bool cut = false;
+  for (int i = 0; i < 100 && !cut; ++i) {  // one byte every 100 ms: each read is quick, the request is not
+    char c = i < static_cast<int>(head.size()) ? head[i] : 'a';
+    cut = ::send(slow, &c, 1, MSG_NOSIGNAL) != 1;
+    pollfd p{slow, POLLIN, 0};
+    if (!cut && ::poll(&p, 1, 100) > 0) cut = true;  // the server closed the connection (or said why first)
+  }
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(cut) << "the trickling client was never cut off";
+  EXPECT_LT(took, 6.0);
+  EXPECT_GE(took, 1.5);
+  ::close(slow);
+
+  int big = ConnectTcp(daemon_->port());
+  std::string reply =
+      Exchange(big, "GET /v2 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+  ::close(big);
+  EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply.substr(0, 200);
+
+  auto ok = Get("/v2/health/live");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(daemon_->Alive());
 }
 
 }  // namespace
