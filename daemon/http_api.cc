@@ -36,6 +36,23 @@ class ConnectionServer final : public httplib::Server {
   }
 };
 
+// The connection the calling HTTP thread is serving (-1 outside one).
+thread_local int t_connection_fd = -1;
+
+// Whether the peer of `fd` has closed its end (or the connection broke).
+// A client that half-closes after sending its request counts as gone; HTTP
+// clients do not do that.
+bool PeerClosed(int fd) {
+#ifdef POLLRDHUP
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+#else
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  return ::poll(&p, 1, 0) > 0 && ((p.revents & (POLLHUP | POLLERR)) != 0 || ::recv(fd, &c, 1, MSG_PEEK) == 0);
+#endif
+}
+
 using json = nlohmann::json;
 constexpr char kJson[] = "application/json";
 // The binary tensor extension: the JSON part's length, the rest is tensor bytes.
@@ -306,9 +323,18 @@ void HttpApi::Routes() {
     }
     auto decoded = DecodeInferRequest(req.body, sm->model->spec(), {}, json_length);
     if (!decoded.ok()) return SendStatus(res, decoded.status());
+    // A request whose client has gone is not run (here, or by the batcher
+    // when it forms the batch); it counts as 499, as nginx has it.
+    int fd = t_connection_fd;
+    if (fd >= 0 && PeerClosed(fd)) return SendError(res, 499, runtime::kClientGone);
+    runtime::SetClientAlive(fd >= 0 ? runtime::ClientAlive([fd] { return !PeerClosed(fd); }) : nullptr);
     auto run_start = Clock::now();
     auto outputs = sm->model->Infer(decoded->inputs);
     compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+    runtime::SetClientAlive(nullptr);
+    if (!outputs.ok() && outputs.status().message() == runtime::kClientGone) {
+      return SendError(res, 499, runtime::kClientGone);
+    }
     if (!outputs.ok()) return SendStatus(res, outputs.status());
     res.status = 200;
     EncodedResponse encoded = EncodeInferResponse(sm->name, sm->version, *decoded, *outputs);
@@ -601,6 +627,7 @@ class HttpApi::Listener {
 
   void Handle(int fd, const std::string& peer) {
     ConnStream strm(fd, peer, 30'000);
+    t_connection_fd = fd;
     while (!stopping_.load()) {
       // Idle between requests: wait for the next one's first byte (it may
       // already be buffered, pipelined behind the last request).
@@ -620,6 +647,7 @@ class HttpApi::Listener {
       // off) ends the connection: its remaining bytes cannot be trusted.
       if (closed || !ok || NowMs() >= deadline) break;
     }
+    t_connection_fd = -1;
     ::shutdown(fd, SHUT_RDWR);
     ::close(fd);
   }

@@ -83,7 +83,7 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
   int64_t version = v.version;
   return std::make_shared<runtime::BatchingModel>(std::move(model), opts, [metrics, name, version](
                                                                             const runtime::BatchReport& r) {
-    if (metrics) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
+    if (metrics && r.rows > 0) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
   });
 }
 

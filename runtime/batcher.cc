@@ -50,7 +50,7 @@ BatchingModel::~BatchingModel() {
 
 StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs) {
   if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
-  Pending p{&inputs, inputs[0].shape[0], Clock::now()};
+  Pending p{&inputs, inputs[0].shape[0], Clock::now(), CurrentClientAlive()};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return Unavailable("the model is being unloaded");
   if (static_cast<int>(queue_.size()) >= options_.max_queued) {
@@ -75,6 +75,27 @@ void BatchingModel::Work() {
     while (!stopping_ && !queue_.empty() && queued_rows_ < options_.max_batch_size &&
            Clock::now() < deadline) {
       arrived_.wait_until(lock, deadline);
+    }
+    // Requests whose client went away while they waited are not run.
+    int dropped = 0;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if ((*it)->alive && !(*it)->alive()) {
+        (*it)->result = Unavailable(kClientGone);
+        (*it)->done = true;
+        queued_rows_ -= (*it)->rows;
+        it = queue_.erase(it);
+        ++dropped;
+      } else {
+        ++it;
+      }
+    }
+    if (dropped) {
+      finished_.notify_all();
+      if (on_batch_) {
+        BatchReport r;
+        r.dropped = dropped;
+        on_batch_(r);
+      }
     }
     if (queue_.empty()) continue;
     std::vector<Pending*> batch{queue_.front()};
@@ -160,5 +181,12 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
     p->result = std::move(mine);
   }
 }
+
+namespace {
+thread_local ClientAlive t_client_alive;
+}  // namespace
+
+void SetClientAlive(ClientAlive probe) { t_client_alive = std::move(probe); }
+const ClientAlive& CurrentClientAlive() { return t_client_alive; }
 
 }  // namespace aotid::runtime

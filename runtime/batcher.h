@@ -32,6 +32,7 @@ struct BatchOptions {
 struct BatchReport {
   int rows = 0;
   int requests = 0;
+  int dropped = 0;  // requests whose client had gone: not run
   std::vector<double> queue_seconds;  // per request: enqueue to run start
 };
 
@@ -47,7 +48,9 @@ class BatchingModel final : public LoadedModel {
   const ModelSpec& spec() const override { return inner_->spec(); }
   const std::string& device() const override { return inner_->device(); }
   // Blocks until this request's rows are computed. ResourceExhausted when
-  // the queue is full (the caller should retry shortly).
+  // the queue is full (the caller should retry shortly); Unavailable with
+  // kClientGone when the caller's client left while it waited (checked
+  // through CurrentClientAlive() when a batch is formed).
   StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) override;
 
  private:
@@ -56,6 +59,7 @@ class BatchingModel final : public LoadedModel {
     const std::vector<HostTensor>* inputs;
     int64_t rows;
     Clock::time_point enqueued;
+    ClientAlive alive;
     bool done = false;
     StatusOr<std::vector<HostTensor>> result{Status(StatusCode::kInternal, "not run")};
   };

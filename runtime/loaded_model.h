@@ -2,6 +2,7 @@
 // uses; it hides torch entirely.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,17 @@ class LoadedModel {
   // inside the model comes back as a Status, never as an exception.
   virtual StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) = 0;
 };
+
+// Whether the client of the request the calling thread serves is still
+// connected. The HTTP layer sets it for each request on its thread; the
+// batcher reads it when it queues the request, and drops the request before
+// it runs when the client has gone. Empty: always there.
+using ClientAlive = std::function<bool()>;
+void SetClientAlive(ClientAlive probe);
+const ClientAlive& CurrentClientAlive();
+
+// The status of a request dropped because its client went away.
+inline constexpr char kClientGone[] = "the client closed the connection before its request ran";
 
 struct LoadOptions {
   std::string device = "cpu";  // the AOTInductor runner: cpu, cuda, mps

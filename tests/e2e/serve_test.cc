@@ -2,6 +2,9 @@
 // loopback. The models are compiled once (the first daemon start) and the
 // whole suite shares them; the restart test proves the cache is used.
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -517,6 +520,28 @@ TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   Reply after = Post(port(), "/v2/models/mlp/infer", body);
   EXPECT_EQ(after.status, 200) << after.body.dump();
   EXPECT_TRUE(daemon_->Alive());
+
+  // A client that hangs up while its request waits for a batch (400 ms
+  // here): the request is dropped before it runs, counted as 499.
+  auto before = Scrape(port());
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  std::string request = "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // queued, waiting for the batch
+  ::close(fd);
+  const std::string series = R"({model="mlp",version="3")";
+  auto code = [&](const std::map<std::string, double>& m, const char* c) {
+    auto it = m.find("aotid_inference_requests_total" + series + ",code=\"" + c + "\"}");
+    return it == m.end() ? 0.0 : it->second;
+  };
+  EXPECT_TRUE(WaitFor([&] { return code(Scrape(port()), "499") - code(before, "499") == 1; }, 5));
+  EXPECT_EQ(Post(port(), "/v2/models/mlp/infer", body).status, 200);
 }
 
 }  // namespace

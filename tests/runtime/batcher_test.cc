@@ -1,6 +1,7 @@
 #include "runtime/batcher.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -159,6 +160,35 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
   for (auto& t : clients) t.join();
   // A batch of one is not split, so it may pass through; every joined caller fails with the reason.
   EXPECT_GE(reasoned, 2);
+}
+
+// A request whose client left while it waited in the queue is answered
+// with kClientGone and never runs; the others in the batch do.
+TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
+  auto fake = std::make_shared<FakeModel>();
+  BatchOptions opts;
+  opts.max_batch_size = 8;
+  opts.max_delay_us = 300'000;  // long enough for both to queue
+  std::atomic<int> dropped{0};
+  BatchingModel model(fake, opts, [&](const BatchReport& r) { dropped += r.dropped; });
+  std::atomic<bool> gone_client_connected{true};
+  StatusOr<std::vector<HostTensor>> gone = Internal("not run"), kept = Internal("not run");
+  std::thread a([&] {
+    SetClientAlive([&] { return gone_client_connected.load(); });
+    gone = model.Infer({Rows({1, 2}, 2)});
+    SetClientAlive(nullptr);
+  });
+  std::thread b([&] { kept = model.Infer({Rows({3, 4}, 2)}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  gone_client_connected = false;  // the first client hangs up while queued
+  a.join();
+  b.join();
+  EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(gone.status().message(), kClientGone);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(fake->calls.load(), 1);
+  EXPECT_EQ(fake->max_rows.load(), 1);  // only the kept row ran
+  EXPECT_EQ(dropped.load(), 1);
 }
 
 TEST(Batcher, OnlyDynamicFirstDimsCanBatch) {
