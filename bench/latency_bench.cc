@@ -86,6 +86,53 @@ class Echo {
   std::thread thread_;
 };
 
+// A minimal keep-alive HTTP/1.1 client on a raw socket: the request bytes
+// are built once, and a reply is read up to its Content-Length. It costs
+// about what the echo client costs, so the server's share of a round trip
+// is what is left (the httplib client adds its own parsing on top).
+class RawHttp {
+ public:
+  explicit RawHttp(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  ~RawHttp() { ::close(fd_); }
+  static std::string Request(const std::string& method, const std::string& path, const std::string& body) {
+    std::string r = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    if (!body.empty()) r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    return r + "\r\n" + body;
+  }
+  // Sends `request`, reads one reply; its status code, or -1.
+  int RoundTrip(const std::string& request) {
+    if (!ok_ || ::write(fd_, request.data(), request.size()) != static_cast<ssize_t>(request.size())) return -1;
+    buf_.clear();
+    size_t head_end = std::string::npos, need = 0;
+    char chunk[65536];
+    for (;;) {
+      if (head_end != std::string::npos && buf_.size() >= need) break;
+      ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n <= 0) return -1;
+      buf_.append(chunk, static_cast<size_t>(n));
+      if (head_end == std::string::npos && (head_end = buf_.find("\r\n\r\n")) != std::string::npos) {
+        size_t cl = buf_.find("Content-Length: ");
+        need = head_end + 4 + (cl == std::string::npos || cl > head_end ? 0 : std::stoul(buf_.substr(cl + 16)));
+      }
+    }
+    return buf_.size() > 12 ? std::atoi(buf_.c_str() + 9) : -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+  std::string buf_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,7 +177,9 @@ int main(int argc, char** argv) {
   client.set_keep_alive(true);
   client.set_tcp_nodelay(true);
   std::string path = "/v2/models/" + model + "/infer";
-  std::vector<double> http_us, inproc_us;
+  std::vector<double> http_us, inproc_us, raw_us, raw_live_us;
+  RawHttp raw(port);
+  std::string raw_infer = RawHttp::Request("POST", path, *body), raw_live = RawHttp::Request("GET", "/v2/health/live", "");
   // Interleaved, so both sides see the same machine noise.
   for (int i = 0; i < iterations + 50; ++i) {
     auto t0 = Clock::now();
@@ -148,7 +197,13 @@ int main(int argc, char** argv) {
     auto live = client.Get("/v2/health/live");  // the HTTP path with no model and no JSON decode
     auto t4 = Clock::now();
     if (!live || live->status != 200) return Die("health check failed");
+    if (raw.RoundTrip(raw_infer) != 200) return Die("raw HTTP infer failed");
+    auto t5 = Clock::now();
+    if (raw.RoundTrip(raw_live) != 200) return Die("raw HTTP health check failed");
+    auto t6 = Clock::now();
     if (i < 50) continue;  // warm-up
+    raw_us.push_back(std::chrono::duration<double, std::micro>(t5 - t4).count());
+    raw_live_us.push_back(std::chrono::duration<double, std::micro>(t6 - t5).count());
     live_us.push_back(std::chrono::duration<double, std::micro>(t4 - t3).count());
     http_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     inproc_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
@@ -163,5 +218,10 @@ int main(int argc, char** argv) {
               "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f\n",
               model.c_str(), iterations, body->size(), hp50, hp99, ip50, ip99, hp50 - ip50, hp99 - ip99, ep50, ep99,
               (hp50 - ip50) / ep50, Percentile(live_us, 0.5));
+  // The same with the raw client: the server's own overhead.
+  double rp50 = Percentile(raw_us, 0.5), rp99 = Percentile(raw_us, 0.99);
+  std::printf("model=%s raw_client http_p50_us=%.1f http_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f "
+              "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f\n",
+              model.c_str(), rp50, rp99, rp50 - ip50, rp99 - ip99, (rp50 - ip50) / ep50, Percentile(raw_live_us, 0.5));
   return 0;
 }

@@ -38,11 +38,11 @@ sleep 1
 loaded_kb="$(rss_kb $pid)"
 
 conv_sha="$(sha256sum "$work/models/conv.pt2" | cut -c1-64)"
-conv_pkg="$(ls "$store"/cache/"$conv_sha"/*/model.pt2 | head -1)"
-py_kb="$("$PY" -W ignore - "$conv_pkg" <<'PYEOF'
-import sys, torch, torch._inductor
-runner = torch._inductor.aoti_load_package(sys.argv[1])
-runner(torch.randn(1, 3, 32, 32))
+conv_so="$(ls "$store"/cache/"$conv_sha"/*/model.so | head -1)"
+py_kb="$("$PY" -W ignore - "$conv_so" <<'PYEOF'
+import sys, torch
+runner = torch._C._aoti.AOTIModelContainerRunnerCpu(sys.argv[1], 1)  # the very build the daemon loaded
+runner.run([torch.randn(1, 3, 32, 32)])
 print([l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS")][0])
 PYEOF
 )"
