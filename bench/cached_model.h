@@ -15,6 +15,7 @@ namespace aotid::bench {
 // The cache entry of a model's newest version on this machine, with the
 // options the daemon would load it with.
 struct CachedBuild {
+  std::string cache_root;
   runtime::CacheEntry entry;
   runtime::LoadOptions options;
 };
@@ -27,6 +28,7 @@ inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const
   runtime::BuildCache cache(store->CacheDir());
   runtime::HardwareInfo hw = runtime::ProbeHardware();
   CachedBuild b;
+  b.cache_root = store->CacheDir();
   ASSIGN_OR_RETURN(b.entry, cache.Lookup({mv.artifact, mv.package_model, "cpu", runtime::Fingerprint(hw),
                                           mv.kind == storage::PackageKind::kExportedProgram
                                               ? mv.settings.inductor_options : ""}));

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     // place, model container and constants. Later loads of the same file
     // reuse the mapping and only build the container.
     auto t_first = std::chrono::steady_clock::now();
-    aotid::runtime::BuildCache first_cache(found->entry.dir.substr(0, found->entry.dir.rfind('/', found->entry.dir.rfind('/') - 1)));
+    aotid::runtime::BuildCache first_cache(found->cache_root);
     std::string manifest = *aotid::fs::ReadFile(found->entry.dir + "/manifest.json");
     auto mkey = nlohmann::json::parse(manifest);
     auto first_entry = first_cache.Lookup({mkey["artifact"], mkey["package_model"], mkey["device"], mkey["fingerprint"],

@@ -143,6 +143,17 @@ StatusOr<AotiMetadata> MetadataOf(zip_t* z, const std::vector<std::string>& file
   return m;
 }
 
+// The archive's <root>/extra/aotid.json (aotid_export's), or "".
+std::string ExtraEntry(zip_t* z) {
+  zip_int64_t n = zip_get_num_entries(z, 0);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    const char* raw = zip_get_name(z, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
+    std::string name = raw ? raw : "";
+    if (EndsWith(name, "/extra/aotid.json") && name.find('/') == name.size() - 17) return name;
+  }
+  return "";
+}
+
 }  // namespace
 
 StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model) {
@@ -154,16 +165,11 @@ StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::stri
 
 StatusOr<std::string> ReadAuthorMetadata(const std::string& path) {
   ASSIGN_OR_RETURN(Zip z, OpenZip(path));
-  zip_int64_t n = zip_get_num_entries(z.get(), 0);
-  for (zip_int64_t i = 0; i < n; ++i) {
-    const char* raw = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
-    std::string name = raw ? raw : "";
-    if (!EndsWith(name, "/extra/aotid.json") || name.find('/') != name.size() - 17) continue;
-    ASSIGN_OR_RETURN(std::string text, ReadEntry(z.get(), name));
-    json j = json::parse(text, nullptr, false);
-    if (j.is_object() && j.contains("metadata") && j["metadata"].is_object()) return j["metadata"].dump();
-  }
-  return std::string("{}");
+  std::string name = ExtraEntry(z.get());
+  if (name.empty()) return std::string("{}");
+  ASSIGN_OR_RETURN(std::string text, ReadEntry(z.get(), name));
+  json j = json::parse(text, nullptr, false);
+  return j.is_object() && j.contains("metadata") && j["metadata"].is_object() ? j["metadata"].dump() : "{}";
 }
 
 Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw) {
@@ -255,13 +261,12 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
                                                   std::ostream& log) {
   ASSIGN_OR_RETURN(Zip z, OpenZip(req.artifact_path));
   std::vector<std::string> files = ModelEntries(z.get(), req.package_model);
-  std::string extra_name;
+  std::string extra_name = ExtraEntry(z.get());
   zip_int64_t n = zip_get_num_entries(z.get(), 0);
   for (zip_int64_t i = 0; i < n; ++i) {
     const char* raw = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
     if (raw == nullptr) continue;
     std::string name = raw;
-    if (EndsWith(name, "/extra/aotid.json") && name.find('/') == name.size() - 17) extra_name = name;
     if (name.find("/data/weights/") != std::string::npos || name.find("/data/constants/") != std::string::npos) {
       return InvalidArgument("the package keeps its weights outside the compiled code (" + name +
                              "); aotid loads packages whose weights are inside (AOTInductor's default, "
