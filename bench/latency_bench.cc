@@ -171,6 +171,10 @@ int main(int argc, char** argv) {
     ::setsockopt(echo_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
   std::string echo_buf(body->size(), '\0');
+  auto fail = [&](const std::string& msg) {
+    ::close(echo_fd);  // ends the echo thread, which ~Echo joins
+    return Die(msg);
+  };
   std::vector<double> echo_us, live_us;
 
   httplib::Client client("127.0.0.1", port);
@@ -185,21 +189,21 @@ int main(int argc, char** argv) {
     auto t0 = Clock::now();
     auto r = client.Post(path.c_str(), *body, "application/json");
     auto t1 = Clock::now();
-    if (!r || r->status != 200) return Die("HTTP infer failed");
+    if (!r || r->status != 200) return fail("HTTP infer failed");
     auto out = (*loaded)->Infer(req->inputs);
     auto t2 = Clock::now();
-    if (!out.ok()) return Die(out.status().message());
+    if (!out.ok()) return fail(out.status().message());
     if (::write(echo_fd, body->data(), body->size()) != static_cast<ssize_t>(body->size()) ||
         !Echo::ReadFull(echo_fd, echo_buf.data(), echo_buf.size())) {
-      return Die("echo failed");
+      return fail("echo failed");
     }
     auto t3 = Clock::now();
     auto live = client.Get("/v2/health/live");  // the HTTP path with no model and no JSON decode
     auto t4 = Clock::now();
-    if (!live || live->status != 200) return Die("health check failed");
-    if (raw.RoundTrip(raw_infer) != 200) return Die("raw HTTP infer failed");
+    if (!live || live->status != 200) return fail("health check failed");
+    if (raw.RoundTrip(raw_infer) != 200) return fail("raw HTTP infer failed");
     auto t5 = Clock::now();
-    if (raw.RoundTrip(raw_live) != 200) return Die("raw HTTP health check failed");
+    if (raw.RoundTrip(raw_live) != 200) return fail("raw HTTP health check failed");
     auto t6 = Clock::now();
     if (i < 50) continue;  // warm-up
     raw_us.push_back(std::chrono::duration<double, std::micro>(t5 - t4).count());

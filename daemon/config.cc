@@ -38,6 +38,7 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
         {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}},
         {"request_timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.request_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
         {"idle_timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.idle_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
+        {"max_header_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_header_bytes = static_cast<int>(*n.value<int64_t>()); }, 1024, 1 << 20}},
         {"max_queued_requests", {Key::kInt, [](Config& c, const toml::node& n) { c.max_queued_requests = static_cast<int>(*n.value<int64_t>()); }, 1, 1000000}},
         {"token_file", {Key::kString, [](Config& c, const toml::node& n) { c.token_file = *n.value<std::string>(); }}},
         {"token_scope", {Key::kString, [](Config& c, const toml::node& n) { c.token_scope = *n.value<std::string>(); }}},

@@ -19,6 +19,7 @@ struct Config {
   int request_timeout_s = 60;  // reading one request must finish within this
   int idle_timeout_s = 30;     // a keep-alive connection's wait for its next request
   int64_t max_body_bytes = 64 << 20;
+  int max_header_bytes = 16 << 10;  // request line and headers: 431 past it
   int max_queued_requests = 256;          // per batched model version; more get 503
   std::string token_file;                 // empty: no token required
   std::string token_scope = "all";        // "all" routes, or "repository" routes only

@@ -1,4 +1,4 @@
-// The HTTP API (Open Inference Protocol v2) over cpp-httplib.
+// The HTTP API (Open Inference Protocol v2) over aotid's HTTP server (http_server.h).
 //
 // Handlers never throw: every error becomes {"error": "..."} with the status
 // from HttpStatusFor(). HTTP threads never wait on a build: a model that is
@@ -15,12 +15,9 @@
 #include <vector>
 
 #include "base/status.h"
+#include "daemon/http_server.h"
 #include "daemon/metrics.h"
 #include "daemon/model_registry.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace aotid::daemon {
 
@@ -35,6 +32,7 @@ struct HttpOptions {
   int request_timeout_s = 60;
   int idle_timeout_s = 30;
   int64_t max_body_bytes = 64 << 20;
+  int max_header_bytes = 16 << 10;  // request line and headers
   std::string token;  // when set, requests need "Authorization: Bearer <token>"
   bool token_for_all = true;  // false: only the repository routes need it
   std::string store_dir;      // the repository routes write the store here
@@ -53,7 +51,6 @@ int HttpStatusFor(const Status& s);
 
 class HttpApi {
  public:
-  class Listener;
   // `metrics` records infer requests and renders GET /metrics; it must
   // outlive the server.
   HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options);
@@ -71,11 +68,13 @@ class HttpApi {
 
  private:
   void Routes();
+  void Handle(http::Request& req, http::Response& res) const;
+  bool Admit(const http::Request& req, http::Response& res) const;
   const ModelRegistry* registry_;
   Metrics* metrics_;
   HttpOptions options_;
-  std::unique_ptr<httplib::Server> server_;
-  std::unique_ptr<Listener> listener_;
+  http::Router router_;
+  std::unique_ptr<http::Server> server_;
   int port_ = 0;
 };
 

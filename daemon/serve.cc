@@ -133,6 +133,7 @@ int Serve(const Config& config) {
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
   hopts.threads = config.threads;
   hopts.max_body_bytes = config.max_body_bytes;
+  hopts.max_header_bytes = config.max_header_bytes;
   hopts.request_timeout_s = config.request_timeout_s;
   hopts.idle_timeout_s = config.idle_timeout_s;
   bool on_unix = hopts.host.rfind("unix:", 0) == 0;

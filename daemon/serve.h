@@ -1,5 +1,5 @@
 // `aotid serve`: the daemon. One libuv loop thread owns the control plane
-// (store, builds, reconcile, signals); cpp-httplib threads own the data plane.
+// (store, builds, reconcile, signals); the HTTP server's workers own the data plane.
 #pragma once
 
 #include "daemon/config.h"

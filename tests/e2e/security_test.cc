@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -265,11 +266,119 @@ TEST_F(ApiSecurity, SlowAndOversizedRequestsAreCutOff) {
   std::string reply =
       Exchange(big, "GET /v2 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
   ::close(big);
-  EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply.substr(0, 200);
+  EXPECT_EQ(reply.find("HTTP/1.1 431"), 0u) << reply.substr(0, 200);
+  EXPECT_NE(reply.find("request headers are larger than 16384 bytes"), std::string::npos) << reply.substr(0, 300);
 
   auto ok = Get("/v2/health/live");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(daemon_->Alive());
+}
+
+// Reads from `fd` until `done(reply)` or `timeout_ms` passes.
+std::string ReadUntil(int fd, const std::function<bool(const std::string&)>& done, int timeout_ms = 5000) {
+  std::string reply;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char buf[4096];
+  while (!done(reply)) {
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now()).count());
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, left) <= 0) break;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  return reply;
+}
+
+bool PeerClosedWithin(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  return ::poll(&p, 1, timeout_ms) > 0 && ::recv(fd, &c, 1, 0) == 0;
+}
+
+// HTTP/1.1 as clients other than the usual ones speak it, over real
+// connections: pipelining, chunked bodies, Expect: 100-continue, HEAD,
+// 405, HTTP/1.0, smuggling shapes; and more keep-alive connections than
+// worker threads, all served.
+TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
+  Start("[server]\nthreads = 2\nidle_timeout_s = 20\nmax_body_bytes = 4096\n");
+  const int port = daemon_->port();
+  // Two requests in one write: two answers, in order.
+  int fd = ConnectTcp(port);
+  ASSERT_GE(fd, 0);
+  std::string both = "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\nGET /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  ::send(fd, both.data(), both.size(), MSG_NOSIGNAL);
+  std::string two = ReadUntil(fd, [](const std::string& r) { return r.find("\"name\":\"aotid\"") != std::string::npos; });
+  size_t live = two.find("{\"live\":true}"), meta = two.find("\"name\":\"aotid\"");
+  ASSERT_NE(live, std::string::npos) << two;
+  ASSERT_NE(meta, std::string::npos) << two;
+  EXPECT_LT(live, meta);
+  EXPECT_EQ(two.find("HTTP/1.1 200 OK\r\n"), 0u) << two;
+
+  // A chunked body is decoded: the handler sees the JSON it spells.
+  std::string chunked = "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        "5\r\n{\"rea\r\n8;x=y\r\ndy\": 5}\r\n0\r\n\r\n";
+  std::string reply = Exchange(fd, chunked);
+  EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply;
+  EXPECT_NE(reply.find("'ready' must be true or false"), std::string::npos) << reply;
+  // Expect: 100-continue: told to go on, then answered; too large: 413 at once.
+  std::string body = "{\"ready\": true}";
+  std::string head = "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  std::string go_on = ReadUntil(fd, [](const std::string& r) { return r.find("\r\n\r\n") != std::string::npos; });
+  EXPECT_EQ(go_on, "HTTP/1.1 100 Continue\r\n\r\n");
+  reply = Exchange(fd, body);
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), 0u) << reply;
+  EXPECT_NE(reply.find("\r\n\r\n[]"), std::string::npos) << reply;  // no models in this store
+  // HEAD: the head of GET's answer, no body.
+  std::string head_req = "HEAD /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  ::send(fd, head_req.data(), head_req.size(), MSG_NOSIGNAL);
+  reply = ReadUntil(fd, [](const std::string&) { return false; }, 500);
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), 0u) << reply;
+  EXPECT_NE(reply.find("Content-Length: "), std::string::npos) << reply;
+  EXPECT_EQ(reply.find("\r\n\r\n"), reply.size() - 4) << reply;
+  // A method the route does not take.
+  reply = Exchange(fd, "DELETE /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  EXPECT_EQ(reply.find("HTTP/1.1 405"), 0u) << reply;
+  EXPECT_NE(reply.find("Allow: GET, HEAD\r\n"), std::string::npos) << reply;
+  // Content-Length and Transfer-Encoding together: refused, connection closed.
+  reply = Exchange(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n"
+                       "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+  EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply;
+  EXPECT_NE(reply.find("both Content-Length and Transfer-Encoding"), std::string::npos) << reply;
+  EXPECT_TRUE(PeerClosedWithin(fd, 3000));
+  ::close(fd);
+
+  fd = ConnectTcp(port);
+  reply = Exchange(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+                       "Content-Length: 1000000000\r\n\r\n");
+  EXPECT_EQ(reply.find("HTTP/1.1 413"), 0u) << reply;
+  EXPECT_NE(reply.find("exceeds the limit of 4096 bytes"), std::string::npos) << reply;
+  ::close(fd);
+  // HTTP/1.0 without keep-alive: answered, then closed.
+  fd = ConnectTcp(port);
+  reply = Exchange(fd, "GET /v2/health/live HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), 0u) << reply;
+  EXPECT_NE(reply.find("Connection: close\r\n"), std::string::npos) << reply;
+  EXPECT_TRUE(PeerClosedWithin(fd, 3000));
+  ::close(fd);
+
+  // Ten keep-alive connections on two workers: every one is answered, twice,
+  // long before the 20 s idle timeout would free a worker.
+  std::vector<int> conns;
+  for (int i = 0; i < 10; ++i) conns.push_back(ConnectTcp(port));
+  auto t0 = std::chrono::steady_clock::now();
+  for (int round = 0; round < 2; ++round) {
+    for (int c : conns) {
+      std::string r = Exchange(c, "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n", 5000);
+      EXPECT_EQ(r.find("HTTP/1.1 200"), 0u) << "round " << round << ": " << r;
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  for (int c : conns) ::close(c);
   EXPECT_TRUE(daemon_->Alive());
 }
 

@@ -1,0 +1,934 @@
+#include "daemon/http_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "base/log.h"
+
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0  // macOS: SO_NOSIGPIPE is set on each connection instead
+#endif
+
+namespace aotid::daemon::http {
+namespace {
+
+char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool IEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (Lower(a[i]) != Lower(b[i])) return false;
+  }
+  return true;
+}
+
+// RFC 9110 token characters (methods, header names).
+bool IsTokenChar(char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+  return std::strchr("!#$%&'*+-.^_`|~", c) != nullptr && c != '\0';
+}
+
+bool IsToken(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), IsTokenChar);
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// The next line of `data` from `pos`, without its CRLF (or bare LF);
+// npos in *next when no line end is there yet.
+std::string_view NextLine(std::string_view data, size_t pos, size_t* next) {
+  size_t nl = data.find('\n', pos);
+  if (nl == std::string_view::npos) {
+    *next = std::string_view::npos;
+    return {};
+  }
+  *next = nl + 1;
+  size_t end = nl > pos && data[nl - 1] == '\r' ? nl - 1 : nl;
+  return data.substr(pos, end - pos);
+}
+
+HeadResult HeadError(int status, std::string error) {
+  HeadResult r;
+  r.state = HeadResult::kError;
+  r.status = status;
+  r.error = std::move(error);
+  return r;
+}
+
+bool ParseRequestLine(std::string_view line, Request* req, HeadResult* err) {
+  size_t sp1 = line.find(' ');
+  size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos || sp2 == sp1 + 1 || line.find(' ', sp2 + 1) != std::string_view::npos) {
+    *err = HeadError(400, "malformed request line: expected 'METHOD /path HTTP/1.1'");
+    return false;
+  }
+  std::string_view method = line.substr(0, sp1), target = line.substr(sp1 + 1, sp2 - sp1 - 1),
+                   version = line.substr(sp2 + 1);
+  if (!IsToken(method)) {
+    *err = HeadError(400, "malformed request line: bad method");
+    return false;
+  }
+  if (version.size() != 8 || version.substr(0, 5) != "HTTP/" || version[6] != '.' || version[5] < '0' ||
+      version[5] > '9' || version[7] < '0' || version[7] > '9') {
+    *err = HeadError(400, "malformed request line: bad HTTP version");
+    return false;
+  }
+  if (version[5] != '1') {
+    *err = HeadError(505, "HTTP version " + std::string(version.substr(5)) + " is not supported (HTTP/1.x only)");
+    return false;
+  }
+  bool origin_form = !target.empty() && target.front() == '/';
+  if (!origin_form && !(target == "*" && method == "OPTIONS")) {
+    *err = HeadError(400, "request target must be a path starting with '/'");
+    return false;
+  }
+  for (char c : target) {
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) {
+      *err = HeadError(400, "request target contains a control character");
+      return false;
+    }
+  }
+  req->method = method;
+  req->target = target;
+  size_t q = target.find('?');
+  req->path = target.substr(0, q);
+  req->query = q == std::string_view::npos ? std::string() : std::string(target.substr(q + 1));
+  req->minor_version = version[7] - '0';
+  return true;
+}
+
+bool ParseDigits(std::string_view s, uint64_t* out) {
+  if (s.empty() || s.size() > 19) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+const std::string* Request::Find(std::string_view name) const {
+  for (const auto& h : headers) {
+    if (IEquals(h.name, name)) return &h.value;
+  }
+  return nullptr;
+}
+
+std::string Request::Get(std::string_view name) const {
+  const std::string* v = Find(name);
+  return v ? *v : std::string();
+}
+
+std::string_view ReasonPhrase(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+  }
+}
+
+HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req) {
+  size_t pos = 0;
+  // A client may send an empty line or two before a request (RFC 9112 2.2).
+  while (pos < data.size() && pos < 4 && (data[pos] == '\r' || data[pos] == '\n')) ++pos;
+  size_t next;
+  std::string_view line = NextLine(data, pos, &next);
+  if (next == std::string_view::npos) {
+    if (data.size() > limits.max_header_bytes) {
+      return HeadError(414, "request line is longer than " + std::to_string(limits.max_header_bytes) + " bytes");
+    }
+    return {};
+  }
+  if (next > limits.max_header_bytes) {
+    return HeadError(414, "request line is longer than " + std::to_string(limits.max_header_bytes) + " bytes");
+  }
+  HeadResult err;
+  if (!ParseRequestLine(line, req, &err)) return err;
+  req->headers.clear();
+  pos = next;
+  for (;;) {
+    line = NextLine(data, pos, &next);
+    if (next == std::string_view::npos || next > limits.max_header_bytes) {
+      if (data.size() > limits.max_header_bytes) {
+        return HeadError(431, "request headers are larger than " + std::to_string(limits.max_header_bytes) +
+                                  " bytes");
+      }
+      return {};
+    }
+    pos = next;
+    if (line.empty()) break;
+    if (line.front() == ' ' || line.front() == '\t') {
+      return HeadError(400, "malformed header: folded header lines are not accepted");
+    }
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos || !IsToken(line.substr(0, colon))) {
+      return HeadError(400, "malformed header line '" + std::string(line.substr(0, 40)) + "'");
+    }
+    std::string_view value = Trim(line.substr(colon + 1));
+    for (char c : value) {
+      if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
+        return HeadError(400, "header '" + std::string(line.substr(0, colon)) + "' contains a control character");
+      }
+    }
+    if (req->headers.size() >= limits.max_headers) {
+      return HeadError(431, "more than " + std::to_string(limits.max_headers) + " request headers");
+    }
+    req->headers.push_back({std::string(line.substr(0, colon)), std::string(value)});
+  }
+  if (req->minor_version >= 1) {
+    int hosts = 0;
+    for (const auto& h : req->headers) hosts += IEquals(h.name, "Host");
+    if (hosts != 1) return HeadError(400, hosts == 0 ? "HTTP/1.1 request without a Host header"
+                                                     : "more than one Host header");
+  }
+  HeadResult done;
+  done.state = HeadResult::kDone;
+  done.consumed = pos;
+  return done;
+}
+
+BodyFraming FramingOf(const Request& req) {
+  BodyFraming f;
+  auto error = [&](int status, std::string message) {
+    f.kind = BodyFraming::kError;
+    f.status = status;
+    f.error = std::move(message);
+    return f;
+  };
+  const std::string* length = nullptr;
+  bool chunked = false;
+  for (const auto& h : req.headers) {
+    if (IEquals(h.name, "Transfer-Encoding")) {
+      if (chunked || !IEquals(Trim(h.value), "chunked")) {
+        return error(501, "Transfer-Encoding '" + h.value + "' is not supported (only chunked)");
+      }
+      chunked = true;
+    } else if (IEquals(h.name, "Content-Length")) {
+      if (length && *length != h.value) return error(400, "conflicting Content-Length headers");
+      length = &h.value;
+    }
+  }
+  if (chunked && length) return error(400, "a request must not have both Content-Length and Transfer-Encoding");
+  if (chunked) {
+    f.kind = BodyFraming::kChunked;
+    return f;
+  }
+  if (length) {
+    if (!ParseDigits(*length, &f.length)) return error(400, "Content-Length must be a byte count, got '" + *length + "'");
+    f.kind = f.length > 0 ? BodyFraming::kLength : BodyFraming::kNone;
+  }
+  return f;
+}
+
+ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::string* body) {
+  ChunkedResult r;
+  auto error = [&](int status, std::string message) {
+    r.state = ChunkedResult::kError;
+    r.status = status;
+    r.error = std::move(message);
+    return r;
+  };
+  constexpr size_t kMaxLine = 4096;  // a size line with extensions, or a trailer
+  size_t pos = 0;
+  for (;;) {
+    size_t next;
+    std::string_view line = NextLine(data, pos, &next);
+    if (next == std::string_view::npos) {
+      if (data.size() - pos > kMaxLine) return error(400, "malformed chunked body: chunk size line too long");
+      return r;
+    }
+    std::string_view size_text = line.substr(0, line.find(';'));
+    uint64_t size = 0;
+    if (size_text.empty() || size_text.size() > 15) return error(400, "malformed chunked body: bad chunk size");
+    auto [p, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
+    if (ec != std::errc() || p != size_text.data() + size_text.size()) {
+      return error(400, "malformed chunked body: bad chunk size '" + std::string(size_text.substr(0, 20)) + "'");
+    }
+    if (size == 0) {
+      // Trailers, then the blank line that ends the body. They are read
+      // and dropped: nothing here needs them.
+      size_t t = next;
+      for (;;) {
+        size_t after;
+        std::string_view trailer = NextLine(data, t, &after);
+        if (after == std::string_view::npos) {
+          if (data.size() - t > kMaxLine) return error(431, "chunked body trailers are too large");
+          return r;
+        }
+        t = after;
+        if (trailer.empty()) break;
+      }
+      r.state = ChunkedResult::kDone;
+      r.consumed = t;
+      return r;
+    }
+    if (static_cast<uint64_t>(max_body_bytes) < size ||
+        body->size() > static_cast<uint64_t>(max_body_bytes) - size) {
+      return error(413, "request body exceeds the limit of " + std::to_string(max_body_bytes) + " bytes");
+    }
+    if (data.size() - next < size + 1) return r;  // the chunk and at least its LF
+    std::string_view chunk = data.substr(next, size);
+    size_t end = next + size;
+    if (data[end] == '\r') {
+      if (data.size() - end < 2) return r;
+      if (data[end + 1] != '\n') return error(400, "malformed chunked body: chunk not followed by CRLF");
+      end += 2;
+    } else if (data[end] == '\n') {
+      end += 1;
+    } else {
+      return error(400, "malformed chunked body: chunk not followed by CRLF");
+    }
+    body->append(chunk);
+    pos = end;
+    r.consumed = pos;
+  }
+}
+
+bool PercentDecode(std::string_view in, std::string* out) {
+  out->clear();
+  out->reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out->push_back(in[i]);
+      continue;
+    }
+    if (i + 2 >= in.size()) return false;
+    uint8_t v = 0;
+    auto [p, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, v, 16);
+    if (ec != std::errc() || p != in.data() + i + 3) return false;
+    out->push_back(static_cast<char>(v));
+    i += 2;
+  }
+  return true;
+}
+
+namespace {
+
+std::vector<std::string_view> Segments(std::string_view path) {
+  std::vector<std::string_view> out;
+  if (!path.empty() && path.front() == '/') path.remove_prefix(1);
+  for (;;) {
+    size_t slash = path.find('/');
+    out.push_back(path.substr(0, slash));
+    if (slash == std::string_view::npos) return out;
+    path.remove_prefix(slash + 1);
+  }
+}
+
+}  // namespace
+
+void Router::Add(std::string method, std::string_view pattern, Handler handler) {
+  Route r{std::move(method), {}, std::move(handler)};
+  for (auto s : Segments(pattern)) r.segments.emplace_back(s);
+  routes_.push_back(std::move(r));
+}
+
+void Router::Dispatch(Request& req, Response& res) const {
+  std::vector<std::string_view> segs = Segments(req.path);
+  const std::string want = req.method == "HEAD" ? "GET" : req.method;
+  std::string allow;
+  for (const Route& r : routes_) {
+    if (r.segments.size() != segs.size()) continue;
+    bool match = true;
+    for (size_t i = 0; i < segs.size() && match; ++i) match = r.segments[i] == "*" || r.segments[i] == segs[i];
+    if (!match) continue;
+    if (r.method != want) {
+      if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
+      continue;
+    }
+    req.params.clear();
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (r.segments[i] != "*") continue;
+      std::string decoded;
+      if (!PercentDecode(segs[i], &decoded)) {
+        res.status = 400;
+        res.Set(error_body_("malformed percent-escape in the path '" + req.path + "'"), "application/json");
+        return;
+      }
+      req.params.push_back(std::move(decoded));
+    }
+    r.handler(req, res);
+    return;
+  }
+  if (!allow.empty()) {
+    if (allow.find("GET") != std::string::npos) allow += ", HEAD";
+    res.status = 405;
+    res.SetHeader("Allow", allow);
+    res.Set(error_body_("method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")"),
+            "application/json");
+  } else {
+    res.status = 404;
+    res.Set(error_body_("no route for " + req.method + " " + req.path), "application/json");
+  }
+}
+
+bool ClientGone(int fd) {
+  if (fd < 0) return false;
+#ifdef POLLRDHUP
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+#else
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  return ::poll(&p, 1, 0) > 0 && ((p.revents & (POLLHUP | POLLERR)) != 0 || ::recv(fd, &c, 1, MSG_PEEK) == 0);
+#endif
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// Bytes read from a connection and not yet consumed.
+class Buffer {
+ public:
+  std::string_view View() const { return {data_.data() + begin_, end_ - begin_}; }
+  bool Empty() const { return begin_ == end_; }
+  void Consume(size_t n) {
+    begin_ += n;
+    if (begin_ == end_) begin_ = end_ = 0;
+  }
+  // Room for at least `n` more bytes at Tail().
+  char* Reserve(size_t n) {
+    if (data_.size() - end_ < n) {
+      if (begin_ > 0) {  // compact first
+        std::memmove(data_.data(), data_.data() + begin_, end_ - begin_);
+        end_ -= begin_;
+        begin_ = 0;
+      }
+      if (data_.size() - end_ < n) data_.resize(end_ + n);
+    }
+    return data_.data() + end_;
+  }
+  size_t Room() const { return data_.size() - end_; }
+  void Commit(size_t n) { end_ += n; }
+
+ private:
+  std::vector<char> data_;
+  size_t begin_ = 0, end_ = 0;
+};
+
+struct Conn {
+  int fd = -1;
+  bool tcp = true;
+  Buffer in;
+  int64_t idle_until_ms = 0;  // while parked
+  ~Conn() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Waits until `fd` is readable or `deadline_ms` passes; false then.
+bool WaitReadable(int fd, int64_t deadline_ms) {
+  for (;;) {
+    int64_t left = deadline_ms - NowMs();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// Reads what is there (at least one byte; the socket is readable) into the
+// buffer; false when the peer closed or the read failed.
+bool RecvSome(Conn& c) {
+  char* tail = c.in.Reserve(16 << 10);
+  ssize_t n;
+  do n = ::recv(c.fd, tail, c.in.Room(), 0);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0) return false;
+  c.in.Commit(static_cast<size_t>(n));
+  return true;
+}
+
+// The same, waiting for bytes until `deadline_ms`.
+bool ReadSome(Conn& c, int64_t deadline_ms) { return WaitReadable(c.fd, deadline_ms) && RecvSome(c); }
+
+// Writes all of the iovecs (the socket has a send timeout); false when the
+// peer is gone or too slow.
+bool WriteAll(int fd, iovec* iov, int count) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(count);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    auto left = static_cast<size_t>(n);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return true;
+}
+
+bool WantsKeepAlive(const Request& req) {
+  const std::string* c = req.Find("Connection");
+  auto has = [&](std::string_view token) {
+    if (!c) return false;
+    std::string_view rest = *c;
+    while (!rest.empty()) {
+      size_t comma = rest.find(',');
+      if (IEquals(Trim(rest.substr(0, comma)), token)) return true;
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+    return false;
+  };
+  return req.minor_version >= 1 ? !has("close") : has("keep-alive");
+}
+
+}  // namespace
+
+class Server::Impl {
+ public:
+  Impl(ServerOptions options, std::function<void(Request&, Response&)> handler, std::function<std::string(std::string_view)> error_body)
+      : opts_(std::move(options)), handler_(std::move(handler)), error_body_(std::move(error_body)) {
+    if (::pipe(wake_) != 0) wake_[0] = wake_[1] = -1;
+    for (int fd : wake_) {
+      if (fd >= 0) {
+        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      }
+    }
+  }
+  ~Impl() {
+    for (int fd : wake_) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (!opts_.unix_path.empty() && bound_) ::unlink(opts_.unix_path.c_str());
+  }
+
+  StatusOr<int> Bind() {
+    if (!opts_.unix_path.empty()) return BindUnix();
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    std::string port = std::to_string(opts_.port);
+    if (int rc = ::getaddrinfo(opts_.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+      return InvalidArgument("cannot listen on " + opts_.host + ": " + ::gai_strerror(rc));
+    }
+    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
+    listen_fd_ = ::socket(res->ai_family, SOCK_STREAM, 0);
+    if (listen_fd_ < 0) return ErrnoError("socket", errno);
+    ::fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
+      int e = errno;
+      return Unavailable("cannot listen on " + opts_.host + ":" + port + ": " + std::strerror(e) +
+                         " (set server.listen or --listen)");
+    }
+    bound_ = true;
+    ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  }
+
+  // The poller: accepts, watches parked connections, ends idle ones.
+  void Serve() {
+    std::vector<std::thread> workers;
+    for (int i = 0; i < std::max(1, opts_.threads); ++i) workers.emplace_back([this] { Work(); });
+    std::vector<std::unique_ptr<Conn>> parked;
+    std::vector<pollfd> fds;
+    int64_t accept_paused_until = 0;
+    while (!stopping_.load()) {
+      {
+        std::lock_guard lock(mu_);
+        for (auto& c : to_park_) parked.push_back(std::move(c));
+        to_park_.clear();
+      }
+      fds.clear();
+      fds.push_back({wake_[0], POLLIN, 0});
+      bool accepting = NowMs() >= accept_paused_until;
+      fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
+      for (const auto& c : parked) fds.push_back({c->fd, POLLIN, 0});
+      int r = ::poll(fds.data(), fds.size(), 100);
+      if (stopping_.load()) break;
+      if (r < 0) continue;
+      if (fds[0].revents) {
+        char drain[64];
+        while (::read(wake_[0], drain, sizeof drain) > 0) {
+        }
+      }
+      if (fds[1].revents & POLLIN) {
+        if (!Accept()) accept_paused_until = NowMs() + 100;  // out of descriptors: let some close first
+      }
+      // Parked connections that have a request (or hung up) go back to the
+      // workers; ones idle past their time are closed.
+      int64_t now = NowMs();
+      std::vector<std::unique_ptr<Conn>> still;
+      for (size_t i = 0; i < parked.size(); ++i) {
+        if (fds[i + 2].revents != 0) {
+          Enqueue(std::move(parked[i]));
+        } else if (now >= parked[i]->idle_until_ms) {
+          parked[i].reset();
+        } else {
+          still.push_back(std::move(parked[i]));
+        }
+      }
+      parked.swap(still);
+    }
+    cv_.notify_all();
+    for (auto& t : workers) t.join();
+    std::lock_guard lock(mu_);
+    ready_.clear();
+    to_park_.clear();
+  }
+
+  void Stop() {
+    stopping_.store(true);
+    cv_.notify_all();
+    Wake();
+  }
+
+ private:
+  StatusOr<int> BindUnix() {
+    const std::string& path = opts_.unix_path;
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) return InvalidArgument("unix socket path is too long: " + path);
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    // A socket file left by an earlier run (the daemon holds the store lock,
+    // so no other aotid is using it); anything else is not ours to remove.
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) return FailedPrecondition(path + " exists and is not a socket");
+      ::unlink(path.c_str());
+    }
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    if (listen_fd_ < 0) return ErrnoError("socket", errno);
+    ::fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
+    mode_t old = ::umask(0117);  // created 0660: owner and group
+    int rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    int e = errno;
+    ::umask(old);
+    if (rc != 0) return Unavailable("cannot listen on unix:" + path + ": " + std::strerror(e));
+    bound_ = true;
+    if (::chmod(path.c_str(), 0660) != 0) return ErrnoError("chmod 0660 " + path, errno);
+    if (::listen(listen_fd_, SOMAXCONN) != 0) return ErrnoError("listen on unix:" + path, errno);
+    ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    return 0;
+  }
+
+  // Accepts what is waiting; false when out of file descriptors.
+  bool Accept() {
+    for (int i = 0; i < 64; ++i) {
+      sockaddr_storage peer{};
+      socklen_t len = sizeof peer;
+      int fd = ::accept(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &len);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          LOG_WARNING << "cannot accept a connection: " << std::strerror(errno);
+          return false;
+        }
+        return true;  // EAGAIN: nothing more waiting (or a connection that went away)
+      }
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      auto c = std::make_unique<Conn>();
+      c->fd = fd;
+      c->tcp = peer.ss_family != AF_UNIX;
+      int one = 1;
+      if (c->tcp) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies must not wait
+#ifdef SO_NOSIGPIPE
+      ::setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+      timeval tv{opts_.write_timeout_s, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+      Enqueue(std::move(c));
+    }
+    return true;
+  }
+
+  void Enqueue(std::unique_ptr<Conn> c) {
+    {
+      std::lock_guard lock(mu_);
+      ready_.push_back(std::move(c));
+      queued_.store(ready_.size());
+    }
+    cv_.notify_one();
+  }
+
+  void Park(std::unique_ptr<Conn> c) {
+    if (!c->in.Empty()) return Enqueue(std::move(c));  // a pipelined request is already here
+    c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+    {
+      std::lock_guard lock(mu_);
+      to_park_.push_back(std::move(c));
+    }
+    Wake();
+  }
+
+  void Wake() {
+    char b = 1;
+    if (wake_[1] >= 0) (void)!::write(wake_[1], &b, 1);
+  }
+
+  void Work() {
+    for (;;) {
+      std::unique_ptr<Conn> c;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_.load() || !ready_.empty(); });
+        if (stopping_.load()) return;
+        c = std::move(ready_.front());
+        ready_.pop_front();
+        queued_.store(ready_.size());
+      }
+      if (ServeConnection(*c)) Park(std::move(c));
+    }
+  }
+
+  // Serves requests on `c` until it closes (false) or should wait parked
+  // while this worker serves others (true).
+  bool ServeConnection(Conn& c) {
+    int64_t idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+    for (;;) {
+      // Between requests: wait for the next one's first byte, giving the
+      // connection up to the poller if others are waiting for a worker.
+      while (c.in.Empty()) {
+        if (stopping_.load()) return false;
+        if (queued_.load() > 0) return true;
+        int64_t now = NowMs();
+        if (now >= idle_until) return false;
+        pollfd p{c.fd, POLLIN, 0};
+        int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(10, idle_until - now)));
+        if (r < 0 && errno != EINTR) return false;
+        if (r > 0 && !RecvSome(c)) return false;  // the peer closed
+      }
+      switch (ServeRequest(c)) {
+        case Next::kKeep: break;
+        case Next::kClose: return false;
+      }
+      if (queued_.load() > 0) return true;
+      idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+    }
+  }
+
+  enum class Next { kKeep, kClose };
+
+  // Sends a response for an error of framing or limits and closes; bytes the
+  // client may still be sending are drained first (briefly), so that it
+  // reads the answer instead of a reset.
+  Next Refuse(Conn& c, int status, const std::string& message) {
+    Response res;
+    res.status = status;
+    res.Set(error_body_(message), "application/json");
+    Send(c, res, /*keep_alive=*/false, /*head_only=*/false);
+    ::shutdown(c.fd, SHUT_WR);
+    int64_t until = NowMs() + 1000;
+    char sink[16384];
+    size_t drained = 0;
+    while (drained < (64u << 20) && WaitReadable(c.fd, until)) {
+      ssize_t n = ::recv(c.fd, sink, sizeof sink, 0);
+      if (n <= 0) break;
+      drained += static_cast<size_t>(n);
+    }
+    return Next::kClose;
+  }
+
+  Next ServeRequest(Conn& c) {
+    int64_t deadline = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
+    Request req;
+    req.connection_fd = c.fd;
+    HeadResult head;
+    for (;;) {
+      head = ParseHead(c.in.View(), opts_.limits, &req);
+      if (head.state != HeadResult::kIncomplete) break;
+      if (!ReadSome(c, deadline)) {
+        if (NowMs() >= deadline) return Refuse(c, 408, "the request was not received within "
+                                                      "server.request_timeout_s");
+        return Next::kClose;
+      }
+    }
+    if (head.state == HeadResult::kError) return Refuse(c, head.status, head.error);
+    c.in.Consume(head.consumed);
+    BodyFraming framing = FramingOf(req);
+    if (framing.kind == BodyFraming::kError) return Refuse(c, framing.status, framing.error);
+    const int64_t max_body = opts_.limits.max_body_bytes;
+    if (framing.kind == BodyFraming::kLength && framing.length > static_cast<uint64_t>(max_body)) {
+      return Refuse(c, 413, "request body exceeds the limit of " + std::to_string(max_body) +
+                                " bytes (server.max_body_bytes)");
+    }
+    if (const std::string* expect = req.Find("Expect")) {
+      if (!IEquals(*expect, "100-continue")) return Refuse(c, 417, "Expect '" + *expect + "' is not supported");
+      if (framing.kind != BodyFraming::kNone && c.in.Empty()) {
+        static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
+        if (!WriteAll(c.fd, &v, 1)) return Next::kClose;
+      }
+    }
+    if (framing.kind == BodyFraming::kLength) {
+      // Straight into the body: what is buffered, then the rest from the socket.
+      size_t n = static_cast<size_t>(framing.length);
+      req.body.resize(n);
+      size_t have = std::min(n, c.in.View().size());
+      std::memcpy(req.body.data(), c.in.View().data(), have);
+      c.in.Consume(have);
+      while (have < n) {
+        if (!WaitReadable(c.fd, deadline)) {
+          if (NowMs() >= deadline) return Refuse(c, 408, "the request body was not received within "
+                                                        "server.request_timeout_s");
+          return Next::kClose;
+        }
+        ssize_t r;
+        do r = ::recv(c.fd, req.body.data() + have, n - have, 0);
+        while (r < 0 && errno == EINTR);
+        if (r <= 0) return Next::kClose;
+        have += static_cast<size_t>(r);
+      }
+    } else if (framing.kind == BodyFraming::kChunked) {
+      for (;;) {
+        ChunkedResult chunked = DecodeChunked(c.in.View(), max_body, &req.body);
+        c.in.Consume(chunked.consumed);
+        if (chunked.state == ChunkedResult::kDone) break;
+        if (chunked.state == ChunkedResult::kError) {
+          return Refuse(c, chunked.status, chunked.status == 413 ? chunked.error + " (server.max_body_bytes)"
+                                                                 : chunked.error);
+        }
+        if (!ReadSome(c, deadline)) {
+          if (NowMs() >= deadline) return Refuse(c, 408, "the request body was not received within "
+                                                        "server.request_timeout_s");
+          return Next::kClose;
+        }
+      }
+    }
+    Response res;
+    try {
+      handler_(req, res);
+    } catch (const std::exception& e) {
+      LOG_ERROR << "internal error on " << req.method << " " << req.path << ": " << e.what();
+      res = Response{};
+      res.status = 500;
+      res.Set(error_body_(std::string("internal error: ") + e.what()), "application/json");
+    } catch (...) {
+      LOG_ERROR << "internal error on " << req.method << " " << req.path;
+      res = Response{};
+      res.status = 500;
+      res.Set(error_body_("internal error"), "application/json");
+    }
+    bool keep_alive = WantsKeepAlive(req) && !stopping_.load();
+    if (!Send(c, res, keep_alive, req.method == "HEAD")) return Next::kClose;
+    return keep_alive ? Next::kKeep : Next::kClose;
+  }
+
+  bool Send(Conn& c, const Response& res, bool keep_alive, bool head_only) {
+    std::string head;
+    head.reserve(160);
+    head += "HTTP/1.1 ";
+    head += std::to_string(res.status);
+    head += ' ';
+    head += ReasonPhrase(res.status);
+    head += "\r\n";
+    if (!res.content_type.empty()) {
+      head += "Content-Type: ";
+      head += res.content_type;
+      head += "\r\n";
+    }
+    if (res.status != 204) {
+      head += "Content-Length: ";
+      head += std::to_string(res.body.size());
+      head += "\r\n";
+    }
+    for (const auto& h : res.headers) {
+      head += h.name;
+      head += ": ";
+      head += h.value;
+      head += "\r\n";
+    }
+    if (!keep_alive) head += "Connection: close\r\n";
+    head += "\r\n";
+    iovec v[2] = {{head.data(), head.size()}, {const_cast<char*>(res.body.data()), res.body.size()}};
+    return WriteAll(c.fd, v, head_only || res.body.empty() ? 1 : 2);
+  }
+
+  ServerOptions opts_;
+  std::function<void(Request&, Response&)> handler_;
+  std::function<std::string(std::string_view)> error_body_;
+  int listen_fd_ = -1;
+  bool bound_ = false;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Conn>> ready_;       // waiting for a worker
+  std::vector<std::unique_ptr<Conn>> to_park_;   // handed to the poller
+  std::atomic<size_t> queued_{0};                // ready_.size(), read without the lock
+
+  friend class Server;
+};
+
+Server::Server(ServerOptions options, std::function<void(Request&, Response&)> handler, std::function<std::string(std::string_view)> error_body)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(handler), std::move(error_body))) {}
+
+Server::~Server() = default;
+
+Status Server::Bind() {
+  ASSIGN_OR_RETURN(port_, impl_->Bind());
+  return Status::OK();
+}
+
+void Server::Serve() { impl_->Serve(); }
+
+void Server::Stop() { impl_->Stop(); }
+
+}  // namespace aotid::daemon::http

@@ -1,0 +1,179 @@
+// aotid's HTTP/1.1 server: the listening socket, connections, request
+// parsing, routing and responses. It knows nothing of inference; HttpApi
+// (http_api.h) gives it the routes.
+//
+// Why its own: the request path is most of what a small model's request
+// costs. A request is read with one recv() in the common case, parsed in
+// place (no regex, no per-header allocation beyond the strings kept), and
+// answered with one sendmsg() of head and body together. It also bounds
+// what a general library did not let aotid bound: one deadline for a whole
+// request (slowloris), header bytes (431), body bytes (413, refused before
+// the body is read, also after "Expect: 100-continue"), and it serves more
+// keep-alive connections than it has threads.
+//
+// Threads: one poller thread accepts connections and watches idle
+// keep-alive ones; `threads` workers serve requests. A worker keeps the
+// connection it serves while nobody waits for a worker, so a client at
+// concurrency 1 pays no hand-off; once connections queue up, a worker parks
+// its idle connection with the poller after each response and takes the
+// next one, so no client waits for another's keep-alive timeout.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace aotid::daemon::http {
+
+struct Header {
+  std::string name, value;
+};
+
+struct Request {
+  std::string method;
+  std::string target;  // as sent: path and query
+  std::string path;    // the target's path, still percent-encoded
+  std::string query;   // after '?', without it
+  int minor_version = 1;  // HTTP/1.x
+  std::vector<Header> headers;
+  std::string body;
+  // What the route's "*" segments matched, percent-decoded.
+  std::vector<std::string> params;
+  // The connection it came on (-1 when none, as in tests), for ClientGone().
+  int connection_fd = -1;
+
+  // Header lookups, by name case-insensitively; the first of that name.
+  const std::string* Find(std::string_view name) const;
+  std::string Get(std::string_view name) const;
+  bool Has(std::string_view name) const { return Find(name) != nullptr; }
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type;
+  std::string body;
+  std::vector<Header> headers;  // besides Content-Type, Content-Length and Connection
+
+  void Set(std::string content, std::string_view type) {
+    body = std::move(content);
+    content_type = type;
+  }
+  void SetHeader(std::string name, std::string value) { headers.push_back({std::move(name), std::move(value)}); }
+};
+
+using Handler = std::function<void(const Request&, Response&)>;
+
+struct Limits {
+  size_t max_header_bytes = 16 << 10;  // request line and headers together: 431 past it (414 for the line)
+  size_t max_headers = 100;            // 431 past it
+  int64_t max_body_bytes = 64 << 20;   // 413 past it
+};
+
+// The reason phrase of a status ("Not Found"); "Unknown" for others.
+std::string_view ReasonPhrase(int status);
+
+// Parses a request's head (request line and headers) at the start of
+// `data`. kIncomplete: more bytes are needed (and the head so far is within
+// the limits). kError: `status` and `error` say what is wrong; the
+// connection cannot be trusted past it.
+struct HeadResult {
+  enum State { kIncomplete, kDone, kError } state = kIncomplete;
+  size_t consumed = 0;  // bytes of the head, with its blank line (kDone)
+  int status = 0;       // kError
+  std::string error;    // kError
+};
+HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req);
+
+// How the body of a parsed head is framed. kError for a request smuggling
+// shape (Content-Length and Transfer-Encoding both, conflicting lengths), a
+// malformed length, or a transfer coding other than chunked.
+struct BodyFraming {
+  enum Kind { kNone, kLength, kChunked, kError } kind = kNone;
+  uint64_t length = 0;  // kLength
+  int status = 0;       // kError
+  std::string error;
+};
+BodyFraming FramingOf(const Request& req);
+
+// Decodes a chunked body from the start of `data`, appending the chunks'
+// bytes to *body. It resumes: `consumed` counts the bytes of the whole
+// chunks it took (their data is in *body), also when the result is
+// kIncomplete; call again with the bytes after those and more data. kDone:
+// the last chunk and the trailers are consumed too.
+struct ChunkedResult {
+  enum State { kIncomplete, kDone, kError } state = kIncomplete;
+  size_t consumed = 0;
+  int status = 0;
+  std::string error;
+};
+ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::string* body);
+
+// Percent-decodes a path segment; false on a malformed escape.
+bool PercentDecode(std::string_view in, std::string* out);
+
+// Routes by method and path pattern. Patterns are literal segments and "*"
+// for one whole segment ("/v2/models/*/infer"), captured into params.
+// A path no pattern matches gets 404; one that matches only under other
+// methods gets 405 with Allow. HEAD is answered as GET without the body.
+class Router {
+ public:
+  // `error_body` makes the body of the 400, 404 and 405 answers (JSON).
+  explicit Router(std::function<std::string(std::string_view message)> error_body)
+      : error_body_(std::move(error_body)) {}
+  void Add(std::string method, std::string_view pattern, Handler handler);
+  void Dispatch(Request& req, Response& res) const;
+
+ private:
+  struct Route {
+    std::string method;
+    std::vector<std::string> segments;
+    Handler handler;
+  };
+  std::function<std::string(std::string_view)> error_body_;
+  std::vector<Route> routes_;
+};
+
+// Whether the peer of a connection has closed its end (or it broke). A
+// client that half-closes after sending its request counts as gone; HTTP
+// clients do not do that.
+bool ClientGone(int connection_fd);
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;            // 0: a free port, see Server::port()
+  std::string unix_path;   // when set: listen on this unix socket, mode 0660
+  int threads = 8;         // workers
+  int request_timeout_s = 60;  // the whole of one request: line, headers, body
+  int idle_timeout_s = 30;     // a keep-alive connection between requests
+  int write_timeout_s = 30;    // a reply the client does not read
+  Limits limits;
+};
+
+class Server {
+ public:
+  // `handler` answers every well-formed request (errors of framing and
+  // limits are answered here, with `error_body` making their body).
+  Server(ServerOptions options, std::function<void(Request&, Response&)> handler,
+         std::function<std::string(std::string_view message)> error_body);
+  ~Server();
+
+  // Binds and listens. Unavailable (naming the address) when it is taken.
+  Status Bind();
+  int port() const { return port_; }
+  // Serves until Stop(), on the calling thread (the poller) and the workers.
+  void Serve();
+  // Safe from any thread and from a signal-driven loop.
+  void Stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace aotid::daemon::http

@@ -1,0 +1,235 @@
+// The HTTP/1.1 request parser, body framing and router, without sockets.
+// The same server over real connections is tested end to end in
+// e2e/security_test.cc.
+#include "daemon/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace aotid::daemon::http {
+namespace {
+
+std::string ErrorBody(std::string_view m) { return "{\"error\":\"" + std::string(m) + "\"}"; }
+
+HeadResult Parse(const std::string& text, Request* req, Limits limits = {}) { return ParseHead(text, limits, req); }
+
+TEST(HttpParse, ReadsTheRequestLineHeadersAndWhereTheHeadEnds) {
+  std::string head =
+      "POST /v2/models/m%2Dx/infer?trace=1 HTTP/1.1\r\nHost: 127.0.0.1:8765\r\n"
+      "content-length:  12 \r\nX-Empty:\r\n\r\n";
+  std::string text = head + "{\"inputs\":1}GET / HTTP/1.1\r\n";  // a body, then a pipelined request
+  Request req;
+  HeadResult r = Parse(text, &req);
+  ASSERT_EQ(r.state, HeadResult::kDone) << r.error;
+  EXPECT_EQ(r.consumed, head.size());
+  EXPECT_EQ(req.method, "POST");
+  EXPECT_EQ(req.target, "/v2/models/m%2Dx/infer?trace=1");
+  EXPECT_EQ(req.path, "/v2/models/m%2Dx/infer");
+  EXPECT_EQ(req.query, "trace=1");
+  EXPECT_EQ(req.minor_version, 1);
+  EXPECT_EQ(req.Get("Content-Length"), "12");  // any case, value trimmed
+  EXPECT_EQ(req.Get("HOST"), "127.0.0.1:8765");
+  EXPECT_TRUE(req.Has("x-empty"));
+  EXPECT_EQ(req.Get("x-empty"), "");
+  EXPECT_FALSE(req.Has("Content-Type"));
+  BodyFraming f = FramingOf(req);
+  EXPECT_EQ(f.kind, BodyFraming::kLength);
+  EXPECT_EQ(f.length, 12u);
+}
+
+TEST(HttpParse, EveryPrefixOfAHeadIsIncompleteAndBareLineFeedsAreAccepted) {
+  std::string head = "GET /v2/health/live HTTP/1.0\nUser-Agent: t\n\n";
+  for (size_t n = 0; n < head.size(); ++n) {
+    Request req;
+    EXPECT_EQ(Parse(head.substr(0, n), &req).state, HeadResult::kIncomplete) << n;
+  }
+  Request req;
+  HeadResult r = Parse(head, &req);
+  ASSERT_EQ(r.state, HeadResult::kDone) << r.error;  // HTTP/1.0 needs no Host
+  EXPECT_EQ(r.consumed, head.size());
+  EXPECT_EQ(req.minor_version, 0);
+  EXPECT_EQ(FramingOf(req).kind, BodyFraming::kNone);
+}
+
+TEST(HttpParse, MalformedAndOversizedHeadsAreRefusedWithTheirStatus) {
+  struct Case {
+    std::string text;
+    int status;
+    std::string needle;
+  } cases[] = {
+      {"GET / HTTP/1.1\r\n\r\n", 400, "without a Host"},
+      {"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "more than one Host"},
+      {"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505, "not supported"},
+      {"GET / HTTQ/1.1\r\nHost: a\r\n\r\n", 400, "bad HTTP version"},
+      {"GET  / HTTP/1.1\r\nHost: a\r\n\r\n", 400, "malformed request line"},
+      {"G@T / HTTP/1.1\r\nHost: a\r\n\r\n", 400, "bad method"},
+      {"GET http://evil/ HTTP/1.1\r\nHost: a\r\n\r\n", 400, "must be a path"},
+      {"GET /a\x01 HTTP/1.1\r\nHost: a\r\n\r\n", 400, "control character"},
+      {"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n  folded\r\n\r\n", 400, "folded"},
+      {"GET / HTTP/1.1\r\nHost: a\r\nBad Name: 1\r\n\r\n", 400, "malformed header line"},
+      {"GET / HTTP/1.1\r\nHost: a\r\nNoColon\r\n\r\n", 400, "malformed header line"},
+      {"GET / HTTP/1.1\r\nHost: a\r\nX: a\x7f\r\n\r\n", 400, "control character"},
+      {"GET /" + std::string(300, 'a') + " HTTP/1.1\r\nHost: a\r\n\r\n", 414, "request line is longer than 256"},
+      {"GET /" + std::string(300, 'a'), 414, "request line is longer than 256"},  // refused before its end
+      {"GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(300, 'a') + "\r\n\r\n", 431, "larger than 256"},
+      {"GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(300, 'a'), 431, "larger than 256"},
+  };
+  Limits small;
+  small.max_header_bytes = 256;
+  for (const auto& c : cases) {
+    Request req;
+    HeadResult r = Parse(c.text, &req, small);
+    ASSERT_EQ(r.state, HeadResult::kError) << c.text.substr(0, 60);
+    EXPECT_EQ(r.status, c.status) << c.text.substr(0, 60) << ": " << r.error;
+    EXPECT_NE(r.error.find(c.needle), std::string::npos) << r.error;
+  }
+  std::string many = "GET / HTTP/1.1\r\nHost: a\r\n";
+  for (int i = 0; i < 5; ++i) many += "X-" + std::to_string(i) + ": 1\r\n";
+  Limits few;
+  few.max_headers = 5;
+  Request req;
+  HeadResult r = Parse(many + "\r\n", &req, few);
+  EXPECT_EQ(r.state, HeadResult::kError);
+  EXPECT_EQ(r.status, 431);
+  EXPECT_NE(r.error.find("more than 5 request headers"), std::string::npos) << r.error;
+}
+
+TEST(HttpParse, BodyFramingRefusesSmugglingShapesAndOtherCodings) {
+  struct Case {
+    std::vector<Header> headers;
+    BodyFraming::Kind kind;
+    int status;
+  } cases[] = {
+      {{{"Content-Length", "0"}}, BodyFraming::kNone, 0},
+      {{{"Content-Length", "5"}, {"content-length", "5"}}, BodyFraming::kLength, 0},
+      {{{"Transfer-Encoding", " Chunked"}}, BodyFraming::kChunked, 0},
+      {{{"Content-Length", "5"}, {"Content-Length", "6"}}, BodyFraming::kError, 400},
+      {{{"Content-Length", "5"}, {"Transfer-Encoding", "chunked"}}, BodyFraming::kError, 400},
+      {{{"Transfer-Encoding", "gzip, chunked"}}, BodyFraming::kError, 501},
+      {{{"Transfer-Encoding", "chunked"}, {"Transfer-Encoding", "chunked"}}, BodyFraming::kError, 501},
+      {{{"Content-Length", "-1"}}, BodyFraming::kError, 400},
+      {{{"Content-Length", "+5"}}, BodyFraming::kError, 400},
+      {{{"Content-Length", "5x"}}, BodyFraming::kError, 400},
+      {{{"Content-Length", ""}}, BodyFraming::kError, 400},
+      {{{"Content-Length", "99999999999999999999"}}, BodyFraming::kError, 400},
+  };
+  for (const auto& c : cases) {
+    Request req;
+    req.headers = c.headers;
+    BodyFraming f = FramingOf(req);
+    EXPECT_EQ(f.kind, c.kind) << c.headers[0].value << " " << f.error;
+    EXPECT_EQ(f.status, c.status) << f.error;
+    if (f.kind == BodyFraming::kError) EXPECT_FALSE(f.error.empty());
+  }
+}
+
+TEST(HttpChunked, DecodesWholeAndResumesAcrossAnySplit) {
+  std::string wire = "4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\nNEXT";
+  std::string want = "Wikipedia in\r\n\r\nchunks.";
+  std::string body;
+  ChunkedResult r = DecodeChunked(wire, 1 << 20, &body);
+  ASSERT_EQ(r.state, ChunkedResult::kDone) << r.error;
+  EXPECT_EQ(body, want);
+  EXPECT_EQ(wire.substr(r.consumed), "NEXT");
+  // Bytes arriving one at a time, as the server feeds them.
+  body.clear();
+  std::string pending;
+  size_t fed = 0;
+  bool done = false;
+  while (!done && fed < wire.size()) {
+    pending += wire[fed++];
+    ChunkedResult step = DecodeChunked(pending, 1 << 20, &body);
+    ASSERT_NE(step.state, ChunkedResult::kError) << step.error;
+    pending.erase(0, step.consumed);
+    done = step.state == ChunkedResult::kDone;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(body, want);
+  EXPECT_EQ(wire.substr(fed), "NEXT");
+}
+
+TEST(HttpChunked, BadSizesAndBodiesOverTheLimitAreRefused) {
+  struct Case {
+    std::string wire;
+    int status;
+    std::string needle;
+  } cases[] = {
+      {"zz\r\nab\r\n0\r\n\r\n", 400, "bad chunk size"},
+      {"\r\n", 400, "bad chunk size"},
+      {"-1\r\n", 400, "bad chunk size"},
+      {"2\r\nabc\r\n0\r\n\r\n", 400, "not followed by CRLF"},
+      {"fffffffffffffff\r\n", 413, "exceeds the limit of 100 bytes"},
+      {"40\r\n" + std::string(64, 'a') + "\r\n40\r\n", 413, "exceeds the limit of 100 bytes"},
+      {std::string(5000, '1'), 400, "line too long"},
+  };
+  for (const auto& c : cases) {
+    std::string body;
+    ChunkedResult r = DecodeChunked(c.wire, 100, &body);
+    ASSERT_EQ(r.state, ChunkedResult::kError) << c.wire.substr(0, 30);
+    EXPECT_EQ(r.status, c.status) << r.error;
+    EXPECT_NE(r.error.find(c.needle), std::string::npos) << r.error;
+  }
+}
+
+TEST(HttpPath, PercentDecodingIsStrict) {
+  std::string out;
+  EXPECT_TRUE(PercentDecode("a%20b%2fc", &out));
+  EXPECT_EQ(out, "a b/c");
+  for (const char* bad : {"%", "%2", "a%zz", "%g0", "%+1"}) EXPECT_FALSE(PercentDecode(bad, &out)) << bad;
+}
+
+TEST(HttpRouter, MatchesSegmentsAndSays404Or405WithAllow) {
+  Router router(ErrorBody);
+  std::string seen;
+  router.Add("GET", "/v2/models/*", [&](const Request& r, Response& res) {
+    seen = "meta " + r.params.at(0);
+    res.Set("m", "text/plain");
+  });
+  router.Add("POST", "/v2/models/*/versions/*/infer", [&](const Request& r, Response& res) {
+    seen = "infer " + r.params.at(0) + " " + r.params.at(1);
+    res.Set("i", "text/plain");
+  });
+  router.Add("POST", "/v2/models/*", [&](const Request&, Response& res) { res.status = 202; });
+
+  auto call = [&](std::string method, std::string path) {
+    Request req;
+    req.method = std::move(method);
+    req.path = std::move(path);
+    Response res;
+    seen.clear();
+    router.Dispatch(req, res);
+    return res;
+  };
+  Response r = call("GET", "/v2/models/a%2Db");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(seen, "meta a-b");
+  r = call("HEAD", "/v2/models/x");
+  EXPECT_EQ(seen, "meta x");
+  r = call("POST", "/v2/models/m/versions/3/infer");
+  EXPECT_EQ(seen, "infer m 3");
+  EXPECT_EQ(call("POST", "/v2/models/m").status, 202);
+
+  r = call("DELETE", "/v2/models/m");
+  EXPECT_EQ(r.status, 405);
+  ASSERT_EQ(r.headers.size(), 1u);
+  EXPECT_EQ(r.headers[0].name, "Allow");
+  EXPECT_EQ(r.headers[0].value, "GET, POST, HEAD");
+  EXPECT_NE(r.body.find("method DELETE is not allowed on /v2/models/m"), std::string::npos) << r.body;
+  r = call("GET", "/v2/models/m/versions/3/infer");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers.at(0).value, "POST");
+
+  for (const char* path : {"/v2/models", "/v2/models/m/", "/v2/models/m/versions/3", "/", ""}) {
+    r = call("GET", path);
+    EXPECT_EQ(r.status, 404) << path;
+    EXPECT_NE(r.body.find("no route for GET"), std::string::npos) << r.body;
+  }
+  r = call("GET", "/v2/models/a%zz");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("malformed percent-escape"), std::string::npos) << r.body;
+  EXPECT_TRUE(seen.empty());
+}
+
+}  // namespace
+}  // namespace aotid::daemon::http
