@@ -8,6 +8,7 @@
 #include "runtime/build_cache.h"
 #include "runtime/hardware.h"
 #include "runtime/loaded_model.h"
+#include "runtime/thread_choice.h"
 #include "storage/model_store.h"
 
 namespace aotid::bench {
@@ -18,6 +19,8 @@ struct CachedBuild {
   std::string cache_root;
   runtime::CacheEntry entry;
   runtime::LoadOptions options;
+  bool auto_threads = false;  // the version's threads setting is 0
+  int64_t batch = 1;          // the batch its threads are timed at
 };
 
 inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const std::string& model, int runners = 1) {
@@ -34,13 +37,17 @@ inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const
                                               ? mv.settings.inductor_options : ""}));
   b.options.num_runners = runners;
   b.options.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, hw.cores);
+  b.auto_threads = mv.settings.threads == 0;
+  b.batch = mv.settings.max_batch_size > 1 ? mv.settings.max_batch_size : 1;
   return b;
 }
 
 inline StatusOr<std::unique_ptr<runtime::LoadedModel>> LoadCachedModel(const std::string& store_dir,
                                                                         const std::string& model, int runners = 1) {
   ASSIGN_OR_RETURN(CachedBuild b, FindCachedBuild(store_dir, model, runners));
-  return runtime::LoadCompiledModel(b.entry, b.options);
+  ASSIGN_OR_RETURN(auto loaded, runtime::LoadCompiledModel(b.entry, b.options));
+  if (b.auto_threads && b.options.threads > 1) runtime::ChooseThreads(*loaded, b.options.threads, b.batch);
+  return loaded;
 }
 
 }  // namespace aotid::bench

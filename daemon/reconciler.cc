@@ -5,6 +5,7 @@
 #include "base/log.h"
 #include "runtime/aoti_package.h"
 #include "runtime/batcher.h"
+#include "runtime/thread_choice.h"
 
 namespace aotid::daemon {
 namespace {
@@ -32,6 +33,7 @@ struct LoadWork {
   std::string device;
   std::string note;
   int threads = 0;
+  std::string threads_note;  // how auto threads were chosen
   StatusOr<std::unique_ptr<runtime::LoadedModel>> result{Internal("not run")};
 };
 
@@ -408,6 +410,15 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
         opts.num_runners = work->version.settings.num_runners;
         opts.threads = work->threads;
         work->result = runtime::LoadCompiledModel(work->entry, opts);
+        // threads = 0 (auto) on the CPU: time the model both ways and keep
+        // the faster (runtime/thread_choice.h).
+        const auto& settings = work->version.settings;
+        if (work->result.ok() && settings.threads == 0 && work->threads > 1 && work->device == "cpu") {
+          int64_t batch = settings.max_batch_size > 1 ? settings.max_batch_size : 1;
+          runtime::ThreadChoice choice = runtime::ChooseThreads(**work->result, work->threads, batch);
+          work->threads = choice.threads;
+          work->threads_note = choice.note;
+        }
       },
       [](uv_work_t* req, int status) {  // loop thread
         std::unique_ptr<LoadWork> work(static_cast<LoadWork*>(req->data));
@@ -430,6 +441,7 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
           LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
                    << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
                    << work->threads << " thread" << (work->threads == 1 ? "" : "s")
+                   << (work->threads_note.empty() ? "" : " (auto, " + work->threads_note + ")")
                    << (dynamic_cast<runtime::BatchingModel*>(model.get())
                            ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
                            : std::string()) << ")";

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -60,6 +61,11 @@ class AotiModel final : public LoadedModel {
 
   const ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
+  bool SetThreads(int threads) override {
+    if (omp_set_num_threads == nullptr) return false;
+    threads_.store(threads);
+    return true;
+  }
 
   StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) override {
     try {
@@ -72,7 +78,9 @@ class AotiModel final : public LoadedModel {
       }
       // Kernels are built with dynamic threads: the count is this thread's
       // OpenMP setting, chosen per model (LoadOptions::threads).
-      if (threads_ > 0 && omp_set_num_threads != nullptr) omp_set_num_threads(threads_);
+      if (int n = threads_.load(std::memory_order_relaxed); n > 0 && omp_set_num_threads != nullptr) {
+        omp_set_num_threads(n);
+      }
       std::vector<at::Tensor> outs = runner_->run(args);
       if (!spec_.outputs.empty() && outs.size() != spec_.outputs.size()) {
         return Internal("model returned " + std::to_string(outs.size()) + " outputs, its spec declares " +
@@ -101,7 +109,7 @@ class AotiModel final : public LoadedModel {
   std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner_;
   ModelSpec spec_;
   std::string device_;
-  int threads_;
+  std::atomic<int> threads_;
 };
 
 }  // namespace

@@ -25,6 +25,13 @@ class LoadedModel {
   // the model's runner count run at once, further callers wait. A failure
   // inside the model comes back as a Status, never as an exception.
   virtual StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) = 0;
+
+  // OpenMP threads each run uses from now on; false where the model has no
+  // such setting. Used at load, before the model serves.
+  virtual bool SetThreads(int threads) {
+    (void)threads;
+    return false;
+  }
 };
 
 // Whether the client of the request the calling thread serves is still
