@@ -1,7 +1,11 @@
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <toml++/toml.h>
@@ -210,11 +214,15 @@ Status ParseListen(const std::string& listen, std::string* host, int* port) {
 }
 
 bool IsLoopbackHost(const std::string& host) {
-  if (host == "localhost" || host == "::1") return true;
-  unsigned a, b, c, d;
-  char tail;
-  return std::sscanf(host.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 &&
-         c < 256 && d < 256;
+  if (host.size() == 9) {  // "localhost" in any case
+    bool same = true;
+    for (size_t i = 0; i < 9 && same; ++i) same = (host[i] | 0x20) == "localhost"[i];
+    if (same) return true;
+  }
+  in_addr v4;
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && std::memcmp(&v6, &in6addr_loopback, sizeof v6) == 0;
 }
 
 }  // namespace aotid::daemon

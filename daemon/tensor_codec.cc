@@ -8,6 +8,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "daemon/json_tape.h"
+
 namespace aotid::daemon {
 namespace {
 
@@ -15,6 +17,9 @@ using runtime::DType;
 using runtime::HostTensor;
 using runtime::TensorSpec;
 using json = nlohmann::json;
+using json_tape::Kind;
+using json_tape::KindName;
+using json_tape::Tape;
 
 template <typename T>
 void Put(std::vector<std::byte>& out, size_t index, T v) {
@@ -28,23 +33,18 @@ T Get(const std::vector<std::byte>& in, size_t index) {
   return v;
 }
 
-// Stores one JSON scalar as element `i` of a tensor of `dtype`.
-Status PutScalar(const json& v, DType dtype, size_t i, std::vector<std::byte>& out, const std::string& who) {
+// Stores number/boolean value `v` of the tape as element `i` of a tensor of `dtype`.
+Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vector<std::byte>& out,
+                 const std::string& who) {
   auto type_error = [&](const char* want) {
-    return InvalidArgument(who + ": element " + std::to_string(i) + " is " + std::string(v.type_name()) +
-                           ", expected " + want);
+    return InvalidArgument(who + ": element " + std::to_string(i) + " is " + KindName(tape.kind(v)) + ", expected " +
+                           want);
   };
   auto integer = [&](int64_t lo, int64_t hi) -> StatusOr<int64_t> {
     int64_t x;
-    if (v.is_number_unsigned()) {
-      uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
-      }
-      x = static_cast<int64_t>(u);
-    } else if (v.is_number_integer()) {
-      x = v.get<int64_t>();
-    } else {
+    uint64_t u;
+    if (!tape.AsInt64(v, &x)) {
+      if (tape.AsUInt64(v, &u)) return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
       return type_error("an integer");
     }
     if (x < lo || x > hi) {
@@ -55,8 +55,8 @@ Status PutScalar(const json& v, DType dtype, size_t i, std::vector<std::byte>& o
   };
   switch (dtype) {
     case DType::kBool:
-      if (v.is_boolean()) Put<uint8_t>(out, i, v.get<bool>() ? 1 : 0);
-      else return type_error("true or false");
+      if (!tape.is_bool(v)) return type_error("true or false");
+      Put<uint8_t>(out, i, tape.kind(v) == Kind::kTrue ? 1 : 0);
       return Status::OK();
     case DType::kUInt8: { ASSIGN_OR_RETURN(int64_t x, integer(0, 255)); Put<uint8_t>(out, i, x); return Status::OK(); }
     case DType::kInt8: { ASSIGN_OR_RETURN(int64_t x, integer(-128, 127)); Put<int8_t>(out, i, x); return Status::OK(); }
@@ -73,8 +73,8 @@ Status PutScalar(const json& v, DType dtype, size_t i, std::vector<std::byte>& o
     }
     default: break;
   }
-  if (!v.is_number()) return type_error("a number");
-  double d = v.get<double>();
+  if (tape.kind(v) != Kind::kNumber) return type_error("a number");
+  double d = tape.AsDouble(v);
   switch (dtype) {
     case DType::kFloat16: Put<uint16_t>(out, i, FloatToHalf(static_cast<float>(d))); break;
     case DType::kBFloat16: Put<uint16_t>(out, i, FloatToBFloat16(static_cast<float>(d))); break;
@@ -86,17 +86,19 @@ Status PutScalar(const json& v, DType dtype, size_t i, std::vector<std::byte>& o
 }
 
 // Walks nested arrays depth-first, storing scalars in order.
-Status Flatten(const json& node, DType dtype, size_t expected, size_t* count, std::vector<std::byte>& out,
-               const std::string& who) {
-  if (node.is_array()) {
-    for (const auto& child : node) RETURN_IF_ERROR(Flatten(child, dtype, expected, count, out, who));
+Status Flatten(const Tape& tape, uint32_t node, DType dtype, size_t expected, size_t* count,
+               std::vector<std::byte>& out, const std::string& who) {
+  if (tape.kind(node) == Kind::kArray) {
+    for (uint32_t c = node + 1; c < tape.end(node); c = tape.end(c)) {
+      RETURN_IF_ERROR(Flatten(tape, c, dtype, expected, count, out, who));
+    }
     return Status::OK();
   }
   if (*count >= expected) {
     return InvalidArgument(who + ": 'data' has more elements than its shape holds (" +
                            std::to_string(expected) + ")");
   }
-  RETURN_IF_ERROR(PutScalar(node, dtype, *count, out, who));
+  RETURN_IF_ERROR(PutScalar(tape, node, dtype, *count, out, who));
   ++*count;
   return Status::OK();
 }
@@ -104,24 +106,24 @@ Status Flatten(const json& node, DType dtype, size_t expected, size_t* count, st
 static_assert(std::endian::native == std::endian::little,
               "binary tensor data is little endian; a big-endian host needs byte swapping here");
 
-StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const DecodeLimits& limits,
+StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec& spec, const DecodeLimits& limits,
                                   std::optional<std::string_view> binary) {
   const std::string who = "input '" + spec.name + "'";
   HostTensor h;
   h.name = spec.name;
-  auto dt = t.find("datatype");
-  if (dt == t.end() || !dt->is_string()) return InvalidArgument(who + ": missing 'datatype'");
-  if (!runtime::ParseDType(dt->get<std::string>(), &h.dtype)) {
-    if (dt->get<std::string>() == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
-    return InvalidArgument(who + ": unknown datatype '" + dt->get<std::string>() + "'");
+  uint32_t dt = tape.Member(t, "datatype");
+  if (dt == Tape::kNone || tape.kind(dt) != Kind::kString) return InvalidArgument(who + ": missing 'datatype'");
+  std::string datatype = tape.String(dt);
+  if (!runtime::ParseDType(datatype, &h.dtype)) {
+    if (datatype == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
+    return InvalidArgument(who + ": unknown datatype '" + datatype + "'");
   }
-  auto shape = t.find("shape");
-  if (shape == t.end() || !shape->is_array()) return InvalidArgument(who + ": missing 'shape' array");
-  for (const auto& d : *shape) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-      return InvalidArgument(who + ": 'shape' must hold non-negative integers");
-    }
-    h.shape.push_back(d.get<int64_t>());
+  uint32_t shape = tape.Member(t, "shape");
+  if (shape == Tape::kNone || tape.kind(shape) != Kind::kArray) return InvalidArgument(who + ": missing 'shape' array");
+  for (uint32_t d = shape + 1; d < tape.end(shape); d = tape.end(d)) {
+    int64_t dim;
+    if (!tape.AsInt64(d, &dim) || dim < 0) return InvalidArgument(who + ": 'shape' must hold non-negative integers");
+    h.shape.push_back(dim);
   }
   if (h.dtype != spec.dtype) {
     return InvalidArgument(who + " has datatype " + std::string(runtime::DTypeName(h.dtype)) + ", expected " +
@@ -132,9 +134,9 @@ StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const D
     return InvalidArgument(who + ": shape " + runtime::ShapeString(h.shape) + " has more than " +
                            std::to_string(limits.max_elements) + " elements");
   }
-  auto data = t.find("data");
+  uint32_t data = tape.Member(t, "data");
   if (binary) {
-    if (data != t.end()) return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
+    if (data != Tape::kNone) return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
     size_t want = static_cast<size_t>(n) * runtime::DTypeSize(h.dtype);
     if (binary->size() != want) {
       return InvalidArgument(who + ": binary_data_size is " + std::to_string(binary->size()) + " bytes, shape " +
@@ -154,15 +156,23 @@ StatusOr<HostTensor> DecodeTensor(const json& t, const TensorSpec& spec, const D
     RETURN_IF_ERROR(runtime::CheckTensorAgainstSpec(h, spec));
     return h;
   }
-  if (data == t.end()) return InvalidArgument(who + ": missing 'data'");
+  if (data == Tape::kNone) return InvalidArgument(who + ": missing 'data'");
   // A shape whose element count exceeds what the body could hold is refused
   // before any allocation (each element takes at least one byte of JSON).
-  if (!data->is_array() && n != 1) {
+  if (tape.kind(data) != Kind::kArray && n != 1) {
     return InvalidArgument(who + ": 'data' must be an array");
   }
-  h.data.resize(static_cast<size_t>(n) * runtime::DTypeSize(h.dtype));
+  // Each element takes at least two bytes of JSON ("1,"): a large shape
+  // whose 'data' is too short to hold it is refused before the allocation.
+  size_t bytes = static_cast<size_t>(n) * runtime::DTypeSize(h.dtype);
+  if (bytes > (1u << 20) && static_cast<uint64_t>(n) > tape.text(data).size() / 2 + 1) {
+    return InvalidArgument(who + ": 'data' is " + std::to_string(tape.text(data).size()) +
+                           " bytes of JSON, too short for the " + std::to_string(n) + " elements shape " +
+                           runtime::ShapeString(h.shape) + " needs");
+  }
+  h.data.resize(bytes);
   size_t count = 0;
-  RETURN_IF_ERROR(Flatten(*data, h.dtype, static_cast<size_t>(n), &count, h.data, who));
+  RETURN_IF_ERROR(Flatten(tape, data, h.dtype, static_cast<size_t>(n), &count, h.data, who));
   if (count != static_cast<size_t>(n)) {
     return InvalidArgument(who + ": 'data' has " + std::to_string(count) + " elements, shape " +
                            runtime::ShapeString(h.shape) + " needs " + std::to_string(n));
@@ -243,12 +253,18 @@ int JsonDepth(std::string_view body, int stop) {
 
 namespace {
 
-// parameters.NAME of a tensor entry, or nullptr.
-const json* Param(const json& entry, const char* name) {
-  auto p = entry.find("parameters");
-  if (p == entry.end() || !p->is_object()) return nullptr;
-  auto v = p->find(name);
-  return v == p->end() ? nullptr : &*v;
+// parameters.NAME of a tensor entry, or Tape::kNone.
+uint32_t Param(const Tape& tape, uint32_t entry, std::string_view name) {
+  uint32_t p = tape.Member(entry, "parameters");
+  return p == Tape::kNone ? Tape::kNone : tape.Member(p, name);
+}
+
+// The string 'name' of an entry of 'inputs' or 'outputs'.
+bool EntryName(const Tape& tape, uint32_t entry, std::string* name) {
+  uint32_t n = tape.Member(entry, "name");
+  if (n == Tape::kNone || tape.kind(n) != Kind::kString) return false;
+  *name = tape.String(n);
+  return true;
 }
 
 }  // namespace
@@ -264,33 +280,34 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
     binary = body.substr(*json_length);
     body = body.substr(0, *json_length);
   }
-  if (JsonDepth(body, limits.max_depth) > limits.max_depth) {
-    return InvalidArgument("request JSON is nested deeper than " + std::to_string(limits.max_depth) + " levels");
-  }
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
+  Tape tape;
+  if (!tape.Parse(body, limits.max_depth)) {
+    if (tape.too_deep()) {
+      return InvalidArgument("request JSON is nested deeper than " + std::to_string(limits.max_depth) + " levels");
+    }
     if (!json_length && body.find("binary_data_size") != std::string_view::npos) {
       return InvalidArgument("request body is not valid JSON (binary tensor data needs the "
                              "Inference-Header-Content-Length header)");
     }
     return InvalidArgument("request body is not valid JSON");
   }
-  if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
+  constexpr uint32_t kRoot = 0;
+  if (tape.kind(kRoot) != Kind::kObject) return InvalidArgument("request body must be a JSON object");
   InferRequest req;
-  if (auto id = j.find("id"); id != j.end()) {
-    if (!id->is_string()) return InvalidArgument("'id' must be a string");
-    req.id = id->get<std::string>();
+  if (uint32_t id = tape.Member(kRoot, "id"); id != Tape::kNone) {
+    if (tape.kind(id) != Kind::kString) return InvalidArgument("'id' must be a string");
+    req.id = tape.String(id);
   }
-  auto inputs = j.find("inputs");
-  if (inputs == j.end() || !inputs->is_array()) return InvalidArgument("request has no 'inputs' array");
-  std::vector<const json*> by_spec(spec.inputs.size(), nullptr);
+  uint32_t inputs = tape.Member(kRoot, "inputs");
+  if (inputs == Tape::kNone || tape.kind(inputs) != Kind::kArray) {
+    return InvalidArgument("request has no 'inputs' array");
+  }
+  std::vector<uint32_t> by_spec(spec.inputs.size(), Tape::kNone);
   std::vector<std::optional<std::string_view>> chunk(spec.inputs.size());
   size_t offset = 0;  // into `binary`, taken by inputs in the order listed
-  for (const auto& t : *inputs) {
-    if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
-      return InvalidArgument("every entry of 'inputs' needs a string 'name'");
-    }
-    std::string name = t["name"].get<std::string>();
+  for (uint32_t t = inputs + 1; t < tape.end(inputs); t = tape.end(t)) {
+    std::string name;
+    if (!EntryName(tape, t, &name)) return InvalidArgument("every entry of 'inputs' needs a string 'name'");
     size_t k = 0;
     while (k < spec.inputs.size() && spec.inputs[k].name != name) ++k;
     if (k == spec.inputs.size()) {
@@ -298,17 +315,17 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
       for (const auto& s : spec.inputs) known += (known.empty() ? "'" : ", '") + s.name + "'";
       return InvalidArgument("unknown input '" + name + "'; the model takes " + known);
     }
-    if (by_spec[k] != nullptr) return InvalidArgument("input '" + name + "' appears twice");
-    by_spec[k] = &t;
-    if (const json* size = Param(t, "binary_data_size")) {
-      if (!size->is_number_unsigned()) {
+    if (by_spec[k] != Tape::kNone) return InvalidArgument("input '" + name + "' appears twice");
+    by_spec[k] = t;
+    if (uint32_t size = Param(tape, t, "binary_data_size"); size != Tape::kNone) {
+      uint64_t n;
+      if (!tape.AsUInt64(size, &n)) {
         return InvalidArgument("input '" + name + "': binary_data_size must be a non-negative integer");
       }
       if (!json_length) {
         return InvalidArgument("input '" + name + "' has binary_data_size but the request has no "
                                "Inference-Header-Content-Length header");
       }
-      uint64_t n = size->get<uint64_t>();
       if (n > binary.size() - offset) {
         return InvalidArgument("input '" + name + "': binary_data_size " + std::to_string(n) + " runs past the end "
                                "of the body (" + std::to_string(binary.size() - offset) + " bytes left)");
@@ -322,36 +339,32 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
                            " bytes of binary data follow the JSON header that no input's binary_data_size claims");
   }
   for (size_t k = 0; k < spec.inputs.size(); ++k) {
-    if (by_spec[k] == nullptr) {
+    if (by_spec[k] == Tape::kNone) {
       return InvalidArgument("missing input '" + spec.inputs[k].name + "' (" +
                              std::string(runtime::DTypeName(spec.inputs[k].dtype)) + " " +
                              runtime::ShapeString(spec.inputs[k].shape) + ")");
     }
-    ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(*by_spec[k], spec.inputs[k], limits, chunk[k]));
+    ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(tape, by_spec[k], spec.inputs[k], limits, chunk[k]));
     req.inputs.push_back(std::move(h));
   }
-  if (auto outs = j.find("outputs"); outs != j.end()) {
-    if (!outs->is_array()) return InvalidArgument("'outputs' must be an array");
-    for (const auto& o : *outs) {
-      if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) {
-        return InvalidArgument("every entry of 'outputs' needs a string 'name'");
-      }
-      std::string name = o["name"].get<std::string>();
+  if (uint32_t outs = tape.Member(kRoot, "outputs"); outs != Tape::kNone) {
+    if (tape.kind(outs) != Kind::kArray) return InvalidArgument("'outputs' must be an array");
+    for (uint32_t o = outs + 1; o < tape.end(outs); o = tape.end(o)) {
+      std::string name;
+      if (!EntryName(tape, o, &name)) return InvalidArgument("every entry of 'outputs' needs a string 'name'");
       bool known = false;
       for (const auto& s : spec.outputs) known = known || s.name == name;
       if (!known) return InvalidArgument("unknown output '" + name + "'");
-      if (const json* b = Param(o, "binary_data")) {
-        if (!b->is_boolean()) return InvalidArgument("output '" + name + "': binary_data must be true or false");
-        req.output_binary.emplace_back(name, b->get<bool>());
+      if (uint32_t b = Param(tape, o, "binary_data"); b != Tape::kNone) {
+        if (!tape.is_bool(b)) return InvalidArgument("output '" + name + "': binary_data must be true or false");
+        req.output_binary.emplace_back(name, tape.kind(b) == Kind::kTrue);
       }
       req.output_names.push_back(std::move(name));
     }
   }
-  if (auto params = j.find("parameters"); params != j.end() && params->is_object()) {
-    if (auto b = params->find("binary_data_output"); b != params->end()) {
-      if (!b->is_boolean()) return InvalidArgument("parameters.binary_data_output must be true or false");
-      req.binary_outputs = b->get<bool>();
-    }
+  if (uint32_t b = tape.Member(tape.Member(kRoot, "parameters"), "binary_data_output"); b != Tape::kNone) {
+    if (!tape.is_bool(b)) return InvalidArgument("parameters.binary_data_output must be true or false");
+    req.binary_outputs = tape.kind(b) == Kind::kTrue;
   }
   return req;
 }

@@ -63,6 +63,9 @@ TEST(TensorCodec, ErrorsNameTheInputAndTheExpectation) {
       {R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["a"]}]})", "BYTES is not supported"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1000000,1000000,1000000],"data":[]}]})",
        "has more than"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[500000,2],"data":[1,2]}]})",
+       "input 'x': 'data' is 5 bytes of JSON, too short for the 1000000 elements shape [500000, 2] needs"},
+      {"{\"inputs\":[]} x", "not valid JSON"},
   };
   for (const auto& c : cases) {
     auto r = DecodeInferRequest(c.body, TwoInputSpec());
@@ -71,6 +74,16 @@ TEST(TensorCodec, ErrorsNameTheInputAndTheExpectation) {
     EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
         << "body: " << c.body << "\nmessage: " << r.status().message();
   }
+}
+
+TEST(TensorCodec, BytesAfterTheDocumentAreRefusedEvenANul) {
+  std::string body = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]}]})";
+  ModelSpec one;
+  one.inputs.push_back({"x", DType::kFloat32, {-1, 2}});
+  ASSERT_TRUE(DecodeInferRequest(body, one).ok());
+  auto r = DecodeInferRequest(body + std::string(1, '\0') + "junk", one);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not valid JSON"), std::string::npos) << r.status().message();
 }
 
 TEST(TensorCodec, DeepNestingIsRefusedBeforeParsing) {

@@ -5,10 +5,18 @@
 // Input: a body, or "B" + two length bytes (little endian: the
 // Inference-Header-Content-Length) + a body for the binary tensor extension. Whatever
 // decodes is encoded again as the outputs of a response, both ways.
+//
+// The JSON reader under the decoder (daemon/json_tape.h) is also checked
+// against nlohmann::json on every input: both accept the same documents,
+// and what they read is the same document (inputs with a NUL byte aside:
+// see below).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
+#include "daemon/json_tape.h"
 #include "daemon/tensor_codec.h"
 
 namespace {
@@ -31,10 +39,61 @@ const aotid::runtime::ModelSpec& Spec() {
   return *spec;
 }
 
+// The tape's value `i` as nlohmann::json, to compare whole documents.
+nlohmann::json FromTape(const aotid::daemon::json_tape::Tape& t, uint32_t i) {
+  using aotid::daemon::json_tape::Kind;
+  switch (t.kind(i)) {
+    case Kind::kNull: return nullptr;
+    case Kind::kFalse: return false;
+    case Kind::kTrue: return true;
+    case Kind::kString: return t.String(i);
+    case Kind::kNumber: {
+      int64_t v;
+      uint64_t u;
+      if (t.AsInt64(i, &v)) return v;
+      if (t.AsUInt64(i, &u)) return u;
+      return t.AsDouble(i);
+    }
+    case Kind::kArray: {
+      auto a = nlohmann::json::array();
+      for (uint32_t c = i + 1; c < t.end(i); c = t.end(c)) a.push_back(FromTape(t, c));
+      return a;
+    }
+    case Kind::kObject: {
+      auto o = nlohmann::json::object();
+      for (uint32_t k = i + 1; k < t.end(i); k = t.end(k + 1)) o[t.String(k)] = FromTape(t, k + 1);
+      return o;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view body(reinterpret_cast<const char*>(data), size);
+  {
+    aotid::daemon::json_tape::Tape tape;
+    bool ours = tape.Parse(body, 16);
+    // nlohmann::json takes a NUL byte for the end of the input (so it accepts
+    // "0<NUL>junk"); the tape refuses it, as RFC 8259 does. Compared without.
+    if (aotid::daemon::JsonDepth(body, 16) <= 16 && body.find('\0') == std::string_view::npos) {
+      auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+      bool theirs = !j.is_discarded();
+      if (ours && !theirs) {
+        // A number past double's range ("1e400") is an error to nlohmann;
+        // the tape reads it as infinity, as a float past FP32's range is.
+        try {
+          (void)nlohmann::json::parse(body);
+        } catch (const nlohmann::json::out_of_range&) {
+          theirs = true;
+        } catch (const nlohmann::json::exception&) {
+        }
+      }
+      if (ours != theirs) __builtin_trap();
+      if (ours && !j.is_discarded() && FromTape(tape, 0) != j) __builtin_trap();
+    }
+  }
   std::optional<size_t> json_length;
   if (body.size() >= 3 && body[0] == 'B') {
     json_length = static_cast<uint8_t>(body[1]) | (static_cast<size_t>(static_cast<uint8_t>(body[2])) << 8);

@@ -14,7 +14,7 @@ clang="${CLANGXX:-clang++}"
 command -v "$clang" >/dev/null || { echo "fuzz: $clang not found (./dev installs clang)" >&2; exit 1; }
 case "$target" in
   decode_infer_request)
-    sources=("$src/daemon/tensor_codec.cc" "$src/runtime/tensor.cc" "$src/base/status.cc")
+    sources=("$src/daemon/tensor_codec.cc" "$src/daemon/json_tape.cc" "$src/runtime/tensor.cc" "$src/base/status.cc")
     corpus_dir="$src/tests/fuzz/corpus" dict="$src/tests/fuzz/oip.dict" ;;
   http_request)
     sources=("$src/daemon/http_server.cc" "$src/base/status.cc" "$src/base/log.cc")

@@ -1,0 +1,316 @@
+#include "daemon/json_tape.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+
+namespace aotid::daemon::json_tape {
+namespace {
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Four hex digits at s[i..i+4); -1 when they are not.
+int Hex4(std::string_view s, size_t i) {
+  if (i + 4 > s.size()) return -1;
+  int v = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    int d = HexDigit(s[i + k]);
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+// The length of the well-formed UTF-8 sequence at s[i] (a byte >= 0x80),
+// or 0 (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
+size_t Utf8Length(std::string_view s, size_t i) {
+  auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) { return byte(k) >= lo && byte(k) <= hi; };
+  unsigned c = byte(i);
+  if (c >= 0xC2 && c <= 0xDF) return cont(i + 1) ? 2 : 0;
+  if (c == 0xE0) return cont(i + 1, 0xA0) && cont(i + 2) ? 3 : 0;
+  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(i + 1) && cont(i + 2) ? 3 : 0;
+  if (c == 0xED) return cont(i + 1, 0x80, 0x9F) && cont(i + 2) ? 3 : 0;
+  if (c == 0xF0) return cont(i + 1, 0x90) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  if (c >= 0xF1 && c <= 0xF3) return cont(i + 1) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  if (c == 0xF4) return cont(i + 1, 0x80, 0x8F) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  return 0;
+}
+
+void AppendUtf8(std::string* out, uint32_t cp) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+}  // namespace
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kNull: return "null";
+    case Kind::kFalse:
+    case Kind::kTrue: return "boolean";
+    case Kind::kNumber: return "number";
+    case Kind::kString: return "string";
+    case Kind::kArray: return "array";
+    case Kind::kObject: return "object";
+  }
+  return "value";
+}
+
+bool Tape::Parse(std::string_view text, int max_depth) {
+  src_ = text;
+  pos_ = 0;
+  max_depth_ = max_depth;
+  too_deep_ = false;
+  nodes_.clear();
+  // About one value per four bytes of a tensor's data; grown past that.
+  nodes_.reserve(std::min<size_t>(text.size() / 4 + 8, size_t{1} << 16));
+  if (!Value(0)) return false;
+  SkipSpace();
+  return pos_ == src_.size();
+}
+
+void Tape::SkipSpace() {
+  while (pos_ < src_.size()) {
+    char c = src_[pos_];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return;
+    ++pos_;
+  }
+}
+
+bool Tape::StringToken(std::string_view* out, bool* escaped) {
+  // At the opening quote.
+  size_t start = ++pos_;
+  *escaped = false;
+  while (pos_ < src_.size()) {
+    auto c = static_cast<unsigned char>(src_[pos_]);
+    if (c == '"') {
+      *out = src_.substr(start, pos_ - start);
+      ++pos_;
+      return true;
+    }
+    if (c < 0x20) return false;
+    if (c == '\\') {
+      *escaped = true;
+      if (pos_ + 1 >= src_.size()) return false;
+      char e = src_[pos_ + 1];
+      if (e == 'u') {
+        int cp = Hex4(src_, pos_ + 2);
+        if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF)) return false;  // a low surrogate alone
+        pos_ += 6;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {  // a high surrogate: its low half must follow
+          if (pos_ + 1 >= src_.size() || src_[pos_] != '\\' || src_[pos_ + 1] != 'u') return false;
+          int low = Hex4(src_, pos_ + 2);
+          if (low < 0xDC00 || low > 0xDFFF) return false;
+          pos_ += 6;
+        }
+        continue;
+      }
+      if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't') return false;
+      pos_ += 2;
+      continue;
+    }
+    if (c >= 0x80) {
+      size_t n = Utf8Length(src_, pos_);
+      if (n == 0) return false;
+      pos_ += n;
+      continue;
+    }
+    ++pos_;
+  }
+  return false;
+}
+
+bool Tape::NumberToken(std::string_view* out) {
+  const char* const begin = src_.data() + pos_;
+  const char* const stop = src_.data() + src_.size();
+  const char* p = begin;
+  auto digits = [&] {
+    const char* from = p;
+    while (p < stop && static_cast<unsigned>(*p - '0') < 10u) ++p;
+    return p > from;
+  };
+  if (p < stop && *p == '-') ++p;
+  if (p < stop && *p == '0') {
+    ++p;
+  } else if (!digits()) {
+    return false;
+  }
+  if (p < stop && *p == '.') {
+    ++p;
+    if (!digits()) return false;
+  }
+  if (p < stop && (*p == 'e' || *p == 'E')) {
+    ++p;
+    if (p < stop && (*p == '+' || *p == '-')) ++p;
+    if (!digits()) return false;
+  }
+  *out = std::string_view(begin, static_cast<size_t>(p - begin));
+  pos_ += static_cast<size_t>(p - begin);
+  return true;
+}
+
+bool Tape::Value(int depth) {
+  SkipSpace();
+  if (pos_ >= src_.size()) return false;
+  const auto index = static_cast<uint32_t>(nodes_.size());
+  char c = src_[pos_];
+  auto literal = [&](std::string_view word, Kind k) {
+    if (src_.substr(pos_, word.size()) != word) return false;
+    nodes_.push_back({k, false, index + 1, src_.substr(pos_, word.size())});
+    pos_ += word.size();
+    return true;
+  };
+  switch (c) {
+    case 't': return literal("true", Kind::kTrue);
+    case 'f': return literal("false", Kind::kFalse);
+    case 'n': return literal("null", Kind::kNull);
+    case '"': {
+      Node n{Kind::kString, false, index + 1, {}};
+      if (!StringToken(&n.text, &n.escaped)) return false;
+      nodes_.push_back(n);
+      return true;
+    }
+    case '[':
+    case '{': {
+      if (depth + 1 > max_depth_) {
+        too_deep_ = true;
+        return false;
+      }
+      const bool object = c == '{';
+      const char close = object ? '}' : ']';
+      size_t open = pos_++;
+      nodes_.push_back({object ? Kind::kObject : Kind::kArray, false, 0, {}});
+      SkipSpace();
+      if (pos_ < src_.size() && src_[pos_] == close) {
+        ++pos_;
+      } else {
+        for (;;) {
+          if (object) {
+            SkipSpace();
+            if (pos_ >= src_.size() || src_[pos_] != '"') return false;
+            Node key{Kind::kString, false, static_cast<uint32_t>(nodes_.size()) + 1, {}};
+            if (!StringToken(&key.text, &key.escaped)) return false;
+            nodes_.push_back(key);
+            SkipSpace();
+            if (pos_ >= src_.size() || src_[pos_] != ':') return false;
+            ++pos_;
+          }
+          if (!Value(depth + 1)) return false;
+          SkipSpace();
+          if (pos_ >= src_.size()) return false;
+          if (src_[pos_] == ',') {
+            ++pos_;
+            continue;
+          }
+          if (src_[pos_] != close) return false;
+          ++pos_;
+          break;
+        }
+      }
+      nodes_[index].end = static_cast<uint32_t>(nodes_.size());
+      nodes_[index].text = src_.substr(open, pos_ - open);
+      return true;
+    }
+    default: {
+      Node n{Kind::kNumber, false, index + 1, {}};
+      if (!NumberToken(&n.text)) return false;
+      nodes_.push_back(n);
+      return true;
+    }
+  }
+}
+
+std::string Tape::String(uint32_t i) const {
+  const Node& n = nodes_[i];
+  if (!n.escaped) return std::string(n.text);
+  std::string out;
+  out.reserve(n.text.size());
+  std::string_view s = n.text;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (s[k] != '\\') {
+      out.push_back(s[k]);
+      continue;
+    }
+    char e = s[++k];
+    switch (e) {
+      case 'b': out.push_back('\b'); break;
+      case 'f': out.push_back('\f'); break;
+      case 'n': out.push_back('\n'); break;
+      case 'r': out.push_back('\r'); break;
+      case 't': out.push_back('\t'); break;
+      case 'u': {
+        auto cp = static_cast<uint32_t>(Hex4(s, k + 1));
+        k += 4;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {  // validated by Parse: a low surrogate follows
+          auto low = static_cast<uint32_t>(Hex4(s, k + 3));
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          k += 6;
+        }
+        AppendUtf8(&out, cp);
+        break;
+      }
+      default: out.push_back(e); break;  // " \ /
+    }
+  }
+  return out;
+}
+
+uint32_t Tape::Member(uint32_t obj, std::string_view key) const {
+  if (obj >= nodes_.size() || kind(obj) != Kind::kObject) return kNone;
+  uint32_t found = kNone;
+  for (uint32_t k = obj + 1; k < end(obj);) {
+    uint32_t v = k + 1;
+    if (nodes_[k].escaped ? String(k) == key : nodes_[k].text == key) found = v;
+    k = end(v);
+  }
+  return found;
+}
+
+bool Tape::IsIntegerToken(uint32_t i) const {
+  return kind(i) == Kind::kNumber && text(i).find_first_of(".eE") == std::string_view::npos;
+}
+
+bool Tape::AsInt64(uint32_t i, int64_t* out) const {
+  if (!IsIntegerToken(i)) return false;
+  std::string_view t = text(i);
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  return ec == std::errc() && p == t.data() + t.size();
+}
+
+bool Tape::AsUInt64(uint32_t i, uint64_t* out) const {
+  if (!IsIntegerToken(i) || text(i).front() == '-') return false;
+  std::string_view t = text(i);
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  return ec == std::errc() && p == t.data() + t.size();
+}
+
+double Tape::AsDouble(uint32_t i) const {
+  std::string_view t = text(i);
+  double d = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), d);
+  if (ec == std::errc()) return d;
+  // Out of double's range: strtod says what it rounds to (inf or 0).
+  return std::strtod(std::string(t).c_str(), nullptr);
+}
+
+}  // namespace aotid::daemon::json_tape
