@@ -27,6 +27,9 @@ idle_kb="$(rss_kb $pid)"
 kill -TERM $pid; wait $pid || true
 
 store="$work/store"
+# 64 HTTP workers: a request waiting for its batch holds its worker, so a
+# batch can only gather as many rows as there are workers (the default 8
+# serves 64 clients in turn, but batches them 8 at a time; docs/BENCHMARKS.md).
 printf '[server]\nthreads = 64\n' >"$work/aotid.toml"
 "$AOTID" --store "$store" add "$work/models/mlp.pt2" --name mlp >/dev/null
 "$AOTID" --store "$store" add "$work/models/conv.pt2" --name conv >/dev/null

@@ -738,20 +738,32 @@ class Server::Impl {
     }
   }
 
+  // How long a worker keeps serving one connection while other connections
+  // wait for a worker. Handing a connection to the poller and back costs a
+  // few wake-ups; doing it after every request halved the test MLP's
+  // throughput at 64 clients on 8 workers. A few milliseconds keeps that
+  // cost small and the wait of a queued connection short.
+  static constexpr int64_t kSliceMs = 5;
+
   // Serves requests on `c` until it closes (false) or should wait parked
   // while this worker serves others (true).
   bool ServeConnection(Conn& c) {
+    const int64_t slice_end = NowMs() + kSliceMs;
+    auto others_wait = [&] { return queued_.load() > 0; };
     int64_t idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     for (;;) {
       // Between requests: wait for the next one's first byte, giving the
-      // connection up to the poller if others are waiting for a worker.
+      // connection up to the poller once its slice is over if others are
+      // waiting for a worker.
       while (c.in.Empty()) {
         if (stopping_.load()) return false;
-        if (queued_.load() > 0) return true;
         int64_t now = NowMs();
+        if (others_wait() && now >= slice_end) return true;
         if (now >= idle_until) return false;
+        int64_t wait = std::min<int64_t>(10, idle_until - now);
+        if (others_wait()) wait = std::min(wait, slice_end - now);
         pollfd p{c.fd, POLLIN, 0};
-        int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(10, idle_until - now)));
+        int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, wait)));
         if (r < 0 && errno != EINTR) return false;
         if (r > 0 && !RecvSome(c)) return false;  // the peer closed
       }
@@ -759,7 +771,7 @@ class Server::Impl {
         case Next::kKeep: break;
         case Next::kClose: return false;
       }
-      if (queued_.load() > 0) return true;
+      if (others_wait() && NowMs() >= slice_end) return true;
       idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     }
   }

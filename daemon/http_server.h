@@ -14,9 +14,10 @@
 // Threads: one poller thread accepts connections and watches idle
 // keep-alive ones; `threads` workers serve requests. A worker keeps the
 // connection it serves while nobody waits for a worker, so a client at
-// concurrency 1 pays no hand-off; once connections queue up, a worker parks
-// its idle connection with the poller after each response and takes the
-// next one, so no client waits for another's keep-alive timeout.
+// concurrency 1 pays no hand-off; once connections queue up, a worker
+// serves its connection for a slice of a few milliseconds, then parks it
+// with the poller (between requests) and takes the next one, so no client
+// waits for another's keep-alive timeout.
 #pragma once
 
 #include <cstdint>
