@@ -21,9 +21,12 @@ constexpr char kJson[] = "application/json";
 // The binary tensor extension: the JSON part's length, the rest is tensor bytes.
 constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
 
+// Every error body: {"error": "..."}.
+std::string ErrorBody(std::string_view message) { return json{{"error", message}}.dump(); }
+
 void SendError(http::Response& res, int status, const std::string& message) {
   res.status = status;
-  res.Set(json{{"error", message}}.dump(), kJson);
+  res.Set(ErrorBody(message), kJson);
 }
 
 void SendStatus(http::Response& res, const Status& s) {
@@ -122,8 +125,6 @@ int HttpStatusFor(const Status& s) {
     default: return 500;
   }
 }
-
-std::string ErrorBody(std::string_view message) { return json{{"error", message}}.dump(); }
 
 HttpApi::HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options)
     : registry_(registry), metrics_(metrics), options_(std::move(options)), router_(ErrorBody) {

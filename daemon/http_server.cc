@@ -71,13 +71,16 @@ std::string_view NextLine(std::string_view data, size_t pos, size_t* next) {
   return data.substr(pos, end - pos);
 }
 
-HeadResult HeadError(int status, std::string error) {
-  HeadResult r;
-  r.state = HeadResult::kError;
+// A refusal, as the parse results carry it (HeadResult, ChunkedResult).
+template <typename Result>
+Result Fail(int status, std::string error) {
+  Result r;
+  r.state = Result::kError;
   r.status = status;
   r.error = std::move(error);
   return r;
 }
+constexpr auto HeadError = Fail<HeadResult>;
 
 bool ParseRequestLine(std::string_view line, Request* req, HeadResult* err) {
   size_t sp1 = line.find(' ');
@@ -188,6 +191,7 @@ HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req) 
   HeadResult err;
   if (!ParseRequestLine(line, req, &err)) return err;
   req->headers.clear();
+  req->headers.reserve(16);
   pos = next;
   for (;;) {
     line = NextLine(data, pos, &next);
@@ -265,12 +269,7 @@ BodyFraming FramingOf(const Request& req) {
 
 ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::string* body) {
   ChunkedResult r;
-  auto error = [&](int status, std::string message) {
-    r.state = ChunkedResult::kError;
-    r.status = status;
-    r.error = std::move(message);
-    return r;
-  };
+  constexpr auto error = Fail<ChunkedResult>;
   constexpr size_t kMaxLine = 4096;  // a size line with extensions, or a trailer
   size_t pos = 0;
   for (;;) {

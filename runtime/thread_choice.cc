@@ -37,7 +37,7 @@ std::string Us(double seconds) {
 
 }  // namespace
 
-ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch) {
+ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const std::function<double()>& now) {
   ThreadChoice choice{std::max(1, most), ""};
   if (most <= 1 || !model.SetThreads(most)) return choice;
   // Models loading together take turns: timings made side by side on the
@@ -45,11 +45,14 @@ ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch) {
   static std::mutex turn;
   std::lock_guard<std::mutex> lock(turn);
   std::vector<HostTensor> inputs = SampleInputs(model.spec(), std::max<int64_t>(1, batch));
+  auto clock = [&] {
+    return now ? now() : std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  };
   auto timed = [&](int threads) -> double {
     model.SetThreads(threads);
-    auto t0 = Clock::now();
+    double t0 = clock();
     bool ok = model.Infer(inputs).ok();
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    double s = clock() - t0;
     return ok ? s : -1;
   };
   double first = timed(most);  // also the warm-up
@@ -66,8 +69,8 @@ ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch) {
   }
   timed(1);  // warm-up of the other setting
   std::vector<double> one, many;
-  auto start = Clock::now();
-  while ((one.size() < 25 && std::chrono::duration<double>(Clock::now() - start).count() < 0.3) || one.size() < 3) {
+  const double start = clock();
+  while ((one.size() < 25 && clock() - start < 0.3) || one.size() < 3) {
     double a = timed(1), b = timed(most);
     if (a < 0 || b < 0) break;
     one.push_back(a);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "runtime/loaded_model.h"
@@ -24,7 +25,9 @@ struct ThreadChoice {
 // 300 ms in all) on zero inputs whose dynamic dims are `batch` (the first)
 // and 2 (the others), sets the faster and returns it. A model whose run
 // takes over 50 ms keeps `most` untimed; one that cannot take the sample
-// (its run fails) keeps `most` too.
-ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch);
+// (its run fails) keeps `most` too. `now` (seconds) is the clock the runs
+// are timed with; the steady clock unless a test gives its own.
+ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch,
+                           const std::function<double()>& now = nullptr);
 
 }  // namespace aotid::runtime
