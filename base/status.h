@@ -24,6 +24,7 @@ enum class StatusCode {
   kCorruption,
   kIOError,
   kInternal,
+  kCancelled,  // the caller no longer wants the result (a client that hung up)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -62,6 +63,7 @@ inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceEx
 inline Status Corruption(std::string m) { return {StatusCode::kCorruption, std::move(m)}; }
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 // IOError naming `what` (usually a path) and strerror(errno_value).
 Status ErrnoError(std::string_view what, int errno_value);
 

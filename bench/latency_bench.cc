@@ -23,7 +23,7 @@
 
 #include "base/fs.h"
 #include "bench/cached_model.h"
-#include "daemon/tensor_codec.h"
+#include "serving/tensor_codec.h"
 
 namespace {
 
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
 
   auto loaded = aotid::bench::LoadCachedModel(store_dir, model);
   if (!loaded.ok()) return Die(loaded.status().message());
-  auto req = aotid::daemon::DecodeInferRequest(*body, (*loaded)->spec());
+  auto req = aotid::serving::DecodeInferRequest(*body, (*loaded)->spec());
   if (!req.ok()) return Die(req.status().message());
 
   // The floor: the same bytes as the HTTP request body, echoed back.
@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
     auto r = client.Post(path.c_str(), *body, "application/json");
     auto t1 = Clock::now();
     if (!r || r->status != 200) return fail("HTTP infer failed");
-    auto out = (*loaded)->Infer(req->inputs);
+    auto out = (*loaded)->Infer(req->inputs, {});
     auto t2 = Clock::now();
     if (!out.ok()) return fail(out.status().message());
     if (::write(echo_fd, body->data(), body->size()) != static_cast<ssize_t>(body->size()) ||

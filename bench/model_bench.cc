@@ -15,7 +15,7 @@
 
 #include "base/fs.h"
 #include "bench/cached_model.h"
-#include "daemon/tensor_codec.h"
+#include "serving/tensor_codec.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
 
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
     }
     auto loaded = aotid::bench::LoadCachedModel(store, model);
     nlohmann::json body{{"inputs", cases[key][0]["inputs"]}};
-    auto req = aotid::daemon::DecodeInferRequest(body.dump(), (*loaded)->spec());
+    auto req = aotid::serving::DecodeInferRequest(body.dump(), (*loaded)->spec());
     if (!req.ok()) {
       std::fprintf(stderr, "%s: %s\n", model.c_str(), req.status().ToString().c_str());
       return 1;
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     std::vector<double> runs;
     for (int k = 0; k < 320; ++k) {
       auto t0 = std::chrono::steady_clock::now();
-      auto out = (*loaded)->Infer(req->inputs);
+      auto out = (*loaded)->Infer(req->inputs, {});
       if (k >= 20) runs.push_back(Since(t0));  // after warm-up
       if (!out.ok()) return 1;
     }

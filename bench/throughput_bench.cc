@@ -15,7 +15,7 @@
 
 #include "base/fs.h"
 #include "bench/cached_model.h"
-#include "daemon/tensor_codec.h"
+#include "serving/tensor_codec.h"
 
 namespace {
 
@@ -79,11 +79,11 @@ int main(int argc, char** argv) {
 
   auto loaded = aotid::bench::LoadCachedModel(store_dir, model, runners);
   if (!loaded.ok()) return Die(loaded.status().message());
-  auto req = aotid::daemon::DecodeInferRequest(*body, (*loaded)->spec());
+  auto req = aotid::serving::DecodeInferRequest(*body, (*loaded)->spec());
   if (!req.ok()) return Die(req.status().message());
   aotid::runtime::LoadedModel* m = loaded->get();
   auto [in_ok, in_failed] = Hammer(concurrency, seconds, [&] {
-    return [m, &req] { return m->Infer(req->inputs).ok(); };
+    return [m, &req] { return m->Infer(req->inputs, {}).ok(); };
   });
 
   int64_t rows = req->inputs[0].shape.empty() ? 1 : req->inputs[0].shape[0];

@@ -15,7 +15,7 @@
 #include "daemon/doctor.h"
 #include "daemon/internal_build.h"
 #include "daemon/serve.h"
-#include "daemon/store_watch.h"
+#include "control/store_watch.h"
 #include "runtime/aoti_package.h"
 #include "runtime/build_cache.h"
 #include "runtime/hardware.h"
@@ -544,7 +544,7 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
   uv_loop_t loop;
   uv_loop_init(&loop);
   Status failure;
-  StoreWatch watch(store->get(), [&] {
+  control::StoreWatch watch(store->get(), [&] {
     auto events = (*store)->ListEvents(last, 10000, model);
     if (!events.ok()) {
       failure = events.status();
@@ -558,7 +558,7 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
   });
   struct Signals {
     uv_signal_t sigint{}, sigterm{};
-    StoreWatch* watch;
+    control::StoreWatch* watch;
   } signals{.watch = &watch};
   auto stop = [](uv_signal_t* h, int) {
     auto* s = static_cast<Signals*>(h->data);

@@ -213,16 +213,5 @@ Status ParseListen(const std::string& listen, std::string* host, int* port) {
   return Status::OK();
 }
 
-bool IsLoopbackHost(const std::string& host) {
-  if (host.size() == 9) {  // "localhost" in any case
-    bool same = true;
-    for (size_t i = 0; i < 9 && same; ++i) same = (host[i] | 0x20) == "localhost"[i];
-    if (same) return true;
-  }
-  in_addr v4;
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6;
-  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && std::memcmp(&v6, &in6addr_loopback, sizeof v6) == 0;
-}
 
 }  // namespace aotid::daemon

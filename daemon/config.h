@@ -50,8 +50,4 @@ StatusOr<Config> LoadConfig(const std::string& explicit_path);
 // Splits "HOST:PORT" or "[V6]:PORT"; InvalidArgument naming the value.
 Status ParseListen(const std::string& listen, std::string* host, int* port);
 
-// True for addresses only this machine can reach: 127.0.0.0/8, ::1,
-// "localhost".
-bool IsLoopbackHost(const std::string& host);
-
 }  // namespace aotid::daemon

@@ -56,7 +56,7 @@ Status FirstRun(const runtime::PackageBuildResult& built, const std::string& dir
     t.data.assign(static_cast<size_t>(t.num_elements()) * runtime::DTypeSize(t.dtype), std::byte{0});
     inputs.push_back(std::move(t));
   }
-  ASSIGN_OR_RETURN(auto outputs, model->Infer(inputs));
+  ASSIGN_OR_RETURN(auto outputs, model->Infer(inputs, {}));
   if (built.outputs_declared) {
     if (outputs.size() != spec->outputs.size()) {
       return InvalidArgument("the package declares " + std::to_string(spec->outputs.size()) +

@@ -11,9 +11,10 @@
 
 #include "base/fs.h"
 #include "base/log.h"
-#include "daemon/http_api.h"
-#include "daemon/reconciler.h"
-#include "daemon/store_watch.h"
+#include "serving/http_api.h"
+#include "control/reconciler.h"
+#include "http/host.h"
+#include "control/store_watch.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_version.h"
 
@@ -39,10 +40,10 @@ StatusOr<int> LockStore(const std::string& dir) {
 
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
-  StoreWatch* watch = nullptr;
-  HttpApi* http = nullptr;
+  control::StoreWatch* watch = nullptr;
+  serving::HttpApi* http = nullptr;
   runtime::Builder* builder = nullptr;
-  Reconciler* reconciler = nullptr;
+  control::Reconciler* reconciler = nullptr;
   bool started = false;
 };
 
@@ -119,17 +120,17 @@ int Serve(const Config& config) {
   bopts.self_exe = SelfExe();
   bopts.cxx = config.cxx;
   runtime::Builder builder(&loop, &cache, bopts);
-  ModelRegistry registry;
-  Metrics metrics;
-  ReconcilerOptions ropts;
+  serving::ModelRegistry registry;
+  serving::Metrics metrics;
+  control::ReconcilerOptions ropts;
   ropts.fingerprint = fingerprint;
   ropts.hardware = hw;
   ropts.max_queued_requests = config.max_queued_requests;
   ropts.retry_initial_ms = config.build_retry_initial_s * 1000;
   ropts.max_attempts = config.build_max_attempts;
-  Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, std::move(ropts), &metrics);
+  control::Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, std::move(ropts), &metrics);
 
-  HttpOptions hopts;
+  serving::HttpOptions hopts;
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
   hopts.threads = config.threads;
   hopts.max_body_bytes = config.max_body_bytes;
@@ -140,7 +141,7 @@ int Serve(const Config& config) {
   if (on_unix) hopts.unix_path = hopts.host.substr(5);
   // A unix socket is out of a browser's reach, so DNS rebinding cannot
   // reach it; its file mode (0660) guards it.
-  hopts.check_host = !on_unix && IsLoopbackHost(hopts.host);
+  hopts.check_host = !on_unix && http::IsLoopbackHost(hopts.host);
   hopts.allowed_hosts = config.allowed_hosts;
   hopts.cors_origins = config.cors_origins;
   hopts.token_for_all = config.token_scope == "all";
@@ -150,14 +151,14 @@ int Serve(const Config& config) {
     if (!token.ok()) return fail(token.status());
     hopts.token = *token;
   }
-  if (!on_unix && !IsLoopbackHost(hopts.host)) {
+  if (!on_unix && !http::IsLoopbackHost(hopts.host)) {
     LOG_WARNING << "listening on " << hopts.host << ", which is not a loopback address: anyone who can reach "
                 << "this machine can use the API" << (hopts.token.empty() ? "; set server.token_file" : "");
   }
-  HttpApi http(&registry, &metrics, hopts);
+  serving::HttpApi http(&registry, &metrics, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
 
-  StoreWatch watch(store->get(), [&reconciler] {
+  control::StoreWatch watch(store->get(), [&reconciler] {
     LOG_DEBUG << "store changed; reconciling";
     if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   });

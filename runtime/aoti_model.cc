@@ -67,7 +67,7 @@ class AotiModel final : public LoadedModel {
     return true;
   }
 
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) override {
+  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs, const RunContext&) override {
     try {
       std::vector<at::Tensor> args;
       args.reserve(inputs.size());

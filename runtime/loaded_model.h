@@ -13,6 +13,17 @@
 
 namespace aotid::runtime {
 
+// What travels with one run besides its tensors.
+struct RunContext {
+  // True once nobody waits for the result (the request's client hung up).
+  // A model that queues runs (the batcher) asks it before a queued run
+  // starts. Empty: always wanted. Must be cheap and safe from any thread.
+  std::function<bool()> cancelled;
+};
+
+// The message of a run dropped because its client went away.
+inline constexpr char kClientGone[] = "the client closed the connection before its request ran";
+
 class LoadedModel {
  public:
   virtual ~LoadedModel() = default;
@@ -23,8 +34,11 @@ class LoadedModel {
   // Runs the model on `inputs`, which must already match spec().inputs in
   // order, datatype and shape (CheckTensorAgainstSpec). Thread-safe: up to
   // the model's runner count run at once, further callers wait. A failure
-  // inside the model comes back as a Status, never as an exception.
-  virtual StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) = 0;
+  // inside the model comes back as a Status, never as an exception. A run
+  // that has not started when ctx.cancelled() turns true is dropped with
+  // StatusCode::kCancelled.
+  virtual StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs,
+                                                  const RunContext& ctx) = 0;
 
   // OpenMP threads each run uses from now on; false where the model has no
   // such setting. Used at load, before the model serves.
@@ -33,17 +47,6 @@ class LoadedModel {
     return false;
   }
 };
-
-// Whether the client of the request the calling thread serves is still
-// connected. The HTTP layer sets it for each request on its thread; the
-// batcher reads it when it queues the request, and drops the request before
-// it runs when the client has gone. Empty: always there.
-using ClientAlive = std::function<bool()>;
-void SetClientAlive(ClientAlive probe);
-const ClientAlive& CurrentClientAlive();
-
-// The status of a request dropped because its client went away.
-inline constexpr char kClientGone[] = "the client closed the connection before its request ran";
 
 struct LoadOptions {
   std::string device = "cpu";  // the AOTInductor runner: cpu, cuda, mps

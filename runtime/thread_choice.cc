@@ -51,7 +51,7 @@ ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const st
   auto timed = [&](int threads) -> double {
     model.SetThreads(threads);
     double t0 = clock();
-    bool ok = model.Infer(inputs).ok();
+    bool ok = model.Infer(inputs, {}).ok();
     double s = clock() - t0;
     return ok ? s : -1;
   };

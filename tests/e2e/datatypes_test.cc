@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "base/fs.h"
-#include "daemon/tensor_codec.h"
+#include "serving/tensor_codec.h"
 #include "e2e/daemon_process.h"
 #include "runtime/tensor.h"
 #include "test_util.h"
@@ -31,8 +31,8 @@ void AppendBytes(std::string* out, DType dtype, const json& v) {
     case DType::kInt16: put(v.get<int16_t>()); break;
     case DType::kInt32: put(v.get<int32_t>()); break;
     case DType::kInt64: put(v.get<int64_t>()); break;
-    case DType::kFloat16: put(daemon::FloatToHalf(v.get<float>())); break;
-    case DType::kBFloat16: put(daemon::FloatToBFloat16(v.get<float>())); break;
+    case DType::kFloat16: put(serving::FloatToHalf(v.get<float>())); break;
+    case DType::kBFloat16: put(serving::FloatToBFloat16(v.get<float>())); break;
     case DType::kFloat32: put(v.get<float>()); break;
     case DType::kFloat64: put(v.get<double>()); break;
   }
@@ -52,8 +52,8 @@ double ElementAt(const char* p, DType dtype, size_t i) {
     case DType::kInt16: return get(int16_t{});
     case DType::kInt32: return get(int32_t{});
     case DType::kInt64: return static_cast<double>(get(int64_t{}));
-    case DType::kFloat16: return daemon::HalfToFloat(get(uint16_t{}));
-    case DType::kBFloat16: return daemon::BFloat16ToFloat(get(uint16_t{}));
+    case DType::kFloat16: return serving::HalfToFloat(get(uint16_t{}));
+    case DType::kBFloat16: return serving::BFloat16ToFloat(get(uint16_t{}));
     case DType::kFloat32: return get(float{});
     case DType::kFloat64: return get(double{});
   }

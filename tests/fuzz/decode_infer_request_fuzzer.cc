@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "daemon/json_tape.h"
-#include "daemon/tensor_codec.h"
+#include "http/json_tape.h"
+#include "serving/tensor_codec.h"
 
 namespace {
 
@@ -40,8 +40,8 @@ const aotid::runtime::ModelSpec& Spec() {
 }
 
 // The tape's value `i` as nlohmann::json, to compare whole documents.
-nlohmann::json FromTape(const aotid::daemon::json_tape::Tape& t, uint32_t i) {
-  using aotid::daemon::json_tape::Kind;
+nlohmann::json FromTape(const aotid::http::json_tape::Tape& t, uint32_t i) {
+  using aotid::http::json_tape::Kind;
   switch (t.kind(i)) {
     case Kind::kNull: return nullptr;
     case Kind::kFalse: return false;
@@ -73,11 +73,11 @@ nlohmann::json FromTape(const aotid::daemon::json_tape::Tape& t, uint32_t i) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view body(reinterpret_cast<const char*>(data), size);
   {
-    aotid::daemon::json_tape::Tape tape;
+    aotid::http::json_tape::Tape tape;
     bool ours = tape.Parse(body, 16);
     // nlohmann::json takes a NUL byte for the end of the input (so it accepts
     // "0<NUL>junk"); the tape refuses it, as RFC 8259 does. Compared without.
-    if (aotid::daemon::JsonDepth(body, 16) <= 16 && body.find('\0') == std::string_view::npos) {
+    if (aotid::serving::JsonDepth(body, 16) <= 16 && body.find('\0') == std::string_view::npos) {
       auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
       bool theirs = !j.is_discarded();
       if (ours && !theirs) {
@@ -99,13 +99,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     json_length = static_cast<uint8_t>(body[1]) | (static_cast<size_t>(static_cast<uint8_t>(body[2])) << 8);
     body.remove_prefix(3);
   }
-  aotid::daemon::DecodeLimits limits;
+  aotid::serving::DecodeLimits limits;
   limits.max_depth = 16;
   limits.max_elements = 1 << 16;
-  auto req = aotid::daemon::DecodeInferRequest(body, Spec(), limits, json_length);
+  auto req = aotid::serving::DecodeInferRequest(body, Spec(), limits, json_length);
   if (req.ok()) {
-    auto as_json = aotid::daemon::EncodeInferResponse("m", 1, req->id, req->inputs, req->output_names);
-    auto as_asked = aotid::daemon::EncodeInferResponse("m", 1, *req, req->inputs);
+    auto as_json = aotid::serving::EncodeInferResponse("m", 1, req->id, req->inputs, req->output_names);
+    auto as_asked = aotid::serving::EncodeInferResponse("m", 1, *req, req->inputs);
     if (as_json.empty() || as_asked.body.size() < as_asked.json_length) __builtin_trap();
   }
   return 0;

@@ -10,11 +10,11 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/http_server.h"
+#include "http/server.h"
 
 namespace {
 
-using namespace aotid::daemon::http;
+using namespace aotid::http;
 
 const Router& TheRouter() {
   static const Router* router = [] {

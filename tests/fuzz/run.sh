@@ -14,10 +14,10 @@ clang="${CLANGXX:-clang++}"
 command -v "$clang" >/dev/null || { echo "fuzz: $clang not found (./dev installs clang)" >&2; exit 1; }
 case "$target" in
   decode_infer_request)
-    sources=("$src/daemon/tensor_codec.cc" "$src/daemon/json_tape.cc" "$src/runtime/tensor.cc" "$src/base/status.cc")
+    sources=("$src/serving/tensor_codec.cc" "$src/http/json_tape.cc" "$src/runtime/tensor.cc" "$src/base/status.cc")
     corpus_dir="$src/tests/fuzz/corpus" dict="$src/tests/fuzz/oip.dict" ;;
   http_request)
-    sources=("$src/daemon/http_server.cc" "$src/base/status.cc" "$src/base/log.cc")
+    sources=("$src/http/server.cc" "$src/base/status.cc" "$src/base/log.cc")
     corpus_dir="$src/tests/fuzz/http_corpus" dict="$src/tests/fuzz/http.dict" ;;
   *) echo "fuzz: unknown target '$target'" >&2; exit 2 ;;
 esac

@@ -28,7 +28,7 @@ class TimedModel final : public LoadedModel {
     threads_ = threads;
     return true;
   }
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) override {
+  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs, const RunContext&) override {
     ++runs;
     shapes.clear();
     for (const auto& t : inputs) {

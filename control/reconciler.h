@@ -41,14 +41,14 @@
 #include <string>
 #include <vector>
 
-#include "daemon/metrics.h"
-#include "daemon/model_registry.h"
+#include "serving/metrics.h"
+#include "serving/model_registry.h"
 #include "runtime/build_cache.h"
 #include "runtime/builder.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
 
-namespace aotid::daemon {
+namespace aotid::control {
 
 struct ReconcilerOptions {
   std::string fingerprint;
@@ -61,8 +61,8 @@ struct ReconcilerOptions {
 class Reconciler {
  public:
   Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-             runtime::Builder* builder, ModelRegistry* registry, ReconcilerOptions options,
-             Metrics* metrics = nullptr);
+             runtime::Builder* builder, serving::ModelRegistry* registry, ReconcilerOptions options,
+             serving::Metrics* metrics = nullptr);
   ~Reconciler();
 
   // Brings the served set in line with the store.
@@ -103,7 +103,7 @@ class Reconciler {
   // ask for batching and its spec allows it.
   std::shared_ptr<runtime::LoadedModel> MaybeBatch(const storage::ModelVersion& v,
                                                    std::shared_ptr<runtime::LoadedModel> model);
-  void Publish(const storage::ModelVersion& v, ServeState state, std::string message,
+  void Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                std::shared_ptr<runtime::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
                std::string package_json = "");
   // Drops the served versions of `name` that the store no longer has, and
@@ -119,10 +119,10 @@ class Reconciler {
   storage::ModelStore* store_;
   const runtime::BuildCache* cache_;
   runtime::Builder* builder_;
-  ModelRegistry* registry_;
+  serving::ModelRegistry* registry_;
   ReconcilerOptions options_;
   const std::string& fingerprint_ = options_.fingerprint;
-  Metrics* metrics_;
+  serving::Metrics* metrics_;
   bool stopping_ = false;
   uv_timer_t retry_timer_{};
   uv_timer_t progress_timer_{};
@@ -144,4 +144,4 @@ class Reconciler {
   bool startup_pass_done_ = false;
 };
 
-}  // namespace aotid::daemon
+}  // namespace aotid::control

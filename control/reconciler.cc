@@ -1,13 +1,13 @@
-#include "daemon/reconciler.h"
+#include "control/reconciler.h"
 
 #include <chrono>
 
 #include "base/log.h"
 #include "runtime/aoti_package.h"
-#include "runtime/batcher.h"
+#include "serving/batcher.h"
 #include "runtime/thread_choice.h"
 
-namespace aotid::daemon {
+namespace aotid::control {
 namespace {
 
 std::string Name(const storage::ModelVersion& v) { return v.model + ":" + std::to_string(v.version); }
@@ -45,8 +45,8 @@ int64_t SteadyNowMs() {
 }  // namespace
 
 Reconciler::Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-                       runtime::Builder* builder, ModelRegistry* registry, ReconcilerOptions options,
-                       Metrics* metrics)
+                       runtime::Builder* builder, serving::ModelRegistry* registry, ReconcilerOptions options,
+                       serving::Metrics* metrics)
     : loop_(loop), store_(store), cache_(cache), builder_(builder), registry_(registry),
       options_(std::move(options)), metrics_(metrics) {
   uv_timer_init(loop_, &retry_timer_);
@@ -70,21 +70,21 @@ void Reconciler::Stop() {
 std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::ModelVersion& v,
                                                              std::shared_ptr<runtime::LoadedModel> model) {
   if (v.settings.max_batch_size <= 1) return model;
-  if (Status ok = runtime::CanBatch(model->spec()); !ok.ok()) {
+  if (Status ok = serving::CanBatch(model->spec()); !ok.ok()) {
     LOG_WARNING << Name(v) << ": max_batch_size " << v.settings.max_batch_size << " ignored: " << ok.message();
     Record(v, "batching_off", ok.message());
     return model;
   }
-  runtime::BatchOptions opts;
+  serving::BatchOptions opts;
   opts.max_batch_size = v.settings.max_batch_size;
   opts.max_delay_us = v.settings.max_batch_delay_us;
   opts.max_queued = options_.max_queued_requests;
   opts.workers = v.settings.num_runners;
-  Metrics* metrics = metrics_;
+  serving::Metrics* metrics = metrics_;
   std::string name = v.model;
   int64_t version = v.version;
-  return std::make_shared<runtime::BatchingModel>(std::move(model), opts, [metrics, name, version](
-                                                                            const runtime::BatchReport& r) {
+  return std::make_shared<serving::BatchingModel>(std::move(model), opts, [metrics, name, version](
+                                                                            const serving::BatchReport& r) {
     if (metrics && r.rows > 0) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
   });
 }
@@ -115,7 +115,7 @@ Status Reconciler::Reconcile() {
     }
   }
 
-  ModelRegistry::Catalog catalog;
+  serving::ModelRegistry::Catalog catalog;
   for (const auto& m : models) {
     for (const auto& v : m.versions) {
       catalog.push_back({m.name, v.version, m.enabled, IsDesired(m.name, v.version),
@@ -153,7 +153,7 @@ void Reconciler::Retire(const std::string& name) {
   if (it == served->end()) return;
   bool wanted_ready = false;
   for (const auto& [version, sm] : it->second) {
-    wanted_ready |= IsDesired(name, version) && sm->state == ServeState::kReady;
+    wanted_ready |= IsDesired(name, version) && sm->state == serving::ServeState::kReady;
   }
   for (const auto& [version, sm] : it->second) {
     auto m = stored_.find(name);
@@ -164,7 +164,7 @@ void Reconciler::Retire(const std::string& name) {
     } else if (!desired_.count(name)) {
       LOG_INFO << "unloading " << name << ":" << version << ": the model is disabled";
       registry_->Remove(name, version);
-    } else if (!IsDesired(name, version) && (wanted_ready || sm->state != ServeState::kReady)) {
+    } else if (!IsDesired(name, version) && (wanted_ready || sm->state != serving::ServeState::kReady)) {
       LOG_INFO << "unloading " << name << ":" << version << ": its version policy no longer serves it";
       registry_->Remove(name, version);
     }
@@ -207,13 +207,13 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
   // Serving as the store says. Anything else (in flight, failed, waiting
   // for a retry) is told apart by the work sets below.
   if (current && current->artifact == v.artifact && current->settings == v.settings &&
-      current->state == ServeState::kReady) {
+      current->state == serving::ServeState::kReady) {
     return;
   }
   std::string work = WorkKey(v);
   if (in_flight_.count(work) || failed_.count(work)) return;
   if (auto r = retries_.find(work); r != retries_.end() && r->second.at_ms > SteadyNowMs()) return;
-  if (current && current->state == ServeState::kReady) {
+  if (current && current->state == serving::ServeState::kReady) {
     LOG_INFO << "reloading " << Name(v) << " with its new settings";
     Record(v, "reloading", "settings changed; the loaded model serves until the new one is ready");
   }
@@ -227,7 +227,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
                             "", 0});
     LOG_ERROR << Name(v) << ": " << plan.status().message();
     Record(v, "build_failed", plan.status().message());
-    Publish(v, ServeState::kFailed, plan.status().message());
+    Publish(v, serving::ServeState::kFailed, plan.status().message());
     return;
   }
   if (!plan->note.empty() && !fell_back_.count(work)) {
@@ -260,7 +260,7 @@ bool Reconciler::FallBack(const storage::ModelVersion& v, const std::string& dev
 
 void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key) {
   in_flight_.insert(WorkKey(v));
-  Publish(v, ServeState::kQueued, "queued for a build for " + key.device);
+  Publish(v, serving::ServeState::kQueued, "queued for a build for " + key.device);
   Record(v, "build_queued", "queued for a build for " + key.device);
   std::string bkey = BuildKeyString(key);
   auto [pending, first] = builds_.try_emplace(bkey);
@@ -288,7 +288,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
     for (const auto& w : builds_[bkey].waiters) {
       Record(w, "build_started", "compiling for " + rec->device + " on " + fingerprint_ +
                                      (rec->attempts > 1 ? " (attempt " + std::to_string(rec->attempts) + ")" : ""));
-      Publish(w, ServeState::kBuilding, "building for " + rec->device);
+      Publish(w, serving::ServeState::kBuilding, "building for " + rec->device);
     }
   };
   job.on_done = [this, bkey](const runtime::BuildResult& r) { BuildDone(bkey, r); };
@@ -338,13 +338,13 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
                         std::to_string(options_.max_attempts) + "); retrying in " +
                         std::to_string((wait_ms + 999) / 1000) + " s: " + r.status.message();
       Record(w, "build_retry", msg);
-      Publish(w, ServeState::kQueued, msg);
+      Publish(w, serving::ServeState::kQueued, msg);
       ScheduleRetry(retries_[work].at_ms);
       continue;
     }
     retries_.erase(work);
     failed_.insert(work);
-    Publish(w, ServeState::kFailed, r.status.message());
+    Publish(w, serving::ServeState::kFailed, r.status.message());
   }
   MaybeStartupDone();
 }
@@ -383,14 +383,14 @@ void Reconciler::UpdateProgress() {
     if (p.empty() || p == pending.record->progress) continue;
     pending.record->progress = p;
     (void)store_->PutBuild(*pending.record);
-    for (const auto& w : pending.waiters) Publish(w, ServeState::kBuilding, "building for " + pending.key.device + ": " + p);
+    for (const auto& w : pending.waiters) Publish(w, serving::ServeState::kBuilding, "building for " + pending.key.device + ": " + p);
   }
 }
 
 void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
                            const DevicePlan& plan) {
   in_flight_.insert(WorkKey(v));
-  Publish(v, ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
+  Publish(v, serving::ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
   if (!built_now) Record(v, "load_started", "loading the cached build for " + entry.dir.substr(entry.dir.rfind('/') + 1));
   auto* w = new LoadWork;
   w->req.data = w;
@@ -431,7 +431,7 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
           self->Record(v, "load_failed", why);
           if (!self->FallBack(v, work->device, why)) {
             self->failed_.insert(WorkKey(v));
-            self->Publish(v, ServeState::kFailed, why);
+            self->Publish(v, serving::ServeState::kFailed, why);
           }
         } else if (!self->IsCurrent(v)) {
           LOG_INFO << "dropping the load of " << Name(v) << ": the store changed it meanwhile";
@@ -442,32 +442,32 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
                    << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
                    << work->threads << " thread" << (work->threads == 1 ? "" : "s")
                    << (work->threads_note.empty() ? "" : " (auto, " + work->threads_note + ")")
-                   << (dynamic_cast<runtime::BatchingModel*>(model.get())
+                   << (dynamic_cast<serving::BatchingModel*>(model.get())
                            ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
                            : std::string()) << ")";
           self->Record(v, "loaded", "loaded " + how + " on " + model->device() +
                                         (work->note.empty() ? "" : " (" + work->note + ")"));
           DevicePlan plan{work->device, work->note};
-          self->Publish(v, ServeState::kReady, "", std::move(model), &plan, work->entry.package_json);
+          self->Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, work->entry.package_json);
         }
         self->MaybeStartupDone();
       });
   if (rc != 0) {
     in_flight_.erase(WorkKey(v));
-    Publish(v, ServeState::kFailed, std::string("cannot queue load: ") + uv_strerror(rc));
+    Publish(v, serving::ServeState::kFailed, std::string("cannot queue load: ") + uv_strerror(rc));
     delete w;
   }
 }
 
-void Reconciler::Publish(const storage::ModelVersion& v, ServeState state, std::string message,
+void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                          std::shared_ptr<runtime::LoadedModel> model, const DevicePlan* plan,
                          std::string package_json) {
   if (!IsCurrent(v)) return;  // removed or changed since this work began
   auto current = registry_->Find(v.model, v.version);
   // A ready model keeps serving through a reload, and through its failure.
-  if (current && current->state == ServeState::kReady && state != ServeState::kReady) return;
+  if (current && current->state == serving::ServeState::kReady && state != serving::ServeState::kReady) return;
   if (!current && !IsDesired(v.model, v.version)) return;
-  ServedModel m;
+  serving::ServedModel m;
   m.name = v.model;
   m.version = v.version;
   m.state = state;
@@ -479,7 +479,7 @@ void Reconciler::Publish(const storage::ModelVersion& v, ServeState state, std::
   m.settings = v.settings;
   m.model = std::move(model);
   registry_->Put(std::move(m));
-  if (state == ServeState::kReady || state == ServeState::kFailed) Retire(v.model);
+  if (state == serving::ServeState::kReady || state == serving::ServeState::kFailed) Retire(v.model);
 }
 
 void Reconciler::Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message) {
@@ -494,4 +494,4 @@ void Reconciler::MaybeStartupDone() {
   }
 }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::control

@@ -16,7 +16,7 @@
 #include "base/status.h"
 #include "runtime/tensor.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 
 struct DecodeLimits {
   int max_depth = 32;                 // JSON nesting
@@ -70,4 +70,4 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToBFloat16(float f);
 float BFloat16ToFloat(uint16_t b);
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

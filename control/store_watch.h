@@ -19,7 +19,7 @@
 
 #include "storage/model_store.h"
 
-namespace aotid::daemon {
+namespace aotid::control {
 
 class StoreWatch {
  public:
@@ -48,4 +48,4 @@ class StoreWatch {
   bool started_ = false;
 };
 
-}  // namespace aotid::daemon
+}  // namespace aotid::control

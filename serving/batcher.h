@@ -19,7 +19,7 @@
 
 #include "runtime/loaded_model.h"
 
-namespace aotid::runtime {
+namespace aotid::serving {
 
 struct BatchOptions {
   int max_batch_size = 8;       // rows per run
@@ -37,36 +37,37 @@ struct BatchReport {
 };
 
 // Ok when `spec` can be batched; otherwise why not (names the tensor).
-Status CanBatch(const ModelSpec& spec);
+Status CanBatch(const runtime::ModelSpec& spec);
 
-class BatchingModel final : public LoadedModel {
+class BatchingModel final : public runtime::LoadedModel {
  public:
-  BatchingModel(std::shared_ptr<LoadedModel> inner, BatchOptions options,
+  BatchingModel(std::shared_ptr<runtime::LoadedModel> inner, BatchOptions options,
                 std::function<void(const BatchReport&)> on_batch = nullptr);
   ~BatchingModel() override;
 
-  const ModelSpec& spec() const override { return inner_->spec(); }
+  const runtime::ModelSpec& spec() const override { return inner_->spec(); }
   const std::string& device() const override { return inner_->device(); }
   // Blocks until this request's rows are computed. ResourceExhausted when
-  // the queue is full (the caller should retry shortly); Unavailable with
-  // kClientGone when the caller's client left while it waited (checked
-  // through CurrentClientAlive() when a batch is formed).
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs) override;
+  // the queue is full (the caller should retry shortly); Cancelled when
+  // ctx.cancelled() is true as a batch is formed (its client left while it
+  // waited).
+  StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>& inputs,
+                                                   const runtime::RunContext& ctx) override;
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Pending {
-    const std::vector<HostTensor>* inputs;
+    const std::vector<runtime::HostTensor>* inputs;
     int64_t rows;
     Clock::time_point enqueued;
-    ClientAlive alive;
+    const runtime::RunContext* ctx;  // the caller's, alive while it waits
     bool done = false;
-    StatusOr<std::vector<HostTensor>> result{Status(StatusCode::kInternal, "not run")};
+    StatusOr<std::vector<runtime::HostTensor>> result{Status(StatusCode::kInternal, "not run")};
   };
   void Work();
   void Run(std::vector<Pending*>& batch);
 
-  std::shared_ptr<LoadedModel> inner_;
+  std::shared_ptr<runtime::LoadedModel> inner_;
   BatchOptions options_;
   std::function<void(const BatchReport&)> on_batch_;
   std::mutex mu_;
@@ -78,4 +79,4 @@ class BatchingModel final : public LoadedModel {
   std::vector<std::thread> workers_;
 };
 
-}  // namespace aotid::runtime
+}  // namespace aotid::serving

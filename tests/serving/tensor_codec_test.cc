@@ -1,11 +1,11 @@
-#include "daemon/tensor_codec.h"
+#include "serving/tensor_codec.h"
 
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 namespace {
 
 using runtime::DType;
@@ -252,4 +252,4 @@ TEST(TensorCodecBinary, OutputsGoBinaryWhenAskedAndJsonOtherwise) {
 }
 
 }  // namespace
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

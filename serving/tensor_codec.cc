@@ -1,4 +1,4 @@
-#include "daemon/tensor_codec.h"
+#include "serving/tensor_codec.h"
 
 #include <algorithm>
 #include <bit>
@@ -8,18 +8,18 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "daemon/json_tape.h"
+#include "http/json_tape.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 namespace {
 
 using runtime::DType;
 using runtime::HostTensor;
 using runtime::TensorSpec;
 using json = nlohmann::json;
-using json_tape::Kind;
-using json_tape::KindName;
-using json_tape::Tape;
+using http::json_tape::Kind;
+using http::json_tape::KindName;
+using http::json_tape::Tape;
 
 template <typename T>
 void Put(std::vector<std::byte>& out, size_t index, T v) {
@@ -495,4 +495,4 @@ uint16_t FloatToBFloat16(float f) {
 
 float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

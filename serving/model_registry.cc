@@ -1,6 +1,6 @@
-#include "daemon/model_registry.h"
+#include "serving/model_registry.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 
 std::string_view ServeStateName(ServeState s) {
   switch (s) {
@@ -66,4 +66,4 @@ void ModelRegistry::Remove(const std::string& name, int64_t version) {
   snapshot_ = std::move(next);
 }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

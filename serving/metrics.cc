@@ -1,10 +1,10 @@
-#include "daemon/metrics.h"
+#include "serving/metrics.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 
-namespace aotid::daemon {
+namespace aotid::serving {
 namespace {
 
 // Request latencies: 50 µs to 10 s.
@@ -152,4 +152,4 @@ int64_t ResidentMemoryBytes() {
 #endif
 }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

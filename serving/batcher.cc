@@ -1,9 +1,15 @@
-#include "runtime/batcher.h"
+#include "serving/batcher.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace aotid::runtime {
+namespace aotid::serving {
+
+using runtime::HostTensor;
+using runtime::ModelSpec;
+using runtime::ShapeString;
+using runtime::TensorSpec;
+
 namespace {
 
 // Same dims apart from the first, for every input.
@@ -48,9 +54,10 @@ BatchingModel::~BatchingModel() {
   for (auto& t : workers_) t.join();
 }
 
-StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs) {
+StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs,
+                                                       const runtime::RunContext& ctx) {
   if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
-  Pending p{&inputs, inputs[0].shape[0], Clock::now(), CurrentClientAlive()};
+  Pending p{&inputs, inputs[0].shape[0], Clock::now(), &ctx};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return Unavailable("the model is being unloaded");
   if (static_cast<int>(queue_.size()) >= options_.max_queued) {
@@ -79,8 +86,8 @@ void BatchingModel::Work() {
     // Requests whose client went away while they waited are not run.
     int dropped = 0;
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if ((*it)->alive && !(*it)->alive()) {
-        (*it)->result = Unavailable(kClientGone);
+      if ((*it)->ctx->cancelled && (*it)->ctx->cancelled()) {
+        (*it)->result = Cancelled(runtime::kClientGone);
         (*it)->done = true;
         queued_rows_ -= (*it)->rows;
         it = queue_.erase(it);
@@ -131,7 +138,7 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
   }
   if (on_batch_) on_batch_(report);
   if (batch.size() == 1) {
-    batch[0]->result = inner_->Infer(*batch[0]->inputs);
+    batch[0]->result = inner_->Infer(*batch[0]->inputs, *batch[0]->ctx);
     return;
   }
   // Join each input along dim 0: row-major, so the bytes simply follow.
@@ -152,7 +159,7 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
       at += d.size();
     }
   }
-  auto out = inner_->Infer(joined);
+  auto out = inner_->Infer(joined, {});
   auto fail_all = [&](const Status& s) {
     for (Pending* p : batch) p->result = s;
   };
@@ -182,11 +189,4 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
   }
 }
 
-namespace {
-thread_local ClientAlive t_client_alive;
-}  // namespace
-
-void SetClientAlive(ClientAlive probe) { t_client_alive = std::move(probe); }
-const ClientAlive& CurrentClientAlive() { return t_client_alive; }
-
-}  // namespace aotid::runtime
+}  // namespace aotid::serving

@@ -1,11 +1,11 @@
-#include "daemon/json_tape.h"
+#include "http/json_tape.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
 
-namespace aotid::daemon::json_tape {
+namespace aotid::http::json_tape {
 namespace {
 
 int HexDigit(char c) {
@@ -313,4 +313,4 @@ double Tape::AsDouble(uint32_t i) const {
   return std::strtod(std::string(t).c_str(), nullptr);
 }
 
-}  // namespace aotid::daemon::json_tape
+}  // namespace aotid::http::json_tape

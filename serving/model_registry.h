@@ -16,7 +16,7 @@
 #include "runtime/loaded_model.h"
 #include "storage/model_store.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 
 // Where a served version is on its way to answering requests. Differs from a
 // build's state: a cached build still has to be loaded.
@@ -78,4 +78,4 @@ class ModelRegistry {
   std::atomic<bool> startup_done_{false};
 };
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

@@ -1,13 +1,13 @@
 // The HTTP/1.1 request parser, body framing and router, without sockets.
 // The same server over real connections is tested end to end in
 // e2e/security_test.cc.
-#include "daemon/http_server.h"
+#include "http/server.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace aotid::daemon::http {
+namespace aotid::http {
 namespace {
 
 std::string ErrorBody(std::string_view m) { return "{\"error\":\"" + std::string(m) + "\"}"; }
@@ -232,4 +232,4 @@ TEST(HttpRouter, MatchesSegmentsAndSays404Or405WithAllow) {
 }
 
 }  // namespace
-}  // namespace aotid::daemon::http
+}  // namespace aotid::http

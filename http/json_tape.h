@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-namespace aotid::daemon::json_tape {
+namespace aotid::http::json_tape {
 
 enum class Kind : uint8_t { kNull, kFalse, kTrue, kNumber, kString, kArray, kObject };
 
@@ -78,4 +78,4 @@ class Tape {
   std::vector<Node> nodes_;
 };
 
-}  // namespace aotid::daemon::json_tape
+}  // namespace aotid::http::json_tape

@@ -1,4 +1,4 @@
-#include "daemon/http_server.h"
+#include "http/server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -29,7 +29,7 @@
 #define MSG_NOSIGNAL 0  // macOS: SO_NOSIGPIPE is set on each connection instead
 #endif
 
-namespace aotid::daemon::http {
+namespace aotid::http {
 namespace {
 
 char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -942,4 +942,4 @@ void Server::Serve() { impl_->Serve(); }
 
 void Server::Stop() { impl_->Stop(); }
 
-}  // namespace aotid::daemon::http
+}  // namespace aotid::http

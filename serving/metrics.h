@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace aotid::daemon {
+namespace aotid::serving {
 
 class Histogram {
  public:
@@ -74,4 +74,4 @@ class Metrics {
 // This process's resident set size in bytes, or -1 where unknown.
 int64_t ResidentMemoryBytes();
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

@@ -1,8 +1,8 @@
-#include "daemon/store_watch.h"
+#include "control/store_watch.h"
 
 #include "base/log.h"
 
-namespace aotid::daemon {
+namespace aotid::control {
 
 void StoreWatch::Start(uv_loop_t* loop) {
   auto v = store_->DataVersion();
@@ -60,4 +60,4 @@ void StoreWatch::Stop() {
   uv_close(reinterpret_cast<uv_handle_t*>(&dir_event_), nullptr);
 }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::control

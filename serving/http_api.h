@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "base/status.h"
-#include "daemon/http_server.h"
-#include "daemon/metrics.h"
-#include "daemon/model_registry.h"
+#include "http/server.h"
+#include "serving/metrics.h"
+#include "serving/model_registry.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
@@ -42,9 +42,6 @@ struct HttpOptions {
   std::vector<std::string> allowed_hosts;
   std::vector<std::string> cors_origins;  // "*" for any; empty: no CORS
 };
-
-// What the Host header names, without its port ("[::1]:8765" -> "::1").
-std::string HostWithoutPort(const std::string& host_header);
 
 // The one mapping from Status to HTTP status.
 int HttpStatusFor(const Status& s);
@@ -78,4 +75,4 @@ class HttpApi {
   int port_ = 0;
 };
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

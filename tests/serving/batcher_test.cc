@@ -1,4 +1,4 @@
-#include "runtime/batcher.h"
+#include "serving/batcher.h"
 
 #include <atomic>
 #include <chrono>
@@ -7,8 +7,14 @@
 
 #include "test_util.h"
 
-namespace aotid::runtime {
+namespace aotid::serving {
 namespace {
+
+using runtime::DType;
+using runtime::HostTensor;
+using runtime::LoadedModel;
+using runtime::ModelSpec;
+using runtime::RunContext;
 
 // y = 2x + 1 elementwise over whatever batch it gets; records how many calls
 // and the largest batch. `break_rows` makes it return one row too few.
@@ -20,7 +26,7 @@ class FakeModel : public LoadedModel {
   }
   const ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in) override {
+  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in, const RunContext&) override {
     calls++;
     max_rows = std::max<int64_t>(max_rows, in[0].shape[0]);
     HostTensor y = in[0];
@@ -75,7 +81,7 @@ TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
   for (int c = 0; c < 32; ++c) {
     clients.emplace_back([&, c] {
       std::vector<float> mine = {float(c), float(c) + 0.5f, -float(c)};  // one row of 3, distinct per client
-      auto out = model.Infer({Rows(mine, 3)});
+      auto out = model.Infer({Rows(mine, 3)}, {});
       if (!out.ok() || (*out)[0].shape != std::vector<int64_t>{1, 3}) {
         wrong++;
         return;
@@ -102,7 +108,7 @@ TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
   std::vector<std::thread> clients;
   for (int c = 0; c < 6; ++c) {
     clients.emplace_back([&] {
-      auto out = model.Infer({Rows({1, 2}, 2)});
+      auto out = model.Infer({Rows({1, 2}, 2)}, {});
       if (out.ok()) {
         ok++;
       } else if (out.status().code() == StatusCode::kResourceExhausted &&
@@ -117,7 +123,7 @@ TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
   EXPECT_EQ(ok, 2);
   EXPECT_EQ(full, 4);
   EXPECT_EQ(other, 0);
-  EXPECT_TRUE(model.Infer({Rows({1, 2}, 2)}).ok());  // and it recovers
+  EXPECT_TRUE(model.Infer({Rows({1, 2}, 2)}, {}).ok());  // and it recovers
 }
 
 TEST(Batcher, DifferentInnerShapesAreNeverJoined) {
@@ -132,7 +138,7 @@ TEST(Batcher, DifferentInnerShapesAreNeverJoined) {
     clients.emplace_back([&, c] {
       int64_t cols = c % 2 ? 2 : 3;
       std::vector<float> mine(static_cast<size_t>(cols), float(c));
-      auto out = model.Infer({Rows(mine, cols)});
+      auto out = model.Infer({Rows(mine, cols)}, {});
       if (!out.ok() || (*out)[0].shape != std::vector<int64_t>{1, cols} || Floats((*out)[0])[0] != 2 * c + 1) wrong++;
     });
   }
@@ -151,7 +157,7 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
   std::atomic<int> reasoned{0};
   for (int c = 0; c < 4; ++c) {
     clients.emplace_back([&] {
-      auto out = model.Infer({Rows({1, 2}, 2)});
+      auto out = model.Infer({Rows({1, 2}, 2)}, {});
       if (!out.ok() && out.status().message().find("returned output 'y' with shape") != std::string::npos) {
         reasoned++;
       }
@@ -163,7 +169,7 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
 }
 
 // A request whose client left while it waited in the queue is answered
-// with kClientGone and never runs; the others in the batch do.
+// as Cancelled and never runs; the others in the batch do.
 TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
   auto fake = std::make_shared<FakeModel>();
   BatchOptions opts;
@@ -174,17 +180,16 @@ TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
   std::atomic<bool> gone_client_connected{true};
   StatusOr<std::vector<HostTensor>> gone = Internal("not run"), kept = Internal("not run");
   std::thread a([&] {
-    SetClientAlive([&] { return gone_client_connected.load(); });
-    gone = model.Infer({Rows({1, 2}, 2)});
-    SetClientAlive(nullptr);
+    RunContext ctx;
+    ctx.cancelled = [&] { return !gone_client_connected.load(); };
+    gone = model.Infer({Rows({1, 2}, 2)}, ctx);
   });
-  std::thread b([&] { kept = model.Infer({Rows({3, 4}, 2)}); });
+  std::thread b([&] { kept = model.Infer({Rows({3, 4}, 2)}, {}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   gone_client_connected = false;  // the first client hangs up while queued
   a.join();
   b.join();
-  EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(gone.status().message(), kClientGone);
+  EXPECT_EQ(gone.status().code(), StatusCode::kCancelled);
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
   EXPECT_EQ(fake->calls.load(), 1);
   EXPECT_EQ(fake->max_rows.load(), 1);  // only the kept row ran
@@ -204,4 +209,4 @@ TEST(Batcher, OnlyDynamicFirstDimsCanBatch) {
 }
 
 }  // namespace
-}  // namespace aotid::runtime
+}  // namespace aotid::serving

@@ -29,7 +29,7 @@
 
 #include "base/status.h"
 
-namespace aotid::daemon::http {
+namespace aotid::http {
 
 struct Header {
   std::string name, value;
@@ -177,4 +177,4 @@ class Server {
   int port_ = 0;
 };
 
-}  // namespace aotid::daemon::http
+}  // namespace aotid::http

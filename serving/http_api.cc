@@ -1,4 +1,4 @@
-#include "daemon/http_api.h"
+#include "serving/http_api.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
-#include "daemon/config.h"
-#include "daemon/tensor_codec.h"
+#include "http/host.h"
+#include "serving/tensor_codec.h"
 
-namespace aotid::daemon {
+namespace aotid::serving {
 namespace {
 
 using json = nlohmann::json;
@@ -101,17 +101,6 @@ bool OriginAllowed(const std::vector<std::string>& allowed, const std::string& o
 
 }  // namespace
 
-std::string HostWithoutPort(const std::string& host_header) {
-  if (!host_header.empty() && host_header.front() == '[') {
-    size_t close = host_header.find(']');
-    return close == std::string::npos ? host_header : host_header.substr(1, close - 1);
-  }
-  size_t colon = host_header.find(':');
-  if (colon != std::string::npos && host_header.find(':', colon + 1) == std::string::npos) {
-    return host_header.substr(0, colon);
-  }
-  return host_header;
-}
 
 int HttpStatusFor(const Status& s) {
   switch (s.code()) {
@@ -121,6 +110,7 @@ int HttpStatusFor(const Status& s) {
     case StatusCode::kAlreadyExists: return 409;
     case StatusCode::kFailedPrecondition: return 409;
     case StatusCode::kUnavailable: return 503;
+    case StatusCode::kCancelled: return 499;  // client closed the request, as nginx counts it
     case StatusCode::kResourceExhausted: return 503;
     default: return 500;
   }
@@ -150,8 +140,8 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
   const HttpOptions& opts = options_;
   {
     if (opts.check_host && req.Has("Host")) {
-      std::string host = HostWithoutPort(req.Get("Host"));
-      bool ok = IsLoopbackHost(host) ||
+      std::string host = http::HostWithoutPort(req.Get("Host"));
+      bool ok = http::IsLoopbackHost(host) ||
                 std::find(opts.allowed_hosts.begin(), opts.allowed_hosts.end(), host) != opts.allowed_hosts.end();
       if (!ok) {
         SendError(res, 403, "Host '" + host + "' is not allowed: aotid listens on loopback and answers only "
@@ -296,15 +286,12 @@ void HttpApi::Routes() {
     // A request whose client has gone is not run (here, or by the batcher
     // when it forms the batch); it counts as 499, as nginx has it.
     int fd = req.connection_fd;
-    if (http::ClientGone(fd)) return SendError(res, 499, runtime::kClientGone);
-    runtime::SetClientAlive(fd >= 0 ? runtime::ClientAlive([fd] { return !http::ClientGone(fd); }) : nullptr);
+    if (http::ClientGone(fd)) return SendStatus(res, Cancelled(runtime::kClientGone));
+    runtime::RunContext ctx;
+    if (fd >= 0) ctx.cancelled = [fd] { return http::ClientGone(fd); };
     auto run_start = Clock::now();
-    auto outputs = sm->model->Infer(decoded->inputs);
+    auto outputs = sm->model->Infer(decoded->inputs, ctx);
     compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-    runtime::SetClientAlive(nullptr);
-    if (!outputs.ok() && outputs.status().message() == runtime::kClientGone) {
-      return SendError(res, 499, runtime::kClientGone);
-    }
     if (!outputs.ok()) return SendStatus(res, outputs.status());
     res.status = 200;
     EncodedResponse encoded = EncodeInferResponse(sm->name, sm->version, *decoded, *outputs);
@@ -418,4 +405,4 @@ void HttpApi::Stop() {
   if (server_) server_->Stop();
 }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::serving

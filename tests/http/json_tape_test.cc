@@ -1,14 +1,14 @@
 // The JSON reader under the infer request decoder. The fuzz target
 // (tests/fuzz/decode_infer_request_fuzzer.cc) also compares it with
 // nlohmann::json on every input it makes up.
-#include "daemon/json_tape.h"
+#include "http/json_tape.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-namespace aotid::daemon::json_tape {
+namespace aotid::http::json_tape {
 namespace {
 
 TEST(JsonTape, AcceptsWhatRfc8259AcceptsAndNothingElse) {
@@ -94,4 +94,4 @@ TEST(JsonTape, NestingPastTheLimitIsRefusedAndSaysSo) {
 }
 
 }  // namespace
-}  // namespace aotid::daemon::json_tape
+}  // namespace aotid::http::json_tape
