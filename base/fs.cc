@@ -175,6 +175,13 @@ StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst
 
 StatusOr<std::string> Sha256File(const std::string& path) { return HashStream(path, -1, ""); }
 
+std::string Sha256Hex(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  return Hex(md, len);
+}
+
 bool IsSha256Hex(std::string_view s) {
   if (s.size() != 64) return false;
   for (char c : s) {

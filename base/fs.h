@@ -32,6 +32,8 @@ StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const 
 
 // Lowercase hex sha256 of a file's contents.
 StatusOr<std::string> Sha256File(const std::string& path);
+// Lowercase hex sha256 of `data`.
+std::string Sha256Hex(std::string_view data);
 
 // True for exactly 64 lowercase hex digits: the only digests from which a
 // path is ever derived.

@@ -1,11 +1,8 @@
 #include "control/reconciler.h"
 
-#include <chrono>
-
 #include "base/log.h"
 #include "runtime/aoti_package.h"
 #include "serving/batcher.h"
-#include "runtime/thread_choice.h"
 
 namespace aotid::control {
 namespace {
@@ -20,51 +17,23 @@ std::string WorkKey(const storage::ModelVersion& v) {
          std::to_string(s.max_batch_delay_us) + "/" + std::to_string(s.threads) + "/" + s.inductor_options;
 }
 
-std::string BuildKeyString(const runtime::BuildKey& k) {
-  return k.artifact + "/" + k.package_model + "/" + k.device + "/" + k.fingerprint + "/" + k.options;
-}
-
-struct LoadWork {
-  uv_work_t req{};
-  Reconciler* owner = nullptr;
-  storage::ModelVersion version;
-  runtime::CacheEntry entry;
-  bool built_now = false;
-  std::string device;
-  std::string note;
-  int threads = 0;
-  std::string threads_note;  // how auto threads were chosen
-  StatusOr<std::unique_ptr<runtime::LoadedModel>> result{Internal("not run")};
-};
-
-int64_t SteadyNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
-Reconciler::Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-                       runtime::Builder* builder, serving::ModelRegistry* registry, ReconcilerOptions options,
-                       serving::Metrics* metrics)
-    : loop_(loop), store_(store), cache_(cache), builder_(builder), registry_(registry),
-      options_(std::move(options)), metrics_(metrics) {
-  uv_timer_init(loop_, &retry_timer_);
-  uv_timer_init(loop_, &progress_timer_);
-  retry_timer_.data = progress_timer_.data = this;
-  timers_open_ = true;
-  uv_timer_start(&progress_timer_, [](uv_timer_t* t) { static_cast<Reconciler*>(t->data)->UpdateProgress(); },
-                 1000, 1000);
+Reconciler::Reconciler(ReconcilerParts parts, ReconcilerOptions options)
+    : loop_(parts.loop), store_(parts.store), cache_(parts.cache), builds_runner_(parts.builds),
+      loader_(parts.loader), registry_(parts.registry), metrics_(parts.metrics), options_(std::move(options)) {}
+
+Reconciler::~Reconciler() {
+  Stop();
+  *alive_ = false;
 }
 
-Reconciler::~Reconciler() { Stop(); }
+void Reconciler::Stop() { stopping_ = true; }
 
-void Reconciler::Stop() {
-  stopping_ = true;
-  if (!timers_open_) return;
-  timers_open_ = false;
-  uv_close(reinterpret_cast<uv_handle_t*>(&retry_timer_), nullptr);
-  uv_close(reinterpret_cast<uv_handle_t*>(&progress_timer_), nullptr);
+std::function<void()> Reconciler::Guard(std::function<void()> fn) {
+  return [alive = alive_, fn = std::move(fn)] {
+    if (*alive) fn();
+  };
 }
 
 std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::ModelVersion& v,
@@ -212,7 +181,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
   }
   std::string work = WorkKey(v);
   if (in_flight_.count(work) || failed_.count(work)) return;
-  if (auto r = retries_.find(work); r != retries_.end() && r->second.at_ms > SteadyNowMs()) return;
+  if (auto r = retries_.find(work); r != retries_.end() && r->second.at_ms > loop_->NowMs()) return;
   if (current && current->state == serving::ServeState::kReady) {
     LOG_INFO << "reloading " << Name(v) << " with its new settings";
     Record(v, "reloading", "settings changed; the loaded model serves until the new one is ready");
@@ -222,7 +191,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
   if (!plan.ok()) {
     failed_.insert(work);
     // A build row, so `aotid ls` and `show` say it failed here and why.
-    (void)store_->PutBuild({v.artifact, v.package_model, fingerprint_, v.settings.device, storage::BuildState::kFailed,
+    SaveBuild({v.artifact, v.package_model, fingerprint_, v.settings.device, storage::BuildState::kFailed,
                             plan.status().message(), storage::NowMs(), storage::NowMs(), v.settings.inductor_options,
                             "", 0});
     LOG_ERROR << Name(v) << ": " << plan.status().message();
@@ -262,17 +231,18 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
   in_flight_.insert(WorkKey(v));
   Publish(v, serving::ServeState::kQueued, "queued for a build for " + key.device);
   Record(v, "build_queued", "queued for a build for " + key.device);
-  std::string bkey = BuildKeyString(key);
+  std::string bkey = key.ToString();
   auto [pending, first] = builds_.try_emplace(bkey);
   pending->second.waiters.push_back(v);
   if (!first) return;  // another version with the same artifact is building it
 
   int attempts = 1;
   if (auto r = retries_.find(WorkKey(v)); r != retries_.end()) attempts = r->second.attempts + 1;
+  ScheduleProgress();
   auto rec = std::make_shared<storage::BuildRecord>();
   *rec = storage::BuildRecord{v.artifact, v.package_model, fingerprint_, key.device, storage::BuildState::kQueued,
                               "", 0, 0, key.options, "queued", attempts};
-  (void)store_->PutBuild(*rec);
+  SaveBuild(*rec);
   pending->second.key = key;
   pending->second.record = rec;
 
@@ -280,19 +250,22 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
   job.key = key;
   job.kind = std::string(storage::PackageKindName(v.kind));
   job.artifact_path = store_->BlobPath(v.artifact);
-  job.on_start = [this, rec, bkey]() {
+  job.on_start = [this, alive = alive_, rec, bkey]() {
+    if (!*alive) return;
     rec->state = storage::BuildState::kBuilding;
     rec->started_at_ms = storage::NowMs();
     rec->progress = "started";
-    (void)store_->PutBuild(*rec);
+    SaveBuild(*rec);
     for (const auto& w : builds_[bkey].waiters) {
       Record(w, "build_started", "compiling for " + rec->device + " on " + fingerprint_ +
                                      (rec->attempts > 1 ? " (attempt " + std::to_string(rec->attempts) + ")" : ""));
       Publish(w, serving::ServeState::kBuilding, "building for " + rec->device);
     }
   };
-  job.on_done = [this, bkey](const runtime::BuildResult& r) { BuildDone(bkey, r); };
-  builder_->Submit(std::move(job));
+  job.on_done = [this, alive = alive_, bkey](const runtime::BuildResult& r) {
+    if (*alive) BuildDone(bkey, r);
+  };
+  builds_runner_->Submit(std::move(job));
 }
 
 void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& r) {
@@ -303,7 +276,7 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
   rec->state = r.status.ok() ? storage::BuildState::kReady : storage::BuildState::kFailed;
   rec->error = r.status.ok() ? "" : r.status.message();
   rec->progress.clear();
-  (void)store_->PutBuild(*rec);
+  SaveBuild(*rec);
   if (metrics_ && !r.cancelled) metrics_->RecordBuild(r.status.ok(), static_cast<double>(r.duration_ms) / 1000);
   if (r.status.ok()) {
     LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in " << r.duration_ms
@@ -333,7 +306,7 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
     if (r.permanent && FallBack(w, rec->device, r.status.message())) continue;
     if (!r.permanent && rec->attempts < options_.max_attempts) {
       int64_t wait_ms = static_cast<int64_t>(options_.retry_initial_ms) << std::min(rec->attempts - 1, 16);
-      retries_[work] = Retry{rec->attempts, SteadyNowMs() + wait_ms};
+      retries_[work] = Retry{rec->attempts, loop_->NowMs() + wait_ms};
       std::string msg = "build failed (attempt " + std::to_string(rec->attempts) + " of " +
                         std::to_string(options_.max_attempts) + "); retrying in " +
                         std::to_string((wait_ms + 999) / 1000) + " s: " + r.status.message();
@@ -350,39 +323,56 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
 }
 
 void Reconciler::ScheduleRetry(int64_t at_ms) {
-  if (!timers_open_ || stopping_) return;
-  uint64_t due = uv_timer_get_due_in(&retry_timer_);
-  int64_t wait = std::max<int64_t>(0, at_ms - SteadyNowMs());
-  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&retry_timer_)) && due <= static_cast<uint64_t>(wait)) return;
-  uv_timer_start(&retry_timer_, [](uv_timer_t* t) {
-    auto* self = static_cast<Reconciler*>(t->data);
-    int64_t next = 0;
-    for (const auto& [work, r] : self->retries_) {
-      if (r.at_ms > SteadyNowMs() && (next == 0 || r.at_ms < next)) next = r.at_ms;
+  if (stopping_) return;
+  // One wake-up at a time: the earliest. A later one is armed when it fires.
+  if (retry_wake_at_ms_ >= 0 && retry_wake_at_ms_ <= at_ms) return;
+  retry_wake_at_ms_ = at_ms;
+  loop_->RunAfter(at_ms - loop_->NowMs() + 1, Guard([this, at_ms] {
+    if (retry_wake_at_ms_ != at_ms) return;  // superseded by an earlier one, which re-arms
+    retry_wake_at_ms_ = -1;
+    if (Status s = Reconcile(); !s.ok()) LOG_WARNING << "reconcile for a retry: " << s.message();
+    int64_t next = -1;
+    for (const auto& [work, r] : retries_) {
+      if (r.at_ms > loop_->NowMs() && (next < 0 || r.at_ms < next)) next = r.at_ms;
     }
-    if (Status s = self->Reconcile(); !s.ok()) LOG_WARNING << "reconcile for a retry: " << s.message();
-    if (next != 0) self->ScheduleRetry(next);
-  }, static_cast<uint64_t>(wait) + 1, 0);
+    if (next >= 0) ScheduleRetry(next);
+  }));
 }
 
 void Reconciler::CancelUnwanted() {
+  // Collected first: a queued build's cancellation completes at once, and
+  // its completion removes it from builds_.
+  std::vector<runtime::BuildKey> unwanted;
   for (const auto& [bkey, pending] : builds_) {
     bool needed = false;
     for (const auto& w : pending.waiters) needed |= IsCurrent(w) && IsDesired(w.model, w.version);
-    if (!needed && builder_->Cancel(pending.key)) {
-      LOG_INFO << "cancelling the build of " << pending.key.artifact.substr(0, 12) << " for " << pending.key.device
+    if (!needed) unwanted.push_back(pending.key);
+  }
+  for (const auto& key : unwanted) {
+    if (builds_runner_->Cancel(key)) {
+      LOG_INFO << "cancelling the build of " << key.artifact.substr(0, 12) << " for " << key.device
                << ": no version the store wants needs it";
     }
   }
 }
 
+void Reconciler::ScheduleProgress() {
+  if (progress_scheduled_ || stopping_) return;
+  progress_scheduled_ = true;
+  loop_->RunAfter(options_.progress_interval_ms, Guard([this] {
+    progress_scheduled_ = false;
+    UpdateProgress();
+    if (!builds_.empty()) ScheduleProgress();
+  }));
+}
+
 void Reconciler::UpdateProgress() {
   for (auto& [bkey, pending] : builds_) {
     if (!pending.record || pending.record->state != storage::BuildState::kBuilding) continue;
-    std::string p = builder_->Progress(pending.key);
+    std::string p = builds_runner_->Progress(pending.key);
     if (p.empty() || p == pending.record->progress) continue;
     pending.record->progress = p;
-    (void)store_->PutBuild(*pending.record);
+    SaveBuild(*pending.record);
     for (const auto& w : pending.waiters) Publish(w, serving::ServeState::kBuilding, "building for " + pending.key.device + ": " + p);
   }
 }
@@ -392,71 +382,48 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
   in_flight_.insert(WorkKey(v));
   Publish(v, serving::ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
   if (!built_now) Record(v, "load_started", "loading the cached build for " + entry.dir.substr(entry.dir.rfind('/') + 1));
-  auto* w = new LoadWork;
-  w->req.data = w;
-  w->owner = this;
-  w->version = v;
-  w->entry = entry;
-  w->built_now = built_now;
-  w->device = plan.device;
-  w->note = plan.note;
-  w->threads = runtime::ThreadsPerRunner(v.settings.threads, v.settings.num_runners, options_.hardware.cores);
-  int rc = uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* req) {  // thread pool: no store, no registry
-        auto* work = static_cast<LoadWork*>(req->data);
-        runtime::LoadOptions opts;
-        opts.device = work->device;
-        opts.num_runners = work->version.settings.num_runners;
-        opts.threads = work->threads;
-        work->result = runtime::LoadCompiledModel(work->entry, opts);
-        // threads = 0 (auto) on the CPU: time the model both ways and keep
-        // the faster (runtime/thread_choice.h).
-        const auto& settings = work->version.settings;
-        if (work->result.ok() && settings.threads == 0 && work->threads > 1 && work->device == "cpu") {
-          int64_t batch = settings.max_batch_size > 1 ? settings.max_batch_size : 1;
-          runtime::ThreadChoice choice = runtime::ChooseThreads(**work->result, work->threads, batch);
-          work->threads = choice.threads;
-          work->threads_note = choice.note;
-        }
-      },
-      [](uv_work_t* req, int status) {  // loop thread
-        std::unique_ptr<LoadWork> work(static_cast<LoadWork*>(req->data));
-        Reconciler* self = work->owner;
-        const auto& v = work->version;
-        self->in_flight_.erase(WorkKey(v));
-        if (status != 0 || !work->result.ok()) {
-          std::string why = status != 0 ? "load cancelled" : work->result.status().message();
-          LOG_ERROR << "loading " << Name(v) << " failed: " << why;
-          self->Record(v, "load_failed", why);
-          if (!self->FallBack(v, work->device, why)) {
-            self->failed_.insert(WorkKey(v));
-            self->Publish(v, serving::ServeState::kFailed, why);
-          }
-        } else if (!self->IsCurrent(v)) {
-          LOG_INFO << "dropping the load of " << Name(v) << ": the store changed it meanwhile";
-        } else {
-          std::shared_ptr<runtime::LoadedModel> model = self->MaybeBatch(v, std::move(work->result).value());
-          std::string how = work->built_now ? "after build" : "from cache";
-          LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
-                   << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
-                   << work->threads << " thread" << (work->threads == 1 ? "" : "s")
-                   << (work->threads_note.empty() ? "" : " (auto, " + work->threads_note + ")")
-                   << (dynamic_cast<serving::BatchingModel*>(model.get())
-                           ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
-                           : std::string()) << ")";
-          self->Record(v, "loaded", "loaded " + how + " on " + model->device() +
-                                        (work->note.empty() ? "" : " (" + work->note + ")"));
-          DevicePlan plan{work->device, work->note};
-          self->Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, work->entry.package_json);
-        }
-        self->MaybeStartupDone();
-      });
-  if (rc != 0) {
-    in_flight_.erase(WorkKey(v));
-    Publish(v, serving::ServeState::kFailed, std::string("cannot queue load: ") + uv_strerror(rc));
-    delete w;
+  LoadRequest req;
+  req.entry = entry;
+  req.options.device = plan.device;
+  req.options.num_runners = v.settings.num_runners;
+  req.options.threads = runtime::ThreadsPerRunner(v.settings.threads, v.settings.num_runners, options_.hardware.cores);
+  // threads = 0 (auto) on the CPU: the loader times the model both ways.
+  if (v.settings.threads == 0 && plan.device == "cpu") {
+    req.choose_threads_at_batch = v.settings.max_batch_size > 1 ? v.settings.max_batch_size : 1;
   }
+  loader_->Load(std::move(req), [this, alive = alive_, v, entry, built_now, plan](LoadResult result) {
+    if (*alive) LoadDone(v, entry, built_now, plan, std::move(result));
+  });
+}
+
+void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+                          const DevicePlan& plan, LoadResult result) {
+  in_flight_.erase(WorkKey(v));
+  if (!result.model.ok()) {
+    std::string why = result.model.status().message();
+    LOG_ERROR << "loading " << Name(v) << " failed: " << why;
+    Record(v, "load_failed", why);
+    if (!FallBack(v, plan.device, why)) {
+      failed_.insert(WorkKey(v));
+      Publish(v, serving::ServeState::kFailed, why);
+    }
+  } else if (!IsCurrent(v)) {
+    LOG_INFO << "dropping the load of " << Name(v) << ": the store changed it meanwhile";
+  } else {
+    std::shared_ptr<runtime::LoadedModel> model = MaybeBatch(v, std::move(result.model).value());
+    std::string how = built_now ? "after build" : "from cache";
+    LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", " << v.settings.num_runners
+             << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x " << result.threads << " thread"
+             << (result.threads == 1 ? "" : "s")
+             << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
+             << (dynamic_cast<serving::BatchingModel*>(model.get())
+                     ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
+                     : std::string())
+             << ")";
+    Record(v, "loaded", "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
+    Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json);
+  }
+  MaybeStartupDone();
 }
 
 void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
@@ -480,6 +447,12 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
   m.model = std::move(model);
   registry_->Put(std::move(m));
   if (state == serving::ServeState::kReady || state == serving::ServeState::kFailed) Retire(v.model);
+}
+
+void Reconciler::SaveBuild(const storage::BuildRecord& b) {
+  // The row is what `aotid ls` and `show` report; serving goes on without it.
+  Status s = store_->PutBuild(b);
+  if (!s.ok()) LOG_WARNING << "cannot record the build of " << b.artifact.substr(0, 12) << " for " << b.device << ": " << s.message();
 }
 
 void Reconciler::Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message) {

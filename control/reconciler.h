@@ -29,11 +29,14 @@
 // Builds that fail in a way that may pass (killed, timed out) are retried
 // with a doubling wait, up to max_attempts; a compile error is not.
 //
+// What it drives comes through small interfaces, so its logic is tested
+// with fakes in milliseconds: builds (runtime::BuildRunner), loads
+// (ModelLoader), time and wake-ups (Loop). The store and the build cache
+// are the real ones (a SQLite file and a directory).
+//
 // Runs on the loop thread only. Reconcile() is idempotent: calling it again
 // changes nothing unless the store changed.
 #pragma once
-
-#include <uv.h>
 
 #include <map>
 #include <memory>
@@ -41,11 +44,13 @@
 #include <string>
 #include <vector>
 
-#include "serving/metrics.h"
-#include "serving/model_registry.h"
+#include "control/loop.h"
+#include "control/model_loader.h"
 #include "runtime/build_cache.h"
 #include "runtime/builder.h"
 #include "runtime/hardware.h"
+#include "serving/metrics.h"
+#include "serving/model_registry.h"
 #include "storage/model_store.h"
 
 namespace aotid::control {
@@ -56,18 +61,32 @@ struct ReconcilerOptions {
   int max_queued_requests = 256;
   int retry_initial_ms = 10000;
   int max_attempts = 4;
+  int progress_interval_ms = 1000;  // how often a running build's progress is published
+};
+
+// What the reconciler drives and where it publishes; each must outlive it.
+struct ReconcilerParts {
+  Loop* loop = nullptr;
+  storage::ModelStore* store = nullptr;
+  const runtime::BuildCache* cache = nullptr;
+  runtime::BuildRunner* builds = nullptr;
+  ModelLoader* loader = nullptr;
+  serving::ModelRegistry* registry = nullptr;
+  serving::Metrics* metrics = nullptr;  // optional
 };
 
 class Reconciler {
  public:
-  Reconciler(uv_loop_t* loop, storage::ModelStore* store, const runtime::BuildCache* cache,
-             runtime::Builder* builder, serving::ModelRegistry* registry, ReconcilerOptions options,
-             serving::Metrics* metrics = nullptr);
+  Reconciler(ReconcilerParts parts, ReconcilerOptions options);
   ~Reconciler();
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
 
   // Brings the served set in line with the store.
   Status Reconcile();
-  // No new work after this; work in flight finishes. Closes the timers.
+  // No new work after this; work in flight finishes (its outcome is still
+  // recorded). Callbacks that arrive after the reconciler is destroyed do
+  // nothing.
   void Stop();
 
  private:
@@ -83,7 +102,7 @@ class Reconciler {
   };
   struct Retry {
     int attempts = 0;
-    int64_t at_ms = 0;  // steady clock
+    int64_t at_ms = 0;  // Loop::NowMs()
   };
 
   void Ensure(const storage::ModelVersion& v);
@@ -96,9 +115,14 @@ class Reconciler {
   bool FallBack(const storage::ModelVersion& v, const std::string& device, const std::string& why);
   void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
                  const DevicePlan& plan);
+  void LoadDone(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+                const DevicePlan& plan, LoadResult result);
   void CancelUnwanted();
   void UpdateProgress();
+  void ScheduleProgress();
   void ScheduleRetry(int64_t at_ms);
+  // Wraps a callback so it does nothing once the reconciler is stopped or gone.
+  std::function<void()> Guard(std::function<void()> fn);
   // Puts the dynamic batcher in front of a loaded model when its settings
   // ask for batching and its spec allows it.
   std::shared_ptr<runtime::LoadedModel> MaybeBatch(const storage::ModelVersion& v,
@@ -113,20 +137,23 @@ class Reconciler {
   bool IsCurrent(const storage::ModelVersion& v) const;
   bool IsDesired(const std::string& name, int64_t version) const;
   void Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message);
+  void SaveBuild(const storage::BuildRecord& b);
   void MaybeStartupDone();
 
-  uv_loop_t* loop_;
+  Loop* loop_;
   storage::ModelStore* store_;
   const runtime::BuildCache* cache_;
-  runtime::Builder* builder_;
+  runtime::BuildRunner* builds_runner_;
+  ModelLoader* loader_;
   serving::ModelRegistry* registry_;
+  serving::Metrics* metrics_;
   ReconcilerOptions options_;
   const std::string& fingerprint_ = options_.fingerprint;
-  serving::Metrics* metrics_;
   bool stopping_ = false;
-  uv_timer_t retry_timer_{};
-  uv_timer_t progress_timer_{};
-  bool timers_open_ = false;
+  // Shared with the callbacks handed out; false once destroyed.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  int64_t retry_wake_at_ms_ = -1;  // the earliest retry wake-up pending; -1 none
+  bool progress_scheduled_ = false;
   // The store as of the last reconcile: every version, and the wanted ones.
   std::map<std::string, std::map<int64_t, storage::ModelVersion>> stored_;
   std::map<std::string, std::set<int64_t>> desired_;

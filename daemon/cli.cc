@@ -544,11 +544,13 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
   uv_loop_t loop;
   uv_loop_init(&loop);
   Status failure;
-  control::StoreWatch watch(store->get(), [&] {
+  control::UvLoop timers(&loop);
+  control::StoreWatch watch(store->get(), &timers, [&] {
     auto events = (*store)->ListEvents(last, 10000, model);
     if (!events.ok()) {
       failure = events.status();
       watch.Stop();
+      timers.Close();
       return;
     }
     for (const auto& e : *events) {
@@ -559,10 +561,12 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
   struct Signals {
     uv_signal_t sigint{}, sigterm{};
     control::StoreWatch* watch;
-  } signals{.watch = &watch};
+    control::UvLoop* timers;
+  } signals{.watch = &watch, .timers = &timers};
   auto stop = [](uv_signal_t* h, int) {
     auto* s = static_cast<Signals*>(h->data);
     s->watch->Stop();
+    s->timers->Close();
     uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   };

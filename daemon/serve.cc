@@ -40,6 +40,7 @@ StatusOr<int> LockStore(const std::string& dir) {
 
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
+  control::UvLoop* timers = nullptr;
   control::StoreWatch* watch = nullptr;
   serving::HttpApi* http = nullptr;
   runtime::Builder* builder = nullptr;
@@ -55,6 +56,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->reconciler->Stop();
   s->watch->Stop();
   s->builder->Shutdown();
+  s->timers->Close();
   s->http->Stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
@@ -128,7 +130,17 @@ int Serve(const Config& config) {
   ropts.max_queued_requests = config.max_queued_requests;
   ropts.retry_initial_ms = config.build_retry_initial_s * 1000;
   ropts.max_attempts = config.build_max_attempts;
-  control::Reconciler reconciler(&loop, store->get(), &cache, &builder, &registry, std::move(ropts), &metrics);
+  control::UvLoop timers(&loop);
+  control::ThreadPoolLoader loader(&loop);
+  control::ReconcilerParts parts;
+  parts.loop = &timers;
+  parts.store = store->get();
+  parts.cache = &cache;
+  parts.builds = &builder;
+  parts.loader = &loader;
+  parts.registry = &registry;
+  parts.metrics = &metrics;
+  control::Reconciler reconciler(parts, std::move(ropts));
 
   serving::HttpOptions hopts;
   if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
@@ -158,11 +170,12 @@ int Serve(const Config& config) {
   serving::HttpApi http(&registry, &metrics, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
 
-  control::StoreWatch watch(store->get(), [&reconciler] {
+  control::StoreWatch watch(store->get(), &timers, [&reconciler] {
     LOG_DEBUG << "store changed; reconciling";
     if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   });
   Shutdown shutdown;
+  shutdown.timers = &timers;
   shutdown.watch = &watch;
   shutdown.http = &http;
   shutdown.builder = &builder;

@@ -16,15 +16,6 @@ constexpr const char* kEntryFiles[] = {"model.so", "spec.json", "package.json"};
 // Entries written by an aotid with another layout are rebuilt, not loaded.
 constexpr int kLayout = 2;
 
-uint32_t Fnv1a(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 16777619u;
-  }
-  return h;
-}
-
 StatusOr<int64_t> FileSize(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoError(path, errno);
@@ -43,13 +34,15 @@ Status CheckKey(const BuildKey& key) {
 
 }  // namespace
 
+std::string BuildKey::ToString() const {
+  return artifact + "/" + package_model + "/" + device + "/" + fingerprint + "/" + options;
+}
+
 std::string BuildCache::EntryDir(const BuildKey& key) const {
   std::string dir = root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
-  if (!key.options.empty()) {
-    char hash[10];
-    std::snprintf(hash, sizeof hash, ".%08x", Fnv1a(key.options));
-    dir += hash;
-  }
+  // The options text can be long; its full sha256 names it. Lookup also
+  // compares the manifest's key, so even a collision cannot load the wrong build.
+  if (!key.options.empty()) dir += "." + fs::Sha256Hex(key.options);
   return dir;
 }
 
@@ -70,6 +63,12 @@ StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
   if (m.value("layout", 1) != kLayout) {
     return Corruption("cache entry " + e.dir + " was written by an older aotid (layout " +
                       std::to_string(m.value("layout", 1)) + ")");
+  }
+  BuildKey recorded{m.value("artifact", ""), m.value("package_model", ""), m.value("device", ""),
+                    m.value("fingerprint", ""), m.value("options", "")};
+  if (!(recorded == key)) {
+    return Corruption("cache entry " + e.dir + " holds a build for another key (manifest: " + recorded.ToString() +
+                      ")");
   }
   for (const char* name : kEntryFiles) {
     auto want = m["files"].find(name);

@@ -1,6 +1,6 @@
 // The cache of builds for this machine, under <store>/cache:
 //
-//   <artifact sha256>/<package model>.<device>.<fingerprint>[.<options hash>]/
+//   <artifact sha256>/<package model>.<device>.<fingerprint>[.<sha256 of options>]/
 //       model.so      the compiled model with its weights, loaded in place
 //       spec.json     inputs and outputs (names, datatypes, shapes)
 //       package.json  the package's metadata (AOTInductor's and the author's)
@@ -26,6 +26,10 @@ struct BuildKey {
   std::string device;  // "cpu", "cuda", "mps"
   std::string fingerprint;
   std::string options;  // inductor options (JSON object text), "" for none
+
+  bool operator==(const BuildKey&) const = default;
+  // "artifact/package_model/device/fingerprint/options", for logs and maps.
+  std::string ToString() const;
 };
 
 struct CacheEntry {
@@ -47,14 +51,15 @@ class BuildCache {
  public:
   explicit BuildCache(std::string root) : root_(std::move(root)) {}
 
-  // Ok with the entry when it is complete and intact; NotFound when absent;
-  // Corruption (with what is wrong) when present but damaged.
+  // Ok with the entry when it is complete and intact and its manifest names
+  // exactly `key`; NotFound when absent; Corruption (with what is wrong)
+  // when present but damaged or built for another key.
   StatusOr<CacheEntry> Lookup(const BuildKey& key) const;
 
   // A fresh, empty staging directory for a build of `key`.
   StatusOr<std::string> NewStaging(const BuildKey& key) const;
 
-  // Checks the staging directory holds model.pt2 and a valid spec.json,
+  // Checks the staging directory holds model.so, package.json and a valid spec.json,
   // writes the manifest, and renames it into place (replacing a damaged
   // entry). The staging directory is gone afterwards either way.
   StatusOr<CacheEntry> Commit(const std::string& staging, const BuildKey& key) const;

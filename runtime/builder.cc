@@ -37,23 +37,45 @@ std::string LogTail(const std::string& path, size_t max_lines = 15) {
   return (pos == std::string::npos || pos == 0) ? s : s.substr(pos + 1);
 }
 
-bool SameKey(const BuildKey& a, const BuildKey& b) {
-  return a.artifact == b.artifact && a.package_model == b.package_model && a.device == b.device &&
-         a.fingerprint == b.fingerprint && a.options == b.options;
-}
-
 }  // namespace
 
+// One build child. Its stdout and stderr share one pipe that the loop
+// reads: every byte goes to build.log, and "[aotid-...] step N/M: what"
+// lines become the build's progress.
 struct Builder::Running {
   Builder* owner;
   BuildJob job;
   std::string staging;
   uv_process_t process{};
   uv_timer_t timer{};
+  uv_pipe_t output{};
+  int output_fd = -1;  // our end of the pipe
+  int log_fd = -1;
+  std::string partial_line;
+  std::string step;  // the last step reported, "step 2/4: ..."
   int open_handles = 0;
   bool timed_out = false;
   bool cancelled = false;
   int64_t started_ms = 0;
+
+  // Appends child output to the log and picks out step lines.
+  void Take(const char* data, size_t n) {
+    for (size_t done = 0; done < n;) {
+      ssize_t w = ::write(log_fd, data + done, n - done);
+      if (w <= 0) break;  // a full disk: the build's own outcome says more
+      done += static_cast<size_t>(w);
+    }
+    partial_line.append(data, n);
+    size_t start = 0;
+    for (size_t nl; (nl = partial_line.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::string_view line(partial_line.data() + start, nl - start);
+      if (size_t pos = line.find("] step "); pos != std::string_view::npos && line.front() == '[') {
+        step = std::string(line.substr(pos + 2));
+      }
+    }
+    partial_line.erase(0, start);
+    if (partial_line.size() > 4096) partial_line.clear();  // no newline in sight: not a step line
+  }
 };
 
 
@@ -102,7 +124,7 @@ std::vector<std::string> Builder::Command(const BuildJob& job, const std::string
 
 bool Builder::Cancel(const BuildKey& key) {
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    if (!SameKey(it->key, key)) continue;
+    if (it->key != key) continue;
     BuildJob job = std::move(*it);
     queue_.erase(it);
     BuildResult res;
@@ -112,7 +134,7 @@ bool Builder::Cancel(const BuildKey& key) {
     return true;
   }
   for (Running* r : live_) {
-    if (!SameKey(r->job.key, key) || r->cancelled) continue;
+    if (r->job.key != key || r->cancelled) continue;
     r->cancelled = true;
     uv_process_kill(&r->process, SIGKILL);
     return true;
@@ -122,16 +144,9 @@ bool Builder::Cancel(const BuildKey& key) {
 
 std::string Builder::Progress(const BuildKey& key) const {
   for (const Running* r : live_) {
-    if (!SameKey(r->job.key, key)) continue;
-    // Both builds log "[aotid-...] step N/M: what" lines.
-    std::string step;
-    std::string tail = LogTail(r->staging + "/build.log", 40);
-    if (size_t pos = tail.rfind("] step "); pos != std::string::npos) {
-      size_t end = tail.find('\n', pos);
-      step = tail.substr(pos + 2, end == std::string::npos ? std::string::npos : end - pos - 2);
-    }
+    if (r->job.key != key) continue;
     int64_t s = (SteadyMs() - r->started_ms) / 1000;
-    return (step.empty() ? std::string("started") : step) + " (" + std::to_string(s) + " s)";
+    return (r->step.empty() ? std::string("started") : r->step) + " (" + std::to_string(s) + " s)";
   }
   return "";
 }
@@ -173,12 +188,23 @@ void Builder::Start(BuildJob job) {
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
 
+  // The child writes both streams into one pipe; its write end is closed
+  // here after the spawn, so the pipe ends when the child does.
+  uv_file fds[2];
+  if (int prc = uv_pipe(fds, 0, 0); prc != 0) {
+    ::close(log_fd);
+    Status s = Internal(std::string("cannot make a pipe for the build: ") + uv_strerror(prc));
+    (void)fs::RemoveAll(r->staging);
+    BuildJob j = std::move(r->job);
+    delete r;
+    return fail_now(j, s, false);
+  }
   uv_stdio_container_t stdio[3];
   stdio[0].flags = UV_IGNORE;
   stdio[1].flags = UV_INHERIT_FD;
-  stdio[1].data.fd = log_fd;
+  stdio[1].data.fd = fds[1];
   stdio[2].flags = UV_INHERIT_FD;
-  stdio[2].data.fd = log_fd;
+  stdio[2].data.fd = fds[1];
   uv_process_options_t opts{};
   opts.file = argv[0];
   opts.args = argv.data();
@@ -192,8 +218,10 @@ void Builder::Start(BuildJob job) {
   r->process.data = r;
   r->started_ms = SteadyMs();
   int rc = uv_spawn(loop_, &r->process, &opts);
-  ::close(log_fd);
+  ::close(fds[1]);
   if (rc != 0) {
+    ::close(fds[0]);
+    ::close(log_fd);
     Status s = FailedPrecondition("cannot start the build " + args[0] + ": " + uv_strerror(rc) +
                                   (args[0] == options_.python ? " (set build.python in the config)" : ""));
     (void)fs::RemoveAll(r->staging);
@@ -205,7 +233,24 @@ void Builder::Start(BuildJob job) {
   }
   ++running_;
   live_.push_back(r);
-  r->open_handles = 2;
+  r->log_fd = log_fd;
+  r->output_fd = fds[0];
+  uv_pipe_init(loop_, &r->output, 0);
+  r->output.data = r;
+  uv_pipe_open(&r->output, fds[0]);
+  uv_read_start(
+      reinterpret_cast<uv_stream_t*>(&r->output),
+      [](uv_handle_t*, size_t suggested, uv_buf_t* buf) {
+        buf->base = new char[suggested];
+        buf->len = suggested;
+      },
+      [](uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+        auto* run = static_cast<Running*>(s->data);
+        if (nread > 0) run->Take(buf->base, static_cast<size_t>(nread));
+        if (nread < 0) uv_read_stop(s);  // EOF (or an error): the exit callback finishes
+        delete[] buf->base;
+      });
+  r->open_handles = 3;
   uv_timer_init(loop_, &r->timer);
   r->timer.data = r;
   uv_timer_start(&r->timer, [](uv_timer_t* t) {
@@ -224,6 +269,13 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
     auto* run = static_cast<Running*>(h->data);
     if (--run->open_handles == 0) delete run;
   };
+  // What the child wrote is in the pipe by now; take the rest without
+  // waiting for EOF, which a leftover grandchild could hold off.
+  char buf[16384];
+  for (ssize_t n; (n = ::read(r->output_fd, buf, sizeof buf)) > 0;) r->Take(buf, static_cast<size_t>(n));
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&r->output));
+  ::close(r->log_fd);
+  r->log_fd = -1;
   BuildResult res;
   res.duration_ms = SteadyMs() - r->started_ms;
   if (exit_status == 0 && term_signal == 0) {
@@ -253,6 +305,7 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   uv_timer_stop(&r->timer);
   uv_close(reinterpret_cast<uv_handle_t*>(&r->process), close_done);
   uv_close(reinterpret_cast<uv_handle_t*>(&r->timer), close_done);
+  uv_close(reinterpret_cast<uv_handle_t*>(&r->output), close_done);
   if (job.on_done) job.on_done(res);
   StartNext();
 }

@@ -45,23 +45,36 @@ struct BuildJob {
   std::function<void(const BuildResult&)> on_done;
 };
 
-class Builder {
+// What the control plane needs of builds: start one, stop one, ask how far
+// it got. Builder is the real one; tests use a fake that finishes builds
+// when they say. Called on the loop thread; callbacks run there too.
+class BuildRunner {
+ public:
+  virtual ~BuildRunner() = default;
+  // Queues a build. job.on_start runs when it starts, job.on_done exactly
+  // once when it ends (ok, failed, or cancelled).
+  virtual void Submit(BuildJob job) = 0;
+  // Stops the build of `key`, queued or running; its on_done runs with
+  // `cancelled` set. False when there is no such build.
+  virtual bool Cancel(const BuildKey& key) = 0;
+  // The last step a running build of `key` reported ("step 3/4: compiling
+  // for cpu ..."), with its elapsed time; empty when it is not running.
+  virtual std::string Progress(const BuildKey& key) const = 0;
+};
+
+class Builder final : public BuildRunner {
  public:
   Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options);
-  ~Builder();
+  ~Builder() override;
   Builder(const Builder&) = delete;
   Builder& operator=(const Builder&) = delete;
 
-  // Queues a build; it starts when fewer than `jobs` are running.
-  void Submit(BuildJob job);
+  // Starts when fewer than `jobs` are running.
+  void Submit(BuildJob job) override;
   int running() const { return running_; }
   size_t queued() const { return queue_.size(); }
-  // Stops the build of `key`, queued or running; its callback runs with
-  // `cancelled` set. False when there is no such build.
-  bool Cancel(const BuildKey& key);
-  // The last step a running build of `key` reported ("step 3/4: compiling
-  // for cpu ..."), with its elapsed time; empty when it is not running.
-  std::string Progress(const BuildKey& key) const;
+  bool Cancel(const BuildKey& key) override;
+  std::string Progress(const BuildKey& key) const override;
   // Kills running builds (their callbacks still run, with an error) and
   // drops queued ones.
   void Shutdown();

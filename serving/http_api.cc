@@ -5,7 +5,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -357,12 +356,11 @@ void HttpApi::Routes() {
       if (!store.ok()) return SendStatus(res, store.status());
       auto changed = (*store)->Set(name, std::nullopt, {{"enabled", enable ? "true" : "false"}});
       if (!changed.ok()) return SendStatus(res, changed.status());
-      // The store watch sees the commit within milliseconds; wait (at most
-      // 5 s) until the registry shows it, so the reply describes the result.
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (std::chrono::steady_clock::now() < deadline && (reg->Find(name) != nullptr) != enable) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
+      // The store watch sees the commit within milliseconds and the control
+      // loop acts on it; wait (at most 5 s) until the registry shows that,
+      // so the reply describes the result.
+      (void)reg->WaitFor([&](const ModelRegistry::Snapshot& s) { return (s.count(name) != 0) == enable; },
+                         std::chrono::seconds(5));
       auto sm = reg->Find(name);
       json j{{"name", name}, {"enabled", enable}};
       j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";

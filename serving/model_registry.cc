@@ -53,6 +53,7 @@ void ModelRegistry::Put(ServedModel m) {
   auto next = std::make_shared<Snapshot>(*snapshot_);
   (*next)[entry->name][entry->version] = std::move(entry);
   snapshot_ = std::move(next);
+  changed_.notify_all();
 }
 
 void ModelRegistry::Remove(const std::string& name, int64_t version) {
@@ -64,6 +65,13 @@ void ModelRegistry::Remove(const std::string& name, int64_t version) {
   versions.erase(version);
   if (versions.empty()) next->erase(name);
   snapshot_ = std::move(next);
+  changed_.notify_all();
+}
+
+bool ModelRegistry::WaitFor(const std::function<bool(const Snapshot&)>& done,
+                            std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_for(lock, timeout, [&] { return done(*snapshot_); });
 }
 
 }  // namespace aotid::serving

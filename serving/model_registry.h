@@ -6,6 +6,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +69,12 @@ class ModelRegistry {
   void Put(ServedModel m);
   void Remove(const std::string& name, int64_t version);
 
+  // Blocks until `done` holds for the served set, or `timeout` passes;
+  // returns whether it holds. `done` is checked at once and after every Put
+  // and Remove, under the registry's lock (keep it short; it must not call
+  // the registry). For callers that answer once the control loop has acted.
+  bool WaitFor(const std::function<bool(const Snapshot&)>& done, std::chrono::milliseconds timeout) const;
+
   // Server readiness: set by the control loop once every model present at
   // start has been built and loaded, or has failed.
   void SetStartupDone() { startup_done_.store(true); }
@@ -73,6 +82,7 @@ class ModelRegistry {
 
  private:
   mutable std::mutex mu_;
+  mutable std::condition_variable changed_;  // notified after each Put and Remove
   std::shared_ptr<const Snapshot> snapshot_ = std::make_shared<Snapshot>();  // guarded by mu_
   std::shared_ptr<const Catalog> catalog_ = std::make_shared<Catalog>();     // guarded by mu_
   std::atomic<bool> startup_done_{false};

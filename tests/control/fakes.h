@@ -1,0 +1,202 @@
+// Fakes for what the control plane drives: time (FakeLoop), builds
+// (FakeBuilds) and loads (FakeLoader). Each does nothing until the test says,
+// so a test walks the reconciler through a case step by step, in
+// milliseconds. The store and the build cache stay real.
+#pragma once
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/fs.h"
+#include "control/loop.h"
+#include "control/model_loader.h"
+#include "runtime/builder.h"
+
+namespace aotid::control::testing {
+
+// A clock that moves only when told; RunAfter callbacks run in Advance().
+class FakeLoop final : public Loop {
+ public:
+  int64_t NowMs() const override { return now_ms_; }
+  void RunAfter(int64_t delay_ms, std::function<void()> fn) override {
+    timers_.push_back({now_ms_ + std::max<int64_t>(0, delay_ms), seq_++, std::move(fn)});
+  }
+  // Moves the clock by `ms`, running every callback that falls due, in order
+  // of due time (callbacks they add run too when due).
+  void Advance(int64_t ms) {
+    int64_t until = now_ms_ + ms;
+    for (;;) {
+      auto next = std::min_element(timers_.begin(), timers_.end(), [](const Timer& a, const Timer& b) {
+        return a.due != b.due ? a.due < b.due : a.seq < b.seq;
+      });
+      if (next == timers_.end() || next->due > until) break;
+      now_ms_ = std::max(now_ms_, next->due);
+      auto fn = std::move(next->fn);
+      timers_.erase(next);
+      fn();
+    }
+    now_ms_ = until;
+  }
+  size_t pending() const { return timers_.size(); }
+
+ private:
+  struct Timer {
+    int64_t due;
+    uint64_t seq;
+    std::function<void()> fn;
+  };
+  int64_t now_ms_ = 1'000'000;
+  uint64_t seq_ = 0;
+  std::vector<Timer> timers_;
+};
+
+// A model that answers nothing; what a served version holds in these tests.
+class InertModel final : public runtime::LoadedModel {
+ public:
+  InertModel(runtime::ModelSpec spec, std::string device, std::string dir)
+      : spec_(std::move(spec)), device_(std::move(device)), dir_(std::move(dir)) {}
+  const runtime::ModelSpec& spec() const override { return spec_; }
+  const std::string& device() const override { return device_; }
+  StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>&,
+                                                   const runtime::RunContext&) override {
+    return Unavailable("inert test model");
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  runtime::ModelSpec spec_;
+  std::string device_;
+  std::string dir_;
+};
+
+// Builds that start and finish when the test says. A successful build
+// writes a real cache entry (a model.so of a few bytes, the spec given).
+class FakeBuilds final : public runtime::BuildRunner {
+ public:
+  explicit FakeBuilds(const runtime::BuildCache* cache) : cache_(cache) {}
+
+  void Submit(runtime::BuildJob job) override {
+    submitted.push_back(job.key);
+    jobs_.push_back({std::move(job), false});
+  }
+  bool Cancel(const runtime::BuildKey& key) override {
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (it->job.key != key) continue;
+      cancelled.push_back(key);
+      runtime::BuildJob job = std::move(it->job);
+      jobs_.erase(it);
+      runtime::BuildResult r;
+      r.status = Unavailable("build cancelled");
+      r.cancelled = true;
+      job.on_done(r);
+      return true;
+    }
+    return false;
+  }
+  std::string Progress(const runtime::BuildKey& key) const override {
+    for (const auto& j : jobs_) {
+      if (j.job.key == key && j.started) return progress;
+    }
+    return "";
+  }
+
+  size_t live() const { return jobs_.size(); }
+  const runtime::BuildKey& key(size_t i) const { return jobs_.at(i).job.key; }
+  // Starts the oldest job not yet started.
+  void StartNext() {
+    for (auto& j : jobs_) {
+      if (j.started) continue;
+      j.started = true;
+      if (j.job.on_start) j.job.on_start();
+      return;
+    }
+  }
+  // Ends the oldest job: with a real cache entry for `spec`, or failed.
+  void Succeed(const runtime::ModelSpec& spec) {
+    Job j = Take();
+    runtime::BuildResult r;
+    auto staging = cache_->NewStaging(j.job.key);
+    Status s = staging.status();
+    if (s.ok()) s = fs::WriteFileAtomic(*staging + "/model.so", "not really a shared object");
+    if (s.ok()) s = fs::WriteFileAtomic(*staging + "/spec.json", spec.ToJson());
+    if (s.ok()) s = fs::WriteFileAtomic(*staging + "/package.json", R"({"kind":"exported_program"})");
+    if (s.ok()) {
+      auto entry = cache_->Commit(*staging, j.job.key);
+      s = entry.status();
+      if (entry.ok()) r.entry = *entry;
+    }
+    r.status = s;
+    r.duration_ms = 1234;
+    j.job.on_done(r);
+  }
+  void Fail(const std::string& why, bool permanent) {
+    Job j = Take();
+    runtime::BuildResult r;
+    r.status = Internal(why);
+    r.permanent = permanent;
+    j.job.on_done(r);
+  }
+
+  std::vector<runtime::BuildKey> submitted;
+  std::vector<runtime::BuildKey> cancelled;
+  std::string progress = "step 2/4: compiling (3 s)";
+
+ private:
+  struct Job {
+    runtime::BuildJob job;
+    bool started;
+  };
+  Job Take() {
+    Job j = std::move(jobs_.front());
+    jobs_.pop_front();
+    if (!j.started && j.job.on_start) j.job.on_start();
+    return j;
+  }
+  const runtime::BuildCache* cache_;
+  std::deque<Job> jobs_;
+};
+
+// Loads that finish when the test says: with an InertModel, or an error.
+class FakeLoader final : public ModelLoader {
+ public:
+  void Load(LoadRequest request, std::function<void(LoadResult)> done) override {
+    requests.push_back(request);
+    pending_.push_back({std::move(request), std::move(done)});
+  }
+  size_t pending() const { return pending_.size(); }
+  // Finishes the oldest load.
+  void Succeed() {
+    auto [req, done] = Take();
+    LoadResult r;
+    r.model = std::shared_ptr<runtime::LoadedModel>(
+        std::make_shared<InertModel>(req.entry.spec, req.options.device, req.entry.dir));
+    r.threads = req.options.threads;
+    done(std::move(r));
+  }
+  void Fail(const std::string& why) {
+    auto [req, done] = Take();
+    LoadResult r;
+    r.model = Internal(why);
+    done(std::move(r));
+  }
+  // Finishes every load, successfully, including those they lead to.
+  void SucceedAll() {
+    while (!pending_.empty()) Succeed();
+  }
+
+  std::vector<LoadRequest> requests;
+
+ private:
+  std::pair<LoadRequest, std::function<void(LoadResult)>> Take() {
+    auto p = std::move(pending_.front());
+    pending_.pop_front();
+    return p;
+  }
+  std::deque<std::pair<LoadRequest, std::function<void(LoadResult)>>> pending_;
+};
+
+}  // namespace aotid::control::testing

@@ -1,0 +1,445 @@
+// The reconciler's decisions, with builds, loads and time faked
+// (tests/control/fakes.h) and a real store and build cache in a temporary
+// directory. Each case is one that the end-to-end tests cover with real
+// compiles; here each takes milliseconds.
+#include "control/reconciler.h"
+
+#include <algorithm>
+
+#include "control/fakes.h"
+#include "serving/batcher.h"
+#include "storage/model_store.h"
+#include "test_util.h"
+
+namespace aotid::control {
+namespace {
+
+using serving::ServeState;
+using testing::FakeBuilds;
+using testing::FakeLoader;
+using testing::FakeLoop;
+using testing::InertModel;
+
+constexpr int kRetryMs = 10'000;
+
+runtime::ModelSpec MlpSpec() {
+  runtime::ModelSpec s;
+  s.inputs.push_back({"x", runtime::DType::kFloat32, {-1, 8}});
+  s.outputs.push_back({"y", runtime::DType::kFloat32, {-1, 4}});
+  return s;
+}
+
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = storage::ModelStore::Open(dir_.path());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(store).value();
+    cache_ = std::make_unique<runtime::BuildCache>(store_->CacheDir());
+    builds_ = std::make_unique<FakeBuilds>(cache_.get());
+    Start();
+  }
+
+  // A reconciler as the daemon makes one at start (also after a restart:
+  // the store and cache stay, builds and loads in flight are forgotten).
+  void Start() {
+    reconciler_.reset();
+    std::string cuda_missing = cuda_missing_;
+    registry_ = std::make_unique<serving::ModelRegistry>();
+    loader_ = std::make_unique<FakeLoader>();
+    ReconcilerOptions opts;
+    opts.fingerprint = "linux-x86_64-avx2-torchtest-00000000";
+    opts.hardware.cores = 2;
+    opts.hardware.mps_missing = "not on this machine";
+    opts.hardware.cuda_missing = cuda_missing;
+    opts.retry_initial_ms = kRetryMs;
+    opts.max_attempts = 3;
+    ReconcilerParts parts;
+    parts.loop = &loop_;
+    parts.store = store_.get();
+    parts.cache = cache_.get();
+    parts.builds = builds_.get();
+    parts.loader = loader_.get();
+    parts.registry = registry_.get();
+    reconciler_ = std::make_unique<Reconciler>(parts, opts);
+  }
+
+  int64_t Add(const std::string& name, std::vector<std::pair<std::string, std::string>> settings = {}) {
+    storage::AddRequest req;
+    req.file = aotid::testing::TestData("mlp.pt2");
+    req.name = name;
+    auto added = store_->Add(req);
+    EXPECT_TRUE(added.ok()) << added.status().ToString();
+    if (!settings.empty()) EXPECT_TRUE(store_->Set(name, added->version, settings).ok());
+    return added.ok() ? added->version : 0;
+  }
+  void Set(const std::string& name, std::optional<int64_t> v, std::vector<std::pair<std::string, std::string>> kv) {
+    auto changed = store_->Set(name, v, kv);
+    ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  }
+  void Reconcile() { ASSERT_OK(reconciler_->Reconcile()); }
+
+  // The state a served version is in; "absent" when it is not served.
+  std::string State(const std::string& name, int64_t v) const {
+    auto m = registry_->Find(name, v);
+    return m ? std::string(serving::ServeStateName(m->state)) : "absent";
+  }
+  std::shared_ptr<const serving::ServedModel> Served(const std::string& name, int64_t v) const {
+    return registry_->Find(name, v);
+  }
+  std::vector<std::string> Events(const std::string& name, int64_t v) {
+    auto events = store_->ListEvents(0, 1000, name);
+    std::vector<std::string> kinds;
+    if (events.ok()) {
+      for (const auto& e : *events) {
+        if (e.version == v) kinds.push_back(e.kind);
+      }
+    }
+    return kinds;
+  }
+  bool HasEvent(const std::string& name, int64_t v, const std::string& kind) {
+    auto k = Events(name, v);
+    return std::find(k.begin(), k.end(), kind) != k.end();
+  }
+  std::optional<storage::BuildRecord> BuildRow(const runtime::BuildKey& key) {
+    auto rows = store_->ListBuilds(key.artifact);
+    if (!rows.ok()) return std::nullopt;
+    for (const auto& r : *rows) {
+      if (r.device == key.device && r.options == key.options) return r;
+    }
+    return std::nullopt;
+  }
+  // Builds and loads the only pending build, as a daemon would.
+  void BuildAndLoad() {
+    ASSERT_EQ(builds_->live(), 1u);
+    builds_->Succeed(MlpSpec());
+    ASSERT_EQ(loader_->pending(), 1u);
+    loader_->Succeed();
+  }
+
+  aotid::testing::TempDir dir_;
+  std::unique_ptr<storage::ModelStore> store_;
+  std::unique_ptr<runtime::BuildCache> cache_;
+  std::string cuda_missing_ = "no NVIDIA driver";
+  FakeLoop loop_;
+  std::unique_ptr<FakeBuilds> builds_;
+  std::unique_ptr<FakeLoader> loader_;
+  std::unique_ptr<serving::ModelRegistry> registry_;
+  std::unique_ptr<Reconciler> reconciler_;
+};
+
+TEST_F(ReconcilerTest, NewVersionIsBuiltLoadedAndServedWithEachStepRecorded) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  EXPECT_EQ(State("mlp", v), "queued");
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(builds_->submitted[0].device, "cpu");  // auto on a machine without accelerators
+  builds_->StartNext();
+  EXPECT_EQ(State("mlp", v), "building");
+  auto row = BuildRow(builds_->submitted[0]);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->state, storage::BuildState::kBuilding);
+
+  builds_->Succeed(MlpSpec());
+  EXPECT_EQ(State("mlp", v), "loading");
+  EXPECT_EQ(BuildRow(builds_->submitted[0])->state, storage::BuildState::kReady);
+  ASSERT_EQ(loader_->requests.size(), 1u);
+  EXPECT_EQ(loader_->requests[0].options.device, "cpu");
+  EXPECT_EQ(loader_->requests[0].options.threads, 2);             // cores / 1 runner
+  EXPECT_EQ(loader_->requests[0].choose_threads_at_batch, 1);     // threads = 0: auto, timed at batch 1
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+  EXPECT_TRUE(registry_->startup_done());
+  EXPECT_EQ(Events("mlp", v),
+            (std::vector<std::string>{"added", "build_queued", "build_started", "build_ready", "loaded"}));
+
+  Reconcile();  // idempotent: nothing more happens
+  EXPECT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(loader_->requests.size(), 1u);
+}
+
+TEST_F(ReconcilerTest, RestartLoadsFromTheCacheWithoutBuilding) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  Start();  // the daemon restarts
+  Reconcile();
+  EXPECT_EQ(State("mlp", v), "loading");
+  EXPECT_EQ(builds_->submitted.size(), 1u);  // the first build only
+  EXPECT_FALSE(registry_->startup_done());   // not ready before its models are
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+  EXPECT_TRUE(registry_->startup_done());
+  EXPECT_TRUE(HasEvent("mlp", v, "load_started"));
+}
+
+TEST_F(ReconcilerTest, VersionsSharingAnArtifactShareOneBuild) {
+  int64_t a = Add("mlp");
+  int64_t b = Add("other");
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  builds_->Succeed(MlpSpec());
+  loader_->SucceedAll();
+  EXPECT_EQ(State("mlp", a), "ready");
+  EXPECT_EQ(State("other", b), "ready");
+}
+
+TEST_F(ReconcilerTest, NewerVersionReplacesTheOldOnlyOnceReady) {
+  int64_t v1 = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  int64_t v2 = Add("mlp", {{"inductor.max_autotune", "true"}});  // another build key
+  Reconcile();
+  EXPECT_EQ(State("mlp", v1), "ready");  // keeps serving while v2 builds
+  EXPECT_EQ(registry_->Find("mlp")->version, v1);
+  builds_->Succeed(MlpSpec());
+  EXPECT_EQ(State("mlp", v1), "ready");  // and while v2 loads
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v2), "ready");
+  EXPECT_EQ(State("mlp", v1), "absent");  // retired once v2 could answer
+  EXPECT_EQ(registry_->Find("mlp")->version, v2);
+}
+
+TEST_F(ReconcilerTest, FailedBuildOfANewVersionKeepsTheOldServing) {
+  int64_t v1 = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  int64_t v2 = Add("mlp", {{"inductor.nonexistent_option", "1"}});
+  Reconcile();
+  builds_->Fail("unknown inductor option 'nonexistent_option'", /*permanent=*/true);
+  EXPECT_EQ(State("mlp", v2), "failed");
+  EXPECT_NE(Served("mlp", v2)->message.find("nonexistent_option"), std::string::npos);
+  EXPECT_EQ(State("mlp", v1), "ready");
+  EXPECT_EQ(registry_->Find("mlp")->version, v1);  // requests without a version still answered
+  EXPECT_TRUE(HasEvent("mlp", v2, "build_failed"));
+  Reconcile();  // a permanent failure is not tried again until the version changes
+  EXPECT_EQ(builds_->submitted.size(), 2u);
+  Set("mlp", v2, {{"inductor.nonexistent_option", ""}});
+  Reconcile();
+  EXPECT_EQ(builds_->submitted.size(), 2u);  // same key as v1's build: cached, loaded
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v2), "ready");
+  EXPECT_EQ(State("mlp", v1), "absent");
+}
+
+TEST_F(ReconcilerTest, SettingsChangeReloadsWhileTheOldInstanceServes) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  auto before = Served("mlp", v);
+  Set("mlp", v, {{"num_runners", "2"}});
+  Reconcile();
+  EXPECT_EQ(builds_->submitted.size(), 1u);  // runners do not change the build
+  ASSERT_EQ(loader_->pending(), 1u);
+  EXPECT_EQ(loader_->requests.back().options.num_runners, 2);
+  EXPECT_EQ(Served("mlp", v), before);  // the old instance answers meanwhile
+  EXPECT_TRUE(HasEvent("mlp", v, "reloading"));
+  loader_->Succeed();
+  auto after = Served("mlp", v);
+  EXPECT_NE(after, before);
+  EXPECT_EQ(after->state, ServeState::kReady);
+  EXPECT_EQ(after->settings.num_runners, 2);
+}
+
+TEST_F(ReconcilerTest, FailedReloadKeepsTheOldInstance) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  auto before = Served("mlp", v);
+  Set("mlp", v, {{"num_runners", "3"}});
+  Reconcile();
+  loader_->Fail("out of memory");
+  EXPECT_EQ(Served("mlp", v), before);
+  EXPECT_TRUE(HasEvent("mlp", v, "load_failed"));
+}
+
+TEST_F(ReconcilerTest, PolicySwitchServesThePinnedVersionAndRetiresTheOther) {
+  int64_t v1 = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  int64_t v2 = Add("mlp", {{"num_runners", "2"}});
+  Reconcile();
+  loader_->Succeed();
+  ASSERT_EQ(State("mlp", v2), "ready");
+  ASSERT_EQ(State("mlp", v1), "absent");
+
+  Set("mlp", std::nullopt, {{"version_policy", "pinned:1"}});
+  Reconcile();
+  EXPECT_EQ(State("mlp", v2), "ready");  // serves until v1 is ready again
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v1), "ready");
+  EXPECT_EQ(State("mlp", v2), "absent");
+
+  Set("mlp", std::nullopt, {{"version_policy", "all"}});
+  Reconcile();
+  loader_->SucceedAll();
+  EXPECT_EQ(State("mlp", v1), "ready");
+  EXPECT_EQ(State("mlp", v2), "ready");
+  EXPECT_EQ(registry_->Find("mlp")->version, v2);  // no version asked: the newest
+}
+
+TEST_F(ReconcilerTest, RemovedVersionIsUnloadedAtOnceAndItsBuildCancelled) {
+  int64_t v1 = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  int64_t v2 = Add("mlp", {{"inductor.freezing", "true"}});
+  Reconcile();
+  ASSERT_EQ(builds_->live(), 1u);
+  runtime::BuildKey v2_build = builds_->key(0);
+  ASSERT_TRUE(store_->Remove({{"mlp", v2}}).ok());
+  Reconcile();
+  ASSERT_EQ(builds_->cancelled.size(), 1u);  // nothing wants that build any more
+  EXPECT_EQ(builds_->cancelled[0], v2_build);
+  EXPECT_EQ(State("mlp", v2), "absent");
+  EXPECT_EQ(State("mlp", v1), "ready");
+  ASSERT_TRUE(store_->Remove({{"mlp", std::nullopt}}).ok());
+  Reconcile();
+  EXPECT_EQ(State("mlp", v1), "absent");
+  EXPECT_EQ(registry_->Find("mlp"), nullptr);
+}
+
+TEST_F(ReconcilerTest, DisabledModelIsUnloadedAndServedAgainWhenEnabled) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  Set("mlp", std::nullopt, {{"enabled", "false"}});
+  Reconcile();
+  EXPECT_EQ(State("mlp", v), "absent");
+  Set("mlp", std::nullopt, {{"enabled", "true"}});
+  Reconcile();
+  EXPECT_EQ(builds_->submitted.size(), 1u);  // from the cache
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
+TEST_F(ReconcilerTest, BuildThatMayPassIsRetriedWithDoublingWaitThenFails) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);
+  EXPECT_EQ(State("mlp", v), "queued");
+  EXPECT_NE(Served("mlp", v)->message.find("retrying in 10 s"), std::string::npos) << Served("mlp", v)->message;
+  EXPECT_TRUE(HasEvent("mlp", v, "build_retry"));
+  loop_.Advance(kRetryMs - 10);
+  EXPECT_EQ(builds_->submitted.size(), 1u);  // not before its time
+  loop_.Advance(20);
+  ASSERT_EQ(builds_->submitted.size(), 2u);
+  builds_->StartNext();
+  EXPECT_EQ(BuildRow(builds_->submitted[1])->attempts, 2);
+  builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);
+  loop_.Advance(2 * kRetryMs - 10);
+  EXPECT_EQ(builds_->submitted.size(), 2u);  // the wait doubled
+  loop_.Advance(20);
+  ASSERT_EQ(builds_->submitted.size(), 3u);
+  builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);
+  EXPECT_EQ(State("mlp", v), "failed");  // max_attempts = 3
+  loop_.Advance(10 * kRetryMs);
+  EXPECT_EQ(builds_->submitted.size(), 3u);
+}
+
+TEST_F(ReconcilerTest, RetrySucceedsAndServes) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->Fail("build timed out", /*permanent=*/false);
+  loop_.Advance(kRetryMs + 1);
+  BuildAndLoad();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
+TEST_F(ReconcilerTest, MissingDeviceFallsBackToTheCpuAndSaysWhy) {
+  int64_t v = Add("mlp", {{"device", "cuda"}});
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(builds_->submitted[0].device, "cpu");
+  BuildAndLoad();
+  auto m = Served("mlp", v);
+  ASSERT_EQ(m->state, ServeState::kReady);
+  EXPECT_NE(m->device_note.find("no NVIDIA driver"), std::string::npos) << m->device_note;
+  EXPECT_TRUE(HasEvent("mlp", v, "device_fallback"));
+}
+
+TEST_F(ReconcilerTest, MissingDeviceWithoutFallbackFailsWithTheReason) {
+  int64_t v = Add("mlp", {{"device", "cuda"}, {"fallback_cpu", "false"}});
+  Reconcile();
+  EXPECT_TRUE(builds_->submitted.empty());
+  ASSERT_EQ(State("mlp", v), "failed");
+  EXPECT_NE(Served("mlp", v)->message.find("fallback_cpu is off"), std::string::npos);
+  auto rows = store_->ListBuilds(Served("mlp", v)->artifact);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 1u);  // `aotid ls` shows it failed, and why
+  EXPECT_EQ((*rows)[0].state, storage::BuildState::kFailed);
+}
+
+TEST_F(ReconcilerTest, LoadFailureOnTheDeviceFallsBackToACpuBuild) {
+  cuda_missing_ = "";  // a machine with a GPU
+  Start();
+  int64_t v = Add("mlp");
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(builds_->submitted[0].device, "cuda");  // auto
+  builds_->Succeed(MlpSpec());
+  loader_->Fail("CUDA error: no kernel image is available");
+  EXPECT_TRUE(HasEvent("mlp", v, "device_fallback"));
+  ASSERT_EQ(builds_->submitted.size(), 2u);
+  EXPECT_EQ(builds_->submitted[1].device, "cpu");
+  BuildAndLoad();
+  auto m = Served("mlp", v);
+  ASSERT_EQ(m->state, ServeState::kReady);
+  EXPECT_EQ(m->device, "cpu");
+  EXPECT_NE(m->device_note.find("no kernel image"), std::string::npos) << m->device_note;
+}
+
+TEST_F(ReconcilerTest, LoadFailureOnTheCpuFailsTheVersion) {
+  int64_t v = Add("mlp", {{"device", "cpu"}});
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  loader_->Fail("cannot map model.so");
+  EXPECT_EQ(State("mlp", v), "failed");  // already on the CPU: nothing to fall back to
+  EXPECT_TRUE(HasEvent("mlp", v, "load_failed"));
+}
+
+TEST_F(ReconcilerTest, DamagedCacheEntryIsRebuilt) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  std::string so = std::static_pointer_cast<InertModel>(Served("mlp", v)->model)->dir() + "/model.so";
+  ASSERT_OK(fs::WriteFileAtomic(so, "x"));  // another size than its manifest says
+  Start();
+  Reconcile();
+  EXPECT_EQ(builds_->submitted.size(), 2u);
+  EXPECT_TRUE(HasEvent("mlp", v, "cache_invalid"));
+  BuildAndLoad();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
+TEST_F(ReconcilerTest, BuildProgressIsPublishedWhileItRuns) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->StartNext();
+  loop_.Advance(1000);
+  EXPECT_NE(Served("mlp", v)->message.find("step 2/4: compiling"), std::string::npos) << Served("mlp", v)->message;
+  EXPECT_EQ(BuildRow(builds_->submitted[0])->progress, builds_->progress);
+  BuildAndLoad();
+  loop_.Advance(5000);
+  EXPECT_EQ(loop_.pending(), 0u);  // no progress timer left once nothing builds
+}
+
+TEST_F(ReconcilerTest, BatchingWrapsTheModelOnlyWhenItsShapesAllowIt) {
+  int64_t v = Add("mlp", {{"max_batch_size", "8"}, {"max_batch_delay_us", "100"}});
+  Reconcile();
+  BuildAndLoad();
+  EXPECT_NE(dynamic_cast<const serving::BatchingModel*>(Served("mlp", v)->model.get()), nullptr);
+  EXPECT_EQ(loader_->requests[0].choose_threads_at_batch, 8);  // auto threads timed at the batch it will see
+}
+
+TEST_F(ReconcilerTest, LoadFinishingAfterTheReconcilerIsGoneDoesNothing) {
+  Add("mlp");
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  ASSERT_EQ(loader_->pending(), 1u);
+  reconciler_.reset();
+  loader_->Succeed();  // would crash if the callback reached the destroyed reconciler
+  EXPECT_EQ(registry_->Find("mlp")->state, ServeState::kLoading);
+}
+
+}  // namespace
+}  // namespace aotid::control

@@ -1,0 +1,124 @@
+#include "runtime/build_cache.h"
+
+#include <filesystem>
+
+#include "base/fs.h"
+#include "test_util.h"
+
+namespace aotid::runtime {
+namespace {
+
+using testing::TempDir;
+
+class BuildCacheTest : public ::testing::Test {
+ protected:
+  BuildKey key_{std::string(64, 'a'), "model", "cpu", "linux-x86_64-avx2-torch2-0"};
+  TempDir dir_;
+  BuildCache cache_{dir_.path()};
+
+  std::string Stage() {
+    auto s = cache_.NewStaging(key_);
+    EXPECT_TRUE(s.ok());
+    ModelSpec spec;
+    spec.inputs.push_back({"x", DType::kFloat32, {-1, 2}});
+    EXPECT_OK(fs::WriteFileAtomic(*s + "/model.so", "model bytes"));
+    EXPECT_OK(fs::WriteFileAtomic(*s + "/spec.json", spec.ToJson()));
+    EXPECT_OK(fs::WriteFileAtomic(*s + "/package.json", R"({"kind": "exported_program"})"));
+    return *s;
+  }
+};
+
+TEST_F(BuildCacheTest, CommitThenLookupFindsEntry) {
+  EXPECT_EQ(cache_.Lookup(key_).status().code(), StatusCode::kNotFound);
+  auto e = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto found = cache_.Lookup(key_);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->spec.inputs[0].name, "x");
+  EXPECT_EQ(*fs::ReadFile(found->so_path), "model bytes");
+  EXPECT_EQ(found->so_path, cache_.EntryDir(key_) + "/model.so");
+  EXPECT_EQ(found->package_json, R"({"kind": "exported_program"})");
+}
+
+TEST_F(BuildCacheTest, TruncatedModelIsCorruptionAndRecommitReplacesIt) {
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  ASSERT_OK(fs::WriteFileAtomic(cache_.EntryDir(key_) + "/model.so", "model"));
+  auto found = cache_.Lookup(key_);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("model.so"), std::string::npos);
+  auto listed = cache_.List();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].status.code(), StatusCode::kCorruption);
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  EXPECT_TRUE(cache_.Lookup(key_).ok());
+}
+
+TEST_F(BuildCacheTest, InductorOptionsMakeTheirOwnEntry) {
+  BuildKey tuned = key_;
+  tuned.options = R"({"max_autotune":true})";
+  EXPECT_NE(cache_.EntryDir(tuned), cache_.EntryDir(key_));
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  EXPECT_EQ(cache_.Lookup(tuned).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(cache_.Commit(Stage(), tuned).ok());
+  auto listed = cache_.List();
+  ASSERT_EQ(listed.size(), 2u);
+  for (const auto& l : listed) {
+    EXPECT_OK(l.status);
+    EXPECT_EQ(l.key.fingerprint, key_.fingerprint);
+    EXPECT_GT(l.bytes, 0);
+  }
+}
+
+TEST_F(BuildCacheTest, EntryOfAnOlderLayoutIsRebuiltNotLoaded) {
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  std::string manifest = *fs::ReadFile(cache_.EntryDir(key_) + "/manifest.json");
+  manifest.replace(manifest.find("\"layout\": 2"), 11, "\"layout\": 1");
+  ASSERT_OK(fs::WriteFileAtomic(cache_.EntryDir(key_) + "/manifest.json", manifest));
+  auto found = cache_.Lookup(key_);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("older aotid"), std::string::npos) << found.status().message();
+}
+
+TEST_F(BuildCacheTest, StagingWithoutOutputsIsRefusedAndRemoved) {
+  auto s = cache_.NewStaging(key_);
+  ASSERT_TRUE(s.ok());
+  auto e = cache_.Commit(*s, key_);
+  EXPECT_FALSE(e.ok());
+  EXPECT_FALSE(fs::Exists(*s));
+  EXPECT_EQ(cache_.Lookup(key_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(BuildCacheTest, KeysThatWouldEscapeTheCacheAreRefused) {
+  BuildKey bad = key_;
+  bad.artifact = "../../etc";
+  EXPECT_EQ(cache_.Lookup(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = key_;
+  bad.package_model = "../x";
+  EXPECT_EQ(cache_.NewStaging(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(BuildCacheTest, OptionsAreNamedByTheirFullDigest) {
+  BuildKey tuned = key_;
+  tuned.options = R"({"freezing":true})";
+  std::string dir = cache_.EntryDir(tuned);
+  EXPECT_EQ(dir.substr(dir.rfind('.') + 1), fs::Sha256Hex(tuned.options));
+}
+
+// Two keys whose entries land in one directory (as a weak hash of the
+// options could make them) must not load each other's build: the manifest
+// names the key it was built for, and Lookup compares it.
+TEST_F(BuildCacheTest, EntryWhoseManifestNamesAnotherKeyIsNeverLoaded) {
+  BuildKey a = key_, b = key_;
+  a.options = R"({"max_autotune":true})";
+  b.options = R"({"max_autotune":false})";
+  auto built = cache_.Commit(Stage(), a);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  std::filesystem::rename(built->dir, cache_.EntryDir(b));  // b's directory now holds a's build
+  auto found = cache_.Lookup(b);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("holds a build for another key"), std::string::npos)
+      << found.status().message();
+}
+
+}  // namespace
+}  // namespace aotid::runtime
