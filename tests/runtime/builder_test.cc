@@ -1,0 +1,189 @@
+// The real Builder running real child processes: a small shell script
+// stands in for the compile worker, so each case (success, progress, a
+// permanent failure, a crash, a time-out, cancellation, a leftover
+// grandchild) takes milliseconds to a second instead of a compile.
+#include "runtime/builder.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <thread>
+
+#include "base/fs.h"
+#include "test_util.h"
+
+namespace aotid::runtime {
+namespace {
+
+using testing::TempDir;
+
+// What the stand-in worker does is chosen by AOTID_FAKE_BUILD; it gets the
+// worker's command line, and writes its outputs into --out.
+constexpr char kWorker[] = R"(#!/bin/sh
+out=""
+while [ $# -gt 0 ]; do
+  [ "$1" = "--out" ] && out="$2"
+  shift
+done
+echo "[aotid-worker] step 1/2: loading torch"
+case "$AOTID_FAKE_BUILD" in
+  wait)
+    i=0
+    while [ ! -e "$AOTID_FAKE_GO" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done ;;
+  permanent) echo "error: unknown inductor option 'nope'"; exit 2 ;;
+  crash) echo "about to crash"; kill -SEGV $$ ;;
+  hang) sleep 30 ;;
+  grandchild) sleep 30 & echo $! > "$AOTID_FAKE_GO" ;;
+esac
+echo "[aotid-worker] step 2/2: writing the build"
+printf 'compiled' > "$out/model.so"
+printf '{"inputs":[{"name":"x","datatype":"FP32","shape":[-1,4]}],"outputs":[]}' > "$out/spec.json"
+printf '{}' > "$out/package.json"
+)";
+
+class BuilderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    uv_loop_init(&loop_);
+    std::string worker = dir_ / "worker.sh";
+    ASSERT_OK(fs::WriteFileAtomic(worker, kWorker));
+    ::chmod(worker.c_str(), 0755);
+    BuilderOptions o;
+    o.python = worker;
+    o.worker_dir = dir_.path();
+    o.timeout_s = 30;
+    options_ = o;
+    artifact_ = dir_ / "model.pt2";
+    ASSERT_OK(fs::WriteFileAtomic(artifact_, "an exported program"));
+  }
+  void TearDown() override {
+    ::unsetenv("AOTID_FAKE_BUILD");
+    ::unsetenv("AOTID_FAKE_GO");
+    builder_.reset();
+    uv_run(&loop_, UV_RUN_DEFAULT);  // closes what the builder left
+    uv_loop_close(&loop_);
+  }
+  Builder& Make(int timeout_s = 30) {
+    options_.timeout_s = timeout_s;
+    builder_ = std::make_unique<Builder>(&loop_, &cache_, options_);
+    return *builder_;
+  }
+  BuildJob Job(std::string options = "") {
+    BuildJob j;
+    j.key = BuildKey{std::string(64, 'b'), "model", "cpu", "fp", std::move(options)};
+    j.artifact_path = artifact_;
+    j.on_start = [this] { ++started_; };
+    j.on_done = [this](const BuildResult& r) { results_.push_back(r); };
+    return j;
+  }
+  // Runs the loop until `done` or about 10 s pass.
+  bool RunUntil(const std::function<bool()>& done) {
+    for (int i = 0; i < 1000 && !done(); ++i) {
+      uv_run(&loop_, UV_RUN_NOWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  }
+
+  TempDir dir_;
+  uv_loop_t loop_{};
+  BuildCache cache_{dir_ / "cache"};
+  BuilderOptions options_;
+  std::string artifact_;
+  std::unique_ptr<Builder> builder_;
+  int started_ = 0;
+  std::vector<BuildResult> results_;
+};
+
+TEST_F(BuilderTest, SuccessfulBuildLandsInTheCacheWithItsLog) {
+  Builder& b = Make();
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_EQ(started_, 1);
+  ASSERT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+  EXPECT_EQ(results_[0].entry.spec.inputs[0].name, "x");
+  auto log = fs::ReadFile(results_[0].entry.dir + "/build.log");
+  ASSERT_TRUE(log.ok());
+  EXPECT_NE(log->find("step 2/2: writing the build"), std::string::npos) << *log;
+  EXPECT_TRUE(cache_.Lookup(Job().key).ok());
+  EXPECT_EQ(b.running(), 0);
+}
+
+TEST_F(BuilderTest, ProgressIsTheLastStepTheChildPrinted) {
+  ::setenv("AOTID_FAKE_BUILD", "wait", 1);
+  std::string go = dir_ / "go";
+  ::setenv("AOTID_FAKE_GO", go.c_str(), 1);
+  Builder& b = Make();
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return b.Progress(Job().key).find("step 1/2: loading torch") != std::string::npos; }))
+      << b.Progress(Job().key);
+  EXPECT_NE(b.Progress(Job().key).find(" s)"), std::string::npos);  // with the time it has taken
+  ASSERT_OK(fs::WriteFileAtomic(go, ""));
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+  EXPECT_EQ(b.Progress(Job().key), "");  // not running any more
+}
+
+TEST_F(BuilderTest, ExitCodeTwoIsAPermanentFailureWithTheLogTail) {
+  ::setenv("AOTID_FAKE_BUILD", "permanent", 1);
+  Make().Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_FALSE(results_[0].status.ok());
+  EXPECT_TRUE(results_[0].permanent);
+  EXPECT_NE(results_[0].status.message().find("unknown inductor option 'nope'"), std::string::npos)
+      << results_[0].status.message();
+  EXPECT_EQ(cache_.Lookup(Job().key).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(cache_.List().empty());  // nothing half-written
+}
+
+TEST_F(BuilderTest, CrashedChildMayPassOnRetry) {
+  ::setenv("AOTID_FAKE_BUILD", "crash", 1);
+  Make().Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_FALSE(results_[0].permanent);
+  EXPECT_NE(results_[0].status.message().find("killed by signal 11"), std::string::npos)
+      << results_[0].status.message();
+}
+
+TEST_F(BuilderTest, BuildPastItsTimeLimitIsKilled) {
+  ::setenv("AOTID_FAKE_BUILD", "hang", 1);
+  Make(/*timeout_s=*/1).Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_NE(results_[0].status.message().find("timed out after 1s"), std::string::npos)
+      << results_[0].status.message();
+  EXPECT_FALSE(results_[0].permanent);
+}
+
+TEST_F(BuilderTest, CancelStopsRunningAndQueuedBuilds) {
+  ::setenv("AOTID_FAKE_BUILD", "hang", 1);
+  Builder& b = Make();  // one job at a time: the second waits in the queue
+  b.Submit(Job());
+  b.Submit(Job(R"({"freezing":true})"));
+  ASSERT_TRUE(RunUntil([&] { return started_ == 1; }));
+  EXPECT_EQ(b.queued(), 1u);
+  EXPECT_TRUE(b.Cancel(Job(R"({"freezing":true})").key));  // queued: answered at once
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_TRUE(results_[0].cancelled);
+  EXPECT_TRUE(b.Cancel(Job().key));  // running: killed, answered when it exits
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 2; }));
+  EXPECT_TRUE(results_[1].cancelled);
+  EXPECT_FALSE(b.Cancel(Job().key));  // nothing left to cancel
+  EXPECT_EQ(started_, 1);
+}
+
+// A child that leaves a process behind holding its output pipe still
+// finishes when the child exits.
+TEST_F(BuilderTest, LeftoverGrandchildDoesNotHoldTheBuildOpen) {
+  ::setenv("AOTID_FAKE_BUILD", "grandchild", 1);
+  std::string pid_file = dir_ / "grandchild.pid";
+  ::setenv("AOTID_FAKE_GO", pid_file.c_str(), 1);
+  Make().Submit(Job());
+  bool finished = RunUntil([&] { return !results_.empty(); });
+  if (auto pid = fs::ReadFile(pid_file); pid.ok() && !pid->empty()) ::kill(std::stoi(*pid), SIGKILL);
+  ASSERT_TRUE(finished);
+  EXPECT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+}
+
+}  // namespace
+}  // namespace aotid::runtime
