@@ -20,8 +20,15 @@ constexpr char kJson[] = "application/json";
 // The binary tensor extension: the JSON part's length, the rest is tensor bytes.
 constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
 
-// Every error body: {"error": "..."}.
-std::string ErrorBody(std::string_view message) { return json{{"error", message}}.dump(); }
+// JSON text of a reply. Strings in it may quote request bytes that are not
+// UTF-8 (a header, a path); those become U+FFFD instead of an exception.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string ErrorBody(std::string_view message) { return Dump(json{{"error", message}}); }
+
+namespace {
 
 void SendError(http::Response& res, int status, const std::string& message) {
   res.status = status;
@@ -192,10 +199,10 @@ void HttpApi::Routes() {
   r.Add("GET", "/v2/health/ready", [reg](const http::Request&, http::Response& res) {
     bool ready = reg->startup_done();
     res.status = ready ? 200 : 503;
-    res.Set(json{{"ready", ready}}.dump(), kJson);
+    res.Set(Dump(json{{"ready", ready}}), kJson);
   });
   r.Add("GET", "/v2", [](const http::Request&, http::Response& res) {
-    res.Set(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}.dump(),
+    res.Set(Dump(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}),
                     kJson);
   });
 
@@ -231,7 +238,7 @@ void HttpApi::Routes() {
                            {"author", p.value("author", json::object())}};
       }
     }
-    res.Set(j.dump(), kJson);
+    res.Set(Dump(j), kJson);
   };
   r.Add("GET", "/v2/models/*", metadata);
   r.Add("GET", "/v2/models/*/versions/*", metadata);
@@ -243,7 +250,7 @@ void HttpApi::Routes() {
     res.status = ok ? 200 : 503;
     json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
     if (!ok) j["error"] = NotReady(**m).message();
-    res.Set(j.dump(), kJson);
+    res.Set(Dump(j), kJson);
   };
   r.Add("GET", "/v2/models/*/ready", ready);
   r.Add("GET", "/v2/models/*/versions/*/ready", ready);
@@ -346,7 +353,7 @@ void HttpApi::Routes() {
       if (!reason.empty()) item["reason"] = reason;
       out.push_back(std::move(item));
     }
-    res.Set(out.dump(), kJson);
+    res.Set(Dump(out), kJson);
   });
   auto set_enabled = [reg, dir = options_.store_dir](bool enable) {
     return [reg, dir, enable](const http::Request& req, http::Response& res) {
@@ -364,7 +371,7 @@ void HttpApi::Routes() {
       auto sm = reg->Find(name);
       json j{{"name", name}, {"enabled", enable}};
       j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";
-      res.Set(j.dump(), kJson);
+      res.Set(Dump(j), kJson);
     };
   };
   r.Add("POST", "/v2/repository/models/*/load", set_enabled(true));

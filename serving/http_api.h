@@ -43,6 +43,10 @@ struct HttpOptions {
   std::vector<std::string> cors_origins;  // "*" for any; empty: no CORS
 };
 
+// {"error": message} as JSON; bytes of `message` that are not UTF-8 (quoted
+// from a request) become U+FFFD. Never throws.
+std::string ErrorBody(std::string_view message);
+
 // The one mapping from Status to HTTP status.
 int HttpStatusFor(const Status& s);
 

@@ -18,6 +18,7 @@
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
+#include "raw_http.h"
 #include "test_util.h"
 
 namespace aotid::testing {
@@ -167,40 +168,6 @@ TEST_F(ApiSecurity, CorsAnswersConfiguredOriginsOnly) {
   auto bad_preflight = c.Options("/v2", {{"Origin", "http://evil.example"}});
   ASSERT_TRUE(bad_preflight);
   EXPECT_EQ(bad_preflight->status, 403);
-}
-
-// Raw HTTP over a connected socket: what was written, and all the reply
-// until the server closes or `timeout_ms` passes.
-std::string Exchange(int fd, const std::string& request, int timeout_ms = 5000) {
-  if (!request.empty()) (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string reply;
-  char buf[4096];
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) <= 0) break;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-    if (request.find("Connection: close") == std::string::npos && reply.find("\r\n\r\n") != std::string::npos) {
-      size_t cl = reply.find("Content-Length: ");
-      size_t head = reply.find("\r\n\r\n") + 4;
-      if (cl != std::string::npos && reply.size() >= head + std::stoul(reply.substr(cl + 16))) break;
-    }
-  }
-  return reply;
-}
-
-int ConnectTcp(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // listen = "unix:/path": a socket file of mode 0660, the API over it, and
