@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "http/host.h"
+#include "http/json_tape.h"
 #include "serving/tensor_codec.h"
 
 namespace aotid::serving {
@@ -326,11 +327,16 @@ void HttpApi::Routes() {
   r.Add("POST", "/v2/repository/index", [reg](const http::Request& req, http::Response& res) {
     bool only_ready = false;
     if (!req.body.empty()) {
-      json body = json::parse(req.body, nullptr, false);
-      if (!body.is_object()) return SendError(res, 400, "repository index body must be a JSON object");
-      if (body.contains("ready")) {
-        if (!body["ready"].is_boolean()) return SendError(res, 400, "'ready' must be true or false");
-        only_ready = body["ready"].get<bool>();
+      // The bounded tape, not a DOM: a body of 16 MiB of '[' is refused at
+      // depth 32 instead of costing a node per bracket.
+      http::json_tape::Tape body;
+      if (!body.Parse(req.body, /*max_depth=*/32) || body.kind(0) != http::json_tape::Kind::kObject) {
+        return SendError(res, 400, body.too_deep() ? "repository index body nests deeper than 32 levels"
+                                                   : "repository index body must be a JSON object");
+      }
+      if (uint32_t ready = body.Member(0, "ready"); ready != http::json_tape::Tape::kNone) {
+        if (!body.is_bool(ready)) return SendError(res, 400, "'ready' must be true or false");
+        only_ready = body.kind(ready) == http::json_tape::Kind::kTrue;
       }
     }
     auto catalog = reg->GetCatalog();

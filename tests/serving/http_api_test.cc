@@ -73,6 +73,24 @@ TEST_F(HttpApiTest, HostileBytesInHeadersGetAClearErrorAndTheServerStaysUp) {
   EXPECT_EQ(StatusOf(live), 200) << live;
 }
 
+std::string PostIndex(const std::string& body) {
+  return "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// A body of nothing but '[' once cost a JSON node per byte (~1 GB for
+// 16 MiB, kept by the worker thread); the bounded reader stops at depth 32.
+TEST_F(HttpApiTest, RepositoryIndexBodyIsReadWithTheNestingBound) {
+  std::string reply = Send(PostIndex(std::string(16 << 20, '[')));
+  EXPECT_EQ(StatusOf(reply), 400) << reply.substr(0, 200);
+  EXPECT_EQ(BodyOf(reply)["error"], "repository index body nests deeper than 32 levels");
+  EXPECT_EQ(StatusOf(Send(PostIndex(R"({"ready": "yes"})"))), 400);
+  EXPECT_EQ(StatusOf(Send(PostIndex("[]"))), 400);
+  std::string ok = Send(PostIndex(R"({"ready": true})"));
+  EXPECT_EQ(StatusOf(ok), 200) << ok;
+  EXPECT_EQ(BodyOf(ok), nlohmann::json::array());
+}
+
 TEST(ErrorBody, InvalidUtf8BecomesReplacementCharacters) {
   auto body = nlohmann::json::parse(ErrorBody("bad \xff\xfe byte"), nullptr, false);
   ASSERT_TRUE(body.is_object());
