@@ -13,7 +13,7 @@
 #include "base/log.h"
 #include "daemon/config.h"
 #include "daemon/doctor.h"
-#include "daemon/internal_build.h"
+#include "runtime/package_build.h"
 #include "daemon/serve.h"
 #include "control/store_watch.h"
 #include "runtime/aoti_package.h"
@@ -585,6 +585,15 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
 }  // namespace
 
 int RunCli(int argc, char** argv) {
+  // The build child the daemon runs (runtime/package_build.h); not for people.
+  if (argc >= 2 && std::string_view(argv[1]) == runtime::kPackageBuildCommand) {
+    auto args = runtime::ParsePackageBuildArgs(std::vector<std::string>(argv + 2, argv + argc));
+    if (!args.ok()) {
+      std::cerr << args.status().message() << "\n";
+      return 2;
+    }
+    return runtime::RunPackageBuild(*args);
+  }
   CLI::App app{"aotid: serves compiled PyTorch models on this machine", "aotid"};
   app.require_subcommand(1);
   app.fallthrough();  // global flags work after the subcommand too
@@ -674,15 +683,6 @@ int RunCli(int argc, char** argv) {
   cache_prune->add_flag("--dry-run", cache_dry_run, "Only say what would be removed");
   cache_prune->add_flag("--all", cache_all, "Remove every build (each is rebuilt when next needed)");
 
-  InternalBuildArgs ib;
-  auto* internal_build = app.add_subcommand("internal-build", "Build one model of an AOTInductor package (run by the daemon)");
-  internal_build->group("");  // not for people
-  internal_build->add_option("--artifact", ib.artifact)->required();
-  internal_build->add_option("--out", ib.out)->required();
-  internal_build->add_option("--kind", ib.kind)->required();
-  internal_build->add_option("--device", ib.device);
-  internal_build->add_option("--package-model", ib.package_model);
-  internal_build->add_option("--cxx", ib.cxx);
 
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
@@ -723,7 +723,6 @@ int RunCli(int argc, char** argv) {
     if (!cfg.ok()) return FailUsage("doctor", cfg.status());
     return RunDoctor(*cfg);
   }
-  if (internal_build->parsed()) return RunInternalBuild(ib);
   if (cache->parsed()) return CmdCache(g, cache_prune->parsed(), cache_json, cache_dry_run, cache_all);
   if (serve->parsed()) {
     auto cfg = Resolve(g);

@@ -9,13 +9,12 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "runtime/package_build.h"
 
 extern char** environ;
 
 namespace aotid::runtime {
 namespace {
-
-constexpr int kExitPermanent = 2;  // python/aotid_worker/compile.py
 
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -117,9 +116,14 @@ std::vector<std::string> Builder::Command(const BuildJob& job, const std::string
             "--device", job.key.device, "--package-model", job.key.package_model, "--inductor-options",
             job.key.options, "--expect-torch", options_.torch_version};
   }
-  return {options_.self_exe, "internal-build", "--artifact", job.artifact_path, "--out", staging,
-          "--kind", job.kind, "--device", job.key.device, "--package-model", job.key.package_model,
-          "--cxx", options_.cxx};
+  PackageBuildArgs args;
+  args.artifact = job.artifact_path;
+  args.out = staging;
+  args.kind = job.kind;
+  args.device = job.key.device;
+  args.package_model = job.key.package_model;
+  args.cxx = options_.cxx;
+  return PackageBuildArgv(options_.self_exe, args);
 }
 
 bool Builder::Cancel(const BuildKey& key) {
@@ -294,7 +298,7 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
       why = "compile worker killed by signal " + std::to_string(term_signal);
     } else {
       why = "build exited with status " + std::to_string(exit_status);
-      res.permanent = exit_status == kExitPermanent;
+      res.permanent = exit_status == kBuildExitPermanent;
     }
     res.status = Internal(tail.empty() ? why : why + ":\n" + tail);
     (void)fs::RemoveAll(r->staging);

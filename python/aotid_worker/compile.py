@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+# Exit codes of every build child, as runtime/package_build.h defines them:
+# 0 built, 1 failed in a way that may pass, 2 cannot be built here.
 EXIT_PERMANENT = 2
 
 _DTYPES = {

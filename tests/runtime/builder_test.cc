@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/fs.h"
+#include "runtime/package_build.h"
 #include "test_util.h"
 
 namespace aotid::runtime {
@@ -183,6 +184,38 @@ TEST_F(BuilderTest, LeftoverGrandchildDoesNotHoldTheBuildOpen) {
   if (auto pid = fs::ReadFile(pid_file); pid.ok() && !pid->empty()) ::kill(std::stoi(*pid), SIGKILL);
   ASSERT_TRUE(finished);
   EXPECT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+}
+
+TEST(PackageBuild, CommandLineIsReadBackAsWritten) {
+  PackageBuildArgs a;
+  a.artifact = "/store/blobs/ab";
+  a.out = "/store/cache/.staging/x";
+  a.kind = "aoti_source";
+  a.device = "cuda";
+  a.package_model = "head";
+  a.cxx = "clang++";
+  std::vector<std::string> argv = PackageBuildArgv("/usr/bin/aotid", a);
+  ASSERT_GE(argv.size(), 2u);
+  EXPECT_EQ(argv[1], kPackageBuildCommand);
+  auto back = ParsePackageBuildArgs(std::vector<std::string>(argv.begin() + 2, argv.end()));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->artifact, a.artifact);
+  EXPECT_EQ(back->out, a.out);
+  EXPECT_EQ(back->kind, a.kind);
+  EXPECT_EQ(back->device, a.device);
+  EXPECT_EQ(back->package_model, a.package_model);
+  EXPECT_EQ(back->cxx, a.cxx);
+}
+
+TEST(PackageBuild, BadCommandLinesNameTheProblem) {
+  auto unknown = ParsePackageBuildArgs({"--artifact", "a", "--out", "o", "--kind", "k", "--evil", "x"});
+  EXPECT_NE(unknown.status().message().find("unknown argument '--evil'"), std::string::npos);
+  auto missing = ParsePackageBuildArgs({"--artifact", "a", "--kind", "k"});
+  EXPECT_NE(missing.status().message().find("--out is required"), std::string::npos);
+  auto twice = ParsePackageBuildArgs({"--out", "a", "--out", "b"});
+  EXPECT_NE(twice.status().message().find("--out given twice"), std::string::npos);
+  auto dangling = ParsePackageBuildArgs({"--artifact"});
+  EXPECT_NE(dangling.status().message().find("needs a value"), std::string::npos);
 }
 
 }  // namespace

@@ -1,19 +1,11 @@
-// `aotid internal-build`: the child process the daemon's Builder runs for an
-// AOTInductor package. It writes a build directory (runtime/build_cache.h)
-// and exits 0; 2 when the package cannot be built here (a retry will not
-// help); 1 for anything else. Its output is the build log.
-//
-// Running the model once on zeros happens here too, in the child: it finds
-// the outputs of a package that does not declare them, and a package that
-// slipped past the checks and crashes on this CPU (SIGILL) kills this
-// process, never the daemon.
-#include "daemon/internal_build.h"
+#include "runtime/package_build.h"
 
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -23,10 +15,8 @@
 #include "runtime/loaded_model.h"
 #include "runtime/torch_plugin.h"
 
-namespace aotid::daemon {
+namespace aotid::runtime {
 namespace {
-
-constexpr int kExitPermanent = 2;
 
 void Step(int n, const std::string& what) { std::cout << "[aotid-build] step " << n << "/3: " << what << std::endl; }
 
@@ -34,26 +24,26 @@ Status WriteJson(const std::string& path, const nlohmann::json& j) { return fs::
 
 // Runs the model on zeros of its smallest accepted shapes; the outputs'
 // datatypes and ranks complete a spec read from the package's C++.
-Status FirstRun(const runtime::PackageBuildResult& built, const std::string& dir, const std::string& device,
-                runtime::ModelSpec* spec) {
-  ASSIGN_OR_RETURN(std::string plugin, runtime::LoadTorchPlugin());
+Status FirstRun(const PackageBuildResult& built, const std::string& dir, const std::string& device,
+                ModelSpec* spec) {
+  ASSIGN_OR_RETURN(std::string plugin, LoadTorchPlugin());
   std::cout << "torch runtime: " << plugin << std::endl;
-  runtime::CacheEntry entry;
+  CacheEntry entry;
   entry.dir = dir;
   entry.so_path = dir + "/model.so";
   entry.spec = *spec;
   entry.spec.outputs.clear();
-  runtime::LoadOptions opts;
+  LoadOptions opts;
   opts.device = device;
   opts.threads = 1;
-  ASSIGN_OR_RETURN(auto model, runtime::LoadCompiledModel(entry, opts));
-  std::vector<runtime::HostTensor> inputs;
+  ASSIGN_OR_RETURN(auto model, LoadCompiledModel(entry, opts));
+  std::vector<HostTensor> inputs;
   for (size_t i = 0; i < spec->inputs.size(); ++i) {
-    runtime::HostTensor t;
+    HostTensor t;
     t.name = spec->inputs[i].name;
     t.dtype = spec->inputs[i].dtype;
     t.shape = built.min_shapes[i];
-    t.data.assign(static_cast<size_t>(t.num_elements()) * runtime::DTypeSize(t.dtype), std::byte{0});
+    t.data.assign(static_cast<size_t>(t.num_elements()) * DTypeSize(t.dtype), std::byte{0});
     inputs.push_back(std::move(t));
   }
   ASSIGN_OR_RETURN(auto outputs, model->Infer(inputs, {}));
@@ -65,14 +55,14 @@ Status FirstRun(const runtime::PackageBuildResult& built, const std::string& dir
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].dtype != spec->outputs[i].dtype) {
         return InvalidArgument("output '" + spec->outputs[i].name + "' is declared " +
-                               std::string(runtime::DTypeName(spec->outputs[i].dtype)) + " but the model returns " +
-                               std::string(runtime::DTypeName(outputs[i].dtype)));
+                               std::string(DTypeName(spec->outputs[i].dtype)) + " but the model returns " +
+                               std::string(DTypeName(outputs[i].dtype)));
       }
     }
     return Status::OK();
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
-    runtime::TensorSpec t;
+    TensorSpec t;
     t.name = "output" + std::to_string(i);
     t.dtype = outputs[i].dtype;
     t.shape.assign(outputs[i].shape.size(), -1);  // which dims vary is not recorded in the package
@@ -84,13 +74,46 @@ Status FirstRun(const runtime::PackageBuildResult& built, const std::string& dir
 
 }  // namespace
 
-int RunInternalBuild(const InternalBuildArgs& args) {
+std::vector<std::string> PackageBuildArgv(const std::string& self_exe, const PackageBuildArgs& a) {
+  return {self_exe,     kPackageBuildCommand, "--artifact", a.artifact, "--out",   a.out,
+          "--kind",     a.kind,               "--device",   a.device,   "--package-model", a.package_model,
+          "--cxx",      a.cxx};
+}
+
+StatusOr<PackageBuildArgs> ParsePackageBuildArgs(const std::vector<std::string>& args) {
+  PackageBuildArgs a;
+  const std::pair<const char*, std::string*> flags[] = {
+      {"--artifact", &a.artifact}, {"--out", &a.out},     {"--kind", &a.kind},
+      {"--device", &a.device},     {"--package-model", &a.package_model}, {"--cxx", &a.cxx}};
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < args.size(); i += 2) {
+    std::string* field = nullptr;
+    for (const auto& [name, f] : flags) {
+      if (args[i] == name) field = f;
+    }
+    if (field == nullptr) return InvalidArgument("internal-build: unknown argument '" + args[i] + "'");
+    if (std::find(seen.begin(), seen.end(), args[i]) != seen.end()) {
+      return InvalidArgument("internal-build: " + args[i] + " given twice");
+    }
+    if (i + 1 >= args.size()) return InvalidArgument("internal-build: " + args[i] + " needs a value");
+    seen.push_back(args[i]);
+    *field = args[i + 1];
+  }
+  for (const char* required : {"--artifact", "--out", "--kind"}) {
+    if (std::find(seen.begin(), seen.end(), required) == seen.end()) {
+      return InvalidArgument(std::string("internal-build: ") + required + " is required");
+    }
+  }
+  return a;
+}
+
+int RunPackageBuild(const PackageBuildArgs& args) {
 #ifdef __linux__
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the daemon
-  if (::getppid() == 1) return 1;
+  if (::getppid() == 1) return kBuildExitMayPass;
 #endif
-  runtime::HardwareInfo hw = runtime::ProbeHardware(args.cxx);
-  runtime::PackageBuildRequest req;
+  HardwareInfo hw = ProbeHardware(args.cxx);
+  PackageBuildRequest req;
   req.artifact_path = args.artifact;
   req.package_model = args.package_model;
   req.kind = args.kind;
@@ -100,17 +123,17 @@ int RunInternalBuild(const InternalBuildArgs& args) {
   req.torch_dir = AOTID_TORCH_DIR;
   Step(1, args.kind == "aoti_source" ? "checking the package and compiling its C++ with " + args.cxx
                                      : "checking the package and copying its compiled model");
-  auto built = runtime::BuildFromAotiPackage(req, hw, std::cout);
+  auto built = BuildFromAotiPackage(req, hw, std::cout);
   if (!built.ok()) {
     std::cout << "error: " << built.status().message() << std::endl;
     StatusCode c = built.status().code();
-    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kExitPermanent : 1;
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kBuildExitPermanent : kBuildExitMayPass;
   }
   Step(2, "loading the model and running it once on zeros");
-  runtime::ModelSpec spec = built->spec;
+  ModelSpec spec = built->spec;
   if (Status s = FirstRun(*built, args.out, args.device, &spec); !s.ok()) {
     std::cout << "error: the model does not run on this machine: " << s.message() << std::endl;
-    return s.code() == StatusCode::kInternal ? 1 : kExitPermanent;
+    return s.code() == StatusCode::kInternal ? kBuildExitMayPass : kBuildExitPermanent;
   }
   Step(3, "writing the build");
   Status s = fs::WriteFileAtomic(args.out + "/spec.json", spec.ToJson());
@@ -123,9 +146,9 @@ int RunInternalBuild(const InternalBuildArgs& args) {
   }
   if (!s.ok()) {
     std::cout << "error: " << s.message() << std::endl;
-    return 1;
+    return kBuildExitMayPass;
   }
-  return 0;
+  return kBuildExitOk;
 }
 
-}  // namespace aotid::daemon
+}  // namespace aotid::runtime
