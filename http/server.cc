@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -549,7 +550,9 @@ class Server::Impl {
       if (fd >= 0) ::close(fd);
     }
     if (listen_fd_ >= 0) ::close(listen_fd_);
-    if (!opts_.unix_path.empty() && bound_) ::unlink(opts_.unix_path.c_str());
+    // Removed only by the process that holds its lock: never another's.
+    if (!opts_.unix_path.empty() && bound_ && socket_lock_fd_ >= 0) ::unlink(opts_.unix_path.c_str());
+    if (socket_lock_fd_ >= 0) ::close(socket_lock_fd_);
   }
 
   StatusOr<int> Bind() {
@@ -647,11 +650,29 @@ class Server::Impl {
     if (path.size() >= sizeof addr.sun_path) return InvalidArgument("unix socket path is too long: " + path);
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    // A socket file left by an earlier run (the daemon holds the store lock,
-    // so no other aotid is using it); anything else is not ours to remove.
+    // PATH.lock is held for as long as this server owns the socket, so a
+    // second server (of another store, or another program's aotid) can
+    // neither take over a live socket nor remove it when it exits. The lock
+    // file stays; removing it would race the next one to take it.
+    std::string lock_path = path + ".lock";
+    socket_lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (socket_lock_fd_ < 0) return ErrnoError("open " + lock_path, errno);
+    if (::flock(socket_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(socket_lock_fd_);
+      socket_lock_fd_ = -1;
+      return Unavailable("cannot listen on unix:" + path + ": another process serves on it (it holds " + lock_path +
+                         ")");
+    }
+    // A socket file left by an earlier run may be replaced; one that still
+    // answers belongs to a live server that does not use the lock; anything
+    // else is not ours to remove.
     struct stat st;
     if (::lstat(path.c_str(), &st) == 0) {
       if (!S_ISSOCK(st.st_mode)) return FailedPrecondition(path + " exists and is not a socket");
+      int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+      if (probe >= 0) ::close(probe);
+      if (live) return Unavailable("cannot listen on unix:" + path + ": another process is listening on it");
       ::unlink(path.c_str());
     }
     listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
@@ -916,6 +937,7 @@ class Server::Impl {
   std::function<void(Request&, Response&)> handler_;
   std::function<std::string(std::string_view)> error_body_;
   int listen_fd_ = -1;
+  int socket_lock_fd_ = -1;  // flock on unix_path + ".lock" while we own the socket
   bool bound_ = false;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};

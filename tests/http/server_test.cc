@@ -4,8 +4,16 @@
 #include "http/server.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <string>
+
+#include "test_util.h"
 
 namespace aotid::http {
 namespace {
@@ -229,6 +237,48 @@ TEST(HttpRouter, MatchesSegmentsAndSays404Or405WithAllow) {
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("malformed percent-escape"), std::string::npos) << r.body;
   EXPECT_TRUE(seen.empty());
+}
+
+// A second server on the same unix socket (another store's daemon) is
+// refused while the first lives, and its exit removes nothing of the first's.
+TEST(HttpServer, UnixSocketIsNeverTakenOverOrRemovedByAnotherServer) {
+  aotid::testing::TempDir dir;
+  ServerOptions o;
+  o.unix_path = dir / "aotid.sock";
+  o.threads = 1;
+  auto ok = [](Request&, Response& res) { res.Set("{}", "application/json"); };
+  auto error_body = [](std::string_view m) { return std::string(m); };
+  Server first(o, ok, error_body);
+  ASSERT_OK(first.Bind());
+  {
+    Server second(o, ok, error_body);
+    Status s = second.Bind();
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+    EXPECT_NE(s.message().find("another process serves on it"), std::string::npos) << s.message();
+  }
+  struct stat st;
+  ASSERT_EQ(::lstat(o.unix_path.c_str(), &st), 0) << "the second server removed the first one's socket";
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+}
+
+TEST(HttpServer, StaleUnixSocketOfAnEarlierRunIsReplaced) {
+  aotid::testing::TempDir dir;
+  ServerOptions o;
+  o.unix_path = dir / "aotid.sock";
+  o.threads = 1;
+  auto ok = [](Request&, Response& res) { res.Set("{}", "application/json"); };
+  auto error_body = [](std::string_view m) { return std::string(m); };
+  {
+    // A socket file nobody listens on, as a killed daemon leaves it.
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, o.unix_path.c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ::close(fd);
+  }
+  Server server(o, ok, error_body);
+  EXPECT_OK(server.Bind());
 }
 
 }  // namespace
