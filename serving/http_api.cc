@@ -1,6 +1,7 @@
 #include "serving/http_api.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -99,6 +100,27 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// The body types a POST may carry: JSON, binary tensors, none, and the
+// form type curl's -d sets by default (its body is JSON all the same). Not
+// text/plain or multipart/form-data, which a foreign page can send without
+// a preflight.
+bool AcceptedBodyType(std::string type) {
+  type = type.substr(0, type.find(';'));
+  type.erase(type.find_last_not_of(" \t") + 1);
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  return type.empty() || type == "application/json" || type == "application/octet-stream" ||
+         type == "application/x-www-form-urlencoded";
+}
+
+// "Bearer " in any case (RFC 7235: the scheme is case-insensitive).
+bool IsBearer(const std::string& auth) {
+  if (auth.size() < 7 || auth[6] != ' ') return false;
+  for (size_t i = 0; i < 6; ++i) {
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != "bearer"[i]) return false;
+  }
+  return true;
+}
+
 bool OriginAllowed(const std::vector<std::string>& allowed, const std::string& origin) {
   for (const auto& o : allowed) {
     if (o == "*" || o == origin) return true;
@@ -172,6 +194,20 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
       res.SetHeader("Access-Control-Max-Age", "600");
       return false;
     }
+    // Browsers send Origin with every cross-site request, also the "simple"
+    // ones that need no preflight (a text/plain POST a foreign page can make
+    // to localhost). Nothing of aotid's own is a page, so only the origins
+    // configured are served; tools like curl send no Origin.
+    if (!origin.empty() && !OriginAllowed(opts.cors_origins, origin)) {
+      SendError(res, 403, "origin '" + origin + "' is not in server.cors_origins: cross-site requests are refused");
+      return false;
+    }
+    if (req.method == "POST" && !AcceptedBodyType(req.Get("Content-Type"))) {
+      SendError(res, 415, "Content-Type '" + req.Get("Content-Type") +
+                              "' is not accepted: send application/json, or application/octet-stream with the "
+                              "binary tensor extension");
+      return false;
+    }
     bool needs_token = opts.token_for_all || req.path.rfind("/v2/repository/", 0) == 0;
     if (!opts.token.empty() && needs_token) {
       std::string auth = req.Get("Authorization");
@@ -181,7 +217,7 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
                             "(the token is in the file server.token_file names)");
         return false;
       }
-      if (auth.rfind("Bearer ", 0) != 0 || !ConstantTimeEquals(auth.substr(7), opts.token)) {
+      if (!IsBearer(auth) || !ConstantTimeEquals(auth.substr(7), opts.token)) {
         SendError(res, 403, "wrong bearer token");
         return false;
       }

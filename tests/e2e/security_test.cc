@@ -138,8 +138,9 @@ TEST_F(ApiSecurity, CorsIsOffUnlessOriginsAreConfigured) {
   Start("");
   auto plain = Get("/v2", {{"Origin", "http://localhost:3000"}});
   ASSERT_TRUE(plain);
-  EXPECT_EQ(plain->status, 200);
+  EXPECT_EQ(plain->status, 403);  // a page's request: refused unless its origin is configured
   EXPECT_FALSE(plain->has_header("Access-Control-Allow-Origin"));
+  EXPECT_EQ(Get("/v2", {})->status, 200);  // curl sends no Origin
   httplib::Client c("127.0.0.1", daemon_->port());
   auto preflight = c.Options("/v2/models/m/infer", {{"Origin", "http://localhost:3000"},
                                                     {"Access-Control-Request-Method", "POST"}});
@@ -163,7 +164,7 @@ TEST_F(ApiSecurity, CorsAnswersConfiguredOriginsOnly) {
   EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
   auto other = Get("/v2", {{"Origin", "http://evil.example"}});
   ASSERT_TRUE(other);
-  EXPECT_EQ(other->status, 200);  // the browser, not the server, withholds the answer
+  EXPECT_EQ(other->status, 403);
   EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
   auto bad_preflight = c.Options("/v2", {{"Origin", "http://evil.example"}});
   ASSERT_TRUE(bad_preflight);

@@ -16,17 +16,20 @@ using aotid::testing::Exchange;
 
 class HttpApiTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    HttpOptions o;
+  void SetUp() override { Start({}); }
+  void Start(HttpOptions o) {
     o.port = 0;
     o.threads = 2;
     api_ = std::make_unique<HttpApi>(&registry_, &metrics_, o);
     ASSERT_OK(api_->Bind());
     serving_ = std::thread([this] { api_->Serve(); });
   }
-  void TearDown() override {
+  void TearDown() override { Stop(); }
+  void Stop() {
+    if (!api_) return;
     api_->Stop();
     serving_.join();
+    api_.reset();
   }
   // One request on a fresh connection; the raw reply.
   std::string Send(const std::string& request) {
@@ -89,6 +92,56 @@ TEST_F(HttpApiTest, RepositoryIndexBodyIsReadWithTheNestingBound) {
   std::string ok = Send(PostIndex(R"({"ready": true})"));
   EXPECT_EQ(StatusOf(ok), 200) << ok;
   EXPECT_EQ(BodyOf(ok), nlohmann::json::array());
+}
+
+std::string Post(const std::string& path, const std::string& headers, const std::string& body = "{}") {
+  return "POST " + path + " HTTP/1.1\r\nHost: localhost\r\n" + headers +
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// The "simple" request a foreign page can make without a preflight: its
+// Origin is refused before any route runs (it could unload a model).
+TEST_F(HttpApiTest, CrossSiteRequestsAreRefusedUnlessTheirOriginIsConfigured) {
+  std::string unload = Send(Post("/v2/repository/models/m/unload",
+                                 "Origin: https://evil.example\r\nContent-Type: text/plain\r\n"));
+  EXPECT_EQ(StatusOf(unload), 403) << unload;
+  EXPECT_NE(BodyOf(unload)["error"].get<std::string>().find("'https://evil.example' is not in server.cors_origins"),
+            std::string::npos);
+  EXPECT_EQ(StatusOf(Send(Post("/v2/models/m/infer", "Origin: null\r\n"))), 403);
+  Stop();
+  HttpOptions o;
+  o.cors_origins = {"http://localhost:3000"};
+  Start(o);
+  std::string allowed = Send(Post("/v2/models/m/infer", "Origin: http://localhost:3000\r\nContent-Type: application/json\r\n"));
+  EXPECT_EQ(StatusOf(allowed), 404) << allowed;  // reached the route: no model m
+  EXPECT_NE(allowed.find("Access-Control-Allow-Origin: http://localhost:3000"), std::string::npos) << allowed;
+}
+
+TEST_F(HttpApiTest, PostBodiesOfFormAndTextTypesAreRefusedWith415) {
+  for (std::string type : {"text/plain", "multipart/form-data; boundary=x", "application/xml"}) {
+    std::string reply = Send(Post("/v2/models/m/infer", "Content-Type: " + type + "\r\n"));
+    EXPECT_EQ(StatusOf(reply), 415) << type << ": " << reply;
+  }
+  for (std::string type : {"application/json", "Application/JSON; charset=utf-8", "application/octet-stream",
+                           "application/x-www-form-urlencoded"}) {
+    EXPECT_EQ(StatusOf(Send(Post("/v2/models/m/infer", "Content-Type: " + type + "\r\n"))), 404) << type;
+  }
+  EXPECT_EQ(StatusOf(Send(Post("/v2/models/m/infer", ""))), 404);  // no type at all
+}
+
+TEST_F(HttpApiTest, BearerSchemeIsCaseInsensitive) {
+  Stop();
+  HttpOptions o;
+  o.token = "s3cret";
+  Start(o);
+  auto get = [&](const std::string& auth) {
+    return StatusOf(Send("GET /v2 HTTP/1.1\r\nHost: localhost\r\n" + auth + "\r\n"));
+  };
+  EXPECT_EQ(get(""), 401);
+  EXPECT_EQ(get("Authorization: Bearer s3cret\r\n"), 200);
+  EXPECT_EQ(get("Authorization: bEaReR s3cret\r\n"), 200);
+  EXPECT_EQ(get("Authorization: Bearer wrong\r\n"), 403);
+  EXPECT_EQ(get("Authorization: Basic s3cret\r\n"), 403);
 }
 
 TEST(ErrorBody, InvalidUtf8BecomesReplacementCharacters) {
