@@ -7,6 +7,7 @@ namespace {
 
 struct LoadWork {
   uv_work_t req{};
+  const runtime::BuildCache* cache = nullptr;
   LoadRequest request;
   std::function<void(LoadResult)> done;
   LoadResult result;
@@ -18,6 +19,7 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
   auto* w = new LoadWork;
   w->req.data = w;
   w->request = std::move(request);
+  w->cache = cache_;
   w->done = std::move(done);
   int rc = uv_queue_work(
       loop_, &w->req,
@@ -25,8 +27,11 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         auto* work = static_cast<LoadWork*>(req->data);
         const LoadRequest& r = work->request;
         work->result.threads = r.options.threads;
+        // Not fatal when it cannot be written: the load is what matters.
+        (void)work->cache->BeginLoad(r.entry);
         auto loaded = runtime::LoadCompiledModel(r.entry, r.options);
         if (!loaded.ok()) {
+          work->cache->EndLoad(r.entry);
           work->result.model = loaded.status();
           return;
         }
@@ -36,6 +41,7 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           work->result.threads = choice.threads;
           work->result.threads_note = choice.note;
         }
+        work->cache->EndLoad(r.entry);  // after the timing runs too: they run its kernels
         work->result.model = std::move(model);
       },
       [](uv_work_t* req, int status) {  // the loop thread

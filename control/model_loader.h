@@ -41,13 +41,17 @@ class ModelLoader {
 
 // The real one: runtime::LoadCompiledModel (and the thread choice) on
 // libuv's thread pool, one load at a time in the pool's order.
+// Each load is bracketed with the cache's load marker (BuildCache::BeginLoad),
+// so a build that crashes the process while loading is known at the next
+// start instead of crashing it again.
 class ThreadPoolLoader final : public ModelLoader {
  public:
-  explicit ThreadPoolLoader(uv_loop_t* loop) : loop_(loop) {}
+  ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache) : loop_(loop), cache_(cache) {}
   void Load(LoadRequest request, std::function<void(LoadResult)> done) override;
 
  private:
   uv_loop_t* loop_;
+  const runtime::BuildCache* cache_;
 };
 
 }  // namespace aotid::control

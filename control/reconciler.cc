@@ -210,6 +210,15 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
     StartLoad(v, *entry, /*built_now=*/false, *plan);
     return;
   }
+  if (entry.status().code() == StatusCode::kFailedPrecondition) {
+    // The build crashed the daemon while loading, and is intact: loading it
+    // again would crash it again.
+    failed_.insert(WorkKey(v));
+    LOG_ERROR << Name(v) << ": " << entry.status().message();
+    Record(v, "load_failed", entry.status().message());
+    Publish(v, serving::ServeState::kFailed, entry.status().message());
+    return;
+  }
   if (entry.status().code() == StatusCode::kCorruption) {
     LOG_WARNING << entry.status().message() << "; rebuilding";
     Record(v, "cache_invalid", entry.status().message() + "; rebuilding");

@@ -131,7 +131,7 @@ int Serve(const Config& config) {
   ropts.retry_initial_ms = config.build_retry_initial_s * 1000;
   ropts.max_attempts = config.build_max_attempts;
   control::UvLoop timers(&loop);
-  control::ThreadPoolLoader loader(&loop);
+  control::ThreadPoolLoader loader(&loop, &cache);
   control::ReconcilerParts parts;
   parts.loop = &timers;
   parts.store = store->get();

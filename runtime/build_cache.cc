@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -47,6 +48,27 @@ std::string BuildCache::EntryDir(const BuildKey& key) const {
 }
 
 StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
+  ASSIGN_OR_RETURN(CacheEntry e, LookupFiles(key));
+  // A load of this entry that never finished took its process down. Damage
+  // the sizes did not show is the likely cause: rebuild it. An intact entry
+  // is tried once more (the process may have been killed for another
+  // reason), and not loaded again after a second such end.
+  auto crashed = LoadCrashed(e);
+  if (crashed.has_value()) {
+    Status digest = VerifyDigest(e);
+    if (!digest.ok()) {
+      return Corruption(digest.message() + " (a load of it did not finish: " + crashed->why + ")");
+    }
+    if (crashed->attempts >= kMaxUnfinishedLoads) {
+      return FailedPrecondition("loading this build ended its process " + std::to_string(crashed->attempts) +
+                                " times (" + crashed->why + "), and its files are intact; it is not loaded again "
+                                "(`aotid cache prune` removes it, and the next start builds it anew)");
+    }
+  }
+  return e;
+}
+
+StatusOr<CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
   RETURN_IF_ERROR(CheckKey(key));
   CacheEntry e;
   e.dir = EntryDir(key);
@@ -91,6 +113,43 @@ StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
   return e;
 }
 
+Status BuildCache::VerifyDigest(const CacheEntry& e) const {
+  ASSIGN_OR_RETURN(std::string text, fs::ReadFile(e.dir + "/manifest.json"));
+  auto m = nlohmann::json::parse(text, nullptr, false);
+  if (m.is_discarded()) return Corruption("cache entry " + e.dir + " has an unreadable manifest");
+  auto want = m.contains("sha256") && m["sha256"].is_object() ? m["sha256"].value("model.so", "") : "";
+  if (want.empty()) return Status::OK();  // written before digests were recorded
+  ASSIGN_OR_RETURN(std::string have, fs::Sha256File(e.dir + "/model.so"));
+  if (have != want) {
+    return Corruption("cache entry " + e.dir + ": model.so does not match the digest recorded when it was built");
+  }
+  return Status::OK();
+}
+
+namespace {
+std::string LoadMarker(const CacheEntry& e) { return e.dir + "/load.pending"; }
+}  // namespace
+
+// load.pending holds "PID ATTEMPTS": the process loading the entry, and how
+// many loads in a row have not finished, this one included.
+Status BuildCache::BeginLoad(const CacheEntry& e) const {
+  auto crashed = LoadCrashed(e);
+  int attempts = (crashed ? crashed->attempts : 0) + 1;
+  return fs::WriteFileAtomic(LoadMarker(e), std::to_string(::getpid()) + " " + std::to_string(attempts) + "\n");
+}
+
+void BuildCache::EndLoad(const CacheEntry& e) const { ::unlink(LoadMarker(e).c_str()); }
+
+std::optional<BuildCache::UnfinishedLoad> BuildCache::LoadCrashed(const CacheEntry& e) const {
+  auto text = fs::ReadFile(LoadMarker(e));
+  if (!text.ok()) return std::nullopt;
+  long pid = 0;
+  int attempts = 1;
+  if (std::sscanf(text->c_str(), "%ld %d", &pid, &attempts) < 1) pid = 0;
+  if (pid == ::getpid()) return std::nullopt;  // a load of ours, still running
+  return UnfinishedLoad{std::max(attempts, 1), "pid " + std::to_string(pid) + " began loading it and never finished"};
+}
+
 StatusOr<std::string> BuildCache::NewStaging(const BuildKey& key) const {
   RETURN_IF_ERROR(CheckKey(key));
   return fs::MakeTempDir(root_ + "/.staging", key.artifact.substr(0, 12) + "-");
@@ -115,6 +174,11 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
     if (!size.ok()) return fail(Corruption("build produced no " + std::string(name)));
     manifest["files"][name] = *size;
   }
+  // Damage that keeps a file's size shows only in its digest; it is checked
+  // when a load of the entry did not finish (LoadCrashed) and by `cache ls`.
+  auto digest = fs::Sha256File(staging + "/model.so");
+  if (!digest.ok()) return fail(digest.status());
+  manifest["sha256"]["model.so"] = *digest;
   auto spec_text = fs::ReadFile(staging + "/spec.json");
   if (!spec_text.ok()) return fail(spec_text.status());
   auto spec = ModelSpec::FromJson(*spec_text);

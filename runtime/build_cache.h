@@ -13,6 +13,7 @@
 // manifest is treated as absent (and rebuilt).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -53,8 +54,31 @@ class BuildCache {
 
   // Ok with the entry when it is complete and intact and its manifest names
   // exactly `key`; NotFound when absent; Corruption (with what is wrong)
-  // when present but damaged or built for another key.
+  // when present but damaged or built for another key. When a load of the
+  // entry ended its process (LoadCrashed): Corruption if model.so no longer
+  // matches its digest (rebuild it); FailedPrecondition once that happened
+  // kMaxUnfinishedLoads times in a row to an intact entry (do not load it
+  // again).
   StatusOr<CacheEntry> Lookup(const BuildKey& key) const;
+
+  // model.so against the digest its manifest recorded; Corruption on a
+  // mismatch. Reads the whole file.
+  Status VerifyDigest(const CacheEntry& entry) const;
+
+  // Brackets a load of `entry` by this process with a marker file, so the
+  // next process to look the entry up knows when a load ended the process
+  // that made it (a damaged build can crash while loading).
+  Status BeginLoad(const CacheEntry& entry) const;
+  void EndLoad(const CacheEntry& entry) const;
+  // A load of `entry` by another process that never finished: how many in
+  // a row, and what is known of the last. Nothing when none is known.
+  struct UnfinishedLoad {
+    int attempts = 1;
+    std::string why;
+  };
+  std::optional<UnfinishedLoad> LoadCrashed(const CacheEntry& entry) const;
+  // Unfinished loads of an intact entry before Lookup stops offering it.
+  static constexpr int kMaxUnfinishedLoads = 2;
 
   // A fresh, empty staging directory for a build of `key`.
   StatusOr<std::string> NewStaging(const BuildKey& key) const;
@@ -74,6 +98,7 @@ class BuildCache {
   const std::string& root() const { return root_; }
 
  private:
+  StatusOr<CacheEntry> LookupFiles(const BuildKey& key) const;
   std::string root_;
 };
 

@@ -411,6 +411,20 @@ TEST_F(ReconcilerTest, DamagedCacheEntryIsRebuilt) {
   EXPECT_EQ(State("mlp", v), "ready");
 }
 
+TEST_F(ReconcilerTest, BuildThatEndedTheDaemonTwiceWhileLoadingIsNotLoadedAgain) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  std::string dir = std::static_pointer_cast<InertModel>(Served("mlp", v)->model)->dir();
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/load.pending", "999999999 2\n"));  // two crashed starts
+  Start();
+  Reconcile();
+  EXPECT_EQ(State("mlp", v), "failed");
+  EXPECT_NE(Served("mlp", v)->message.find("ended its process 2 times"), std::string::npos);
+  EXPECT_EQ(loader_->requests.size(), 0u);  // not loaded again
+  EXPECT_EQ(builds_->submitted.size(), 1u);
+}
+
 TEST_F(ReconcilerTest, BuildProgressIsPublishedWhileItRuns) {
   int64_t v = Add("mlp");
   Reconcile();

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -170,6 +171,24 @@ TEST(Packages, AotiPackagesBuildWithoutPython) {
   EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
 }
 
+// Fills the .text section of a shared object with `byte`, keeping its size.
+bool OverwriteText(const std::string& so, char byte) {
+  std::string cmd = "readelf -SW '" + so + "' | awk '$2 == \".text\" {print $5, $6}'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return false;
+  unsigned long offset = 0, size = 0;
+  int n = std::fscanf(p, "%lx %lx", &offset, &size);
+  ::pclose(p);
+  if (n != 2 || size == 0) return false;
+  FILE* f = std::fopen(so.c_str(), "r+b");
+  if (f == nullptr) return false;
+  std::fseek(f, static_cast<long>(offset), SEEK_SET);
+  std::string fill(size, byte);
+  bool ok = std::fwrite(fill.data(), 1, fill.size(), f) == fill.size();
+  std::fclose(f);
+  return ok;
+}
+
 // kill -9 of the daemon mid-build leaves no cache entry, and the next start
 // builds again and serves; a build killed under a live daemon is retried;
 // an entry with a truncated model.so is rebuilt, not loaded.
@@ -213,6 +232,21 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
   ASSERT_TRUE(WaitReady((*d)->port(), "m")) << (*d)->Log();
   ExpectCasesMatchEager((*d)->port(), "m", "mlp2");
   EXPECT_EQ(CountEvents(store, "cache_invalid", "model.so is 4096 bytes"), 1);
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+
+  // The model's code overwritten in place with breakpoints, its size kept:
+  // loading it ends the daemon (as it did at every start once); the next
+  // start knows a load did not finish, finds the digest wrong and rebuilds.
+  entries = Entries(store, TestData("mlp2.pt2"));
+  ASSERT_EQ(entries.size(), 1u);
+  ASSERT_TRUE(OverwriteText(entries[0] + "/model.so", '\xcc'));
+  d = DaemonProcess::Start(args, dir / "daemon4.log");
+  if (d.ok()) EXPECT_TRUE(WaitFor([&] { return !(*d)->Alive(); }, 60)) << (*d)->Log();
+  d = DaemonProcess::Start(args, dir / "daemon5.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(WaitReady((*d)->port(), "m")) << (*d)->Log();
+  ExpectCasesMatchEager((*d)->port(), "m", "mlp2");
+  EXPECT_EQ(CountEvents(store, "cache_invalid", "does not match the digest"), 1);
 
   // A version removed while it builds: the build is cancelled, and leaves
   // nothing behind.
