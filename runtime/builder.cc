@@ -299,6 +299,12 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
     } else {
       why = "build exited with status " + std::to_string(exit_status);
       res.permanent = exit_status == kBuildExitPermanent;
+      // A full disk fails a compile like a compile error does, but freeing
+      // space fixes it: retried, and said plainly.
+      if (tail.find("No space left on device") != std::string::npos) {
+        res.permanent = false;
+        why = "build ran out of disk space (exit status " + std::to_string(exit_status) + "); retried later";
+      }
     }
     res.status = Internal(tail.empty() ? why : why + ":\n" + tail);
     (void)fs::RemoveAll(r->staging);

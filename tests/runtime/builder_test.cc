@@ -33,6 +33,7 @@ case "$AOTID_FAKE_BUILD" in
     i=0
     while [ ! -e "$AOTID_FAKE_GO" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done ;;
   permanent) echo "error: unknown inductor option 'nope'"; exit 2 ;;
+  full) echo "OSError: [Errno 28] No space left on device: '/store/cache/.staging/x/model.so'"; exit 2 ;;
   crash) echo "about to crash"; kill -SEGV $$ ;;
   hang) sleep 30 ;;
   grandchild) sleep 30 & echo $! > "$AOTID_FAKE_GO" ;;
@@ -136,6 +137,15 @@ TEST_F(BuilderTest, ExitCodeTwoIsAPermanentFailureWithTheLogTail) {
       << results_[0].status.message();
   EXPECT_EQ(cache_.Lookup(Job().key).status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(cache_.List().empty());  // nothing half-written
+}
+
+TEST_F(BuilderTest, FullDiskIsAFailureThatMayPassNotACompileError) {
+  ::setenv("AOTID_FAKE_BUILD", "full", 1);
+  Make().Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_FALSE(results_[0].permanent);  // the compile error exit code notwithstanding
+  EXPECT_NE(results_[0].status.message().find("ran out of disk space"), std::string::npos)
+      << results_[0].status.message();
 }
 
 TEST_F(BuilderTest, CrashedChildMayPassOnRetry) {
