@@ -459,6 +459,9 @@ struct Conn {
   bool tcp = true;
   Buffer in;
   int64_t idle_until_ms = 0;  // while parked
+  // When the request whose first bytes are in `in` must have arrived whole;
+  // 0 while no request is under way.
+  int64_t request_deadline_ms = 0;
   ~Conn() {
     if (fd >= 0) ::close(fd);
   }
@@ -490,6 +493,23 @@ bool RecvSome(Conn& c) {
 
 // The same, waiting for bytes until `deadline_ms`.
 bool ReadSome(Conn& c, int64_t deadline_ms) { return WaitReadable(c.fd, deadline_ms) && RecvSome(c); }
+
+// Whether `in` holds what a worker needs to answer a request without
+// waiting on the client: a whole head and a body of known length, or
+// something to refuse at once. Chunked bodies and "Expect: 100-continue"
+// count as ready once their head is here (the worker reads the rest: the
+// client is waiting for the 100, or sends as fast as it can frame).
+bool RequestBuffered(std::string_view in, const Limits& limits) {
+  if (in.empty()) return false;
+  Request probe;
+  HeadResult head = ParseHead(in, limits, &probe);
+  if (head.state == HeadResult::kIncomplete) return false;
+  if (head.state == HeadResult::kError) return true;
+  BodyFraming framing = FramingOf(probe);
+  if (framing.kind != BodyFraming::kLength || probe.Has("Expect")) return true;
+  return framing.length > static_cast<uint64_t>(limits.max_body_bytes) ||
+         in.size() - head.consumed >= framing.length;
+}
 
 // Writes all of the iovecs (the socket has a send timeout); false when the
 // peer is gone or too slow.
@@ -615,15 +635,31 @@ class Server::Impl {
       if (fds[1].revents & POLLIN) {
         if (!Accept()) accept_paused_until = NowMs() + 100;  // out of descriptors: let some close first
       }
-      // Parked connections that have a request (or hung up) go back to the
-      // workers; ones idle past their time are closed.
+      // The poller reads parked connections itself: only a whole request
+      // (or one to refuse, or one past its deadline, answered 408) goes to a
+      // worker, so clients that trickle their bytes hold no worker. Ones
+      // idle past their time, or that hung up, are closed.
       int64_t now = NowMs();
       std::vector<std::unique_ptr<Conn>> still;
       for (size_t i = 0; i < parked.size(); ++i) {
+        Conn& c = *parked[i];
         if (fds[i + 2].revents != 0) {
-          Enqueue(std::move(parked[i]));
-        } else if (now >= parked[i]->idle_until_ms) {
-          parked[i].reset();
+          if (!RecvSome(c)) {
+            parked[i].reset();
+            continue;
+          }
+          if (c.request_deadline_ms == 0) c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
+          if (RequestBuffered(c.in.View(), opts_.limits)) {
+            Enqueue(std::move(parked[i]));
+            continue;
+          }
+        }
+        if (!c.in.Empty() ? now >= c.request_deadline_ms : now >= c.idle_until_ms) {
+          if (c.in.Empty()) {
+            parked[i].reset();
+          } else {
+            Enqueue(std::move(parked[i]));  // the worker answers 408
+          }
         } else {
           still.push_back(std::move(parked[i]));
         }
@@ -729,7 +765,7 @@ class Server::Impl {
   }
 
   void Park(std::unique_ptr<Conn> c) {
-    if (!c->in.Empty()) return Enqueue(std::move(c));  // a pipelined request is already here
+    if (RequestBuffered(c->in.View(), opts_.limits)) return Enqueue(std::move(c));  // e.g. pipelined
     c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     {
       std::lock_guard lock(mu_);
@@ -772,22 +808,33 @@ class Server::Impl {
     auto others_wait = [&] { return queued_.load() > 0; };
     int64_t idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     for (;;) {
-      // Between requests: wait for the next one's first byte, giving the
+      // Wait until a whole request is here (RequestBuffered), giving the
       // connection up to the poller once its slice is over if others are
-      // waiting for a worker.
-      while (c.in.Empty()) {
+      // waiting for a worker: between requests, and also while a client
+      // trickles one in.
+      while (!RequestBuffered(c.in.View(), opts_.limits)) {
         if (stopping_.load()) return false;
         int64_t now = NowMs();
+        if (!c.in.Empty() && c.request_deadline_ms == 0) {
+          c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
+        }
+        int64_t until = c.in.Empty() ? idle_until : c.request_deadline_ms;
         if (others_wait() && now >= slice_end) return true;
-        if (now >= idle_until) return false;
-        int64_t wait = std::min<int64_t>(10, idle_until - now);
+        if (now >= until) {
+          if (c.in.Empty()) return false;
+          break;  // ServeRequest answers 408
+        }
+        int64_t wait = std::min<int64_t>(10, until - now);
         if (others_wait()) wait = std::min(wait, slice_end - now);
         pollfd p{c.fd, POLLIN, 0};
         int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, wait)));
         if (r < 0 && errno != EINTR) return false;
         if (r > 0 && !RecvSome(c)) return false;  // the peer closed
       }
-      switch (ServeRequest(c)) {
+      if (c.request_deadline_ms == 0) c.request_deadline_ms = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
+      Next next = ServeRequest(c);
+      c.request_deadline_ms = 0;
+      switch (next) {
         case Next::kKeep: break;
         case Next::kClose: return false;
       }
@@ -819,7 +866,7 @@ class Server::Impl {
   }
 
   Next ServeRequest(Conn& c) {
-    int64_t deadline = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
+    const int64_t deadline = c.request_deadline_ms;  // from the request's first byte
     Request req;
     req.connection_fd = c.fd;
     HeadResult head;

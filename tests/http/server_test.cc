@@ -9,10 +9,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <string>
 
+#include "raw_http.h"
 #include "test_util.h"
 
 namespace aotid::http {
@@ -237,6 +241,49 @@ TEST(HttpRouter, MatchesSegmentsAndSays404Or405WithAllow) {
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("malformed percent-escape"), std::string::npos) << r.body;
   EXPECT_TRUE(seen.empty());
+}
+
+// Clients that trickle their requests (slowloris) hold no worker: 4x as
+// many as there are workers, some in their heads and some in their bodies,
+// and a fresh client is still answered at once, not after their 30 s.
+TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
+  ServerOptions o;
+  o.threads = 2;
+  o.request_timeout_s = 30;
+  Server server(o, [](Request&, Response& res) { res.Set("{}", "application/json"); },
+                [](std::string_view m) { return std::string(m); });
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  std::vector<int> slow;
+  for (int i = 0; i < 4 * o.threads; ++i) {
+    int fd = aotid::testing::ConnectTcp(server.port());
+    ASSERT_GE(fd, 0);
+    std::string start = i % 2 == 0 ? "GET /slow HTTP/1.1\r\nHost: a\r\n"
+                                   : "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n";
+    ASSERT_GT(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), 0);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int step = 0; step < 400 && !done.load(); ++step) {  // at most ~8 s
+      for (int fd : slow) (void)::send(fd, "x", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every worker has met a slow client
+  auto start = std::chrono::steady_clock::now();
+  int fd = aotid::testing::ConnectTcp(server.port());
+  std::string reply = aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 5000);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::close(fd);
+  done = true;
+  trickle.join();
+  EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply;
+  // Before, the fresh client waited for a trickling one's request timeout.
+  EXPECT_LT(waited, 2.0) << "a fresh client waited " << waited << " s behind trickling ones";
+  for (int f : slow) ::close(f);
+  server.Stop();
+  serving.join();
 }
 
 // A second server on the same unix socket (another store's daemon) is
