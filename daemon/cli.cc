@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
@@ -167,16 +168,6 @@ void PrintEvent(const storage::Event& e, bool as_json) {
   std::fflush(stdout);
 }
 
-bool Wanted(const storage::ModelInfo& m, int64_t version) {
-  if (!m.enabled) return false;
-  switch (m.policy.kind) {
-    case storage::VersionPolicy::kLatest: return !m.versions.empty() && m.versions.back().version == version;
-    case storage::VersionPolicy::kAll: return true;
-    case storage::VersionPolicy::kPinned: return m.policy.pinned == version;
-  }
-  return false;
-}
-
 // A package's metadata for `show`: the author's (from the blob), and
 // AOTInductor's: from the blob for a compiled package, from this machine's
 // build for an exported program (none before it is built).
@@ -248,6 +239,7 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
                 "ARTIFACT");
   }
   for (const auto& m : *models) {
+    std::set<int64_t> want = storage::WantedVersions(m);
     for (const auto& v : m.versions) {
       auto builds = (*store)->ListBuilds(v.artifact);
       if (!builds.ok()) return Fail("ls", builds.status());
@@ -258,9 +250,10 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
         device = b->device;
         progress = b->state == storage::BuildState::kBuilding ? b->progress : "";
       }
-      std::string policy = !m.enabled ? "off" : Wanted(m, v.version) ? "serve" : "-";
+      bool wanted = want.count(v.version) > 0;
+      std::string policy = !m.enabled ? "off" : wanted ? "serve" : "-";
       if (as_json) {
-        out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", Wanted(m, v.version)},
+        out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", wanted},
                        {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"enabled", m.enabled},
                        {"build", state}, {"build_progress", progress},
                        {"device", device}, {"size", v.size}, {"artifact", v.artifact}});
@@ -300,6 +293,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
   auto events = (*store)->RecentEvents(n_events, name);
   if (!events.ok()) return Fail("show", events.status());
 
+  std::set<int64_t> want = storage::WantedVersions(*model);
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
          {"enabled", model->enabled},
@@ -315,7 +309,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
       (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b));
     }
     j["versions"].push_back({{"version", v->version},
-                             {"served_by_policy", Wanted(*model, v->version)},
+                             {"served_by_policy", want.count(v->version) > 0},
                              {"artifact", v->artifact},
                              {"kind", storage::PackageKindName(v->kind)},
                              {"package_model", v->package_model},

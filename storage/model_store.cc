@@ -430,6 +430,23 @@ StatusOr<VersionPolicy> ParseVersionPolicy(std::string_view text) {
   return InvalidArgument("version_policy must be latest, all or pinned:VERSION, got '" + std::string(text) + "'");
 }
 
+std::set<int64_t> WantedVersions(const ModelInfo& m) {
+  std::set<int64_t> want;
+  if (!m.enabled || m.versions.empty()) return want;
+  switch (m.policy.kind) {
+    case VersionPolicy::kLatest: want.insert(m.versions.back().version); break;
+    case VersionPolicy::kAll:
+      for (const auto& v : m.versions) want.insert(v.version);
+      break;
+    case VersionPolicy::kPinned:
+      for (const auto& v : m.versions) {
+        if (v.version == m.policy.pinned) want.insert(v.version);
+      }
+      break;
+  }
+  return want;
+}
+
 std::string_view BuildStateName(BuildState s) {
   switch (s) {
     case BuildState::kQueued: return "queued";

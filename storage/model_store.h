@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,11 @@ struct ModelInfo {
   int64_t created_at_ms = 0;
   std::vector<ModelVersion> versions;  // ascending
 };
+
+// The versions of `m` that its version policy serves: the newest, all, or
+// the pinned one. None when the model is disabled, and none when it is
+// pinned to a version it does not have.
+std::set<int64_t> WantedVersions(const ModelInfo& m);
 
 enum class BuildState { kQueued, kBuilding, kReady, kFailed };
 std::string_view BuildStateName(BuildState s);
