@@ -14,10 +14,7 @@ std::string Name(const storage::ModelVersion& v) { return v.model + ":" + std::t
 
 // Identifies one piece of work: the version as the store described it.
 std::string WorkKey(const storage::ModelVersion& v) {
-  const auto& s = v.settings;
-  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + s.device + "/" + (s.fallback_cpu ? "f" : "-") +
-         "/" + std::to_string(s.num_runners) + "/" + std::to_string(s.max_batch_size) + "/" +
-         std::to_string(s.max_batch_delay_us) + "/" + std::to_string(s.threads) + "/" + s.inductor_options;
+  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + storage::CanonicalText(v.settings);
 }
 
 std::string BuildKeyString(const runtime::BuildKey& k) {
