@@ -749,10 +749,7 @@ int RunCli(int argc, char** argv) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("serve", cfg.status());
     if (!listen.empty()) {
-      std::string host;
-      int port;
-      if (Status s = ParseListen(listen, &host, &port); !s.ok()) return FailUsage("serve", s);
-      cfg->listen = listen;
+      if (Status s = SetListen(listen, &cfg->api.server); !s.ok()) return FailUsage("serve", s);
     }
     return Serve(*cfg);
   }
