@@ -11,10 +11,7 @@ std::string Name(const storage::ModelVersion& v) { return v.model + ":" + std::t
 
 // Identifies one piece of work: the version as the store described it.
 std::string WorkKey(const storage::ModelVersion& v) {
-  const auto& s = v.settings;
-  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + s.device + "/" + (s.fallback_cpu ? "f" : "-") +
-         "/" + std::to_string(s.num_runners) + "/" + std::to_string(s.max_batch_size) + "/" +
-         std::to_string(s.max_batch_delay_us) + "/" + std::to_string(s.threads) + "/" + s.inductor_options;
+  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + storage::CanonicalText(v.settings);
 }
 
 }  // namespace
@@ -67,20 +64,10 @@ Status Reconciler::Reconcile() {
     auto& versions = stored_[m.name];
     for (const auto& v : m.versions) versions[v.version] = v;
     if (versions.empty() || !m.enabled) continue;  // a disabled model wants nothing, at once (Retire)
-    auto& want = desired_[m.name];
-    switch (m.policy.kind) {
-      case storage::VersionPolicy::kLatest: want.insert(versions.rbegin()->first); break;
-      case storage::VersionPolicy::kAll:
-        for (const auto& [n, v] : versions) want.insert(n);
-        break;
-      case storage::VersionPolicy::kPinned:
-        if (versions.count(m.policy.pinned)) {
-          want.insert(m.policy.pinned);
-        } else {
-          LOG_WARNING << "model " << m.name << " is pinned to version " << m.policy.pinned
-                      << ", which the store does not have; serving none";
-        }
-        break;
+    const auto& want = desired_[m.name] = storage::WantedVersions(m);
+    if (want.empty()) {  // pinned to a version the store does not have
+      LOG_WARNING << "model " << m.name << " is pinned to version " << m.policy.pinned
+                  << ", which the store does not have; serving none";
     }
   }
 

@@ -3,11 +3,14 @@
 #include <uv.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/fs.h"
 #include "base/log.h"
@@ -99,22 +102,21 @@ StatusOr<std::unique_ptr<storage::ModelStore>> OpenExisting(const Config& cfg) {
   return store;
 }
 
+// `show --json`: every setting under its key, typed as the table says.
 json SettingsJson(const storage::VersionSettings& s) {
-  return {{"device", s.device},
-          {"fallback_cpu", s.fallback_cpu},
-          {"num_runners", s.num_runners},
-          {"max_batch_size", s.max_batch_size},
-          {"max_batch_delay_us", s.max_batch_delay_us},
-          {"threads", s.threads},
-          {"inductor_options", s.inductor_options.empty() ? json::object() : json::parse(s.inductor_options)}};
-}
-
-std::string SettingsLine(const storage::VersionSettings& s) {
-  return "device=" + s.device + " fallback_cpu=" + (s.fallback_cpu ? "true" : "false") +
-         " num_runners=" + std::to_string(s.num_runners) + " max_batch_size=" + std::to_string(s.max_batch_size) +
-         " max_batch_delay_us=" + std::to_string(s.max_batch_delay_us) + " threads=" +
-         (s.threads == 0 ? std::string("auto") : std::to_string(s.threads)) +
-         (s.inductor_options.empty() ? "" : " inductor=" + s.inductor_options);
+  json out = json::object();
+  for (const auto& f : storage::VersionSettingFields()) {
+    json& value = out[std::string(f.key)];
+    switch (f.type) {
+      case storage::SettingType::kChoice: value = s.*f.text; break;
+      case storage::SettingType::kBool: value = s.*f.flag; break;
+      case storage::SettingType::kInt: value = s.*f.number; break;
+      case storage::SettingType::kOptions:
+        value = (s.*f.text).empty() ? json::object() : json::parse(s.*f.text);
+        break;
+    }
+  }
+  return out;
 }
 
 json BuildJson(const storage::BuildRecord& b) {
@@ -167,16 +169,6 @@ void PrintEvent(const storage::Event& e, bool as_json) {
   std::fflush(stdout);
 }
 
-bool Wanted(const storage::ModelInfo& m, int64_t version) {
-  if (!m.enabled) return false;
-  switch (m.policy.kind) {
-    case storage::VersionPolicy::kLatest: return !m.versions.empty() && m.versions.back().version == version;
-    case storage::VersionPolicy::kAll: return true;
-    case storage::VersionPolicy::kPinned: return m.policy.pinned == version;
-  }
-  return false;
-}
-
 // A package's metadata for `show`: the author's (from the blob), and
 // AOTInductor's: from the blob for a compiled package, from this machine's
 // build for an exported program (none before it is built).
@@ -198,6 +190,41 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
     if (p.is_object() && p.contains("aoti")) out["aoti"] = p["aoti"];
   }
   return out;
+}
+
+// `--inductor`: an options setting's flag is its prefix without the dot.
+std::string_view OptionsFlag(const storage::SettingField& f) {
+  return f.prefix.substr(0, f.prefix.size() - 1);
+}
+
+// `aotid add`'s flag for one setting, its default shown: --num-runners N,
+// --fallback-cpu and --no-fallback-cpu, and for options a repeatable
+// --inductor KEY=VALUE collected into *assignments.
+void AddSettingFlag(CLI::App* add, const storage::SettingField& f, storage::VersionSettings* s,
+                    std::vector<std::string>* assignments) {
+  std::string name(f.key);
+  std::replace(name.begin(), name.end(), '_', '-');
+  std::string help(f.help);
+  switch (f.type) {
+    case storage::SettingType::kChoice: {
+      std::string choices;  // "auto, cpu, mps or cuda"
+      for (size_t i = 0; i < f.choices.size(); ++i) {
+        choices += (i == 0 ? "" : i + 1 == f.choices.size() ? " or " : ", ") + std::string(f.choices[i]);
+      }
+      add->add_option("--" + name, s->*f.text, help + ": " + choices)->capture_default_str();
+      break;
+    }
+    case storage::SettingType::kBool:
+      add->add_flag("--" + name + ",!--no-" + name, s->*f.flag,
+                    help + " (default: " + (s->*f.flag ? "on" : "off") + ")");
+      break;
+    case storage::SettingType::kInt:
+      add->add_option("--" + name, s->*f.number, help)->capture_default_str();
+      break;
+    case storage::SettingType::kOptions:
+      add->add_option("--" + std::string(OptionsFlag(f)), *assignments, help + "; KEY=VALUE, repeatable");
+      break;
+  }
 }
 
 int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
@@ -248,6 +275,7 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
                 "ARTIFACT");
   }
   for (const auto& m : *models) {
+    std::set<int64_t> want = storage::WantedVersions(m);
     for (const auto& v : m.versions) {
       auto builds = (*store)->ListBuilds(v.artifact);
       if (!builds.ok()) return Fail("ls", builds.status());
@@ -258,9 +286,10 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
         device = b->device;
         progress = b->state == storage::BuildState::kBuilding ? b->progress : "";
       }
-      std::string policy = !m.enabled ? "off" : Wanted(m, v.version) ? "serve" : "-";
+      bool wanted = want.count(v.version) > 0;
+      std::string policy = !m.enabled ? "off" : wanted ? "serve" : "-";
       if (as_json) {
-        out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", Wanted(m, v.version)},
+        out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", wanted},
                        {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"enabled", m.enabled},
                        {"build", state}, {"build_progress", progress},
                        {"device", device}, {"size", v.size}, {"artifact", v.artifact}});
@@ -300,6 +329,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
   auto events = (*store)->RecentEvents(n_events, name);
   if (!events.ok()) return Fail("show", events.status());
 
+  std::set<int64_t> want = storage::WantedVersions(*model);
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
          {"enabled", model->enabled},
@@ -315,7 +345,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
       (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b));
     }
     j["versions"].push_back({{"version", v->version},
-                             {"served_by_policy", Wanted(*model, v->version)},
+                             {"served_by_policy", want.count(v->version) > 0},
                              {"artifact", v->artifact},
                              {"kind", storage::PackageKindName(v->kind)},
                              {"package_model", v->package_model},
@@ -349,7 +379,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                 v["blob_present"].get<bool>() ? "" : "  MISSING from blobs/");
     std::printf("  package model   %s\n  added           %s\n", v["package_model"].get<std::string>().c_str(),
                 v["created_at"].get<std::string>().c_str());
-    std::printf("  settings        %s\n", SettingsLine(shown[i]->settings).c_str());
+    std::printf("  settings        %s\n", storage::DisplayText(shown[i]->settings).c_str());
     if (v["builds"].empty()) {
       std::printf("  build here      none yet (built when the daemon first serves it)\n");
     }
@@ -608,20 +638,13 @@ int RunCli(int argc, char** argv) {
   add->add_option("file", add_req.file, "The .pt2: an exported program (torch.export.save) or an AOTInductor package")->required();
   add->add_option("--name", add_req.name, "Model name: letters, digits, '_', '.', '-'")->required();
   add->add_option("--version", add_version, "Version number (default: one past the latest)");
-  add->add_option("--device", add_req.settings.device, "auto, cpu, mps or cuda")->capture_default_str();
-  add->add_flag("--fallback-cpu,!--no-fallback-cpu", add_req.settings.fallback_cpu,
-                "Run on the CPU when the device cannot (default: on)");
-  add->add_option("--num-runners", add_req.settings.num_runners, "Concurrent model instances")->capture_default_str();
-  add->add_option("--max-batch-size", add_req.settings.max_batch_size, "Dynamic batching bound (1: off)")
-      ->capture_default_str();
-  add->add_option("--max-batch-delay-us", add_req.settings.max_batch_delay_us, "Wait for a batch to fill")
-      ->capture_default_str();
   add->add_option("--package-model", add_req.package_model, "Which model of a multi-model package");
-  add->add_option("--threads", add_req.settings.threads, "CPU threads per runner (0: the cores shared among runners)")
-      ->capture_default_str();
-  std::vector<std::string> add_inductor;
-  add->add_option("--inductor", add_inductor, "AOTInductor option for the build, KEY=VALUE (repeatable), "
-                                              "e.g. max_autotune=true, cpp.simdlen=8");
+  // A flag per version setting; options (--inductor KEY=VALUE) are applied after parsing.
+  std::map<const storage::SettingField*, std::vector<std::string>> add_options;
+  for (const auto& f : storage::VersionSettingFields()) {
+    AddSettingFlag(add, f, &add_req.settings,
+                   f.type == storage::SettingType::kOptions ? &add_options[&f] : nullptr);
+  }
 
   bool ls_json = false;
   auto* ls = app.add_subcommand("ls", "List models, versions and their build state on this machine");
@@ -639,13 +662,10 @@ int RunCli(int argc, char** argv) {
   std::string set_ref;
   std::vector<std::string> set_kv;
   auto* set = app.add_subcommand("set", "Change how a model or version is served");
-  set->footer(
-      "Per version (on NAME alone: every version of the model):\n"
-      "  device=auto|cpu|mps|cuda  fallback_cpu=true|false  num_runners=1..64\n"
-      "  max_batch_size=1..4096  max_batch_delay_us=0..1000000\n"
-      "Per model (NAME only):\n"
-      "  version_policy=latest|all|pinned:VERSION  enabled=true|false\n"
-      "All or nothing: one bad key or value changes nothing. A running daemon applies the change.");
+  set->footer("Per version (on NAME alone: every version of the model):\n" + storage::SetHelp() +
+              "Per model (NAME only):\n"
+              "  version_policy=latest|all|pinned:VERSION  enabled=true|false\n"
+              "All or nothing: one bad key or value changes nothing. A running daemon applies the change.");
   set->add_option("model", set_ref, "NAME or NAME:VERSION")->required();
   set->add_option("settings", set_kv, "KEY=VALUE ...")->required();
 
@@ -702,13 +722,17 @@ int RunCli(int argc, char** argv) {
 
   if (add->parsed()) {
     if (add->count("--version")) add_req.version = add_version;
-    for (const auto& a : add_inductor) {
-      size_t eq = a.find('=');
-      auto next = eq == std::string::npos || eq == 0
-                      ? StatusOr<std::string>(InvalidArgument("--inductor '" + a + "' is not KEY=VALUE"))
-                      : storage::SetInductorOption(add_req.settings.inductor_options, a.substr(0, eq), a.substr(eq + 1));
-      if (!next.ok()) return Fail("add", next.status());
-      add_req.settings.inductor_options = *next;
+    for (const auto& [field, assignments] : add_options) {
+      for (const auto& a : assignments) {
+        size_t eq = a.find('=');
+        std::string flag = "--" + std::string(OptionsFlag(*field));
+        Status s =
+            eq == std::string::npos || eq == 0
+                ? InvalidArgument(flag + " '" + a + "' is not KEY=VALUE")
+                : storage::ApplySetting(&add_req.settings, std::string(field->prefix) + a.substr(0, eq),
+                                        a.substr(eq + 1));
+        if (!s.ok()) return Fail("add", s);
+      }
     }
     return CmdAdd(g, add_req);
   }
@@ -728,10 +752,7 @@ int RunCli(int argc, char** argv) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("serve", cfg.status());
     if (!listen.empty()) {
-      std::string host;
-      int port;
-      if (Status s = ParseListen(listen, &host, &port); !s.ok()) return FailUsage("serve", s);
-      cfg->listen = listen;
+      if (Status s = SetListen(listen, &cfg->api.server); !s.ok()) return FailUsage("serve", s);
     }
     return Serve(*cfg);
   }

@@ -22,42 +22,84 @@ std::string Where(const std::string& file, const toml::source_region& src) {
 
 struct Key {
   enum Type { kString, kInt, kStringList } type;
-  std::function<void(Config&, const toml::node&)> set;
+  // Stores a value of the right type (and, for integers, in range). An
+  // error says what is wrong with the value; the file name goes in front.
+  std::function<Status(Config&, const toml::node&)> set;
   int64_t min = 0, max = 0;  // for integers
 };
 
-std::vector<std::string> StringList(const toml::node& n) {
-  std::vector<std::string> out;
-  for (const auto& item : *n.as_array()) out.push_back(*item.value<std::string>());
-  return out;
+Key Text(std::string Config::*field) {
+  return {Key::kString, [field](Config& c, const toml::node& n) {
+            c.*field = *n.value<std::string>();
+            return Status::OK();
+          }};
+}
+
+// A string the config turns into something else, which may refuse it.
+Key Parsed(std::function<Status(Config&, const std::string&)> parse) {
+  return {Key::kString,
+          [parse](Config& c, const toml::node& n) { return parse(c, *n.value<std::string>()); }};
+}
+
+Key Int(std::function<void(Config&, int64_t)> set, int64_t min, int64_t max) {
+  return {Key::kInt,
+          [set](Config& c, const toml::node& n) {
+            set(c, *n.value<int64_t>());
+            return Status::OK();
+          },
+          min, max};
+}
+
+Key List(std::vector<std::string> serving::HttpOptions::*field) {
+  return {Key::kStringList, [field](Config& c, const toml::node& n) {
+            std::vector<std::string> out;
+            for (const auto& item : *n.as_array()) out.push_back(*item.value<std::string>());
+            c.api.*field = std::move(out);
+            return Status::OK();
+          }};
 }
 
 const std::map<std::string, std::map<std::string, Key>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Key>>{
-      {"store",
-       {{"path", {Key::kString, [](Config& c, const toml::node& n) { c.store_path = *n.value<std::string>(); }}}}},
+      {"store", {{"path", Text(&Config::store_path)}}},
       {"server",
-       {{"listen", {Key::kString, [](Config& c, const toml::node& n) { c.listen = *n.value<std::string>(); }}},
-        {"threads", {Key::kInt, [](Config& c, const toml::node& n) { c.threads = static_cast<int>(*n.value<int64_t>()); }, 1, 1024}},
-        {"max_body_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_body_bytes = *n.value<int64_t>(); }, 1024, int64_t{1} << 40}},
-        {"request_timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.request_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
-        {"idle_timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.idle_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
-        {"max_header_bytes", {Key::kInt, [](Config& c, const toml::node& n) { c.max_header_bytes = static_cast<int>(*n.value<int64_t>()); }, 1024, 1 << 20}},
-        {"max_queued_requests", {Key::kInt, [](Config& c, const toml::node& n) { c.max_queued_requests = static_cast<int>(*n.value<int64_t>()); }, 1, 1000000}},
-        {"token_file", {Key::kString, [](Config& c, const toml::node& n) { c.token_file = *n.value<std::string>(); }}},
-        {"token_scope", {Key::kString, [](Config& c, const toml::node& n) { c.token_scope = *n.value<std::string>(); }}},
-        {"allowed_hosts", {Key::kStringList, [](Config& c, const toml::node& n) { c.allowed_hosts = StringList(n); }}},
-        {"cors_origins", {Key::kStringList, [](Config& c, const toml::node& n) { c.cors_origins = StringList(n); }}}}},
+       {{"listen", Parsed([](Config& c, const std::string& v) {
+           return SetListen(v, &c.api.server).WithContext("'server.listen'");
+         })},
+        {"threads", Int([](Config& c, int64_t v) { c.api.server.threads = static_cast<int>(v); }, 1, 1024)},
+        {"max_body_bytes",
+         Int([](Config& c, int64_t v) { c.api.server.limits.max_body_bytes = v; }, 1024, int64_t{1} << 40)},
+        {"request_timeout_s",
+         Int([](Config& c, int64_t v) { c.api.server.request_timeout_s = static_cast<int>(v); }, 1, 3600)},
+        {"idle_timeout_s",
+         Int([](Config& c, int64_t v) { c.api.server.idle_timeout_s = static_cast<int>(v); }, 1, 3600)},
+        {"max_header_bytes",
+         Int([](Config& c, int64_t v) { c.api.server.limits.max_header_bytes = static_cast<size_t>(v); },
+             1024, 1 << 20)},
+        {"max_queued_requests",
+         Int([](Config& c, int64_t v) { c.max_queued_requests = static_cast<int>(v); }, 1, 1000000)},
+        {"token_file", Text(&Config::token_file)},
+        {"token_scope", Parsed([](Config& c, const std::string& v) {
+           if (v != "all" && v != "repository") {
+             return InvalidArgument("'server.token_scope' must be all or repository, got '" + v + "'");
+           }
+           c.api.token_for_all = v == "all";
+           return Status::OK();
+         })},
+        {"allowed_hosts", List(&serving::HttpOptions::allowed_hosts)},
+        {"cors_origins", List(&serving::HttpOptions::cors_origins)}}},
       {"build",
-       {{"python", {Key::kString, [](Config& c, const toml::node& n) { c.python = *n.value<std::string>(); }}},
-        {"worker_dir", {Key::kString, [](Config& c, const toml::node& n) { c.worker_dir = *n.value<std::string>(); }}},
-        {"jobs", {Key::kInt, [](Config& c, const toml::node& n) { c.build_jobs = static_cast<int>(*n.value<int64_t>()); }, 1, 64}},
-        {"timeout_s", {Key::kInt, [](Config& c, const toml::node& n) { c.build_timeout_s = static_cast<int>(*n.value<int64_t>()); }, 1, 7 * 24 * 3600}},
-        {"retry_initial_s", {Key::kInt, [](Config& c, const toml::node& n) { c.build_retry_initial_s = static_cast<int>(*n.value<int64_t>()); }, 1, 3600}},
-        {"max_attempts", {Key::kInt, [](Config& c, const toml::node& n) { c.build_max_attempts = static_cast<int>(*n.value<int64_t>()); }, 1, 100}},
-        {"cxx", {Key::kString, [](Config& c, const toml::node& n) { c.cxx = *n.value<std::string>(); }}}}},
-      {"log",
-       {{"level", {Key::kString, [](Config& c, const toml::node& n) { c.log_level = *n.value<std::string>(); }}}}},
+       {{"python", Text(&Config::python)},
+        {"worker_dir", Text(&Config::worker_dir)},
+        {"jobs", Int([](Config& c, int64_t v) { c.build_jobs = static_cast<int>(v); }, 1, 64)},
+        {"timeout_s",
+         Int([](Config& c, int64_t v) { c.build_timeout_s = static_cast<int>(v); }, 1, 7 * 24 * 3600)},
+        {"retry_initial_s",
+         Int([](Config& c, int64_t v) { c.build_retry_initial_s = static_cast<int>(v); }, 1, 3600)},
+        {"max_attempts",
+         Int([](Config& c, int64_t v) { c.build_max_attempts = static_cast<int>(v); }, 1, 100)},
+        {"cxx", Text(&Config::cxx)}}},
+      {"log", {{"level", Text(&Config::log_level)}}},
   };
   return *schema;
 }
@@ -122,7 +164,7 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
                                  ", got " + std::to_string(v));
         }
       }
-      spec.set(c, node);
+      if (Status s = spec.set(c, node); !s.ok()) return s.WithContext(file_name);
     }
   }
   log::Level level;
@@ -130,17 +172,7 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
     return InvalidArgument(file_name + ": 'log.level' must be debug, info, warning or error, got '" +
                            c.log_level + "'");
   }
-  if (!c.listen.empty()) {
-    std::string host;
-    int port;
-    Status s = ParseListen(c.listen, &host, &port);
-    if (!s.ok()) return s.WithContext(file_name + ": 'server.listen'");
-  }
-  if (c.token_scope != "all" && c.token_scope != "repository") {
-    return InvalidArgument(file_name + ": 'server.token_scope' must be all or repository, got '" + c.token_scope +
-                           "'");
-  }
-  for (const auto& o : c.cors_origins) {
+  for (const auto& o : c.api.cors_origins) {
     if (o != "*" && o.find("://") == std::string::npos) {
       return InvalidArgument(file_name + ": 'server.cors_origins' entries are origins like "
                              "\"http://localhost:3000\" (or \"*\"), got '" + o + "'");
@@ -178,6 +210,28 @@ StatusOr<Config> LoadConfig(const std::string& explicit_path) {
   }
   ResolveDefaults(&c);
   return c;
+}
+
+Status SetListen(const std::string& listen, http::ServerOptions* server) {
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(ParseListen(listen, &host, &port));
+  if (host.starts_with("unix:")) {
+    server->unix_path = host.substr(5);
+    server->host.clear();
+    server->port = 0;
+  } else {
+    server->unix_path.clear();
+    server->host = host;
+    server->port = port;
+  }
+  return Status::OK();
+}
+
+std::string FormatListen(const http::ServerOptions& server) {
+  if (!server.unix_path.empty()) return "unix:" + server.unix_path;
+  std::string host = server.host.find(':') != std::string::npos ? "[" + server.host + "]" : server.host;
+  return host + ":" + std::to_string(server.port);
 }
 
 Status ParseListen(const std::string& listen, std::string* host, int* port) {

@@ -7,24 +7,21 @@
 #include <vector>
 
 #include "base/status.h"
+#include "http/server.h"
+#include "serving/http_api.h"
 
 namespace aotid::daemon {
 
 struct Config {
   // [store]
   std::string store_path;  // resolved: never empty after LoadConfig
-  // [server]
-  std::string listen = "127.0.0.1:8765";
-  int threads = 8;
-  int request_timeout_s = 60;  // reading one request must finish within this
-  int idle_timeout_s = 30;     // a keep-alive connection's wait for its next request
-  int64_t max_body_bytes = 64 << 20;
-  int max_header_bytes = 16 << 10;  // request line and headers: 431 past it
-  int max_queued_requests = 256;          // per batched model version; more get 503
-  std::string token_file;                 // empty: no token required
-  std::string token_scope = "all";        // "all" routes, or "repository" routes only
-  std::vector<std::string> allowed_hosts;  // Host names accepted besides loopback ones
-  std::vector<std::string> cors_origins;   // empty: no CORS headers at all
+  // [server]: the HTTP API's options, defaults and all (http::ServerOptions,
+  // serving::HttpOptions). The config sets listen (host, port or unix_path),
+  // threads, timeouts, limits, allowed_hosts, cors_origins and token_scope
+  // (token_for_all); serve fills in the token, store_dir and check_host.
+  serving::HttpOptions api;
+  std::string token_file;         // empty: no token required
+  int max_queued_requests = 256;  // per batched model version; more get 503
   // [build]
   std::string python;      // resolved to the build-time venv when empty
   std::string worker_dir;  // resolved to the build-time python/ when empty
@@ -48,6 +45,12 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
 StatusOr<Config> LoadConfig(const std::string& explicit_path);
 
 // Splits "HOST:PORT" or "[V6]:PORT"; InvalidArgument naming the value.
+// "unix:/PATH" comes back whole as the host, with port 0.
 Status ParseListen(const std::string& listen, std::string* host, int* port);
+// Sets where `server` listens (host and port, or unix_path) from a listen
+// address as ParseListen takes it; `server` is unchanged on error.
+Status SetListen(const std::string& listen, http::ServerOptions* server);
+// The listen address `server` has, spelled as the config spells it.
+std::string FormatListen(const http::ServerOptions& server);
 
 }  // namespace aotid::daemon

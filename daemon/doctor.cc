@@ -109,9 +109,10 @@ int RunDoctor(const Config& config) {
     auto pid = fs::ReadFile(lock);
     std::string p = pid.ok() ? *pid : "";
     while (!p.empty() && p.back() == '\n') p.pop_back();
-    r.Ok("daemon", "running on this store (pid " + p + "), listen " + config.listen);
+    r.Ok("daemon", "running on this store (pid " + p + "), listen " + FormatListen(config.api.server));
   } else {
-    r.Ok("daemon", "not running on this store ('aotid serve' starts it; listen " + config.listen + ")");
+    r.Ok("daemon", "not running on this store ('aotid serve' starts it; listen " +
+                       FormatListen(config.api.server) + ")");
   }
   if (fd >= 0) ::close(fd);
 

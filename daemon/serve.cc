@@ -142,29 +142,20 @@ int Serve(const Config& config) {
   parts.metrics = &metrics;
   control::Reconciler reconciler(parts, std::move(ropts));
 
-  serving::HttpOptions hopts;
-  if (Status s = ParseListen(config.listen, &hopts.host, &hopts.port); !s.ok()) return fail(s);
-  hopts.threads = config.threads;
-  hopts.max_body_bytes = config.max_body_bytes;
-  hopts.max_header_bytes = config.max_header_bytes;
-  hopts.request_timeout_s = config.request_timeout_s;
-  hopts.idle_timeout_s = config.idle_timeout_s;
-  bool on_unix = hopts.host.rfind("unix:", 0) == 0;
-  if (on_unix) hopts.unix_path = hopts.host.substr(5);
+  serving::HttpOptions hopts = config.api;
+  bool on_unix = !hopts.server.unix_path.empty();
   // A unix socket is out of a browser's reach, so DNS rebinding cannot
   // reach it; its file mode (0660) guards it.
-  hopts.check_host = !on_unix && http::IsLoopbackHost(hopts.host);
-  hopts.allowed_hosts = config.allowed_hosts;
-  hopts.cors_origins = config.cors_origins;
-  hopts.token_for_all = config.token_scope == "all";
+  hopts.check_host = !on_unix && http::IsLoopbackHost(hopts.server.host);
   hopts.store_dir = config.store_path;
   if (!config.token_file.empty()) {
     auto token = ReadToken(config.token_file);
     if (!token.ok()) return fail(token.status());
     hopts.token = *token;
   }
-  if (!on_unix && !http::IsLoopbackHost(hopts.host)) {
-    LOG_WARNING << "listening on " << hopts.host << ", which is not a loopback address: anyone who can reach "
+  if (!on_unix && !http::IsLoopbackHost(hopts.server.host)) {
+    LOG_WARNING << "listening on " << hopts.server.host
+                << ", which is not a loopback address: anyone who can reach "
                 << "this machine can use the API" << (hopts.token.empty() ? "; set server.token_file" : "");
   }
   serving::HttpApi http(&registry, &metrics, hopts);

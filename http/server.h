@@ -73,6 +73,8 @@ struct Limits {
   size_t max_header_bytes = 16 << 10;  // request line and headers together: 431 past it (414 for the line)
   size_t max_headers = 100;            // 431 past it
   int64_t max_body_bytes = 64 << 20;   // 413 past it
+
+  bool operator==(const Limits&) const = default;
 };
 
 // The reason phrase of a status ("Not Found"); "Unknown" for others.
@@ -144,15 +146,20 @@ class Router {
 // clients do not do that.
 bool ClientGone(int connection_fd);
 
+// Where the server listens and what it bounds. These are aotid's defaults,
+// written here only: the config ([server] in configs/aotid.toml) starts
+// from them and the HTTP API passes them through.
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;            // 0: a free port, see Server::port()
-  std::string unix_path;   // when set: listen on this unix socket, mode 0660
+  int port = 8765;         // 0: a free port, see Server::port()
+  std::string unix_path;   // when set: listen on this unix socket, mode 0660, instead of host:port
   int threads = 8;         // workers
   int request_timeout_s = 60;  // the whole of one request: line, headers, body
   int idle_timeout_s = 30;     // a keep-alive connection between requests
   int write_timeout_s = 30;    // a reply the client does not read
   Limits limits;
+
+  bool operator==(const ServerOptions&) const = default;
 };
 
 class Server {

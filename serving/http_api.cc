@@ -422,25 +422,17 @@ void HttpApi::Routes() {
 }
 
 Status HttpApi::Bind() {
-  http::ServerOptions so;
-  so.host = options_.host;
-  so.port = options_.port;
-  so.unix_path = options_.unix_path;
-  so.threads = options_.threads;
-  so.request_timeout_s = options_.request_timeout_s;
-  so.idle_timeout_s = options_.idle_timeout_s;
-  so.limits.max_body_bytes = options_.max_body_bytes;
-  so.limits.max_header_bytes = static_cast<size_t>(options_.max_header_bytes);
   server_ = std::make_unique<http::Server>(
-      std::move(so), [this](http::Request& req, http::Response& res) { Handle(req, res); }, ErrorBody);
+      options_.server, [this](http::Request& req, http::Response& res) { Handle(req, res); }, ErrorBody);
   RETURN_IF_ERROR(server_->Bind());
   port_ = server_->port();
   return Status::OK();
 }
 
 std::string HttpApi::Address() const {
-  if (!options_.unix_path.empty()) return "unix:" + options_.unix_path;
-  std::string host = options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host;
+  const http::ServerOptions& so = options_.server;
+  if (!so.unix_path.empty()) return "unix:" + so.unix_path;
+  std::string host = so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host;
   return "http://" + host + ":" + std::to_string(port_);
 }
 

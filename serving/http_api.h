@@ -22,17 +22,7 @@
 namespace aotid::serving {
 
 struct HttpOptions {
-  std::string host = "127.0.0.1";
-  int port = 8765;  // 0 picks a free port; see HttpApi::port()
-  std::string unix_path;  // when set, listen on this unix socket (mode 0660) instead of host:port
-  int threads = 8;
-  // Limits per connection: reading one request (line, headers and body)
-  // must finish within request_timeout_s; a keep-alive connection may wait
-  // idle_timeout_s for its next request.
-  int request_timeout_s = 60;
-  int idle_timeout_s = 30;
-  int64_t max_body_bytes = 64 << 20;
-  int max_header_bytes = 16 << 10;  // request line and headers
+  http::ServerOptions server;  // where it listens, workers, timeouts, limits
   std::string token;  // when set, requests need "Authorization: Bearer <token>"
   bool token_for_all = true;  // false: only the repository routes need it
   std::string store_dir;      // the repository routes write the store here
@@ -41,6 +31,8 @@ struct HttpOptions {
   bool check_host = true;
   std::vector<std::string> allowed_hosts;
   std::vector<std::string> cors_origins;  // "*" for any; empty: no CORS
+
+  bool operator==(const HttpOptions&) const = default;
 };
 
 // {"error": message} as JSON; bytes of `message` that are not UTF-8 (quoted

@@ -6,16 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <set>
 #include <thread>
-#include <tuple>
-
-#include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/fs.h"
@@ -111,10 +106,15 @@ const char* const kMigrations[] = {
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 
-constexpr char kVersionColumns[] =
-    "m.name, v.version, v.artifact, a.kind, v.package_model, a.size, v.device, v.fallback_cpu, "
-    "v.num_runners, v.max_batch_size, v.max_batch_delay_us, v.created_at_ms, v.threads, v.inductor_options "
-    "FROM versions v JOIN models m ON m.id = v.model_id JOIN artifacts a ON a.sha256 = v.artifact";
+// A version row: these columns, then its settings (version_settings.h).
+constexpr int kVersionSettingsColumn = 7;
+const std::string& VersionColumns() {
+  static const auto* columns = new std::string(
+      "m.name, v.version, v.artifact, a.kind, v.package_model, a.size, v.created_at_ms, " +
+      SettingColumns("v") +
+      " FROM versions v JOIN models m ON m.id = v.model_id JOIN artifacts a ON a.sha256 = v.artifact");
+  return *columns;
+}
 
 ModelVersion ReadVersion(const Stmt& s) {
   ModelVersion v;
@@ -124,79 +124,15 @@ ModelVersion ReadVersion(const Stmt& s) {
   ParsePackageKind(s.Text(3), &v.kind);
   v.package_model = s.Text(4);
   v.size = s.Int(5);
-  v.settings.device = s.Text(6);
-  v.settings.fallback_cpu = s.Int(7) != 0;
-  v.settings.num_runners = static_cast<int>(s.Int(8));
-  v.settings.max_batch_size = static_cast<int>(s.Int(9));
-  v.settings.max_batch_delay_us = static_cast<int>(s.Int(10));
-  v.created_at_ms = s.Int(11);
-  v.settings.threads = static_cast<int>(s.Int(12));
-  v.settings.inductor_options = s.Text(13);
+  v.created_at_ms = s.Int(6);
+  ReadSettings(s, kVersionSettingsColumn, &v.settings);
   return v;
 }
 
-StatusOr<int64_t> ParseInt(std::string_view key, std::string_view text) {
-  int64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
-    return InvalidArgument(std::string(key) + " must be an integer, got '" + std::string(text) + "'");
-  }
-  return v;
-}
-
-StatusOr<bool> ParseBool(std::string_view key, std::string_view text) {
-  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
-  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
-  return InvalidArgument(std::string(key) + " must be true or false, got '" + std::string(text) + "'");
-}
-
-// Applies one KEY=VALUE to version settings. The result is validated whole
-// afterwards, so only the value's syntax is checked here.
-Status ApplySetting(VersionSettings* s, const std::string& key, const std::string& value) {
-  if (key == "device") {
-    s->device = value;
-  } else if (key == "fallback_cpu") {
-    ASSIGN_OR_RETURN(s->fallback_cpu, ParseBool(key, value));
-  } else if (key == "num_runners" || key == "max_batch_size" || key == "max_batch_delay_us" || key == "threads") {
-    ASSIGN_OR_RETURN(int64_t v, ParseInt(key, value));
-    if (v < 0 || v > 1'000'000'000) return InvalidArgument(key + " " + value + " is out of range");
-    int& field = key == "num_runners" ? s->num_runners
-                 : key == "max_batch_size" ? s->max_batch_size
-                 : key == "threads" ? s->threads : s->max_batch_delay_us;
-    field = static_cast<int>(v);
-  } else if (key.rfind(kInductorPrefix, 0) == 0) {
-    ASSIGN_OR_RETURN(s->inductor_options,
-                     SetInductorOption(s->inductor_options, key.substr(std::strlen(kInductorPrefix)), value));
-  } else {
-    return InvalidArgument("unknown setting '" + key +
-                           "'; known: device, fallback_cpu, num_runners, threads, max_batch_size, "
-                           "max_batch_delay_us, inductor.<option>, version_policy, enabled");
-  }
-  return Status::OK();
-}
-
-// (key, old, new) for each setting that differs.
-std::vector<std::tuple<std::string, std::string, std::string>> Diff(const VersionSettings& a,
-                                                                    const VersionSettings& b) {
-  std::vector<std::tuple<std::string, std::string, std::string>> out;
-  auto b2s = [](bool v) { return std::string(v ? "true" : "false"); };
-  if (a.device != b.device) out.emplace_back("device", a.device, b.device);
-  if (a.fallback_cpu != b.fallback_cpu) out.emplace_back("fallback_cpu", b2s(a.fallback_cpu), b2s(b.fallback_cpu));
-  if (a.num_runners != b.num_runners) {
-    out.emplace_back("num_runners", std::to_string(a.num_runners), std::to_string(b.num_runners));
-  }
-  if (a.max_batch_size != b.max_batch_size) {
-    out.emplace_back("max_batch_size", std::to_string(a.max_batch_size), std::to_string(b.max_batch_size));
-  }
-  if (a.max_batch_delay_us != b.max_batch_delay_us) {
-    out.emplace_back("max_batch_delay_us", std::to_string(a.max_batch_delay_us),
-                     std::to_string(b.max_batch_delay_us));
-  }
-  if (a.threads != b.threads) out.emplace_back("threads", std::to_string(a.threads), std::to_string(b.threads));
-  if (a.inductor_options != b.inductor_options) {
-    auto shown = [](const std::string& o) { return o.empty() ? std::string("{}") : o; };
-    out.emplace_back("inductor_options", shown(a.inductor_options), shown(b.inductor_options));
-  }
+// "?, ?, ?" for n parameters.
+std::string Placeholders(size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += i ? ", ?" : "?";
   return out;
 }
 
@@ -342,67 +278,6 @@ Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int6
   return Status::OK();
 }
 
-Status ValidateSettings(const VersionSettings& s) {
-  if (s.device != "auto" && s.device != "cpu" && s.device != "mps" && s.device != "cuda") {
-    return InvalidArgument("device '" + s.device + "' is not one of auto, cpu, mps, cuda");
-  }
-  if (s.num_runners < 1 || s.num_runners > 64) {
-    return InvalidArgument("num_runners must be between 1 and 64, got " + std::to_string(s.num_runners));
-  }
-  if (s.max_batch_size < 1 || s.max_batch_size > 4096) {
-    return InvalidArgument("max_batch_size must be between 1 and 4096, got " + std::to_string(s.max_batch_size));
-  }
-  if (s.max_batch_delay_us < 0 || s.max_batch_delay_us > 1'000'000) {
-    return InvalidArgument("max_batch_delay_us must be between 0 and 1000000, got " +
-                           std::to_string(s.max_batch_delay_us));
-  }
-  if (s.threads < 0 || s.threads > 1024) {
-    return InvalidArgument("threads must be between 0 (one share of the cores per runner) and 1024, got " +
-                           std::to_string(s.threads));
-  }
-  if (!s.inductor_options.empty()) {
-    auto j = nlohmann::json::parse(s.inductor_options, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      return InvalidArgument("inductor_options must be a JSON object, got '" + s.inductor_options + "'");
-    }
-    for (const auto& [k, v] : j.items()) RETURN_IF_ERROR(ValidateInductorOption(k, v.dump()));
-  }
-  return Status::OK();
-}
-
-Status ValidateInductorOption(std::string_view name, std::string_view json_value) {
-  bool ok = !name.empty() && name.size() <= 128 && name.front() != '.' && name.back() != '.' &&
-            name.find("..") == std::string_view::npos;
-  for (char c : name) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
-  if (!ok) {
-    return InvalidArgument("inductor option '" + std::string(name) +
-                           "' is not a dotted name like max_autotune or cpp.simdlen");
-  }
-  auto v = nlohmann::json::parse(json_value, nullptr, false);
-  if (v.is_discarded() || v.is_structured()) {
-    return InvalidArgument("inductor option " + std::string(name) + " must be a number, true, false or a string");
-  }
-  return Status::OK();
-}
-
-StatusOr<std::string> SetInductorOption(const std::string& options, const std::string& name,
-                                        const std::string& value) {
-  nlohmann::json obj = nlohmann::json::object();
-  if (!options.empty()) {
-    obj = nlohmann::json::parse(options, nullptr, false);
-    if (obj.is_discarded() || !obj.is_object()) return InvalidArgument("stored inductor_options are not a JSON object");
-  }
-  if (value.empty()) {
-    obj.erase(name);
-  } else {
-    auto v = nlohmann::json::parse(value, nullptr, false);
-    if (v.is_discarded()) v = value;  // a bare word is a string
-    RETURN_IF_ERROR(ValidateInductorOption(name, v.dump()));
-    obj[name] = v;
-  }
-  return obj.empty() ? std::string() : obj.dump();  // nlohmann orders keys: canonical
-}
-
 std::string FormatVersionPolicy(const VersionPolicy& p) {
   switch (p.kind) {
     case VersionPolicy::kLatest: return "latest";
@@ -428,6 +303,23 @@ StatusOr<VersionPolicy> ParseVersionPolicy(std::string_view text) {
     }
   }
   return InvalidArgument("version_policy must be latest, all or pinned:VERSION, got '" + std::string(text) + "'");
+}
+
+std::set<int64_t> WantedVersions(const ModelInfo& m) {
+  std::set<int64_t> want;
+  if (!m.enabled || m.versions.empty()) return want;
+  switch (m.policy.kind) {
+    case VersionPolicy::kLatest: want.insert(m.versions.back().version); break;
+    case VersionPolicy::kAll:
+      for (const auto& v : m.versions) want.insert(v.version);
+      break;
+    case VersionPolicy::kPinned:
+      for (const auto& v : m.versions) {
+        if (v.version == m.policy.pinned) want.insert(v.version);
+      }
+      break;
+  }
+  return want;
 }
 
 std::string_view BuildStateName(BuildState s) {
@@ -574,15 +466,13 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
     if (!row) return Internal("model row vanished during add");
     int64_t model_id = s.Int(0);
     version = req.version.value_or(s.Int(1) + 1);
-    ASSIGN_OR_RETURN(Stmt ins, db_->Prepare(
-        "INSERT INTO versions(model_id, version, artifact, package_model, device, fallback_cpu, num_runners, "
-        "max_batch_size, max_batch_delay_us, created_at_ms, threads, inductor_options) "
-        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?)"));
-    const VersionSettings& vs = req.settings;
-    Status st_ins = ins.Bind(1, model_id).Bind(2, version).Bind(3, sha).Bind(4, package_model)
-                        .Bind(5, vs.device).Bind(6, int64_t{vs.fallback_cpu}).Bind(7, int64_t{vs.num_runners})
-                        .Bind(8, int64_t{vs.max_batch_size}).Bind(9, int64_t{vs.max_batch_delay_us})
-                        .Bind(10, now).Bind(11, int64_t{vs.threads}).Bind(12, vs.inductor_options).Run();
+    static const auto* insert = new std::string(
+        "INSERT INTO versions(model_id, version, artifact, package_model, created_at_ms, " +
+        SettingColumns() + ") VALUES(" + Placeholders(5 + VersionSettingFields().size()) + ")");
+    ASSIGN_OR_RETURN(Stmt ins, db_->Prepare(*insert));
+    ins.Bind(1, model_id).Bind(2, version).Bind(3, sha).Bind(4, package_model).Bind(5, now);
+    BindSettings(&ins, 6, req.settings);
+    Status st_ins = ins.Run();
     if (st_ins.code() == StatusCode::kAlreadyExists) return duplicate(version);
     RETURN_IF_ERROR(st_ins);
   }
@@ -625,8 +515,8 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
 }
 
 StatusOr<std::vector<ModelVersion>> ModelStore::QueryVersions(const std::string& where, const std::string& name) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string("SELECT ") + kVersionColumns + where +
-                                        " ORDER BY m.name, v.version"));
+  ASSIGN_OR_RETURN(Stmt s,
+                   db_->Prepare("SELECT " + VersionColumns() + where + " ORDER BY m.name, v.version"));
   if (!name.empty()) s.Bind(1, name);
   return s.Collect<ModelVersion>(ReadVersion);
 }
@@ -713,20 +603,29 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
       version_kv.emplace_back(key, value);
     }
   }
+  static const auto* update = [] {
+    std::string assignments;
+    for (const auto& f : VersionSettingFields()) {
+      assignments += (assignments.empty() ? "" : ", ") + std::string(f.column) + " = ?";
+    }
+    return new std::string("UPDATE versions SET " + assignments +
+                           " WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)");
+  }();
   for (ModelVersion* v : targets) {
     VersionSettings next = v->settings;
-    for (const auto& [key, value] : version_kv) RETURN_IF_ERROR(ApplySetting(&next, key, value));
+    for (const auto& [key, value] : version_kv) {
+      if (FindSettingField(key) == nullptr) {
+        return InvalidArgument("unknown setting '" + key + "'; known: " + SettingKeyList() +
+                               ", version_policy, enabled");
+      }
+      RETURN_IF_ERROR(ApplySetting(&next, key, value));
+    }
     RETURN_IF_ERROR(ValidateSettings(next));
-    auto diff = Diff(v->settings, next);
+    auto diff = DiffSettings(v->settings, next);
     if (diff.empty()) continue;
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-        "UPDATE versions SET device = ?, fallback_cpu = ?, num_runners = ?, max_batch_size = ?, "
-        "max_batch_delay_us = ?, threads = ?, inductor_options = ? "
-        "WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
-    RETURN_IF_ERROR(s.Bind(1, next.device).Bind(2, int64_t{next.fallback_cpu}).Bind(3, int64_t{next.num_runners})
-                        .Bind(4, int64_t{next.max_batch_size}).Bind(5, int64_t{next.max_batch_delay_us})
-                        .Bind(6, int64_t{next.threads}).Bind(7, next.inductor_options)
-                        .Bind(8, v->version).Bind(9, name).Run());
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(*update));
+    int next_param = BindSettings(&s, 1, next);
+    RETURN_IF_ERROR(s.Bind(next_param, v->version).Bind(next_param + 1, name).Run());
     std::string what;
     for (const auto& [key, from, to] : diff) {
       std::string line = key + " " + from + " -> " + to;

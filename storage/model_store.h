@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "base/status.h"
 #include "storage/package.h"
 #include "storage/sqlite.h"
+#include "storage/version_settings.h"
 
 namespace aotid::storage {
 
@@ -42,33 +44,6 @@ Status ValidateModelName(std::string_view name);
 Status ValidateVersion(int64_t version);
 // Parses "NAME" or "NAME:VERSION", validating both parts.
 Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int64_t>* version);
-
-// How one version is served. Keys as `aotid set` and `aotid show` spell them.
-struct VersionSettings {
-  std::string device = "auto";   // device: auto | cpu | mps | cuda
-  bool fallback_cpu = true;      // fallback_cpu: run on the CPU when the device cannot
-  int num_runners = 1;           // num_runners: concurrent model instances, 1-64
-  int max_batch_size = 1;        // max_batch_size: dynamic batching bound, 1 = off
-  int max_batch_delay_us = 0;    // max_batch_delay_us: wait for a batch to fill, 0-1000000
-  int threads = 0;               // threads: CPU threads per runner; 0 = the cores shared among runners
-  // inductor.<option>: AOTInductor options for the build, as a JSON object
-  // with sorted keys ("" = none). Part of the build's cache key.
-  std::string inductor_options;
-
-  bool operator==(const VersionSettings&) const = default;
-};
-Status ValidateSettings(const VersionSettings& s);
-
-// `aotid set NAME inductor.cpp.simdlen=8`: the prefix of inductor options.
-inline constexpr char kInductorPrefix[] = "inductor.";
-// Option names are dotted identifiers (max_autotune, cpp.simdlen); values
-// are JSON scalars. Whether torch knows the option is checked by the build.
-Status ValidateInductorOption(std::string_view name, std::string_view json_value);
-// Sets (or, with an empty value, removes) one option in a JSON object text,
-// returning the new canonical text ("" when no option is left). A value that
-// is not JSON is taken as a string.
-StatusOr<std::string> SetInductorOption(const std::string& options, const std::string& name,
-                                        const std::string& value);
 
 // Which versions of a model are served.
 struct VersionPolicy {
@@ -99,6 +74,11 @@ struct ModelInfo {
   int64_t created_at_ms = 0;
   std::vector<ModelVersion> versions;  // ascending
 };
+
+// The versions of `m` that its version policy serves: the newest, all, or
+// the pinned one. None when the model is disabled, and none when it is
+// pinned to a version it does not have.
+std::set<int64_t> WantedVersions(const ModelInfo& m);
 
 enum class BuildState { kQueued, kBuilding, kReady, kFailed };
 std::string_view BuildStateName(BuildState s);

@@ -12,19 +12,72 @@ TEST(Config, ShippedConfigFileParsesToTheDefaults) {
   auto c = ParseConfig(*text, "aotid.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Config defaults;
-  EXPECT_EQ(c->listen, defaults.listen);
-  EXPECT_EQ(c->threads, defaults.threads);
-  EXPECT_EQ(c->max_body_bytes, defaults.max_body_bytes);
+  // Every server option, as the HTTP layer's own defaults have it.
+  EXPECT_TRUE(c->api == defaults.api);
+  EXPECT_TRUE(c->api.server == http::ServerOptions{});
+  EXPECT_EQ(FormatListen(c->api.server), "127.0.0.1:8765");
+  EXPECT_EQ(c->api.server.threads, defaults.api.server.threads);
+  EXPECT_EQ(c->api.server.limits.max_body_bytes, defaults.api.server.limits.max_body_bytes);
+  EXPECT_EQ(c->max_queued_requests, defaults.max_queued_requests);
+  EXPECT_EQ(c->token_file, defaults.token_file);
   EXPECT_EQ(c->build_jobs, defaults.build_jobs);
   EXPECT_EQ(c->build_timeout_s, defaults.build_timeout_s);
+  EXPECT_EQ(c->build_retry_initial_s, defaults.build_retry_initial_s);
+  EXPECT_EQ(c->build_max_attempts, defaults.build_max_attempts);
+  EXPECT_EQ(c->cxx, defaults.cxx);
+  EXPECT_EQ(c->log_level, defaults.log_level);
+}
+
+// The [server] keys land in the options the HTTP API is given, unchanged
+// on their way (serve copies them whole).
+TEST(Config, ServerKeysSetTheHttpOptions) {
+  auto c = ParseConfig(
+      "[server]\nlisten = \"0.0.0.0:9001\"\nthreads = 3\nmax_body_bytes = 2048\n"
+      "max_header_bytes = 4096\nrequest_timeout_s = 7\nidle_timeout_s = 9\n"
+      "token_scope = \"repository\"\n",
+      "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const http::ServerOptions& s = c->api.server;
+  EXPECT_EQ(s.host, "0.0.0.0");
+  EXPECT_EQ(s.port, 9001);
+  EXPECT_EQ(s.unix_path, "");
+  EXPECT_EQ(s.threads, 3);
+  EXPECT_EQ(s.limits.max_body_bytes, 2048);
+  EXPECT_EQ(s.limits.max_header_bytes, 4096u);
+  EXPECT_EQ(s.request_timeout_s, 7);
+  EXPECT_EQ(s.idle_timeout_s, 9);
+  EXPECT_FALSE(c->api.token_for_all);
+  auto bad = ParseConfig("[server]\ntoken_scope = \"some\"\n", "x.toml");
+  EXPECT_EQ(bad.status().message(), "x.toml: 'server.token_scope' must be all or repository, got 'some'");
+  auto listen = ParseConfig("[server]\nlisten = \"localhost\"\n", "x.toml");
+  std::string want = "x.toml: 'server.listen': listen address 'localhost' has no port";
+  EXPECT_EQ(listen.status().message().rfind(want, 0), 0u) << listen.status().message();
+}
+
+TEST(Config, ListenAddressesRoundTripThroughTheServerOptions) {
+  for (std::string listen : {"127.0.0.1:8765", "[::1]:9000", "unix:/run/aotid/aotid.sock"}) {
+    http::ServerOptions s;
+    ASSERT_OK(SetListen(listen, &s));
+    EXPECT_EQ(FormatListen(s), listen);
+  }
+  http::ServerOptions s;
+  ASSERT_OK(SetListen("unix:/run/aotid.sock", &s));
+  EXPECT_EQ(s.unix_path, "/run/aotid.sock");
+  ASSERT_OK(SetListen("[::1]:0", &s));
+  EXPECT_EQ(s.unix_path, "");
+  EXPECT_EQ(s.host, "::1");
+  EXPECT_EQ(s.port, 0);
+  http::ServerOptions before = s;
+  EXPECT_FALSE(SetListen("h:99999", &s).ok());
+  EXPECT_TRUE(s == before);
 }
 
 TEST(Config, GoodFileSetsValues) {
   auto c = ParseConfig("[server]\nlisten = \"[::1]:9000\"\nthreads = 3\n[build]\njobs = 2\n[log]\nlevel = \"debug\"\n",
                        "x.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->listen, "[::1]:9000");
-  EXPECT_EQ(c->threads, 3);
+  EXPECT_EQ(FormatListen(c->api.server), "[::1]:9000");
+  EXPECT_EQ(c->api.server.threads, 3);
   EXPECT_EQ(c->build_jobs, 2);
   EXPECT_EQ(c->log_level, "debug");
 }
@@ -94,8 +147,8 @@ TEST(Config, SecurityKeysParseAndAreChecked) {
                        "x.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->token_file, "/etc/aotid/token");
-  EXPECT_EQ(c->allowed_hosts, std::vector<std::string>{"mybox.local"});
-  EXPECT_EQ(c->cors_origins, (std::vector<std::string>{"http://localhost:3000", "*"}));
+  EXPECT_EQ(c->api.allowed_hosts, std::vector<std::string>{"mybox.local"});
+  EXPECT_EQ(c->api.cors_origins, (std::vector<std::string>{"http://localhost:3000", "*"}));
   auto not_list = ParseConfig("[server]\nallowed_hosts = \"mybox.local\"\n", "x.toml");
   EXPECT_EQ(not_list.status().message(), "x.toml:2:17: 'server.allowed_hosts' must be a list of strings");
   auto mixed = ParseConfig("[server]\ncors_origins = [\"http://a\", 3]\n", "x.toml");

@@ -268,6 +268,25 @@ TEST(VersionPolicyText, RoundTripsAndRefusesNonsense) {
   }
 }
 
+// The one answer to "which versions does the policy serve", which the
+// reconciler serves and `aotid ls` and `show` print.
+TEST(VersionPolicy, WantedVersionsAreWhatThePolicyServes) {
+  ModelInfo m;
+  m.name = "mlp";
+  EXPECT_TRUE(WantedVersions(m).empty());  // no versions
+  for (int64_t v : {1, 3, 7}) m.versions.push_back(ModelVersion{.model = "mlp", .version = v});
+  EXPECT_EQ(WantedVersions(m), std::set<int64_t>{7});
+  m.policy = VersionPolicy{VersionPolicy::kAll};
+  EXPECT_EQ(WantedVersions(m), (std::set<int64_t>{1, 3, 7}));
+  m.policy = VersionPolicy{VersionPolicy::kPinned, 3};
+  EXPECT_EQ(WantedVersions(m), std::set<int64_t>{3});
+  m.policy = VersionPolicy{VersionPolicy::kPinned, 5};
+  EXPECT_TRUE(WantedVersions(m).empty());  // pinned to a version the model does not have
+  m.policy = VersionPolicy{VersionPolicy::kAll};
+  m.enabled = false;
+  EXPECT_TRUE(WantedVersions(m).empty());
+}
+
 // gc never touches a copy another process is still writing (it holds a
 // lock on it), nor files in blobs/sha256 whose names are not digests.
 TEST(ModelStoreGc, LeavesLockedCopiesAndForeignFilesAlone) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -167,6 +168,56 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(kinds, (std::vector<std::string>{"added", "added", "settings", "settings", "settings", "settings",
                                              "settings", "settings", "settings", "removed", "removed"}));
   ExpectStoreConsistent(store_);
+}
+
+// The help of `set` and the flags of `add` come from the settings table:
+// every key is listed, and each has its flag.
+TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
+  std::string set_help, add_help;
+  ASSERT_EQ(Run({"set", "--help"}, &set_help), 0) << set_help;
+  ASSERT_EQ(Run({"add", "--help"}, &add_help), 0) << add_help;
+  for (const auto& f : storage::VersionSettingFields()) {
+    bool options = f.type == storage::SettingType::kOptions;
+    std::string key = options ? std::string(f.prefix) + "<option>=" : std::string(f.key) + "=";
+    EXPECT_NE(set_help.find("  " + key), std::string::npos) << key << " missing from:\n" << set_help;
+    std::string flag =
+        "--" + (options ? std::string(f.prefix.substr(0, f.prefix.size() - 1)) : std::string(f.key));
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    EXPECT_NE(add_help.find(flag), std::string::npos) << flag << " missing from:\n" << add_help;
+  }
+  for (const char* model_key : {"version_policy=latest|all|pinned:VERSION", "enabled=true|false"}) {
+    EXPECT_NE(set_help.find(model_key), std::string::npos) << set_help;
+  }
+
+  // The generated flags set what they name.
+  std::string out;
+  std::vector<std::string> add = {"add",
+                                  TestData("mlp.pt2"),
+                                  "--name",
+                                  "mlp",
+                                  "--device",
+                                  "cpu",
+                                  "--no-fallback-cpu",
+                                  "--num-runners",
+                                  "2",
+                                  "--max-batch-size",
+                                  "4",
+                                  "--max-batch-delay-us",
+                                  "50",
+                                  "--threads",
+                                  "3",
+                                  "--inductor",
+                                  "cpp.simdlen=8",
+                                  "--inductor",
+                                  "freezing=true"};
+  ASSERT_EQ(Run(add, &out), 0) << out;
+  ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
+  std::string settings =
+      "settings        device=cpu fallback_cpu=false num_runners=2 max_batch_size=4 "
+      R"(max_batch_delay_us=50 threads=3 inductor={"cpp.simdlen":8,"freezing":true})";
+  EXPECT_NE(out.find(settings), std::string::npos) << out;
+  EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--inductor", "=1"}, &out), 5);
+  EXPECT_NE(out.find("--inductor '=1' is not KEY=VALUE"), std::string::npos) << out;
 }
 
 TEST_F(StoreCli, EventsFollowPrintsEventsFromOtherProcesses) {

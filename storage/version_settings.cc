@@ -1,0 +1,321 @@
+#include "storage/version_settings.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "storage/sqlite.h"
+
+namespace aotid::storage {
+namespace {
+
+// The table. Defaults are VersionSettings' member initializers; the column
+// of a new row comes with a migration whose DEFAULT is the same value.
+const std::vector<SettingField>& Table() {
+  static const auto* table = new std::vector<SettingField>{
+      {.key = "device",
+       .column = "device",
+       .type = SettingType::kChoice,
+       .text = &VersionSettings::device,
+       .choices = {"auto", "cpu", "mps", "cuda"},
+       .help = "Where to run"},
+      {.key = "fallback_cpu",
+       .column = "fallback_cpu",
+       .type = SettingType::kBool,
+       .flag = &VersionSettings::fallback_cpu,
+       .help = "Run on the CPU when the device cannot"},
+      {.key = "num_runners",
+       .column = "num_runners",
+       .type = SettingType::kInt,
+       .number = &VersionSettings::num_runners,
+       .min = 1,
+       .max = 64,
+       .help = "Concurrent model instances"},
+      {.key = "max_batch_size",
+       .column = "max_batch_size",
+       .type = SettingType::kInt,
+       .number = &VersionSettings::max_batch_size,
+       .min = 1,
+       .max = 4096,
+       .help = "Dynamic batching bound (1: off)"},
+      {.key = "max_batch_delay_us",
+       .column = "max_batch_delay_us",
+       .type = SettingType::kInt,
+       .number = &VersionSettings::max_batch_delay_us,
+       .min = 0,
+       .max = 1'000'000,
+       .help = "Wait for a batch to fill, in microseconds"},
+      {.key = "threads",
+       .column = "threads",
+       .type = SettingType::kInt,
+       .number = &VersionSettings::threads,
+       .min = 0,
+       .max = 1024,
+       .min_note = "one share of the cores per runner",
+       .zero_text = "auto",
+       .help = "CPU threads per runner (0: the cores shared among runners)"},
+      {.key = "inductor_options",
+       .column = "inductor_options",
+       .type = SettingType::kOptions,
+       .text = &VersionSettings::inductor_options,
+       .prefix = kInductorPrefix,
+       .help = "AOTInductor build option (max_autotune, cpp.simdlen, ...)"},
+  };
+  return *table;
+}
+
+std::string Join(const std::vector<std::string_view>& items, std::string_view sep) {
+  std::string out;
+  for (auto item : items) out += (out.empty() ? "" : std::string(sep)) + std::string(item);
+  return out;
+}
+
+// The options' name in `aotid show` and `aotid add`: the prefix without its dot.
+std::string_view OptionsName(const SettingField& f) { return f.prefix.substr(0, f.prefix.size() - 1); }
+
+}  // namespace
+
+std::span<const SettingField> VersionSettingFields() { return Table(); }
+
+std::string SettingField::Text(const VersionSettings& s) const {
+  switch (type) {
+    case SettingType::kChoice: return s.*text;
+    case SettingType::kBool: return s.*flag ? "true" : "false";
+    case SettingType::kInt: return std::to_string(s.*number);
+    case SettingType::kOptions: return (s.*text).empty() ? "{}" : s.*text;
+  }
+  return "";
+}
+
+std::string SettingField::Syntax() const {
+  switch (type) {
+    case SettingType::kChoice: return std::string(key) + "=" + Join(choices, "|");
+    case SettingType::kBool: return std::string(key) + "=true|false";
+    case SettingType::kInt: return std::string(key) + "=" + std::to_string(min) + ".." + std::to_string(max);
+    case SettingType::kOptions: return std::string(prefix) + "<option>=VALUE";
+  }
+  return "";
+}
+
+bool SettingField::Matches(std::string_view set_key) const {
+  return type == SettingType::kOptions ? set_key.starts_with(prefix) : set_key == key;
+}
+
+Status SettingField::Validate(const VersionSettings& s) const {
+  switch (type) {
+    case SettingType::kChoice:
+      if (std::find(choices.begin(), choices.end(), s.*text) == choices.end()) {
+        return InvalidArgument(std::string(key) + " '" + s.*text + "' is not one of " + Join(choices, ", "));
+      }
+      break;
+    case SettingType::kBool: break;
+    case SettingType::kInt:
+      if (s.*number < min || s.*number > max) {
+        return InvalidArgument(std::string(key) + " must be between " + std::to_string(min) +
+                               (min_note.empty() ? "" : " (" + std::string(min_note) + ")") + " and " +
+                               std::to_string(max) + ", got " + std::to_string(s.*number));
+      }
+      break;
+    case SettingType::kOptions: {
+      const std::string& options = s.*text;
+      if (options.empty()) break;
+      auto j = nlohmann::json::parse(options, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        return InvalidArgument(std::string(key) + " must be a JSON object, got '" + options + "'");
+      }
+      for (const auto& [k, v] : j.items()) RETURN_IF_ERROR(ValidateInductorOption(k, v.dump()));
+      break;
+    }
+  }
+  return Status::OK();
+}
+
+const SettingField* FindSettingField(std::string_view set_key) {
+  for (const auto& f : Table()) {
+    if (f.Matches(set_key)) return &f;
+  }
+  return nullptr;
+}
+
+std::string SettingKeyList() {
+  std::string out;
+  for (const auto& f : Table()) {
+    std::string key =
+        f.type == SettingType::kOptions ? std::string(f.prefix) + "<option>" : std::string(f.key);
+    out += (out.empty() ? "" : ", ") + key;
+  }
+  return out;
+}
+
+StatusOr<int64_t> ParseInt(std::string_view key, std::string_view text) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+    return InvalidArgument(std::string(key) + " must be an integer, got '" + std::string(text) + "'");
+  }
+  return v;
+}
+
+StatusOr<bool> ParseBool(std::string_view key, std::string_view text) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  return InvalidArgument(std::string(key) + " must be true or false, got '" + std::string(text) + "'");
+}
+
+Status ApplySetting(VersionSettings* s, std::string_view key, std::string_view value) {
+  const SettingField* f = FindSettingField(key);
+  if (f == nullptr) {
+    return InvalidArgument("unknown setting '" + std::string(key) + "'; known: " + SettingKeyList());
+  }
+  switch (f->type) {
+    case SettingType::kChoice: s->*(f->text) = std::string(value); break;
+    case SettingType::kBool: {
+      ASSIGN_OR_RETURN(s->*(f->flag), ParseBool(key, value));
+      break;
+    }
+    case SettingType::kInt: {
+      ASSIGN_OR_RETURN(int64_t v, ParseInt(key, value));
+      // Only what fits an int here; the range is ValidateSettings' to say.
+      if (v < 0 || v > 1'000'000'000) {
+        return InvalidArgument(std::string(key) + " " + std::string(value) + " is out of range");
+      }
+      s->*(f->number) = static_cast<int>(v);
+      break;
+    }
+    case SettingType::kOptions: {
+      std::string option(key.substr(f->prefix.size()));
+      ASSIGN_OR_RETURN(s->*(f->text), SetInductorOption(s->*(f->text), option, std::string(value)));
+      break;
+    }
+  }
+  return Status::OK();
+}
+
+Status ValidateSettings(const VersionSettings& s) {
+  for (const auto& f : Table()) RETURN_IF_ERROR(f.Validate(s));
+  return Status::OK();
+}
+
+std::vector<SettingChange> DiffSettings(const VersionSettings& from, const VersionSettings& to) {
+  std::vector<SettingChange> out;
+  for (const auto& f : Table()) {
+    std::string a = f.Text(from), b = f.Text(to);
+    if (a != b) out.push_back({std::string(f.key), std::move(a), std::move(b)});
+  }
+  return out;
+}
+
+std::string CanonicalText(const VersionSettings& s) {
+  std::string out;
+  for (const auto& f : Table()) out += (out.empty() ? "" : " ") + std::string(f.key) + "=" + f.Text(s);
+  return out;
+}
+
+std::string DisplayText(const VersionSettings& s) {
+  std::string out;
+  for (const auto& f : Table()) {
+    std::string item;
+    if (f.type == SettingType::kOptions) {
+      if ((s.*f.text).empty()) continue;
+      item = std::string(OptionsName(f)) + "=" + s.*f.text;
+    } else if (f.type == SettingType::kInt && s.*f.number == 0 && !f.zero_text.empty()) {
+      item = std::string(f.key) + "=" + std::string(f.zero_text);
+    } else {
+      item = std::string(f.key) + "=" + f.Text(s);
+    }
+    out += (out.empty() ? "" : " ") + item;
+  }
+  return out;
+}
+
+std::string SetHelp() {
+  size_t width = 0;
+  for (const auto& f : Table()) width = std::max(width, f.Syntax().size());
+  std::string out;
+  for (const auto& f : Table()) {
+    std::string syntax = f.Syntax();
+    std::string help(f.help);
+    if (f.type == SettingType::kOptions) {
+      help += "; an empty VALUE removes it";
+    } else {
+      help += "; default " + f.DefaultText();
+    }
+    out += "  " + syntax + std::string(width - syntax.size() + 2, ' ') + help + "\n";
+  }
+  return out;
+}
+
+std::string SettingColumns(std::string_view table_alias) {
+  std::string out;
+  for (const auto& f : Table()) {
+    out += (out.empty() ? "" : ", ") + (table_alias.empty() ? "" : std::string(table_alias) + ".") +
+           std::string(f.column);
+  }
+  return out;
+}
+
+int BindSettings(Stmt* stmt, int first, const VersionSettings& s) {
+  int i = first;
+  for (const auto& f : Table()) {
+    switch (f.type) {
+      case SettingType::kChoice:
+      case SettingType::kOptions: stmt->Bind(i, s.*f.text); break;
+      case SettingType::kBool: stmt->Bind(i, int64_t{s.*f.flag}); break;
+      case SettingType::kInt: stmt->Bind(i, int64_t{s.*f.number}); break;
+    }
+    ++i;
+  }
+  return i;
+}
+
+void ReadSettings(const Stmt& stmt, int first, VersionSettings* s) {
+  int col = first;
+  for (const auto& f : Table()) {
+    switch (f.type) {
+      case SettingType::kChoice:
+      case SettingType::kOptions: s->*f.text = stmt.Text(col); break;
+      case SettingType::kBool: s->*f.flag = stmt.Int(col) != 0; break;
+      case SettingType::kInt: s->*f.number = static_cast<int>(stmt.Int(col)); break;
+    }
+    ++col;
+  }
+}
+
+Status ValidateInductorOption(std::string_view name, std::string_view json_value) {
+  bool ok = !name.empty() && name.size() <= 128 && name.front() != '.' && name.back() != '.' &&
+            name.find("..") == std::string_view::npos;
+  for (char c : name) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  if (!ok) {
+    return InvalidArgument("inductor option '" + std::string(name) +
+                           "' is not a dotted name like max_autotune or cpp.simdlen");
+  }
+  auto v = nlohmann::json::parse(json_value, nullptr, false);
+  if (v.is_discarded() || v.is_structured()) {
+    return InvalidArgument("inductor option " + std::string(name) +
+                           " must be a number, true, false or a string");
+  }
+  return Status::OK();
+}
+
+StatusOr<std::string> SetInductorOption(const std::string& options, const std::string& name,
+                                        const std::string& value) {
+  nlohmann::json obj = nlohmann::json::object();
+  if (!options.empty()) {
+    obj = nlohmann::json::parse(options, nullptr, false);
+    if (obj.is_discarded() || !obj.is_object()) {
+      return InvalidArgument("stored inductor_options are not a JSON object");
+    }
+  }
+  if (value.empty()) {
+    obj.erase(name);
+  } else {
+    auto v = nlohmann::json::parse(value, nullptr, false);
+    if (v.is_discarded()) v = value;  // a bare word is a string
+    RETURN_IF_ERROR(ValidateInductorOption(name, v.dump()));
+    obj[name] = v;
+  }
+  return obj.empty() ? std::string() : obj.dump();  // nlohmann orders keys: canonical
+}
+
+}  // namespace aotid::storage

@@ -1,0 +1,189 @@
+#include "storage/version_settings.h"
+
+#include <map>
+
+#include "storage/model_store.h"
+#include "test_util.h"
+
+namespace aotid::storage {
+namespace {
+
+using testing::TempDir;
+using testing::TestData;
+
+// A KEY=VALUE for `f` that `aotid set` takes and that differs from its default.
+std::pair<std::string, std::string> OtherValue(const SettingField& f) {
+  std::string def = f.DefaultText();
+  switch (f.type) {
+    case SettingType::kChoice:
+      for (auto c : f.choices) {
+        if (c != def) return {std::string(f.key), std::string(c)};
+      }
+      break;
+    case SettingType::kBool: return {std::string(f.key), def == "true" ? "false" : "true"};
+    case SettingType::kInt:
+      return {std::string(f.key), std::to_string(def == std::to_string(f.min) ? f.max : f.min)};
+    case SettingType::kOptions: return {std::string(f.prefix) + "max_autotune", "true"};
+  }
+  ADD_FAILURE() << f.key << " has no value besides its default";
+  return {};
+}
+
+TEST(VersionSettings, SetHelpListsEveryKey) {
+  std::string help = SetHelp();
+  for (const auto& f : VersionSettingFields()) {
+    std::string key =
+        f.type == SettingType::kOptions ? std::string(f.prefix) + "<option>" : std::string(f.key);
+    EXPECT_NE(help.find("  " + key + "="), std::string::npos) << key << " missing from:\n" << help;
+    EXPECT_NE(help.find(f.Syntax()), std::string::npos) << f.Syntax() << " missing from:\n" << help;
+    EXPECT_NE(help.find(f.help), std::string::npos) << f.help << " missing from:\n" << help;
+  }
+  EXPECT_NE(help.find("threads=0..1024"), std::string::npos) << help;
+  EXPECT_NE(help.find("inductor.<option>=VALUE"), std::string::npos) << help;
+  EXPECT_NE(help.find("device=auto|cpu|mps|cuda"), std::string::npos) << help;
+}
+
+TEST(VersionSettings, UnknownKeyErrorListsEveryKey) {
+  VersionSettings s;
+  Status st = ApplySetting(&s, "colour", "blue");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "unknown setting 'colour'; known: device, fallback_cpu, num_runners, max_batch_size, "
+            "max_batch_delay_us, threads, inductor.<option>");
+  EXPECT_EQ(s, VersionSettings{});
+}
+
+// The work key is made from CanonicalText: a field it left out would let a
+// changed setting go unnoticed by the reconciler.
+TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
+  VersionSettings base;
+  for (const auto& f : VersionSettingFields()) {
+    SCOPED_TRACE(std::string(f.key));
+    VersionSettings changed = base;
+    auto [key, value] = OtherValue(f);
+    ASSERT_OK(ApplySetting(&changed, key, value));
+    ASSERT_OK(ValidateSettings(changed));
+    EXPECT_FALSE(changed == base);
+    EXPECT_NE(CanonicalText(changed), CanonicalText(base));
+    auto diff = DiffSettings(base, changed);
+    ASSERT_EQ(diff.size(), 1u);
+    EXPECT_EQ(diff[0].key, f.key);
+    EXPECT_EQ(diff[0].from, f.DefaultText());
+    EXPECT_EQ(diff[0].to, f.Text(changed));
+  }
+  EXPECT_TRUE(DiffSettings(base, base).empty());
+  EXPECT_EQ(CanonicalText(base),
+            "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=0 "
+            "inductor_options={}");
+}
+
+TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
+  VersionSettings s;
+  ASSERT_OK(ApplySetting(&s, "device", "cpu"));
+  ASSERT_OK(ApplySetting(&s, "fallback_cpu", "off"));
+  ASSERT_OK(ApplySetting(&s, "num_runners", "3"));
+  ASSERT_OK(ApplySetting(&s, "inductor.cpp.simdlen", "8"));
+  ASSERT_OK(ApplySetting(&s, "inductor.freezing", "true"));
+  EXPECT_EQ(s.device, "cpu");
+  EXPECT_FALSE(s.fallback_cpu);
+  EXPECT_EQ(s.num_runners, 3);
+  EXPECT_EQ(s.inductor_options, R"({"cpp.simdlen":8,"freezing":true})");
+  ASSERT_OK(ApplySetting(&s, "inductor.freezing", ""));
+  EXPECT_EQ(s.inductor_options, R"({"cpp.simdlen":8})");
+
+  EXPECT_EQ(ApplySetting(&s, "num_runners", "two").message(), "num_runners must be an integer, got 'two'");
+  EXPECT_EQ(ApplySetting(&s, "threads", "-1").message(), "threads -1 is out of range");
+  EXPECT_EQ(ApplySetting(&s, "fallback_cpu", "maybe").message(),
+            "fallback_cpu must be true or false, got 'maybe'");
+  EXPECT_NE(ApplySetting(&s, "inductor.cpp..simdlen", "8").message().find("is not a dotted name"),
+            std::string::npos);
+
+  auto invalid = [](void (*change)(VersionSettings*)) {
+    VersionSettings v;
+    change(&v);
+    return ValidateSettings(v).message();
+  };
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->device = "tpu"; }),
+            "device 'tpu' is not one of auto, cpu, mps, cuda");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->num_runners = 0; }),
+            "num_runners must be between 1 and 64, got 0");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->max_batch_size = 4097; }),
+            "max_batch_size must be between 1 and 4096, got 4097");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->max_batch_delay_us = 1'000'001; }),
+            "max_batch_delay_us must be between 0 and 1000000, got 1000001");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->threads = 1025; }),
+            "threads must be between 0 (one share of the cores per runner) and 1024, got 1025");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->inductor_options = "[1]"; }),
+            "inductor_options must be a JSON object, got '[1]'");
+}
+
+TEST(VersionSettings, DisplayTextSaysAutoThreadsAndLeavesOutNoOptions) {
+  VersionSettings s;
+  EXPECT_EQ(DisplayText(s),
+            "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=auto");
+  s.threads = 2;
+  s.inductor_options = R"({"cpp.simdlen":8})";
+  EXPECT_EQ(DisplayText(s),
+            "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 "
+            R"(threads=2 inductor={"cpp.simdlen":8})");
+}
+
+// Each field has its column in a fresh store, with the struct's default as
+// the column's DEFAULT: a row without its migration fails here.
+TEST(VersionSettings, EveryFieldHasAColumnWithTheSameDefault) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto info = (*store)->db()->Prepare("SELECT name, dflt_value FROM pragma_table_info('versions')");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  std::map<std::string, std::string> defaults;
+  ASSERT_OK(info->ForEachRow([&](const Stmt& row) { defaults[row.Text(0)] = row.Text(1); }));
+  VersionSettings def;
+  for (const auto& f : VersionSettingFields()) {
+    SCOPED_TRACE(std::string(f.key));
+    auto it = defaults.find(std::string(f.column));
+    ASSERT_NE(it, defaults.end()) << "no column " << f.column;
+    std::string want = f.type == SettingType::kBool  ? (def.*f.flag ? "1" : "0")
+                       : f.type == SettingType::kInt ? std::to_string(def.*f.number)
+                                                     : "'" + def.*f.text + "'";
+    EXPECT_EQ(it->second, want);
+  }
+}
+
+// Every field goes into the store and comes back, through add and set.
+TEST(VersionSettings, EveryFieldRoundTripsThroughTheStore) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  AddRequest req;
+  req.file = TestData("mlp.pt2");
+  req.name = "mlp";
+  for (const auto& f : VersionSettingFields()) {
+    auto [key, value] = OtherValue(f);
+    ASSERT_OK(ApplySetting(&req.settings, key, value));
+  }
+  auto added = (*store)->Add(req);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  auto model = (*store)->GetModel("mlp");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_EQ(model->versions.at(0).settings, req.settings);
+
+  std::vector<std::pair<std::string, std::string>> back;  // every field to its default again
+  VersionSettings def;
+  for (const auto& f : VersionSettingFields()) {
+    if (f.type == SettingType::kOptions) {
+      back.emplace_back(std::string(f.prefix) + "max_autotune", "");
+    } else {
+      back.emplace_back(std::string(f.key), f.DefaultText());
+    }
+  }
+  auto changes = (*store)->Set("mlp", 1, back);
+  ASSERT_TRUE(changes.ok()) << changes.status().ToString();
+  EXPECT_EQ(changes->size(), VersionSettingFields().size());
+  model = (*store)->GetModel("mlp");
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(model->versions.at(0).settings, def);
+}
+
+}  // namespace
+}  // namespace aotid::storage
