@@ -225,7 +225,6 @@ class ModelStore {
 
   const std::string& dir() const { return dir_; }
   int SchemaVersion() const { return schema_version_; }
-  Db* db() { return db_.get(); }
 
  private:
   ModelStore(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}
