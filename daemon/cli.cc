@@ -16,7 +16,9 @@
 #include "daemon/internal_build.h"
 #include "daemon/serve.h"
 #include "control/store_watch.h"
-#include "runtime/aoti_package.h"
+#include "package/aoti_metadata.h"
+#include "package/package.h"
+#include "runtime/aoti_build.h"
 #include "runtime/build_cache.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
@@ -184,9 +186,9 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
                      const std::vector<storage::BuildRecord>& builds, const std::string& fp) {
   json out{{"author", json::object()}, {"aoti", json::object()}};
   std::string blob = store.BlobPath(v.artifact);
-  if (auto author = runtime::ReadAuthorMetadata(blob); author.ok()) out["author"] = json::parse(*author, nullptr, false);
-  if (v.kind != storage::PackageKind::kExportedProgram) {
-    if (auto md = runtime::ReadAotiMetadata(blob, v.package_model); md.ok()) out["aoti"] = json::parse(md->json, nullptr, false);
+  if (auto author = package::ReadAuthorMetadata(blob); author.ok()) out["author"] = json::parse(*author, nullptr, false);
+  if (v.kind != package::PackageKind::kExportedProgram) {
+    if (auto md = package::ReadAotiMetadata(blob, v.package_model); md.ok()) out["aoti"] = json::parse(md->json, nullptr, false);
     return out;
   }
   auto b = BuildHere(builds, v, fp);
@@ -210,13 +212,13 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   if (!store.ok()) return Fail("add", store.status());
   auto added = (*store)->Add(req);
   if (!added.ok()) return Fail("add", added.status());
-  std::cout << "added " << added->model << ":" << added->version << " (" << storage::PackageKindName(added->kind)
+  std::cout << "added " << added->model << ":" << added->version << " (" << package::PackageKindName(added->kind)
             << ", sha256:" << added->artifact.substr(0, 12) << ", " << HumanSize(added->size) << ") to "
             << cfg->store_path << "\n";
-  if (plan->kind != storage::PackageKind::kExportedProgram) {
+  if (plan->kind != package::PackageKind::kExportedProgram) {
     // The store may feed other machines, so the package is kept; say now
     // whether this one can run it.
-    auto md = runtime::ReadAotiMetadata(req.file, plan->package_model);
+    auto md = package::ReadAotiMetadata(req.file, plan->package_model);
     Status fits = md.ok() ? runtime::CheckFitsMachine(*md, runtime::ProbeHardware(cfg->cxx)) : md.status();
     if (fits.ok() && md.ok()) fits = runtime::DeviceAvailable(runtime::ProbeHardware(cfg->cxx), md->device_key);
     if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
@@ -317,7 +319,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     j["versions"].push_back({{"version", v->version},
                              {"served_by_policy", Wanted(*model, v->version)},
                              {"artifact", v->artifact},
-                             {"kind", storage::PackageKindName(v->kind)},
+                             {"kind", package::PackageKindName(v->kind)},
                              {"package_model", v->package_model},
                              {"size", v->size},
                              {"blob_present", fs::Exists((*store)->BlobPath(v->artifact))},

@@ -8,7 +8,7 @@ namespace aotid::daemon {
 struct InternalBuildArgs {
   std::string artifact;
   std::string out;
-  std::string kind;
+  std::string kind;  // as package::PackageKindName spells it; parsed by the build
   std::string device = "cpu";
   std::string package_model = "model";
   std::string cxx = "c++";

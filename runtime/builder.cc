@@ -90,14 +90,14 @@ void Builder::Shutdown() {
 
 
 std::vector<std::string> Builder::Command(const BuildJob& job, const std::string& staging) const {
-  if (job.kind == "exported_program") {
+  if (job.kind == package::PackageKind::kExportedProgram) {
     return {options_.python, "-m", "aotid_worker.compile", "--artifact", job.artifact_path, "--out", staging,
             "--device", job.key.device, "--package-model", job.key.package_model, "--inductor-options",
             job.key.options, "--expect-torch", options_.torch_version};
   }
   return {options_.self_exe, "internal-build", "--artifact", job.artifact_path, "--out", staging,
-          "--kind", job.kind, "--device", job.key.device, "--package-model", job.key.package_model,
-          "--cxx", options_.cxx};
+          "--kind", std::string(package::PackageKindName(job.kind)), "--device", job.key.device,
+          "--package-model", job.key.package_model, "--cxx", options_.cxx};
 }
 
 bool Builder::Cancel(const BuildKey& key) {

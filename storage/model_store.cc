@@ -121,7 +121,7 @@ ModelVersion ReadVersion(const Stmt& s) {
   v.model = s.Text(0);
   v.version = s.Int(1);
   v.artifact = s.Text(2);
-  ParsePackageKind(s.Text(3), &v.kind);
+  v.kind = package::ParsePackageKind(s.Text(3)).value_or(package::PackageKind::kExportedProgram);
   v.package_model = s.Text(4);
   v.size = s.Int(5);
   v.settings.device = s.Text(6);
@@ -509,7 +509,7 @@ StatusOr<ModelStore::AddPlan> ModelStore::CheckAddRequest(const AddRequest& req)
   RETURN_IF_ERROR(ValidateModelName(req.name));
   if (req.version) RETURN_IF_ERROR(ValidateVersion(*req.version));
   RETURN_IF_ERROR(ValidateSettings(req.settings));
-  ASSIGN_OR_RETURN(PackageInfo info, InspectPackage(req.file));
+  ASSIGN_OR_RETURN(package::PackageInfo info, package::InspectPackage(req.file));
   std::string names;
   for (const auto& n : info.model_names) names += (names.empty() ? "" : ", ") + n;
   if (!req.package_model.empty()) {
@@ -557,7 +557,7 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
-    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, PackageKindName(plan.kind))
+    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, package::PackageKindName(plan.kind))
                         .Bind(3, int64_t{st.st_size}).Bind(4, now).Run());
   }
   {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "storage/package.h"
+#include "package/package.h"
 #include "storage/sqlite.h"
 
 namespace aotid::storage {
@@ -85,7 +85,7 @@ struct ModelVersion {
   std::string model;
   int64_t version = 0;
   std::string artifact;  // sha256 hex of the .pt2 blob
-  PackageKind kind = PackageKind::kExportedProgram;
+  package::PackageKind kind = package::PackageKind::kExportedProgram;
   std::string package_model = "model";  // model_name inside the package
   int64_t size = 0;
   VersionSettings settings;
@@ -159,7 +159,7 @@ class ModelStore {
   // Returns the package model the version will serve and the package kind.
   struct AddPlan {
     std::string package_model;
-    PackageKind kind;
+    package::PackageKind kind;
   };
   static StatusOr<AddPlan> CheckAddRequest(const AddRequest& req);
 
