@@ -835,8 +835,8 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
   if (!dry_run) CrashPoint("gc:rows_removed");
 
   auto remove = [&](const std::string& path, int64_t size) -> Status {
+    if (size >= 0) report.bytes_freed += size;  // counted with dry_run too
     if (dry_run) return Status::OK();
-    if (size >= 0) report.bytes_freed += size;
     return fs::RemoveAll(path);
   };
   for (const auto& sha : report.artifacts) RETURN_IF_ERROR(remove(BlobPath(sha), -1));
@@ -862,17 +862,6 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
     } else {
       ::close(fd);
     }
-  }
-  for (auto& e : stdfs::directory_iterator(CacheDir(), ec)) {
-    std::string name = e.path().filename().string();
-    if (!fs::IsSha256Hex(name) || keep.count(name)) continue;
-    report.cache_dirs.push_back(name);
-    int64_t size = 0;
-    std::error_code ec2;
-    for (auto& f : stdfs::recursive_directory_iterator(e.path(), ec2)) {
-      if (f.is_regular_file(ec2)) size += static_cast<int64_t>(f.file_size(ec2));
-    }
-    RETURN_IF_ERROR(remove(e.path().string(), size));
   }
   for (const auto& sha : keep) {
     if (!fs::Exists(BlobPath(sha))) report.missing_blobs.push_back(sha);

@@ -138,12 +138,11 @@ struct AddRequest {
 
 // What gc removed (or would remove, with dry_run).
 struct GcReport {
-  std::vector<std::string> artifacts;     // unreferenced artifacts: row, blob, builds
+  std::vector<std::string> artifacts;     // unreferenced artifacts: row, blob, build rows
   std::vector<std::string> orphan_blobs;  // blob files with no row (an add killed mid-way)
   std::vector<std::string> tmp_files;     // abandoned partial copies
-  std::vector<std::string> cache_dirs;    // cached builds of artifacts no longer stored
   int64_t events_trimmed = 0;
-  int64_t bytes_freed = 0;
+  int64_t bytes_freed = 0;  // of the blobs and copies above
   std::vector<std::string> missing_blobs;  // referenced but absent: reported, not fixable here
 };
 
@@ -191,8 +190,9 @@ class ModelStore {
   StatusOr<std::vector<std::vector<int64_t>>> Remove(const std::vector<ModelRef>& refs);
 
   // Removes what nothing references: artifacts no version uses (row, blob,
-  // cached builds), blob files without a row, unlocked partial copies, and
-  // events beyond the newest `keep_events`.
+  // build rows), blob files without a row, unlocked partial copies, and
+  // events beyond the newest `keep_events`. The build cache under CacheDir()
+  // is runtime's: `aotid gc` prunes it by runtime/cache_policy.h.
   StatusOr<GcReport> CollectGarbage(bool dry_run = false, int64_t keep_events = 10000);
 
   std::string BlobPath(const std::string& sha256) const;
