@@ -67,14 +67,18 @@ inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::mo
 // IOError naming `what` (usually a path) and strerror(errno_value).
 Status ErrnoError(std::string_view what, int errno_value);
 
-// Holds either a value or a non-ok Status.
+// Holds either a value or a non-ok Status. Built from an ok Status (a bug
+// in the caller: there is no value to hold) it holds Internal("StatusOr
+// built from an OK status") instead, so ok() and status() always agree.
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(Status status) : v_(std::move(status)) {}  // NOLINT: implicit on purpose
+  StatusOr(Status status)  // NOLINT: implicit on purpose
+      : v_(status.ok() ? Internal("StatusOr built from an OK status") : std::move(status)) {}
   StatusOr(T value) : v_(std::move(value)) {}         // NOLINT: implicit on purpose
 
   bool ok() const { return std::holds_alternative<T>(v_); }
+  // OK when ok(); otherwise the error it holds (never OK).
   Status status() const { return ok() ? Status() : std::get<Status>(v_); }
 
   T& value() & { return std::get<T>(v_); }

@@ -33,7 +33,7 @@ inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const
   CachedBuild b;
   b.cache_root = store->CacheDir();
   ASSIGN_OR_RETURN(b.entry, cache.Lookup({mv.artifact, mv.package_model, "cpu", runtime::Fingerprint(hw),
-                                          mv.kind == storage::PackageKind::kExportedProgram
+                                          mv.kind == package::PackageKind::kExportedProgram
                                               ? mv.settings.inductor_options : ""}));
   b.options.num_runners = runners;
   b.options.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, hw.cores);

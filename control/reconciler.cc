@@ -1,7 +1,7 @@
 #include "control/reconciler.h"
 
 #include "base/log.h"
-#include "runtime/aoti_package.h"
+#include "package/aoti_metadata.h"
 #include "serving/batcher.h"
 
 namespace aotid::control {
@@ -130,9 +130,9 @@ void Reconciler::Retire(const std::string& name) {
 StatusOr<Reconciler::DevicePlan> Reconciler::PlanDevice(const storage::ModelVersion& v) const {
   const runtime::HardwareInfo& hw = options_.hardware;
   const std::string& asked = v.settings.device;
-  if (v.kind != storage::PackageKind::kExportedProgram) {
+  if (v.kind != package::PackageKind::kExportedProgram) {
     // A compiled or source package is for the device it was compiled for.
-    ASSIGN_OR_RETURN(runtime::AotiMetadata md, runtime::ReadAotiMetadata(store_->BlobPath(v.artifact), v.package_model));
+    ASSIGN_OR_RETURN(package::AotiMetadata md, package::ReadAotiMetadata(store_->BlobPath(v.artifact), v.package_model));
     if (asked != "auto" && asked != md.device_key) {
       return FailedPrecondition("package was compiled for device '" + md.device_key + "', the version asks for '" +
                                 asked + "'; a compiled package cannot be rebuilt for another device");
@@ -153,7 +153,7 @@ StatusOr<Reconciler::DevicePlan> Reconciler::PlanDevice(const storage::ModelVers
 
 runtime::BuildKey Reconciler::KeyFor(const storage::ModelVersion& v, const std::string& device) const {
   // Inductor options only shape builds of exported programs.
-  bool compiles = v.kind == storage::PackageKind::kExportedProgram;
+  bool compiles = v.kind == package::PackageKind::kExportedProgram;
   return runtime::BuildKey{v.artifact, v.package_model, device, fingerprint_,
                            compiles ? v.settings.inductor_options : ""};
 }
@@ -214,7 +214,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
 }
 
 bool Reconciler::FallBack(const storage::ModelVersion& v, const std::string& device, const std::string& why) {
-  if (device == "cpu" || !v.settings.fallback_cpu || v.kind != storage::PackageKind::kExportedProgram) return false;
+  if (device == "cpu" || !v.settings.fallback_cpu || v.kind != package::PackageKind::kExportedProgram) return false;
   std::string note = "device '" + device + "' failed (" + why + "); running on the CPU (fallback_cpu)";
   LOG_WARNING << Name(v) << ": " << note;
   Record(v, "device_fallback", note);
@@ -244,7 +244,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
 
   runtime::BuildJob job;
   job.key = key;
-  job.kind = std::string(storage::PackageKindName(v.kind));
+  job.kind = v.kind;
   job.artifact_path = store_->BlobPath(v.artifact);
   job.on_start = [this, alive = alive_, rec, bkey]() {
     if (!*alive) return;

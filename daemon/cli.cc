@@ -19,8 +19,11 @@
 #include "runtime/package_build.h"
 #include "daemon/serve.h"
 #include "control/store_watch.h"
-#include "runtime/aoti_package.h"
+#include "package/aoti_metadata.h"
+#include "package/package.h"
+#include "runtime/aoti_build.h"
 #include "runtime/build_cache.h"
+#include "runtime/cache_policy.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
 
@@ -176,9 +179,9 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
                      const std::vector<storage::BuildRecord>& builds, const std::string& fp) {
   json out{{"author", json::object()}, {"aoti", json::object()}};
   std::string blob = store.BlobPath(v.artifact);
-  if (auto author = runtime::ReadAuthorMetadata(blob); author.ok()) out["author"] = json::parse(*author, nullptr, false);
-  if (v.kind != storage::PackageKind::kExportedProgram) {
-    if (auto md = runtime::ReadAotiMetadata(blob, v.package_model); md.ok()) out["aoti"] = json::parse(md->json, nullptr, false);
+  if (auto author = package::ReadAuthorMetadata(blob); author.ok()) out["author"] = json::parse(*author, nullptr, false);
+  if (v.kind != package::PackageKind::kExportedProgram) {
+    if (auto md = package::ReadAotiMetadata(blob, v.package_model); md.ok()) out["aoti"] = json::parse(md->json, nullptr, false);
     return out;
   }
   auto b = BuildHere(builds, v, fp);
@@ -237,13 +240,13 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   if (!store.ok()) return Fail("add", store.status());
   auto added = (*store)->Add(req);
   if (!added.ok()) return Fail("add", added.status());
-  std::cout << "added " << added->model << ":" << added->version << " (" << storage::PackageKindName(added->kind)
+  std::cout << "added " << added->model << ":" << added->version << " (" << package::PackageKindName(added->kind)
             << ", sha256:" << added->artifact.substr(0, 12) << ", " << HumanSize(added->size) << ") to "
             << cfg->store_path << "\n";
-  if (plan->kind != storage::PackageKind::kExportedProgram) {
+  if (plan->kind != package::PackageKind::kExportedProgram) {
     // The store may feed other machines, so the package is kept; say now
     // whether this one can run it.
-    auto md = runtime::ReadAotiMetadata(req.file, plan->package_model);
+    auto md = package::ReadAotiMetadata(req.file, plan->package_model);
     Status fits = md.ok() ? runtime::CheckFitsMachine(*md, runtime::ProbeHardware(cfg->cxx)) : md.status();
     if (fits.ok() && md.ok()) fits = runtime::DeviceAvailable(runtime::ProbeHardware(cfg->cxx), md->device_key);
     if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
@@ -347,7 +350,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     j["versions"].push_back({{"version", v->version},
                              {"served_by_policy", want.count(v->version) > 0},
                              {"artifact", v->artifact},
-                             {"kind", storage::PackageKindName(v->kind)},
+                             {"kind", package::PackageKindName(v->kind)},
                              {"package_model", v->package_model},
                              {"size", v->size},
                              {"blob_present", fs::Exists((*store)->BlobPath(v->artifact))},
@@ -464,6 +467,31 @@ int CmdRm(const GlobalFlags& g, const std::vector<std::string>& refs) {
   return 0;
 }
 
+// What each stored version needs from the cache (runtime/cache_policy.h).
+StatusOr<std::vector<runtime::CacheUser>> CacheUsers(storage::ModelStore& store) {
+  ASSIGN_OR_RETURN(auto versions, store.ListVersions());
+  std::vector<runtime::CacheUser> users;
+  for (const auto& v : versions) {
+    users.push_back({v.artifact, v.package_model, v.model + ":" + std::to_string(v.version)});
+  }
+  return users;
+}
+
+// Removes (or with `dry_run` only names) the entries the policy removes,
+// one line each: "removed <what><sha>/<entry> (1.2 MB): why".
+Status PruneCache(const std::vector<runtime::CacheVerdict>& verdicts, const std::string& cache_dir,
+                  bool dry_run, const char* what, int* removed, int64_t* freed) {
+  for (const auto& v : verdicts) {
+    if (!v.remove) continue;
+    std::cout << (dry_run ? "would remove " : "removed ") << what << v.entry.dir.substr(cache_dir.size() + 1)
+              << " (" << HumanSize(v.entry.bytes) << "): " << v.why << "\n";
+    if (!dry_run) RETURN_IF_ERROR(runtime::RemoveCacheEntry(v));
+    *freed += v.entry.bytes;
+    ++*removed;
+  }
+  return Status::OK();
+}
+
 int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("gc", cfg.status());
@@ -475,10 +503,19 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   for (const auto& a : r->artifacts) std::cout << verb << " artifact sha256:" << a << "\n";
   for (const auto& a : r->orphan_blobs) std::cout << verb << " orphan blob sha256:" << a << "\n";
   for (const auto& t : r->tmp_files) std::cout << verb << " abandoned copy blobs/tmp/" << t << "\n";
-  for (const auto& c : r->cache_dirs) std::cout << verb << " cached builds cache/" << c << "\n";
+  // Cached builds no stored version uses, by the same rule as `cache prune`.
+  auto users = CacheUsers(**store);
+  if (!users.ok()) return Fail("gc", users.status());
+  runtime::BuildCache cache((*store)->CacheDir());
+  auto verdicts =
+      runtime::JudgeCacheEntries(cache.List(), *users, /*fingerprint=*/"", runtime::PruneScope::kUnused);
+  int cache_entries = 0;
+  int64_t freed = r->bytes_freed;
+  Status pruned = PruneCache(verdicts, cache.root(), dry_run, "cached build cache/", &cache_entries, &freed);
+  if (!pruned.ok()) return Fail("gc", pruned);
   if (r->events_trimmed) std::cout << verb << " " << r->events_trimmed << " old events\n";
-  std::cout << verb << " " << r->artifacts.size() + r->orphan_blobs.size() << " blobs, " << r->cache_dirs.size()
-            << " cache entries, " << r->tmp_files.size() << " partial copies; " << HumanSize(r->bytes_freed)
+  std::cout << verb << " " << r->artifacts.size() + r->orphan_blobs.size() << " blobs, " << cache_entries
+            << " cache entries, " << r->tmp_files.size() << " partial copies; " << HumanSize(freed)
             << (dry_run ? " would be freed\n" : " freed\n");
   for (const auto& m : r->missing_blobs) {
     std::cerr << "aotid gc: warning: blob sha256:" << m << " is referenced but missing; remove the versions "
@@ -496,39 +533,31 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
   if (!cfg.ok()) return FailUsage(cmd, cfg.status());
   auto store = OpenExisting(*cfg);
   if (!store.ok()) return Fail(cmd, store.status());
-  auto versions = (*store)->ListVersions();
-  if (!versions.ok()) return Fail(cmd, versions.status());
+  auto users = CacheUsers(**store);
+  if (!users.ok()) return Fail(cmd, users.status());
   std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
   runtime::BuildCache cache((*store)->CacheDir());
+  auto verdicts = runtime::JudgeCacheEntries(cache.List(), *users, fp,
+                                             all ? runtime::PruneScope::kAll : runtime::PruneScope::kStale);
+  if (prune) {
+    int64_t freed = 0;
+    int removed = 0;
+    Status pruned = PruneCache(verdicts, cache.root(), dry_run, "", &removed, &freed);
+    if (!pruned.ok()) return Fail(cmd, pruned);
+    if (all && !dry_run) (void)fs::RemoveAll(cache.root() + "/.inductor");  // the compiler's own cache
+    std::cout << (dry_run ? "would remove " : "removed ") << removed << " cache entries, " << HumanSize(freed)
+              << "\n";
+    return 0;
+  }
   json rows = json::array();
-  int64_t freed = 0;
-  int removed = 0;
-  if (!prune && !as_json) {
+  if (!as_json) {
     std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", "ARTIFACT", "MODEL", "DEVICE", "SIZE", "STATE", "USED BY");
   }
-  for (const auto& e : cache.List()) {
+  for (const auto& v : verdicts) {
+    const runtime::CacheListing& e = v.entry;
     std::string used_by;
-    for (const auto& v : *versions) {
-      if (v.artifact == e.key.artifact && v.package_model == e.key.package_model) {
-        used_by += (used_by.empty() ? "" : ",") + v.model + ":" + std::to_string(v.version);
-      }
-    }
-    std::string state = !e.status.ok() ? "damaged" : e.key.fingerprint != fp ? "other-machine" : "ok";
-    std::string why = !e.status.ok() ? e.status.message()
-                      : e.key.fingerprint != fp ? "built for " + e.key.fingerprint + ", this machine is " + fp
-                      : used_by.empty() ? "no stored version uses it"
-                                        : "";
-    if (prune) {
-      if (!all && why.empty()) continue;
-      std::cout << (dry_run ? "would remove " : "removed ") << e.dir.substr((*store)->CacheDir().size() + 1) << " ("
-                << HumanSize(e.bytes) << "): " << (why.empty() ? "--all" : why) << "\n";
-      if (!dry_run) {
-        if (Status s = fs::RemoveAll(e.dir); !s.ok()) return Fail(cmd, s);
-      }
-      freed += e.bytes;
-      ++removed;
-      continue;
-    }
+    for (const auto& name : v.used_by) used_by += (used_by.empty() ? "" : ",") + name;
+    std::string state(runtime::CacheStateName(v.state));
     if (as_json) {
       rows.push_back({{"dir", e.dir}, {"artifact", e.key.artifact}, {"package_model", e.key.package_model},
                       {"device", e.key.device}, {"fingerprint", e.key.fingerprint},
@@ -541,12 +570,7 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
                 e.key.package_model.c_str(), e.key.device.c_str(), HumanSize(e.bytes).c_str(), state.c_str(),
                 used_by.empty() ? "-" : used_by.c_str());
   }
-  if (prune) {
-    if (all && !dry_run) (void)fs::RemoveAll((*store)->CacheDir() + "/.inductor");  // the compiler's own cache
-    std::cout << (dry_run ? "would remove " : "removed ") << removed << " cache entries, " << HumanSize(freed) << "\n";
-  } else if (as_json) {
-    std::cout << rows.dump(2) << "\n";
-  }
+  if (as_json) std::cout << rows.dump(2) << "\n";
   return 0;
 }
 

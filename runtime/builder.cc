@@ -111,7 +111,7 @@ void Builder::Shutdown() {
 
 
 std::vector<std::string> Builder::Command(const BuildJob& job, const std::string& staging) const {
-  if (job.kind == "exported_program") {
+  if (job.kind == package::PackageKind::kExportedProgram) {
     return {options_.python, "-m", "aotid_worker.compile", "--artifact", job.artifact_path, "--out", staging,
             "--device", job.key.device, "--package-model", job.key.package_model, "--inductor-options",
             job.key.options, "--expect-torch", options_.torch_version};
@@ -119,7 +119,7 @@ std::vector<std::string> Builder::Command(const BuildJob& job, const std::string
   PackageBuildArgs args;
   args.artifact = job.artifact_path;
   args.out = staging;
-  args.kind = job.kind;
+  args.kind = std::string(package::PackageKindName(job.kind));
   args.device = job.key.device;
   args.package_model = job.key.package_model;
   args.cxx = options_.cxx;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "package/package.h"
 #include "runtime/build_cache.h"
 
 namespace aotid::runtime {
@@ -40,7 +41,7 @@ struct BuildResult {
 struct BuildJob {
   BuildKey key;
   std::string artifact_path;
-  std::string kind = "exported_program";  // or aoti_compiled, aoti_source
+  package::PackageKind kind = package::PackageKind::kExportedProgram;
   std::function<void()> on_start;  // when the child process starts
   std::function<void(const BuildResult&)> on_done;
 };

@@ -11,7 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
-#include "runtime/aoti_package.h"
+#include "package/package.h"
+#include "runtime/aoti_build.h"
 #include "runtime/loaded_model.h"
 #include "runtime/torch_plugin.h"
 
@@ -112,17 +113,23 @@ int RunPackageBuild(const PackageBuildArgs& args) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the daemon
   if (::getppid() == 1) return kBuildExitMayPass;
 #endif
+  auto kind = package::ParsePackageKind(args.kind);
+  if (!kind.ok()) {
+    std::cout << "error: " << kind.status().message() << std::endl;
+    return kBuildExitPermanent;
+  }
   HardwareInfo hw = ProbeHardware(args.cxx);
   PackageBuildRequest req;
   req.artifact_path = args.artifact;
   req.package_model = args.package_model;
-  req.kind = args.kind;
+  req.kind = *kind;
   req.device = args.device;
   req.out_dir = args.out;
   req.cxx = args.cxx;
   req.torch_dir = AOTID_TORCH_DIR;
-  Step(1, args.kind == "aoti_source" ? "checking the package and compiling its C++ with " + args.cxx
-                                     : "checking the package and copying its compiled model");
+  Step(1, req.kind == package::PackageKind::kAotiSource
+              ? "checking the package and compiling its C++ with " + args.cxx
+              : "checking the package and copying its compiled model");
   auto built = BuildFromAotiPackage(req, hw, std::cout);
   if (!built.ok()) {
     std::cout << "error: " << built.status().message() << std::endl;
@@ -139,7 +146,7 @@ int RunPackageBuild(const PackageBuildArgs& args) {
   Status s = fs::WriteFileAtomic(args.out + "/spec.json", spec.ToJson());
   if (s.ok()) {
     s = WriteJson(args.out + "/package.json",
-                  {{"kind", args.kind},
+                  {{"kind", std::string(package::PackageKindName(req.kind))},
                    {"package_model", args.package_model},
                    {"aoti", nlohmann::json::parse(built->metadata.json)},
                    {"author", nlohmann::json::parse(built->author_metadata)}});

@@ -157,8 +157,8 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
     return h;
   }
   if (data == Tape::kNone) return InvalidArgument(who + ": missing 'data'");
-  // A shape whose element count exceeds what the body could hold is refused
-  // before any allocation (each element takes at least one byte of JSON).
+  // A bare scalar stands for a tensor of one element; anything larger needs
+  // an array.
   if (tape.kind(data) != Kind::kArray && n != 1) {
     return InvalidArgument(who + ": 'data' must be an array");
   }

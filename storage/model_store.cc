@@ -121,7 +121,7 @@ ModelVersion ReadVersion(const Stmt& s) {
   v.model = s.Text(0);
   v.version = s.Int(1);
   v.artifact = s.Text(2);
-  ParsePackageKind(s.Text(3), &v.kind);
+  v.kind = package::ParsePackageKind(s.Text(3)).value_or(package::PackageKind::kExportedProgram);
   v.package_model = s.Text(4);
   v.size = s.Int(5);
   v.created_at_ms = s.Int(6);
@@ -401,7 +401,7 @@ StatusOr<ModelStore::AddPlan> ModelStore::CheckAddRequest(const AddRequest& req)
   RETURN_IF_ERROR(ValidateModelName(req.name));
   if (req.version) RETURN_IF_ERROR(ValidateVersion(*req.version));
   RETURN_IF_ERROR(ValidateSettings(req.settings));
-  ASSIGN_OR_RETURN(PackageInfo info, InspectPackage(req.file));
+  ASSIGN_OR_RETURN(package::PackageInfo info, package::InspectPackage(req.file));
   std::string names;
   for (const auto& n : info.model_names) names += (names.empty() ? "" : ", ") + n;
   if (!req.package_model.empty()) {
@@ -449,7 +449,7 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
-    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, PackageKindName(plan.kind))
+    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, package::PackageKindName(plan.kind))
                         .Bind(3, int64_t{st.st_size}).Bind(4, now).Run());
   }
   {
@@ -734,8 +734,8 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
   if (!dry_run) CrashPoint("gc:rows_removed");
 
   auto remove = [&](const std::string& path, int64_t size) -> Status {
+    if (size >= 0) report.bytes_freed += size;  // counted with dry_run too
     if (dry_run) return Status::OK();
-    if (size >= 0) report.bytes_freed += size;
     return fs::RemoveAll(path);
   };
   for (const auto& sha : report.artifacts) RETURN_IF_ERROR(remove(BlobPath(sha), -1));
@@ -761,17 +761,6 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
     } else {
       ::close(fd);
     }
-  }
-  for (auto& e : stdfs::directory_iterator(CacheDir(), ec)) {
-    std::string name = e.path().filename().string();
-    if (!fs::IsSha256Hex(name) || keep.count(name)) continue;
-    report.cache_dirs.push_back(name);
-    int64_t size = 0;
-    std::error_code ec2;
-    for (auto& f : stdfs::recursive_directory_iterator(e.path(), ec2)) {
-      if (f.is_regular_file(ec2)) size += static_cast<int64_t>(f.file_size(ec2));
-    }
-    RETURN_IF_ERROR(remove(e.path().string(), size));
   }
   for (const auto& sha : keep) {
     if (!fs::Exists(BlobPath(sha))) report.missing_blobs.push_back(sha);

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "storage/package.h"
+#include "package/package.h"
 #include "storage/sqlite.h"
 #include "storage/version_settings.h"
 
@@ -60,7 +60,7 @@ struct ModelVersion {
   std::string model;
   int64_t version = 0;
   std::string artifact;  // sha256 hex of the .pt2 blob
-  PackageKind kind = PackageKind::kExportedProgram;
+  package::PackageKind kind = package::PackageKind::kExportedProgram;
   std::string package_model = "model";  // model_name inside the package
   int64_t size = 0;
   VersionSettings settings;
@@ -118,12 +118,11 @@ struct AddRequest {
 
 // What gc removed (or would remove, with dry_run).
 struct GcReport {
-  std::vector<std::string> artifacts;     // unreferenced artifacts: row, blob, builds
+  std::vector<std::string> artifacts;     // unreferenced artifacts: row, blob, build rows
   std::vector<std::string> orphan_blobs;  // blob files with no row (an add killed mid-way)
   std::vector<std::string> tmp_files;     // abandoned partial copies
-  std::vector<std::string> cache_dirs;    // cached builds of artifacts no longer stored
   int64_t events_trimmed = 0;
-  int64_t bytes_freed = 0;
+  int64_t bytes_freed = 0;  // of the blobs and copies above
   std::vector<std::string> missing_blobs;  // referenced but absent: reported, not fixable here
 };
 
@@ -139,7 +138,7 @@ class ModelStore {
   // Returns the package model the version will serve and the package kind.
   struct AddPlan {
     std::string package_model;
-    PackageKind kind;
+    package::PackageKind kind;
   };
   static StatusOr<AddPlan> CheckAddRequest(const AddRequest& req);
 
@@ -171,8 +170,9 @@ class ModelStore {
   StatusOr<std::vector<std::vector<int64_t>>> Remove(const std::vector<ModelRef>& refs);
 
   // Removes what nothing references: artifacts no version uses (row, blob,
-  // cached builds), blob files without a row, unlocked partial copies, and
-  // events beyond the newest `keep_events`.
+  // build rows), blob files without a row, unlocked partial copies, and
+  // events beyond the newest `keep_events`. The build cache under CacheDir()
+  // is runtime's: `aotid gc` prunes it by runtime/cache_policy.h.
   StatusOr<GcReport> CollectGarbage(bool dry_run = false, int64_t keep_events = 10000);
 
   std::string BlobPath(const std::string& sha256) const;
@@ -205,7 +205,6 @@ class ModelStore {
 
   const std::string& dir() const { return dir_; }
   int SchemaVersion() const { return schema_version_; }
-  Db* db() { return db_.get(); }
 
  private:
   ModelStore(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}

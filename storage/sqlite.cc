@@ -50,7 +50,20 @@ Status Db::Error(std::string_view what) const {
   switch (code & 0xff) {
     case SQLITE_BUSY:
     case SQLITE_LOCKED: return Unavailable(msg);
-    case SQLITE_CONSTRAINT: return AlreadyExists(msg);
+    case SQLITE_CONSTRAINT:
+      switch (code) {
+        // Only a key that is taken means the row already exists.
+        case SQLITE_CONSTRAINT_UNIQUE:
+        case SQLITE_CONSTRAINT_PRIMARYKEY:
+        case SQLITE_CONSTRAINT_ROWID: return AlreadyExists(msg);
+        // A value the schema refuses.
+        case SQLITE_CONSTRAINT_CHECK:
+        case SQLITE_CONSTRAINT_NOTNULL:
+        case SQLITE_CONSTRAINT_DATATYPE: return InvalidArgument(msg);
+        // A foreign key, trigger or hook: the store's own writes must never
+        // break these, so it is a bug, not the caller's input.
+        default: return Internal(msg);
+      }
     case SQLITE_CORRUPT:
     case SQLITE_NOTADB: return Corruption(msg);
     case SQLITE_READONLY:
@@ -80,8 +93,6 @@ StatusOr<Stmt> Db::Prepare(std::string_view sql) {
   return Stmt(this, s);
 }
 
-int64_t Db::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
-
 Stmt::~Stmt() {
   if (stmt_) sqlite3_finalize(stmt_);
 }
@@ -92,10 +103,6 @@ Stmt& Stmt::Bind(int i, int64_t v) {
 }
 Stmt& Stmt::Bind(int i, std::string_view v) {
   sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-  return *this;
-}
-Stmt& Stmt::BindNull(int i) {
-  sqlite3_bind_null(stmt_, i);
   return *this;
 }
 

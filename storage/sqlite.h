@@ -30,8 +30,10 @@ class Db {
   // Runs one or more statements that return no rows.
   Status Exec(std::string_view sql);
   StatusOr<Stmt> Prepare(std::string_view sql);
-  int64_t LastInsertRowId() const;
-  // Status for the connection's last error, prefixed with `what`.
+  // Status for the connection's last error, prefixed with `what`: a taken
+  // key (UNIQUE, PRIMARY KEY) is AlreadyExists, a refused value (CHECK, NOT
+  // NULL) InvalidArgument, another constraint (FOREIGN KEY) Internal, BUSY
+  // Unavailable, a damaged file Corruption, I/O and permissions IOError.
   Status Error(std::string_view what) const;
   sqlite3* raw() const { return db_; }
   const std::string& path() const { return path_; }
@@ -52,7 +54,6 @@ class Stmt {
 
   Stmt& Bind(int i, int64_t v);
   Stmt& Bind(int i, std::string_view v);
-  Stmt& BindNull(int i);
   // Returns true while a row is available, false when done.
   StatusOr<bool> Step();
   // Steps to completion, expecting no rows.

@@ -2,33 +2,12 @@
 
 #include <sys/stat.h>
 
-#include "base/status.h"
 #include "test_util.h"
 
 namespace aotid {
 namespace {
 
 using testing::TempDir;
-
-TEST(Status, OkIsCheapAndErrorsCarryCodeAndMessage) {
-  Status ok;
-  EXPECT_TRUE(ok.ok());
-  EXPECT_EQ(ok.ToString(), "OK");
-  Status nf = NotFound("model 'x'");
-  EXPECT_FALSE(nf.ok());
-  EXPECT_EQ(nf.code(), StatusCode::kNotFound);
-  EXPECT_EQ(nf.ToString(), "NotFound: model 'x'");
-  EXPECT_EQ(nf.WithContext("ls").message(), "ls: model 'x'");
-}
-
-TEST(StatusOr, HoldsValueOrError) {
-  StatusOr<int> v = 7;
-  ASSERT_TRUE(v.ok());
-  EXPECT_EQ(*v, 7);
-  StatusOr<int> e = InvalidArgument("bad");
-  EXPECT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-}
 
 TEST(Fs, Sha256OfKnownContent) {
   TempDir d;

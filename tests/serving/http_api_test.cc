@@ -18,8 +18,8 @@ class HttpApiTest : public ::testing::Test {
  protected:
   void SetUp() override { Start({}); }
   void Start(HttpOptions o) {
-    o.port = 0;
-    o.threads = 2;
+    o.server.port = 0;
+    o.server.threads = 2;
     api_ = std::make_unique<HttpApi>(&registry_, &metrics_, o);
     ASSERT_OK(api_->Bind());
     serving_ = std::thread([this] { api_->Serve(); });

@@ -8,7 +8,6 @@
 #include <filesystem>
 
 #include "base/fs.h"
-#include "storage/package.h"
 #include "test_util.h"
 
 namespace aotid::storage {
@@ -24,22 +23,6 @@ AddRequest Req(const std::string& file, const std::string& name, std::optional<i
   r.name = name;
   r.version = version;
   return r;
-}
-
-TEST(Package, ExportedProgramIsRecognised) {
-  auto info = InspectPackage(TestData("mlp.pt2"));
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
-  EXPECT_EQ(info->kind, PackageKind::kExportedProgram);
-  EXPECT_EQ(info->model_names, std::vector<std::string>{"model"});
-}
-
-TEST(Package, NonZipAndEmptyZipAreRefusedWithReason) {
-  auto text = InspectPackage(TestData("not_a_model.pt2"));
-  EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(text.status().message().find("not a .pt2 package"), std::string::npos);
-  auto empty = InspectPackage(TestData("empty.pt2"));
-  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(empty.status().message().find("holds no model"), std::string::npos);
 }
 
 TEST(ModelStore, AddThenListShowsVersionWithBlobOnDisk) {
@@ -58,7 +41,7 @@ TEST(ModelStore, AddThenListShowsVersionWithBlobOnDisk) {
   ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].model, "mlp");
   EXPECT_EQ((*list)[0].artifact, *fs::Sha256File(TestData("mlp.pt2")));
-  EXPECT_EQ((*list)[0].kind, PackageKind::kExportedProgram);
+  EXPECT_EQ((*list)[0].kind, package::PackageKind::kExportedProgram);
   EXPECT_EQ(*fs::Sha256File((*store)->BlobPath((*list)[0].artifact)), (*list)[0].artifact);
   auto events = (*store)->ListEvents();
   ASSERT_TRUE(events.ok());

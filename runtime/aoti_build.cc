@@ -1,11 +1,6 @@
-#include "runtime/aoti_package.h"
-
-#include <fcntl.h>
-#include <unistd.h>
-#include <zip.h>
+#include "runtime/aoti_build.h"
 
 #include <map>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -13,66 +8,15 @@
 
 #include "base/fs.h"
 #include "base/shell.h"
+#include "package/archive.h"
 
 namespace aotid::runtime {
 namespace {
 
 using nlohmann::json;
-
-struct ZipCloser {
-  void operator()(zip_t* z) const { zip_discard(z); }
-};
-using Zip = std::unique_ptr<zip_t, ZipCloser>;
-
-StatusOr<Zip> OpenZip(const std::string& path) {
-  int err = 0;
-  Zip z(zip_open(path.c_str(), ZIP_RDONLY, &err));
-  if (!z) return InvalidArgument(path + " is not a readable zip archive (libzip error " + std::to_string(err) + ")");
-  return z;
-}
-
-StatusOr<std::string> ReadEntry(zip_t* z, const std::string& name, size_t limit = 64 << 20) {
-  zip_stat_t st;
-  if (zip_stat(z, name.c_str(), 0, &st) != 0) return NotFound("no " + name + " in the package");
-  if (st.size > limit) return InvalidArgument(name + " is too large (" + std::to_string(st.size) + " bytes)");
-  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen(z, name.c_str(), 0), zip_fclose);
-  if (!f) return InvalidArgument("cannot read " + name + " from the package");
-  std::string out(st.size, '\0');
-  zip_int64_t n = zip_fread(f.get(), out.data(), out.size());
-  if (n < 0 || static_cast<zip_uint64_t>(n) != st.size) return InvalidArgument("truncated entry " + name);
-  return out;
-}
-
-Status ExtractEntry(zip_t* z, const std::string& name, const std::string& dest) {
-  std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen(z, name.c_str(), 0), zip_fclose);
-  if (!f) return InvalidArgument("cannot read " + name + " from the package");
-  int fd = ::open(dest.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("create " + dest, errno);
-  std::vector<char> buf(1 << 20);
-  Status s = Status::OK();
-  for (;;) {
-    zip_int64_t n = zip_fread(f.get(), buf.data(), buf.size());
-    if (n < 0) {
-      s = InvalidArgument("cannot read " + name + " from the package (damaged archive?)");
-      break;
-    }
-    if (n == 0) break;
-    for (zip_int64_t done = 0; done < n && s.ok();) {
-      ssize_t w = ::write(fd, buf.data() + done, static_cast<size_t>(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) s = ErrnoError("write " + dest, errno);
-      else done += w;
-    }
-    if (!s.ok()) break;
-  }
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoError("fsync " + dest, errno);
-  ::close(fd);
-  return s;
-}
-
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+using package::AotiMetadata;
+using package::Archive;
+using package::PackageKind;
 
 std::string Basename(const std::string& p) { return p.substr(p.rfind('/') + 1); }
 
@@ -109,68 +53,7 @@ const std::map<std::string, DType>& AotiDtypes() {
   return *m;
 }
 
-// The entries of one model: <root>/data/aotinductor/<model>/<file>.
-std::vector<std::string> ModelEntries(zip_t* z, const std::string& package_model) {
-  std::vector<std::string> files;
-  std::string marker = "/data/aotinductor/" + package_model + "/";
-  zip_int64_t n = zip_get_num_entries(z, 0);
-  for (zip_int64_t i = 0; i < n; ++i) {
-    const char* raw = zip_get_name(z, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
-    if (raw == nullptr) continue;
-    std::string name = raw;
-    size_t at = name.find(marker);
-    if (at != std::string::npos && at == name.find('/') && name.size() > at + marker.size() &&
-        name.find('/', at + marker.size()) == std::string::npos) {
-      files.push_back(name);
-    }
-  }
-  return files;
-}
-
-StatusOr<AotiMetadata> MetadataOf(zip_t* z, const std::vector<std::string>& files, const std::string& package_model) {
-  std::string meta_name;
-  for (const auto& f : files) {
-    if (EndsWith(f, "_metadata.json") && (meta_name.empty() || EndsWith(f, "wrapper_metadata.json"))) meta_name = f;
-  }
-  if (meta_name.empty()) return InvalidArgument("the package has no AOTInductor metadata for '" + package_model + "'");
-  ASSIGN_OR_RETURN(std::string meta_text, ReadEntry(z, meta_name));
-  json meta = json::parse(meta_text, nullptr, false);
-  if (!meta.is_object()) return InvalidArgument(meta_name + " is not a JSON object");
-  auto field = [&](const char* k) { return meta.contains(k) && meta[k].is_string() ? meta[k].get<std::string>() : ""; };
-  AotiMetadata m{field("AOTI_DEVICE_KEY"), field("AOTI_PLATFORM"), field("AOTI_MACHINE"), field("AOTI_CPU_ISA"),
-                 meta.dump()};
-  if (m.device_key.empty()) return InvalidArgument("the package's metadata names no device (AOTI_DEVICE_KEY)");
-  return m;
-}
-
-// The archive's <root>/extra/aotid.json (aotid_export's), or "".
-std::string ExtraEntry(zip_t* z) {
-  zip_int64_t n = zip_get_num_entries(z, 0);
-  for (zip_int64_t i = 0; i < n; ++i) {
-    const char* raw = zip_get_name(z, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
-    std::string name = raw ? raw : "";
-    if (EndsWith(name, "/extra/aotid.json") && name.find('/') == name.size() - 17) return name;
-  }
-  return "";
-}
-
 }  // namespace
-
-StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model) {
-  ASSIGN_OR_RETURN(Zip z, OpenZip(path));
-  std::vector<std::string> files = ModelEntries(z.get(), package_model);
-  if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + package_model + "'");
-  return MetadataOf(z.get(), files, package_model);
-}
-
-StatusOr<std::string> ReadAuthorMetadata(const std::string& path) {
-  ASSIGN_OR_RETURN(Zip z, OpenZip(path));
-  std::string name = ExtraEntry(z.get());
-  if (name.empty()) return std::string("{}");
-  ASSIGN_OR_RETURN(std::string text, ReadEntry(z.get(), name));
-  json j = json::parse(text, nullptr, false);
-  return j.is_object() && j.contains("metadata") && j["metadata"].is_object() ? j["metadata"].dump() : "{}";
-}
 
 Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw) {
   if (!m.platform.empty() && m.platform != hw.os) {
@@ -259,24 +142,19 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
 
 StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req, const HardwareInfo& hw,
                                                   std::ostream& log) {
-  ASSIGN_OR_RETURN(Zip z, OpenZip(req.artifact_path));
-  std::vector<std::string> files = ModelEntries(z.get(), req.package_model);
-  std::string extra_name = ExtraEntry(z.get());
-  zip_int64_t n = zip_get_num_entries(z.get(), 0);
-  for (zip_int64_t i = 0; i < n; ++i) {
-    const char* raw = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
-    if (raw == nullptr) continue;
-    std::string name = raw;
-    if (name.find("/data/weights/") != std::string::npos || name.find("/data/constants/") != std::string::npos) {
-      return InvalidArgument("the package keeps its weights outside the compiled code (" + name +
-                             "); aotid loads packages whose weights are inside (AOTInductor's default, "
-                             "aot_inductor.package_constants_in_so=True)");
-    }
+  if (req.kind != PackageKind::kAotiCompiled && req.kind != PackageKind::kAotiSource) {
+    return InvalidArgument("not an AOTInductor package kind: " + std::string(package::PackageKindName(req.kind)));
   }
-  if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + req.package_model + "'");
+  ASSIGN_OR_RETURN(Archive archive, Archive::Open(req.artifact_path));
+  if (std::string outside = package::ExternalWeightsEntry(archive); !outside.empty()) {
+    return InvalidArgument("the package keeps its weights outside the compiled code (" + outside +
+                           "); aotid loads packages whose weights are inside (AOTInductor's default, "
+                           "aot_inductor.package_constants_in_so=True)");
+  }
+  std::vector<std::string> files = package::AotiModelEntries(archive, req.package_model);
 
   PackageBuildResult result;
-  ASSIGN_OR_RETURN(result.metadata, MetadataOf(z.get(), files, req.package_model));
+  ASSIGN_OR_RETURN(result.metadata, package::ReadAotiMetadata(archive, req.package_model));
   const AotiMetadata& md = result.metadata;
   log << "package metadata: device " << md.device_key << ", platform " << md.platform << ", machine " << md.machine
       << ", CPU ISA " << md.cpu_isa << "\n";
@@ -288,25 +166,17 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   // The interface: declared by the exporter, or read from the C++.
   std::string cpp_text;
   for (const auto& f : files) {
-    if (EndsWith(f, ".cpp") && (cpp_text.empty() || f.find("wrapper") != std::string::npos)) {
-      ASSIGN_OR_RETURN(cpp_text, ReadEntry(z.get(), f));
+    if (f.ends_with(".cpp") && (cpp_text.empty() || f.find("wrapper") != std::string::npos)) {
+      ASSIGN_OR_RETURN(cpp_text, archive.Read(f));
     }
   }
-  result.author_metadata = "{}";
-  if (!extra_name.empty()) {
-    ASSIGN_OR_RETURN(std::string extra_text, ReadEntry(z.get(), extra_name));
-    json extra = json::parse(extra_text, nullptr, false);
-    if (!extra.is_object()) return InvalidArgument(extra_name + " is not a JSON object");
-    if (extra.contains("metadata") && extra["metadata"].is_object()) result.author_metadata = extra["metadata"].dump();
-    if (extra.contains("models") && extra["models"].contains(req.package_model)) {
-      const json& one = extra["models"][req.package_model];
-      if (one.contains("inputs") && one.contains("outputs")) {
-        auto spec = ModelSpec::FromJson(one.dump());
-        if (!spec.ok()) return spec.status().WithContext(extra_name);
-        result.spec = std::move(spec).value();
-        result.outputs_declared = true;
-      }
-    }
+  ASSIGN_OR_RETURN(package::ExportRecord record, package::ReadExportRecord(archive, req.package_model));
+  result.author_metadata = record.author_metadata;
+  if (!record.model_spec.empty()) {
+    auto spec = ModelSpec::FromJson(record.model_spec);
+    if (!spec.ok()) return spec.status().WithContext("extra/aotid.json");
+    result.spec = std::move(spec).value();
+    result.outputs_declared = true;
   }
   if (!result.outputs_declared) {
     if (cpp_text.empty()) {
@@ -327,20 +197,19 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   }
 
   std::string so_out = req.out_dir + "/model.so";
-  if (req.kind == "aoti_compiled") {
+  if (req.kind == PackageKind::kAotiCompiled) {
     std::vector<std::string> sos;
     for (const auto& f : files) {
-      if (EndsWith(f, ".so")) sos.push_back(f);
+      if (f.ends_with(".so")) sos.push_back(f);
     }
     if (sos.size() != 1) {
       return InvalidArgument("the package holds " + std::to_string(sos.size()) + " .so files for '" +
                              req.package_model + "', expected 1");
     }
     log << "copying " << Basename(sos[0]) << " out of the package\n";
-    RETURN_IF_ERROR(ExtractEntry(z.get(), sos[0], so_out));
+    RETURN_IF_ERROR(archive.Extract(sos[0], so_out));
     return result;
   }
-  if (req.kind != "aoti_source") return InvalidArgument("not an AOTInductor package kind: " + req.kind);
 
   // A source package: compile its C++ here with the recorded flags.
   std::string src = req.out_dir + "/src";
@@ -349,20 +218,20 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   std::string compile_flags_name, linker_flags_name;
   for (const auto& f : files) {
     std::string base = Basename(f);
-    if (EndsWith(base, "_compile_flags.json")) compile_flags_name = f;
-    if (EndsWith(base, "_linker_flags.json")) linker_flags_name = f;
-    if (!EndsWith(base, ".cpp") && !EndsWith(base, ".o")) continue;
-    RETURN_IF_ERROR(ExtractEntry(z.get(), f, src + "/" + base));
-    (EndsWith(base, ".cpp") ? cpps : objects).push_back(src + "/" + base);
+    if (base.ends_with("_compile_flags.json")) compile_flags_name = f;
+    if (base.ends_with("_linker_flags.json")) linker_flags_name = f;
+    if (!base.ends_with(".cpp") && !base.ends_with(".o")) continue;
+    RETURN_IF_ERROR(archive.Extract(f, src + "/" + base));
+    (base.ends_with(".cpp") ? cpps : objects).push_back(src + "/" + base);
   }
   if (cpps.empty() || compile_flags_name.empty()) {
     return InvalidArgument("the source package has no C++ or no compile flags for '" + req.package_model + "'");
   }
-  ASSIGN_OR_RETURN(std::string cf_text, ReadEntry(z.get(), compile_flags_name));
+  ASSIGN_OR_RETURN(std::string cf_text, archive.Read(compile_flags_name));
   json cf = json::parse(cf_text, nullptr, false);
   json lf = json::object();
   if (!linker_flags_name.empty()) {
-    ASSIGN_OR_RETURN(std::string lf_text, ReadEntry(z.get(), linker_flags_name));
+    ASSIGN_OR_RETURN(std::string lf_text, archive.Read(linker_flags_name));
     lf = json::parse(lf_text, nullptr, false);
   }
   if (!cf.is_object() || !lf.is_object()) return InvalidArgument("the source package's build flags are not JSON objects");

@@ -1,6 +1,5 @@
-// AOTInductor packages read without torch: the metadata AOTInductor writes
-// for each model, whether a package fits this machine, and turning one model
-// of a package into a build directory (runtime/build_cache.h):
+// Building one model of an AOTInductor package (package/aoti_metadata.h)
+// for this machine, into a build directory (runtime/build_cache.h):
 //
 //   compiled package  the .so is copied out as is, after the checks;
 //   source package    (aot_inductor.package_cpp_only) its C++ is compiled
@@ -8,10 +7,11 @@
 //                     aotid links, with the flags the package records, and
 //                     the paths of the machine that exported it replaced.
 //
-// The model's inputs and outputs come from the package's extra/aotid.json
-// (written by aotid_export) when it has one; otherwise the inputs are read
-// from the input checks in the generated C++ (names, datatypes, fixed and
-// dynamic dims) and the outputs are found by running the model once
+// The checks compare the package's metadata with this machine. The model's
+// inputs and outputs come from the package's extra/aotid.json (written by
+// aotid_export) when it has one; otherwise the inputs are read from the
+// input checks in the generated C++ (names, datatypes, fixed and dynamic
+// dims) and the outputs are found by running the model once
 // (daemon/internal_build.cc).
 #pragma once
 
@@ -20,32 +20,17 @@
 #include <vector>
 
 #include "base/status.h"
+#include "package/aoti_metadata.h"
+#include "package/package.h"
 #include "runtime/hardware.h"
 #include "runtime/tensor.h"
 
 namespace aotid::runtime {
 
-struct AotiMetadata {
-  std::string device_key;  // AOTI_DEVICE_KEY: cpu, cuda, mps, ...
-  std::string platform;    // AOTI_PLATFORM: linux, darwin, ...
-  std::string machine;     // AOTI_MACHINE: x86_64, arm64, ...
-  std::string cpu_isa;     // AOTI_CPU_ISA: AVX2, AVX512, "AVX512 AVX512_VNNI", NEON, ...
-  std::string json;        // all of it, as the package has it
-};
-
-// The metadata of one model in an AOTInductor package (the wrapper's when
-// the package has several .json files for it).
-StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model);
-
-// The author's metadata of a package (the "metadata" object of its
-// extra/aotid.json, as aotid_export writes it), as JSON text; "{}" when
-// the package has none.
-StatusOr<std::string> ReadAuthorMetadata(const std::string& path);
-
 // Ok when a build with this metadata can run here; otherwise
 // FailedPrecondition naming the mismatch, for example "package was compiled
 // for AVX512 (avx512f avx512dq avx512vl avx512bw), this CPU has AVX2 only".
-Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw);
+Status CheckFitsMachine(const package::AotiMetadata& m, const HardwareInfo& hw);
 
 // A model's inputs as read from generated C++, with the lowest value each
 // dynamic dim accepts (to run the model once on zeros).
@@ -59,7 +44,7 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp);
 struct PackageBuildRequest {
   std::string artifact_path;
   std::string package_model = "model";
-  std::string kind;    // "aoti_compiled" or "aoti_source"
+  package::PackageKind kind = package::PackageKind::kAotiCompiled;  // or kAotiSource
   std::string device;  // the device asked for: must match the package's
   std::string out_dir;
   std::string cxx = "c++";
@@ -67,7 +52,7 @@ struct PackageBuildRequest {
 };
 
 struct PackageBuildResult {
-  AotiMetadata metadata;
+  package::AotiMetadata metadata;
   ModelSpec spec;                // outputs empty when the package does not declare them
   bool outputs_declared = false;
   std::vector<std::vector<int64_t>> min_shapes;  // for a run on zeros

@@ -1,0 +1,98 @@
+#include "package/aoti_metadata.h"
+
+#include <nlohmann/json.hpp>
+
+namespace aotid::package {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kExportRecord = "extra/aotid.json";
+
+// The name of <root>/extra/aotid.json, or "" when the package has none.
+std::string ExportRecordEntry(const Archive& archive) {
+  for (const std::string& name : archive.names()) {
+    if (AfterRoot(name) == kExportRecord) return name;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<std::string> AotiModelEntries(const Archive& archive, const std::string& package_model) {
+  std::vector<std::string> files;
+  const std::string prefix = "data/aotinductor/" + package_model + "/";
+  for (const std::string& name : archive.names()) {
+    std::string_view rest = AfterRoot(name);
+    if (!rest.starts_with(prefix)) continue;
+    std::string_view file = rest.substr(prefix.size());
+    if (!file.empty() && file.find('/') == std::string_view::npos) files.push_back(name);
+  }
+  return files;
+}
+
+StatusOr<AotiMetadata> ReadAotiMetadata(const Archive& archive, const std::string& package_model) {
+  std::vector<std::string> files = AotiModelEntries(archive, package_model);
+  if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + package_model + "'");
+  std::string meta_name;
+  for (const auto& f : files) {
+    if (f.ends_with("_metadata.json") && (meta_name.empty() || f.ends_with("wrapper_metadata.json")))
+      meta_name = f;
+  }
+  if (meta_name.empty())
+    return InvalidArgument("the package has no AOTInductor metadata for '" + package_model + "'");
+  ASSIGN_OR_RETURN(std::string meta_text, archive.Read(meta_name));
+  json meta = json::parse(meta_text, nullptr, false);
+  if (!meta.is_object()) return InvalidArgument(meta_name + " is not a JSON object");
+  auto field = [&](const char* k) {
+    return meta.contains(k) && meta[k].is_string() ? meta[k].get<std::string>() : "";
+  };
+  AotiMetadata m{field("AOTI_DEVICE_KEY"), field("AOTI_PLATFORM"), field("AOTI_MACHINE"),
+                 field("AOTI_CPU_ISA"), meta.dump()};
+  if (m.device_key.empty())
+    return InvalidArgument("the package's metadata names no device (AOTI_DEVICE_KEY)");
+  return m;
+}
+
+StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model) {
+  ASSIGN_OR_RETURN(Archive archive, Archive::Open(path));
+  return ReadAotiMetadata(archive, package_model);
+}
+
+StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::string& package_model) {
+  ExportRecord record;
+  std::string name = ExportRecordEntry(archive);
+  if (name.empty()) return record;
+  ASSIGN_OR_RETURN(std::string text, archive.Read(name));
+  json extra = json::parse(text, nullptr, false);
+  if (!extra.is_object()) return InvalidArgument(name + " is not a JSON object");
+  if (extra.contains("metadata") && extra["metadata"].is_object())
+    record.author_metadata = extra["metadata"].dump();
+  if (extra.contains("models") && extra["models"].is_object() && extra["models"].contains(package_model)) {
+    const json& one = extra["models"][package_model];
+    if (one.is_object() && one.contains("inputs") && one.contains("outputs")) record.model_spec = one.dump();
+  }
+  return record;
+}
+
+StatusOr<std::string> ReadAuthorMetadata(const std::string& path) {
+  ASSIGN_OR_RETURN(Archive archive, Archive::Open(path));
+  auto record = ReadExportRecord(archive, "");
+  if (!record.ok()) {
+    if (record.status().code() == StatusCode::kInvalidArgument) return std::string("{}");
+    return record.status();
+  }
+  return record->author_metadata;
+}
+
+std::string ExternalWeightsEntry(const Archive& archive) {
+  for (const std::string& name : archive.names()) {
+    if (name.find("/data/weights/") != std::string::npos ||
+        name.find("/data/constants/") != std::string::npos) {
+      return name;
+    }
+  }
+  return "";
+}
+
+}  // namespace aotid::package

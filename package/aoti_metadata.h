@@ -1,0 +1,64 @@
+// What an AOTInductor package (`aoti_compiled` or `aoti_source`) says about
+// its models, read without torch:
+//
+//   <root>/data/aotinductor/<model>/*_metadata.json   AOTInductor's metadata
+//                                                     (device, platform, CPU ISA)
+//   <root>/data/aotinductor/<model>/*.so | *.cpp ...  the compiled model or its C++
+//   <root>/extra/aotid.json                           aotid_export's record: the
+//                                                     author's metadata and each
+//                                                     model's inputs and outputs
+//
+// Whether the package fits a machine, and building it, are runtime's
+// (runtime/aoti_build.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "package/archive.h"
+
+namespace aotid::package {
+
+struct AotiMetadata {
+  std::string device_key;  // AOTI_DEVICE_KEY: cpu, cuda, mps, ...
+  std::string platform;    // AOTI_PLATFORM: linux, darwin, ...
+  std::string machine;     // AOTI_MACHINE: x86_64, arm64, ...
+  std::string cpu_isa;     // AOTI_CPU_ISA: AVX2, AVX512, "AVX512 AVX512_VNNI", NEON, ...
+  std::string json;        // all of it, as the package has it
+};
+
+// The entries of one model, <root>/data/aotinductor/<model>/<file> (files
+// directly in that folder), in the archive's order; empty when the package
+// has no such model.
+std::vector<std::string> AotiModelEntries(const Archive& archive, const std::string& package_model);
+
+// The metadata of one model (the wrapper's when the package has several
+// *_metadata.json files for it). InvalidArgument when the package has no
+// such model, no metadata for it, or metadata that names no device.
+StatusOr<AotiMetadata> ReadAotiMetadata(const Archive& archive, const std::string& package_model);
+// The same, opening the package at `path` (Archive::Open's errors).
+StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model);
+
+// aotid_export's record in <root>/extra/aotid.json.
+struct ExportRecord {
+  // The author's metadata (its "metadata" object) as JSON text; "{}" without.
+  std::string author_metadata = "{}";
+  // The model's declared {"inputs": [...], "outputs": [...]} as JSON text;
+  // empty when the record does not declare both for that model.
+  std::string model_spec;
+};
+// The record for `package_model`; the defaults above when the package has
+// none. InvalidArgument when extra/aotid.json is there but not a JSON object.
+StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::string& package_model);
+
+// The author's metadata of the package at `path` as JSON text; "{}" when it
+// has none or its record is not JSON.
+StatusOr<std::string> ReadAuthorMetadata(const std::string& path);
+
+// The first entry that keeps weights outside the compiled code
+// (<root>/data/weights/..., <root>/data/constants/...), or "" when the
+// weights are inside (AOTInductor's default, package_constants_in_so).
+std::string ExternalWeightsEntry(const Archive& archive);
+
+}  // namespace aotid::package

@@ -1,0 +1,186 @@
+#include "package/package.h"
+
+#include <zip.h>
+
+#include <map>
+
+#include "base/fs.h"
+#include "package/aoti_metadata.h"
+#include "package/archive.h"
+#include "test_util.h"
+
+namespace aotid::package {
+namespace {
+
+using testing::TempDir;
+using testing::TestData;
+
+// Writes a zip archive holding `entries` (name -> bytes).
+void WriteZip(const std::string& path, const std::map<std::string, std::string>& entries) {
+  int err = 0;
+  zip_t* z = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
+  ASSERT_NE(z, nullptr) << "libzip error " << err;
+  for (const auto& [name, bytes] : entries) {
+    zip_source_t* src = zip_source_buffer(z, bytes.data(), bytes.size(), 0);
+    ASSERT_NE(src, nullptr);
+    ASSERT_GE(zip_file_add(z, name.c_str(), src, ZIP_FL_ENC_UTF_8), 0) << zip_strerror(z);
+  }
+  ASSERT_EQ(zip_close(z), 0);
+}
+
+constexpr char kCpuMetadata[] =
+    R"({"AOTI_DEVICE_KEY": "cpu", "AOTI_PLATFORM": "linux", "AOTI_MACHINE": "x86_64", "AOTI_CPU_ISA": "AVX2"})";
+
+TEST(PackageKind, EveryKindsNameParsesBackToThatKind) {
+  for (PackageKind k :
+       {PackageKind::kExportedProgram, PackageKind::kAotiCompiled, PackageKind::kAotiSource}) {
+    auto back = ParsePackageKind(PackageKindName(k));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, k);
+  }
+  // The spellings are stored in the store's rows and passed to the build
+  // child: they must not change.
+  EXPECT_EQ(PackageKindName(PackageKind::kExportedProgram), "exported_program");
+  EXPECT_EQ(PackageKindName(PackageKind::kAotiCompiled), "aoti_compiled");
+  EXPECT_EQ(PackageKindName(PackageKind::kAotiSource), "aoti_source");
+}
+
+TEST(PackageKind, AnUnknownNameIsInvalidArgumentListingTheKinds) {
+  auto bad = ParsePackageKind("aoti");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("unknown package kind 'aoti' (expected one of exported_program, "
+                                        "aoti_compiled, aoti_source)"),
+            std::string::npos)
+      << bad.status().message();
+}
+
+TEST(InspectPackage, ExportedProgramIsRecognised) {
+  auto info = InspectPackage(TestData("mlp.pt2"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->kind, PackageKind::kExportedProgram);
+  EXPECT_EQ(info->model_names, std::vector<std::string>{"model"});
+}
+
+TEST(InspectPackage, CompiledSourceAndMultiModelPackagesAreToldApart) {
+  auto so = InspectPackage(TestData("mlp_so.pt2"));
+  ASSERT_TRUE(so.ok()) << so.status().ToString();
+  EXPECT_EQ(so->kind, PackageKind::kAotiCompiled);
+  auto src = InspectPackage(TestData("mlp_src.pt2"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  EXPECT_EQ(src->kind, PackageKind::kAotiSource);
+  auto multi = InspectPackage(TestData("multi.pt2"));
+  ASSERT_TRUE(multi.ok()) << multi.status().ToString();
+  EXPECT_EQ(multi->model_names, (std::vector<std::string>{"encoder", "head"}));
+}
+
+TEST(InspectPackage, NonZipAndEmptyZipAreRefusedWithReason) {
+  auto text = InspectPackage(TestData("not_a_model.pt2"));
+  EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(text.status().message().find("not a .pt2 package"), std::string::npos);
+  auto empty = InspectPackage(TestData("empty.pt2"));
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("holds no model"), std::string::npos);
+}
+
+TEST(InspectPackage, AMissingFileIsNotFound) {
+  TempDir d;
+  EXPECT_EQ(InspectPackage(d / "absent.pt2").status().code(), StatusCode::kNotFound);
+}
+
+TEST(Archive, ReadsAndExtractsEntriesAndRefusesOversizedOnes) {
+  TempDir d;
+  WriteZip(d / "a.pt2", {{"root/a.txt", "hello"}, {"root/big.bin", std::string(4096, 'x')}});
+  auto archive = Archive::Open(d / "a.pt2");
+  ASSERT_TRUE(archive.ok()) << archive.status().ToString();
+  EXPECT_EQ(archive->names().size(), 2u);
+  auto a = archive->Read("root/a.txt");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(*a, "hello");
+  EXPECT_EQ(archive->Read("root/none").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(archive->Read("root/big.bin", 100).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_OK(archive->Extract("root/big.bin", d / "big.bin"));
+  EXPECT_EQ(*fs::ReadFile(d / "big.bin"), std::string(4096, 'x'));
+  EXPECT_EQ(AfterRoot("root/models/m.json"), "models/m.json");
+  EXPECT_EQ(AfterRoot("no-root"), "");
+}
+
+TEST(AotiMetadata, IsReadFromTheCompiledPackage) {
+  auto md = ReadAotiMetadata(TestData("mlp_so.pt2"), "model");
+  ASSERT_TRUE(md.ok()) << md.status().ToString();
+  EXPECT_EQ(md->device_key, "cpu");
+  EXPECT_FALSE(md->platform.empty());
+  EXPECT_FALSE(md->machine.empty());
+  EXPECT_NE(md->json.find("AOTI_DEVICE_KEY"), std::string::npos);
+  auto cuda = ReadAotiMetadata(TestData("cuda_so.pt2"), "model");
+  ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
+  EXPECT_EQ(cuda->device_key, "cuda");
+  auto none = ReadAotiMetadata(TestData("mlp_so.pt2"), "nope");
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("no AOTInductor model 'nope'"), std::string::npos);
+}
+
+TEST(AotiMetadata, TheWrapperMetadataWinsAndDeeperEntriesAreNotTheModels) {
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/data/aotinductor/model/kernel_metadata.json", R"({"AOTI_DEVICE_KEY": "cuda"})"},
+                         {"p/data/aotinductor/model/wrapper_metadata.json", kCpuMetadata},
+                         {"p/data/aotinductor/model/sub/x.so", "not this model's"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto archive = Archive::Open(d / "p.pt2");
+  ASSERT_TRUE(archive.ok()) << archive.status().ToString();
+  auto md = ReadAotiMetadata(*archive, "model");
+  ASSERT_TRUE(md.ok()) << md.status().ToString();
+  EXPECT_EQ(md->device_key, "cpu");
+  EXPECT_EQ(md->cpu_isa, "AVX2");
+  std::vector<std::string> entries = AotiModelEntries(*archive, "model");
+  EXPECT_EQ(entries.size(), 3u);
+  for (const auto& e : entries) EXPECT_EQ(e.find("/sub/"), std::string::npos) << e;
+}
+
+TEST(AotiMetadata, MetadataWithoutADeviceIsInvalidArgument) {
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/data/aotinductor/model/wrapper_metadata.json", R"({"AOTI_PLATFORM": "linux"})"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto md = ReadAotiMetadata(d / "p.pt2", "model");
+  EXPECT_EQ(md.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(md.status().message().find("names no device"), std::string::npos) << md.status().message();
+}
+
+TEST(ExportRecord, DeclaresTheModelsSpecAndTheAuthorsMetadata) {
+  auto archive = Archive::Open(TestData("mlp_so.pt2"));
+  ASSERT_TRUE(archive.ok()) << archive.status().ToString();
+  auto record = ReadExportRecord(*archive, "model");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_NE(record->author_metadata.find("aotid test"), std::string::npos) << record->author_metadata;
+  EXPECT_NE(record->model_spec.find("\"inputs\""), std::string::npos) << record->model_spec;
+  auto raw = Archive::Open(TestData("mlp_so_raw.pt2"));
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  auto none = ReadExportRecord(*raw, "model");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->author_metadata, "{}");
+  EXPECT_TRUE(none->model_spec.empty());
+}
+
+TEST(ExportRecord, ARecordThatIsNotJsonFailsTheBuildButShowsNoAuthorMetadata) {
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/extra/aotid.json", "not json"}, {"p/data/aotinductor/model/m.so", "so"}});
+  auto archive = Archive::Open(d / "p.pt2");
+  ASSERT_TRUE(archive.ok()) << archive.status().ToString();
+  EXPECT_EQ(ReadExportRecord(*archive, "model").status().code(), StatusCode::kInvalidArgument);
+  auto author = ReadAuthorMetadata(d / "p.pt2");
+  ASSERT_TRUE(author.ok()) << author.status().ToString();
+  EXPECT_EQ(*author, "{}");
+}
+
+TEST(ExternalWeights, WeightsOutsideTheCompiledCodeAreFound) {
+  TempDir d;
+  WriteZip(d / "in.pt2", {{"p/data/aotinductor/model/m.so", "so"}});
+  WriteZip(d / "out.pt2", {{"p/data/aotinductor/model/m.so", "so"}, {"p/data/weights/w0", "w"}});
+  auto inside = Archive::Open(d / "in.pt2");
+  auto outside = Archive::Open(d / "out.pt2");
+  ASSERT_TRUE(inside.ok() && outside.ok());
+  EXPECT_EQ(ExternalWeightsEntry(*inside), "");
+  EXPECT_EQ(ExternalWeightsEntry(*outside), "p/data/weights/w0");
+}
+
+}  // namespace
+}  // namespace aotid::package

@@ -1,0 +1,129 @@
+#include "runtime/aoti_build.h"
+
+#include <sstream>
+
+#include "base/fs.h"
+#include "runtime/hardware.h"
+#include "test_util.h"
+
+namespace aotid::runtime {
+namespace {
+
+using package::PackageKind;
+using testing::TempDir;
+using testing::TestData;
+
+HardwareInfo Avx2Machine() {
+  HardwareInfo hw;
+  hw.os = "linux";
+  hw.arch = "x86_64";
+  hw.vector_isa = "avx2";
+  hw.cpu_features = {"avx", "avx2", "fma", "f16c"};
+  return hw;
+}
+
+TEST(AotiBuild, MetadataIsCheckedAgainstThisMachine) {
+  HardwareInfo hw = Avx2Machine();
+  EXPECT_OK(CheckFitsMachine({"cpu", "linux", "x86_64", "AVX2", "{}"}, hw));
+  EXPECT_OK(CheckFitsMachine({"cpu", "linux", "x86_64", "INVALIDVECISA", "{}"}, hw));
+  struct Case {
+    package::AotiMetadata md;
+    std::string needle;
+  } cases[] = {
+      {{"cpu", "linux", "x86_64", "AVX512", "{}"}, "package was compiled for AVX512, this CPU has AVX2 only"},
+      {{"cpu", "linux", "x86_64", "AVX512 AVX512_VNNI", "{}"}, "lacks avx512f avx512dq avx512vl avx512bw"},
+      {{"cpu", "darwin", "arm64", "NEON", "{}"}, "compiled for darwin, this machine runs linux"},
+      {{"cpu", "linux", "aarch64", "ASIMD", "{}"}, "compiled for aarch64 CPUs, this machine is x86_64"},
+  };
+  for (const auto& c : cases) {
+    Status s = CheckFitsMachine(c.md, hw);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << c.md.cpu_isa;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
+  }
+  hw.cpu_features.insert(hw.cpu_features.end(), {"avx512f", "avx512dq", "avx512vl", "avx512bw"});
+  hw.vector_isa = "avx512";
+  EXPECT_OK(CheckFitsMachine({"cpu", "linux", "x86_64", "AVX512", "{}"}, hw));
+  EXPECT_FALSE(CheckFitsMachine({"cpu", "linux", "x86_64", "AVX512 AVX512_VNNI", "{}"}, hw).ok());
+}
+
+TEST(AotiBuild, InputsAreReadFromTheGeneratedChecks) {
+  // The shape of AOTInductor's generated input checks (torch 2.13).
+  const char* cpp = R"(
+    inputs_info_[0].name = "arg2_1";
+    inputs_info_[1].name = "arg3_1";
+    outputs_info_[0].name = "output0";
+AOTI_NOINLINE static void check_input_0(
+    AtenTensorHandle* input_handles
+) {
+    int32_t arg2_1_expected_dtype = aoti_torch_dtype_float32();
+    auto arg2_1_size = arg2_1.sizes();
+    if (arg2_1_size[0] < 2) {
+    if (arg2_1_size[0] > 64) {
+    if (4 != arg2_1_size[1]) {
+    auto arg2_1_stride = arg2_1.strides();
+    if (4 != arg2_1_stride[0]) {
+}
+AOTI_NOINLINE static void check_input_1(
+    AtenTensorHandle* input_handles
+) {
+    int32_t arg3_1_expected_dtype = aoti_torch_dtype_int64();
+}
+)";
+  auto d = DeriveInputsFromSource(cpp);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_EQ(d->inputs.size(), 2u);
+  EXPECT_EQ(d->inputs[0].name, "arg2_1");
+  EXPECT_EQ(d->inputs[0].dtype, DType::kFloat32);
+  EXPECT_EQ(d->inputs[0].shape, (std::vector<int64_t>{-1, 4}));
+  EXPECT_EQ(d->min_shapes[0], (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(d->inputs[1].dtype, DType::kInt64);
+  EXPECT_TRUE(d->inputs[1].shape.empty());  // a scalar: no dims checked
+  EXPECT_EQ(d->output_names, std::vector<std::string>{"output0"});
+  EXPECT_EQ(DeriveInputsFromSource("int main() {}").status().code(), StatusCode::kInvalidArgument);
+}
+
+// A compiled package is copied out whole, with the inputs and outputs its
+// extra/aotid.json declares; the package was exported on this machine by
+// the test_models fixture, so it fits it.
+TEST(AotiBuild, CompiledPackageIsCopiedOutWithItsDeclaredSpec) {
+  TempDir out;
+  PackageBuildRequest req;
+  req.artifact_path = TestData("mlp_so.pt2");
+  req.kind = PackageKind::kAotiCompiled;
+  req.device = "cpu";
+  req.out_dir = out.path();
+  std::ostringstream log;
+  auto built = BuildFromAotiPackage(req, ProbeHardware(), log);
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log.str();
+  EXPECT_TRUE(built->outputs_declared);
+  ASSERT_EQ(built->spec.inputs.size(), 1u);
+  EXPECT_EQ(built->spec.inputs[0].name, "x");
+  EXPECT_EQ(built->metadata.device_key, "cpu");
+  EXPECT_NE(built->author_metadata.find("aotid test"), std::string::npos) << built->author_metadata;
+  auto size = fs::ReadFile(out / "model.so");
+  ASSERT_TRUE(size.ok());
+  EXPECT_GT(size->size(), 1000u);
+}
+
+TEST(AotiBuild, AnExportedProgramOrAnotherDeviceIsRefusedBeforeAnythingIsWritten) {
+  TempDir out;
+  PackageBuildRequest req;
+  req.artifact_path = TestData("mlp_so.pt2");
+  req.kind = PackageKind::kExportedProgram;
+  req.device = "cpu";
+  req.out_dir = out.path();
+  std::ostringstream log;
+  auto wrong_kind = BuildFromAotiPackage(req, ProbeHardware(), log);
+  EXPECT_EQ(wrong_kind.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_kind.status().message().find("exported_program"), std::string::npos);
+  req.kind = PackageKind::kAotiCompiled;
+  req.artifact_path = TestData("cuda_so.pt2");
+  auto wrong_device = BuildFromAotiPackage(req, ProbeHardware(), log);
+  EXPECT_EQ(wrong_device.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(wrong_device.status().message().find("compiled for device 'cuda', not 'cpu'"), std::string::npos)
+      << wrong_device.status().message();
+  EXPECT_FALSE(fs::Exists(out / "model.so"));
+}
+
+}  // namespace
+}  // namespace aotid::runtime
