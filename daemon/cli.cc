@@ -15,6 +15,7 @@
 #include "base/fs.h"
 #include "base/log.h"
 #include "daemon/config.h"
+#include "daemon/daemon_lock.h"
 #include "daemon/doctor.h"
 #include "runtime/package_build.h"
 #include "daemon/serve.h"
@@ -122,14 +123,23 @@ json SettingsJson(const storage::VersionSettings& s) {
   return out;
 }
 
-json BuildJson(const storage::BuildRecord& b) {
+// A build the store says is queued or running while no daemon runs on the
+// store: it was interrupted (a killed daemon), and the next `aotid serve`
+// builds it again. Shown so, not as a build that is still going.
+constexpr char kInterrupted[] = "interrupted";
+bool Interrupted(const storage::BuildRecord& b, bool daemon_running) {
+  return !daemon_running && (b.state == storage::BuildState::kQueued || b.state == storage::BuildState::kBuilding);
+}
+
+json BuildJson(const storage::BuildRecord& b, bool daemon_running) {
+  bool interrupted = Interrupted(b, daemon_running);
   return {{"fingerprint", b.fingerprint},
           {"device", b.device},
           {"inductor_options", b.options.empty() ? json::object() : json::parse(b.options, nullptr, false)},
-          {"state", storage::BuildStateName(b.state)},
-          {"progress", b.progress},
+          {"state", interrupted ? std::string(kInterrupted) : std::string(storage::BuildStateName(b.state))},
+          {"progress", interrupted ? std::string() : b.progress},
           {"attempts", b.attempts},
-          {"error", b.error},
+          {"error", interrupted ? "no daemon runs on this store; the next `aotid serve` builds it again" : b.error},
           {"started_at", Timestamp(b.started_at_ms)},
           {"finished_at", Timestamp(b.finished_at_ms)}};
 }
@@ -269,6 +279,7 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
     }
     return Fail("ls", store.status());
   }
+  bool daemon_running = FindDaemon(cfg->store_path).has_value();
   auto models = (*store)->ListModels();
   if (!models.ok()) return Fail("ls", models.status());
   std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
@@ -288,6 +299,10 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
         state = std::string(storage::BuildStateName(b->state));
         device = b->device;
         progress = b->state == storage::BuildState::kBuilding ? b->progress : "";
+        if (Interrupted(*b, daemon_running)) {
+          state = kInterrupted;
+          progress.clear();
+        }
       }
       bool wanted = want.count(v.version) > 0;
       std::string policy = !m.enabled ? "off" : wanted ? "serve" : "-";
@@ -332,6 +347,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
   auto events = (*store)->RecentEvents(n_events, name);
   if (!events.ok()) return Fail("show", events.status());
 
+  bool daemon_running = FindDaemon(cfg->store_path).has_value();
   std::set<int64_t> want = storage::WantedVersions(*model);
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
@@ -345,7 +361,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     json here = json::array(), elsewhere = json::array();
     for (const auto& b : *builds) {
       if (b.package_model != v->package_model) continue;
-      (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b));
+      (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b, daemon_running));
     }
     j["versions"].push_back({{"version", v->version},
                              {"served_by_policy", want.count(v->version) > 0},

@@ -1,5 +1,7 @@
 #include "daemon/doctor.h"
 
+#include "daemon/daemon_lock.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -103,18 +105,14 @@ int RunDoctor(const Config& config) {
     r.Fail("store", store.status().message(), "check --store; the file must be an aotid store");
   }
 
-  std::string lock = config.store_path + "/daemon.lock";
-  int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    auto pid = fs::ReadFile(lock);
-    std::string p = pid.ok() ? *pid : "";
-    while (!p.empty() && p.back() == '\n') p.pop_back();
-    r.Ok("daemon", "running on this store (pid " + p + "), listen " + FormatListen(config.api.server));
+  if (auto d = FindDaemon(config.store_path)) {
+    // Where it really serves (its --listen may differ from the config).
+    r.Ok("daemon", "running on this store (pid " + d->pid + "), serving on " +
+                       (d->address.empty() ? std::string("(not listening yet)") : d->address));
   } else {
     r.Ok("daemon", "not running on this store ('aotid serve' starts it; listen " +
                        FormatListen(config.api.server) + ")");
   }
-  if (fd >= 0) ::close(fd);
 
   std::printf("\n%s\n", r.failures == 0 ? "everything aotid needs is in place"
                                          : (std::to_string(r.failures) + " check(s) failed").c_str());

@@ -1,5 +1,7 @@
 #include "daemon/serve.h"
 
+#include "daemon/daemon_lock.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -20,23 +22,6 @@
 
 namespace aotid::daemon {
 namespace {
-
-// One daemon per store: a second would race the first on builds.
-StatusOr<int> LockStore(const std::string& dir) {
-  std::string path = dir + "/daemon.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("open " + path, errno);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    ::close(fd);
-    return FailedPrecondition("another aotid serve is already using the store " + dir);
-  }
-  std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) == 0) {
-    ssize_t unused = ::write(fd, pid.data(), pid.size());
-    (void)unused;
-  }
-  return fd;
-}
 
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
@@ -182,6 +167,7 @@ int Serve(const Config& config) {
   watch.Start(&loop);
   if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   LOG_INFO << "serving on " << http.Address();
+  AnnounceAddress(*lock, http.Address());
   std::thread http_thread([&http] { http.Serve(); });
 
   uv_run(&loop, UV_RUN_DEFAULT);

@@ -163,6 +163,7 @@ std::string_view ReasonPhrase(int status) {
     case 411: return "Length Required";
     case 413: return "Content Too Large";
     case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
     case 417: return "Expectation Failed";
     case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";

@@ -158,8 +158,14 @@ StatusOr<int64_t> ParseInt(std::string_view key, std::string_view text) {
 }
 
 StatusOr<bool> ParseBool(std::string_view key, std::string_view text) {
-  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
-  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  // true or false, as the README and `set --help` say, in any case; not
+  // yes/no/1/0, which once slipped through where TRUE did not.
+  auto is = [&](std::string_view word) {
+    return text.size() == word.size() &&
+           std::equal(text.begin(), text.end(), word.begin(), [](char a, char b) { return (a | 0x20) == b; });
+  };
+  if (is("true")) return true;
+  if (is("false")) return false;
   return InvalidArgument(std::string(key) + " must be true or false, got '" + std::string(text) + "'");
 }
 

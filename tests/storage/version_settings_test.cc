@@ -95,6 +95,11 @@ TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
   EXPECT_EQ(ApplySetting(&s, "threads", "-1").message(), "threads -1 is out of range");
   EXPECT_EQ(ApplySetting(&s, "fallback_cpu", "maybe").message(),
             "fallback_cpu must be true or false, got 'maybe'");
+  for (const char* other : {"yes", "no", "1", "0", "on"}) {  // only what the docs say
+    EXPECT_FALSE(ApplySetting(&s, "fallback_cpu", other).ok()) << other;
+  }
+  ASSERT_OK(ApplySetting(&s, "fallback_cpu", "TRUE"));
+  EXPECT_TRUE(s.fallback_cpu);
   EXPECT_NE(ApplySetting(&s, "inductor.cpp..simdlen", "8").message().find("is not a dotted name"),
             std::string::npos);
 

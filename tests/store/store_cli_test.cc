@@ -2,7 +2,9 @@
 // processes against one store directory, with no daemon. Covers the CLI
 // commands, several writers at once, kill -9 at chosen points of an add, and
 // bad input that must leave the store byte-for-byte as it was.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -412,6 +414,50 @@ TEST_F(StoreCli, ReadOnlyStoreDirectoryIsRefusedAndUnchanged) {
   EXPECT_NE(rm_out.find("readonly database"), std::string::npos) << rm_out;
   EXPECT_EQ(DirSnapshot(store_), before);
   ExpectStoreConsistent(store_);
+}
+
+// A build row left "building" by a daemon that was killed is shown as
+// interrupted, not as a build still going; with a daemon holding the
+// store's lock it is shown as the store says, and doctor says where that
+// daemon serves.
+TEST_F(StoreCli, BuildsOfAGoneDaemonShowAsInterrupted) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  Run({"doctor"}, &out);  // this machine's fingerprint, as builds are keyed
+  size_t at = out.find("fingerprint");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::string line = out.substr(at, out.find('\n', at) - at);
+  std::string fp = line.substr(line.find_last_of(' ') + 1);
+  {
+    auto store = storage::ModelStore::Open(store_, /*create=*/false);
+    ASSERT_TRUE(store.ok());
+    storage::BuildRecord b;
+    b.artifact = *fs::Sha256File(TestData("mlp.pt2"));
+    b.fingerprint = fp;
+    b.device = "cpu";
+    b.state = storage::BuildState::kBuilding;
+    b.progress = "step 3/4: compiling for cpu (5 s)";
+    b.attempts = 1;
+    ASSERT_OK((*store)->PutBuild(b));
+  }
+  ASSERT_EQ(Run({"ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("interrupted"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step 3/4"), std::string::npos) << out;
+  ASSERT_EQ(Run({"show", "mlp"}, &out), 0) << out;
+  EXPECT_NE(out.find("the next `aotid serve` builds it again"), std::string::npos) << out;
+
+  // A daemon holds the lock (this test stands in for it).
+  int lock = ::open((store_ + "/daemon.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+  std::string announce = "4242\nhttp://127.0.0.1:18765\n";
+  ASSERT_EQ(::write(lock, announce.data(), announce.size()), static_cast<ssize_t>(announce.size()));
+  ASSERT_EQ(Run({"ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("building"), std::string::npos) << out;
+  EXPECT_NE(out.find("step 3/4"), std::string::npos) << out;
+  Run({"doctor"}, &out);
+  EXPECT_NE(out.find("running on this store (pid 4242), serving on http://127.0.0.1:18765"), std::string::npos)
+      << out;
+  ::close(lock);
 }
 
 TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
