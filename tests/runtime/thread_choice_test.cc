@@ -95,7 +95,7 @@ TEST(ThreadChoice, UntimedCasesKeepTheMost) {
   TimedModel slow({0, 10, 60000});  // 60 ms a run with two threads: not worth timing
   c = ChooseThreads(slow, 2, 1, slow.Clock());
   EXPECT_EQ(c.threads, 2);
-  EXPECT_EQ(slow.runs, 1);
+  EXPECT_EQ(slow.runs, 2);  // a slow first run is judged by a second: it may only have been cold
   EXPECT_NE(c.note.find("a run takes"), std::string::npos) << c.note;
 
   TimedModel one({0, 10});

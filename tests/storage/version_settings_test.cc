@@ -80,7 +80,7 @@ TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
 TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
   VersionSettings s;
   ASSERT_OK(ApplySetting(&s, "device", "cpu"));
-  ASSERT_OK(ApplySetting(&s, "fallback_cpu", "off"));
+  ASSERT_OK(ApplySetting(&s, "fallback_cpu", "false"));
   ASSERT_OK(ApplySetting(&s, "num_runners", "3"));
   ASSERT_OK(ApplySetting(&s, "inductor.cpp.simdlen", "8"));
   ASSERT_OK(ApplySetting(&s, "inductor.freezing", "true"));
