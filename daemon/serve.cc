@@ -93,6 +93,10 @@ int Serve(const Config& config) {
   LOG_INFO << "hardware " << fingerprint << " (" << hw.cpu_model << ", " << hw.cores << " cores)";
 
   runtime::BuildCache cache(config.store_path + "/cache");
+  // Builds of a daemon that was killed: their compilers may still run.
+  if (int n = runtime::KillLeftoverBuilds(config.store_path + "/cache/.staging"); n > 0) {
+    LOG_WARNING << "killed " << n << " process" << (n == 1 ? "" : "es") << " left by an earlier daemon's builds";
+  }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
 
   uv_loop_t loop;

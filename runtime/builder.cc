@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cstring>
 
@@ -37,6 +40,27 @@ std::string LogTail(const std::string& path, size_t max_lines = 15) {
 }
 
 }  // namespace
+
+int KillLeftoverBuilds(const std::string& dir) {
+  int killed = 0;
+#ifdef __linux__
+  std::error_code ec;
+  std::string prefix = dir + "/";
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == ::getpid()) continue;
+    auto cmdline = fs::ReadFile("/proc/" + name + "/cmdline");
+    std::error_code cwd_ec;
+    std::string cwd = std::filesystem::read_symlink("/proc/" + name + "/cwd", cwd_ec).string();
+    bool uses = (cmdline.ok() && cmdline->find(prefix) != std::string::npos) || cwd == dir ||
+                cwd.rfind(prefix, 0) == 0;
+    if (uses && ::kill(pid, SIGKILL) == 0) ++killed;
+  }
+#endif
+  return killed;
+}
 
 // One build child. Its stdout and stderr share one pipe that the loop
 // reads: every byte goes to build.log, and "[aotid-...] step N/M: what"

@@ -63,6 +63,13 @@ class BuildRunner {
   virtual std::string Progress(const BuildKey& key) const = 0;
 };
 
+// Kills (SIGKILL) the processes whose command line names a path under
+// `dir` or whose working directory is in it: at start, what is left of the
+// builds of a daemon that was killed (a compiler the build child started
+// outlives it; PDEATHSIG reaches only the child). Returns how many. Linux;
+// elsewhere 0.
+int KillLeftoverBuilds(const std::string& dir);
+
 class Builder final : public BuildRunner {
  public:
   Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options);

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <thread>
@@ -194,6 +195,32 @@ TEST_F(BuilderTest, LeftoverGrandchildDoesNotHoldTheBuildOpen) {
   if (auto pid = fs::ReadFile(pid_file); pid.ok() && !pid->empty()) ::kill(std::stoi(*pid), SIGKILL);
   ASSERT_TRUE(finished);
   EXPECT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+}
+
+// A compiler started by the build child of a daemon that was killed
+// outlives both; the next daemon finds it by its paths and ends it.
+TEST(LeftoverBuilds, ProcessesWorkingInStagingAreKilled) {
+  TempDir d;
+  std::string staging = d / ".staging";
+  ASSERT_OK(fs::MakeDirs(staging + "/abc"));
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", (staging + "/abc/compile").c_str(), nullptr);
+    ::_exit(127);
+  }
+  pid_t bystander = ::fork();
+  if (bystander == 0) {
+    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", (d / "elsewhere").c_str(), nullptr);
+    ::_exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them exec
+  EXPECT_EQ(KillLeftoverBuilds(staging), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(::waitpid(bystander, &status, WNOHANG), 0);  // not using the staging dir: left alone
+  ::kill(bystander, SIGKILL);
+  ::waitpid(bystander, &status, 0);
 }
 
 TEST(PackageBuild, CommandLineIsReadBackAsWritten) {
