@@ -32,31 +32,31 @@ std::shared_ptr<const ServedModel> ModelRegistry::Find(const std::string& name, 
 }
 
 std::shared_ptr<const ModelRegistry::Snapshot> ModelRegistry::All() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return snapshot_;
 }
 
 void ModelRegistry::SetCatalog(Catalog catalog) {
   auto next = std::make_shared<const Catalog>(std::move(catalog));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   catalog_ = std::move(next);
 }
 
 std::shared_ptr<const ModelRegistry::Catalog> ModelRegistry::GetCatalog() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return catalog_;
 }
 
 void ModelRegistry::Put(ServedModel m) {
   auto entry = std::make_shared<const ServedModel>(std::move(m));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto next = std::make_shared<Snapshot>(*snapshot_);
   (*next)[entry->name][entry->version] = std::move(entry);
   snapshot_ = std::move(next);
 }
 
 void ModelRegistry::Remove(const std::string& name, int64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = snapshot_->find(name);
   if (it == snapshot_->end() || !it->second.count(version)) return;
   auto next = std::make_shared<Snapshot>(*snapshot_);
