@@ -18,13 +18,12 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 
 #include "base/log.h"
+#include "base/mutex.h"
 
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0  // macOS: SO_NOSIGPIPE is set on each connection instead
@@ -616,7 +615,7 @@ class Server::Impl {
     int64_t accept_paused_until = 0;
     while (!stopping_.load()) {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         for (auto& c : to_park_) parked.push_back(std::move(c));
         to_park_.clear();
       }
@@ -667,16 +666,16 @@ class Server::Impl {
       }
       parked.swap(still);
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (auto& t : workers) t.join();
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     ready_.clear();
     to_park_.clear();
   }
 
   void Stop() {
     stopping_.store(true);
-    cv_.notify_all();
+    cv_.SignalAll();
     Wake();
   }
 
@@ -756,20 +755,20 @@ class Server::Impl {
     return true;
   }
 
-  void Enqueue(std::unique_ptr<Conn> c) {
+  void Enqueue(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       ready_.push_back(std::move(c));
       queued_.store(ready_.size());
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
-  void Park(std::unique_ptr<Conn> c) {
+  void Park(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
     if (RequestBuffered(c->in.View(), opts_.limits)) return Enqueue(std::move(c));  // e.g. pipelined
     c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       to_park_.push_back(std::move(c));
     }
     Wake();
@@ -784,8 +783,8 @@ class Server::Impl {
     for (;;) {
       std::unique_ptr<Conn> c;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_.load() || !ready_.empty(); });
+        MutexLock lock(&mu_);
+        while (!stopping_.load() && ready_.empty()) cv_.Wait(&mu_);
         if (stopping_.load()) return;
         c = std::move(ready_.front());
         ready_.pop_front();
@@ -989,10 +988,10 @@ class Server::Impl {
   bool bound_ = false;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Conn>> ready_;       // waiting for a worker
-  std::vector<std::unique_ptr<Conn>> to_park_;   // handed to the poller
+  Mutex mu_;
+  CondVar cv_;                                                  // workers wait here for ready_
+  std::deque<std::unique_ptr<Conn>> ready_ GUARDED_BY(mu_);     // waiting for a worker
+  std::vector<std::unique_ptr<Conn>> to_park_ GUARDED_BY(mu_);  // handed to the poller
   std::atomic<size_t> queued_{0};                // ready_.size(), read without the lock
 
   friend class Server;

@@ -7,8 +7,8 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "runtime/loaded_model.h"
 #include "runtime/torch_plugin.h"
 
@@ -117,8 +117,8 @@ class AotiModel final : public LoadedModel {
 StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, const LoadOptions& options) {
   // Loads take turns: they are rare and short, and one at a time keeps
   // torch's runner registry and dlopen of model code simple to reason about.
-  static std::mutex load_mutex;
-  std::lock_guard<std::mutex> lock(load_mutex);
+  static Mutex load_mutex;
+  MutexLock lock(&load_mutex);
   try {
     auto& registry = torch::inductor::getAOTIModelRunnerRegistry();
     auto it = registry.find(options.device);

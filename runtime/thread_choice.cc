@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace aotid::runtime {
 namespace {
@@ -42,8 +43,8 @@ ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const st
   if (most <= 1 || !model.SetThreads(most)) return choice;
   // Models loading together take turns: timings made side by side on the
   // same cores would measure each other.
-  static std::mutex turn;
-  std::lock_guard<std::mutex> lock(turn);
+  static Mutex turn;
+  MutexLock lock(&turn);
   std::vector<HostTensor> inputs = SampleInputs(model.spec(), std::max<int64_t>(1, batch));
   auto clock = [&] {
     return now ? now() : std::chrono::duration<double>(Clock::now().time_since_epoch()).count();

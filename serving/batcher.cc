@@ -47,10 +47,10 @@ BatchingModel::BatchingModel(std::shared_ptr<LoadedModel> inner, BatchOptions op
 
 BatchingModel::~BatchingModel() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  arrived_.notify_all();
+  arrived_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -58,7 +58,7 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
                                                        const runtime::RunContext& ctx) {
   if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
   Pending p{&inputs, inputs[0].shape[0], Clock::now(), &ctx};
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return Unavailable("the model is being unloaded");
   if (static_cast<int>(queue_.size()) >= options_.max_queued) {
     return ResourceExhausted("the model's queue is full (" + std::to_string(queue_.size()) +
@@ -66,22 +66,22 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
   }
   queue_.push_back(&p);
   queued_rows_ += p.rows;
-  arrived_.notify_all();
-  finished_.wait(lock, [&] { return p.done; });
+  arrived_.SignalAll();
+  while (!p.done) finished_.Wait(&mu_);
   return std::move(p.result);
 }
 
 void BatchingModel::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    arrived_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) arrived_.Wait(&mu_);
     if (queue_.empty()) return;  // stopping, nothing left
     // Requests wait in the queue (counted against its bound) until a batch
     // is full or the oldest has waited long enough.
     auto deadline = queue_.front()->enqueued + std::chrono::microseconds(options_.max_delay_us);
     while (!stopping_ && !queue_.empty() && queued_rows_ < options_.max_batch_size &&
            Clock::now() < deadline) {
-      arrived_.wait_until(lock, deadline);
+      arrived_.WaitUntil(&mu_, deadline);
     }
     // Requests whose client went away while they waited are not run.
     int dropped = 0;
@@ -97,7 +97,7 @@ void BatchingModel::Work() {
       }
     }
     if (dropped) {
-      finished_.notify_all();
+      finished_.SignalAll();
       if (on_batch_) {
         BatchReport r;
         r.dropped = dropped;
@@ -119,12 +119,12 @@ void BatchingModel::Work() {
         ++it;
       }
     }
-    lock.unlock();
+    lock.Unlock();
     Run(batch);
-    lock.lock();
+    lock.Lock();
     for (Pending* p : batch) p->done = true;
-    finished_.notify_all();
-    if (!queue_.empty()) arrived_.notify_one();  // another worker may take the rest
+    finished_.SignalAll();
+    if (!queue_.empty()) arrived_.Signal();  // another worker may take the rest
   }
 }
 

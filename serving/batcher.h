@@ -9,14 +9,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "runtime/loaded_model.h"
 
 namespace aotid::serving {
@@ -52,7 +51,7 @@ class BatchingModel final : public runtime::LoadedModel {
   // ctx.cancelled() is true as a batch is formed (its client left while it
   // waited).
   StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>& inputs,
-                                                   const runtime::RunContext& ctx) override;
+                                                   const runtime::RunContext& ctx) override EXCLUDES(mu_);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -61,21 +60,24 @@ class BatchingModel final : public runtime::LoadedModel {
     int64_t rows;
     Clock::time_point enqueued;
     const runtime::RunContext* ctx;  // the caller's, alive while it waits
+    // Written by the worker that runs it: `result` before `done`, and
+    // `done` under mu_, which the caller reads under mu_.
     bool done = false;
     StatusOr<std::vector<runtime::HostTensor>> result{Status(StatusCode::kInternal, "not run")};
   };
-  void Work();
-  void Run(std::vector<Pending*>& batch);
+  void Work() EXCLUDES(mu_);
+  // Runs a batch taken off the queue, without the lock.
+  void Run(std::vector<Pending*>& batch) EXCLUDES(mu_);
 
   std::shared_ptr<runtime::LoadedModel> inner_;
   BatchOptions options_;
   std::function<void(const BatchReport&)> on_batch_;
-  std::mutex mu_;
-  std::condition_variable arrived_;  // workers wait here
-  std::condition_variable finished_;  // callers wait here
-  std::deque<Pending*> queue_;        // guarded by mu_
-  int64_t queued_rows_ = 0;           // rows in queue_, guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
+  Mutex mu_;
+  CondVar arrived_;   // workers wait here
+  CondVar finished_;  // callers wait here
+  std::deque<Pending*> queue_ GUARDED_BY(mu_);
+  int64_t queued_rows_ GUARDED_BY(mu_) = 0;  // rows in queue_
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -72,7 +72,7 @@ Metrics::ModelSeries& Metrics::Series(const std::string& model, int64_t version)
 }
 
 void Metrics::RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ModelSeries& s = Series(model, version);
   ++s.requests_by_status[status];
   s.total.Observe(total_s);
@@ -80,21 +80,21 @@ void Metrics::RecordInfer(const std::string& model, int64_t version, int status,
 }
 
 void Metrics::RecordBatch(const std::string& model, int64_t version, int rows, const std::vector<double>& queue_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ModelSeries& s = Series(model, version);
   s.batch_rows.Observe(rows);
   for (double q : queue_s) s.queue.Observe(q);
 }
 
 void Metrics::RecordBuild(bool ok, double duration_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++(ok ? builds_ok_ : builds_failed_);
   build_duration_.Observe(duration_s);
 }
 
 std::string Metrics::Render() const {
   std::string out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto labels = [](const std::pair<std::string, int64_t>& key) {
     return "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"";
   };

@@ -9,9 +9,10 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace aotid::serving {
 
@@ -35,11 +36,13 @@ class Metrics {
 
   // One finished infer request: its HTTP status, the whole handling time,
   // and the model's own run time (0 when the model did not run).
-  void RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s);
+  void RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s)
+      EXCLUDES(mu_);
   // One batched run: its rows, and how long each request waited in the queue.
-  void RecordBatch(const std::string& model, int64_t version, int rows, const std::vector<double>& queue_s);
+  void RecordBatch(const std::string& model, int64_t version, int rows, const std::vector<double>& queue_s)
+      EXCLUDES(mu_);
   // A build that ended.
-  void RecordBuild(bool ok, double duration_s);
+  void RecordBuild(bool ok, double duration_s) EXCLUDES(mu_);
   void SetModelsLoaded(int n) { models_loaded_.store(n); }
 
   // RAII: counts a request as in flight for its lifetime.
@@ -52,7 +55,7 @@ class Metrics {
     Metrics* m_;
   };
 
-  std::string Render() const;
+  std::string Render() const EXCLUDES(mu_);
 
  private:
   struct ModelSeries {
@@ -62,11 +65,12 @@ class Metrics {
     Histogram queue;
     Histogram batch_rows;
   };
-  ModelSeries& Series(const std::string& model, int64_t version);  // mu_ held
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, int64_t>, ModelSeries> models_;  // guarded by mu_
-  uint64_t builds_ok_ = 0, builds_failed_ = 0;                      // guarded by mu_
-  Histogram build_duration_;                                         // guarded by mu_
+  ModelSeries& Series(const std::string& model, int64_t version) REQUIRES(mu_);
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, int64_t>, ModelSeries> models_ GUARDED_BY(mu_);
+  uint64_t builds_ok_ GUARDED_BY(mu_) = 0;
+  uint64_t builds_failed_ GUARDED_BY(mu_) = 0;
+  Histogram build_duration_ GUARDED_BY(mu_);
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int> models_loaded_{0};
 };

@@ -32,32 +32,32 @@ std::shared_ptr<const ServedModel> ModelRegistry::Find(const std::string& name, 
 }
 
 std::shared_ptr<const ModelRegistry::Snapshot> ModelRegistry::All() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return snapshot_;
 }
 
 void ModelRegistry::SetCatalog(Catalog catalog) {
   auto next = std::make_shared<const Catalog>(std::move(catalog));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   catalog_ = std::move(next);
 }
 
 std::shared_ptr<const ModelRegistry::Catalog> ModelRegistry::GetCatalog() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return catalog_;
 }
 
 void ModelRegistry::Put(ServedModel m) {
   auto entry = std::make_shared<const ServedModel>(std::move(m));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto next = std::make_shared<Snapshot>(*snapshot_);
   (*next)[entry->name][entry->version] = std::move(entry);
   snapshot_ = std::move(next);
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void ModelRegistry::Remove(const std::string& name, int64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = snapshot_->find(name);
   if (it == snapshot_->end() || !it->second.count(version)) return;
   auto next = std::make_shared<Snapshot>(*snapshot_);
@@ -65,13 +65,17 @@ void ModelRegistry::Remove(const std::string& name, int64_t version) {
   versions.erase(version);
   if (versions.empty()) next->erase(name);
   snapshot_ = std::move(next);
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 bool ModelRegistry::WaitFor(const std::function<bool(const Snapshot&)>& done,
                             std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return changed_.wait_for(lock, timeout, [&] { return done(*snapshot_); });
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!done(*snapshot_)) {
+    if (!changed_.WaitUntil(&mu_, deadline) && !done(*snapshot_)) return false;
+  }
+  return true;
 }
 
 }  // namespace aotid::serving

@@ -11,11 +11,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "runtime/loaded_model.h"
 #include "storage/model_store.h"
 
@@ -58,16 +58,16 @@ class ModelRegistry {
   // The version a request without one goes to: the newest ready version,
   // else the newest of any state (so the caller can say why it is not
   // ready). nullptr when no version of the model is served.
-  std::shared_ptr<const ServedModel> Find(const std::string& name) const;
+  std::shared_ptr<const ServedModel> Find(const std::string& name) const EXCLUDES(mu_);
   // Exactly that version, or nullptr.
-  std::shared_ptr<const ServedModel> Find(const std::string& name, int64_t version) const;
-  std::shared_ptr<const Snapshot> All() const;
+  std::shared_ptr<const ServedModel> Find(const std::string& name, int64_t version) const EXCLUDES(mu_);
+  std::shared_ptr<const Snapshot> All() const EXCLUDES(mu_);
 
-  void SetCatalog(Catalog catalog);
-  std::shared_ptr<const Catalog> GetCatalog() const;
+  void SetCatalog(Catalog catalog) EXCLUDES(mu_);
+  std::shared_ptr<const Catalog> GetCatalog() const EXCLUDES(mu_);
 
-  void Put(ServedModel m);
-  void Remove(const std::string& name, int64_t version);
+  void Put(ServedModel m) EXCLUDES(mu_);
+  void Remove(const std::string& name, int64_t version) EXCLUDES(mu_);
 
   // Blocks until `done` holds for the served set, or `timeout` passes;
   // returns whether it holds. `done` is checked at once and after every Put
@@ -81,10 +81,10 @@ class ModelRegistry {
   bool startup_done() const { return startup_done_.load(); }
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable changed_;  // notified after each Put and Remove
-  std::shared_ptr<const Snapshot> snapshot_ = std::make_shared<Snapshot>();  // guarded by mu_
-  std::shared_ptr<const Catalog> catalog_ = std::make_shared<Catalog>();     // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar changed_;  // signalled after each Put and Remove
+  std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_) = std::make_shared<Snapshot>();
+  std::shared_ptr<const Catalog> catalog_ GUARDED_BY(mu_) = std::make_shared<Catalog>();
   std::atomic<bool> startup_done_{false};
 };
 

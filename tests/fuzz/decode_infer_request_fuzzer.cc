@@ -1,12 +1,12 @@
 // libFuzzer target for the request decoder, the code that reads untrusted
-// bytes first. Built with clang's -fsanitize=fuzzer,address,undefined by
-// tests/fuzz/run.sh.
+// bytes first. Built with clang's -fsanitize=fuzzer,address,undefined
+// (tests/fuzz/CMakeLists.txt) and run by tests/fuzz/run.sh.
 //
 // Input: a body, or "B" + two length bytes (little endian: the
 // Inference-Header-Content-Length) + a body for the binary tensor extension. Whatever
 // decodes is encoded again as the outputs of a response, both ways.
 //
-// The JSON reader under the decoder (daemon/json_tape.h) is also checked
+// The JSON reader under the decoder (http/json_tape.h) is also checked
 // against nlohmann::json on every input: both accept the same documents,
 // and what they read is the same document (inputs with a NUL byte aside:
 // see below).

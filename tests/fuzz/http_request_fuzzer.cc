@@ -1,7 +1,8 @@
 // libFuzzer target for aotid's HTTP/1.1 parsing: the bytes a client sends
 // on a connection, read as the server reads them (heads, bodies by
 // Content-Length or chunked, pipelined requests) and routed. Built with
-// clang's -fsanitize=fuzzer,address,undefined by tests/fuzz/run.sh.
+// clang's -fsanitize=fuzzer,address,undefined (tests/fuzz/CMakeLists.txt)
+// and run by tests/fuzz/run.sh.
 //
 // Beyond no crash: what the parser says it consumed is within the input,
 // a finished head consumes something, and no body exceeds the limit.
