@@ -32,9 +32,10 @@ inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const
   runtime::HardwareInfo hw = runtime::ProbeHardware();
   CachedBuild b;
   b.cache_root = store->CacheDir();
-  ASSIGN_OR_RETURN(b.entry, cache.Lookup({mv.artifact, mv.package_model, "cpu", runtime::Fingerprint(hw),
-                                          mv.kind == package::PackageKind::kExportedProgram
-                                              ? mv.settings.inductor_options : ""}));
+  ASSIGN_OR_RETURN(
+      b.entry,
+      cache.Lookup({mv.artifact, mv.package_model, "cpu", runtime::Fingerprint(hw),
+                    mv.kind == package::PackageKind::kExportedProgram ? mv.settings.inductor_options : ""}));
   b.options.num_runners = runners;
   b.options.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, hw.cores);
   b.auto_threads = mv.settings.threads == 0;

@@ -15,9 +15,9 @@
 
 #include "base/fs.h"
 #include "bench/cached_model.h"
-#include "serving/tensor_codec.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
+#include "serving/tensor_codec.h"
 
 namespace {
 

@@ -82,9 +82,8 @@ int main(int argc, char** argv) {
   auto req = aotid::serving::DecodeInferRequest(*body, (*loaded)->spec());
   if (!req.ok()) return Die(req.status().message());
   aotid::runtime::LoadedModel* m = loaded->get();
-  auto [in_ok, in_failed] = Hammer(concurrency, seconds, [&] {
-    return [m, &req] { return m->Infer(req->inputs, {}).ok(); };
-  });
+  auto [in_ok, in_failed] =
+      Hammer(concurrency, seconds, [&] { return [m, &req] { return m->Infer(req->inputs, {}).ok(); }; });
 
   int64_t rows = req->inputs[0].shape.empty() ? 1 : req->inputs[0].shape[0];
   double http_rps = http_ok / seconds, in_rps = in_ok / seconds;

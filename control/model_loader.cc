@@ -37,7 +37,8 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         }
         std::shared_ptr<runtime::LoadedModel> model = std::move(loaded).value();
         if (r.choose_threads_at_batch > 0 && r.options.threads > 1) {
-          runtime::ThreadChoice choice = runtime::ChooseThreads(*model, r.options.threads, r.choose_threads_at_batch);
+          runtime::ThreadChoice choice =
+              runtime::ChooseThreads(*model, r.options.threads, r.choose_threads_at_batch);
           work->result.threads = choice.threads;
           work->result.threads_note = choice.note;
         }

@@ -17,8 +17,14 @@ std::string WorkKey(const storage::ModelVersion& v) {
 }  // namespace
 
 Reconciler::Reconciler(ReconcilerParts parts, ReconcilerOptions options)
-    : loop_(parts.loop), store_(parts.store), cache_(parts.cache), builds_runner_(parts.builds),
-      loader_(parts.loader), registry_(parts.registry), metrics_(parts.metrics), options_(std::move(options)) {}
+    : loop_(parts.loop),
+      store_(parts.store),
+      cache_(parts.cache),
+      builds_runner_(parts.builds),
+      loader_(parts.loader),
+      registry_(parts.registry),
+      metrics_(parts.metrics),
+      options_(std::move(options)) {}
 
 Reconciler::~Reconciler() {
   Stop();
@@ -37,7 +43,8 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
                                                              std::shared_ptr<runtime::LoadedModel> model) {
   if (v.settings.max_batch_size <= 1) return model;
   if (Status ok = serving::CanBatch(model->spec()); !ok.ok()) {
-    LOG_WARNING << Name(v) << ": max_batch_size " << v.settings.max_batch_size << " ignored: " << ok.message();
+    LOG_WARNING << Name(v) << ": max_batch_size " << v.settings.max_batch_size
+                << " ignored: " << ok.message();
     Record(v, "batching_off", ok.message());
     return model;
   }
@@ -49,10 +56,10 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
   serving::Metrics* metrics = metrics_;
   std::string name = v.model;
   int64_t version = v.version;
-  return std::make_shared<serving::BatchingModel>(std::move(model), opts, [metrics, name, version](
-                                                                            const serving::BatchReport& r) {
-    if (metrics && r.rows > 0) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
-  });
+  return std::make_shared<serving::BatchingModel>(
+      std::move(model), opts, [metrics, name, version](const serving::BatchReport& r) {
+        if (metrics && r.rows > 0) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
+      });
 }
 
 Status Reconciler::Reconcile() {
@@ -132,14 +139,17 @@ StatusOr<Reconciler::DevicePlan> Reconciler::PlanDevice(const storage::ModelVers
   const std::string& asked = v.settings.device;
   if (v.kind != package::PackageKind::kExportedProgram) {
     // A compiled or source package is for the device it was compiled for.
-    ASSIGN_OR_RETURN(package::AotiMetadata md, package::ReadAotiMetadata(store_->BlobPath(v.artifact), v.package_model));
+    ASSIGN_OR_RETURN(package::AotiMetadata md,
+                     package::ReadAotiMetadata(store_->BlobPath(v.artifact), v.package_model));
     if (asked != "auto" && asked != md.device_key) {
-      return FailedPrecondition("package was compiled for device '" + md.device_key + "', the version asks for '" +
-                                asked + "'; a compiled package cannot be rebuilt for another device");
+      return FailedPrecondition("package was compiled for device '" + md.device_key +
+                                "', the version asks for '" + asked +
+                                "'; a compiled package cannot be rebuilt for another device");
     }
     if (Status ok = runtime::DeviceAvailable(hw, md.device_key); !ok.ok()) {
-      return FailedPrecondition("package was compiled for device '" + md.device_key + "': " + ok.message() +
-                                " (a compiled package cannot fall back to the CPU; add its exported program instead)");
+      return FailedPrecondition(
+          "package was compiled for device '" + md.device_key + "': " + ok.message() +
+          " (a compiled package cannot fall back to the CPU; add its exported program instead)");
     }
     return DevicePlan{md.device_key, ""};
   }
@@ -179,8 +189,8 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
     failed_.insert(work);
     // A build row, so `aotid ls` and `show` say it failed here and why.
     SaveBuild({v.artifact, v.package_model, fingerprint_, v.settings.device, storage::BuildState::kFailed,
-                            plan.status().message(), storage::NowMs(), storage::NowMs(), v.settings.inductor_options,
-                            "", 0});
+               plan.status().message(), storage::NowMs(), storage::NowMs(), v.settings.inductor_options, "",
+               0});
     LOG_ERROR << Name(v) << ": " << plan.status().message();
     Record(v, "build_failed", plan.status().message());
     Publish(v, serving::ServeState::kFailed, plan.status().message());
@@ -214,7 +224,8 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
 }
 
 bool Reconciler::FallBack(const storage::ModelVersion& v, const std::string& device, const std::string& why) {
-  if (device == "cpu" || !v.settings.fallback_cpu || v.kind != package::PackageKind::kExportedProgram) return false;
+  if (device == "cpu" || !v.settings.fallback_cpu || v.kind != package::PackageKind::kExportedProgram)
+    return false;
   std::string note = "device '" + device + "' failed (" + why + "); running on the CPU (fallback_cpu)";
   LOG_WARNING << Name(v) << ": " << note;
   Record(v, "device_fallback", note);
@@ -236,8 +247,9 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
   if (auto r = retries_.find(WorkKey(v)); r != retries_.end()) attempts = r->second.attempts + 1;
   ScheduleProgress();
   auto rec = std::make_shared<storage::BuildRecord>();
-  *rec = storage::BuildRecord{v.artifact, v.package_model, fingerprint_, key.device, storage::BuildState::kQueued,
-                              "", 0, 0, key.options, "queued", attempts};
+  *rec = storage::BuildRecord{
+      v.artifact, v.package_model, fingerprint_, key.device, storage::BuildState::kQueued, "", 0,
+      0,          key.options,     "queued",     attempts};
   SaveBuild(*rec);
   pending->second.key = key;
   pending->second.record = rec;
@@ -253,8 +265,9 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
     rec->progress = "started";
     SaveBuild(*rec);
     for (const auto& w : builds_[bkey].waiters) {
-      Record(w, "build_started", "compiling for " + rec->device + " on " + fingerprint_ +
-                                     (rec->attempts > 1 ? " (attempt " + std::to_string(rec->attempts) + ")" : ""));
+      Record(w, "build_started",
+             "compiling for " + rec->device + " on " + fingerprint_ +
+                 (rec->attempts > 1 ? " (attempt " + std::to_string(rec->attempts) + ")" : ""));
       Publish(w, serving::ServeState::kBuilding, "building for " + rec->device);
     }
   };
@@ -273,10 +286,11 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
   rec->error = r.status.ok() ? "" : r.status.message();
   rec->progress.clear();
   SaveBuild(*rec);
-  if (metrics_ && !r.cancelled) metrics_->RecordBuild(r.status.ok(), static_cast<double>(r.duration_ms) / 1000);
+  if (metrics_ && !r.cancelled)
+    metrics_->RecordBuild(r.status.ok(), static_cast<double>(r.duration_ms) / 1000);
   if (r.status.ok()) {
-    LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in " << r.duration_ms
-             << " ms";
+    LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in "
+             << r.duration_ms << " ms";
   } else if (r.cancelled) {
     LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " cancelled: no served version needs it";
   } else {
@@ -324,15 +338,16 @@ void Reconciler::ScheduleRetry(int64_t at_ms) {
   if (retry_wake_at_ms_ >= 0 && retry_wake_at_ms_ <= at_ms) return;
   retry_wake_at_ms_ = at_ms;
   loop_->RunAfter(at_ms - loop_->NowMs() + 1, Guard([this, at_ms] {
-    if (retry_wake_at_ms_ != at_ms) return;  // superseded by an earlier one, which re-arms
-    retry_wake_at_ms_ = -1;
-    if (Status s = Reconcile(); !s.ok()) LOG_WARNING << "reconcile for a retry: " << s.message();
-    int64_t next = -1;
-    for (const auto& [work, r] : retries_) {
-      if (r.at_ms > loop_->NowMs() && (next < 0 || r.at_ms < next)) next = r.at_ms;
-    }
-    if (next >= 0) ScheduleRetry(next);
-  }));
+                    if (retry_wake_at_ms_ != at_ms) return;  // superseded by an earlier one, which re-arms
+                    retry_wake_at_ms_ = -1;
+                    if (Status s = Reconcile(); !s.ok())
+                      LOG_WARNING << "reconcile for a retry: " << s.message();
+                    int64_t next = -1;
+                    for (const auto& [work, r] : retries_) {
+                      if (r.at_ms > loop_->NowMs() && (next < 0 || r.at_ms < next)) next = r.at_ms;
+                    }
+                    if (next >= 0) ScheduleRetry(next);
+                  }));
 }
 
 void Reconciler::CancelUnwanted() {
@@ -356,10 +371,10 @@ void Reconciler::ScheduleProgress() {
   if (progress_scheduled_ || stopping_) return;
   progress_scheduled_ = true;
   loop_->RunAfter(options_.progress_interval_ms, Guard([this] {
-    progress_scheduled_ = false;
-    UpdateProgress();
-    if (!builds_.empty()) ScheduleProgress();
-  }));
+                    progress_scheduled_ = false;
+                    UpdateProgress();
+                    if (!builds_.empty()) ScheduleProgress();
+                  }));
 }
 
 void Reconciler::UpdateProgress() {
@@ -369,7 +384,8 @@ void Reconciler::UpdateProgress() {
     if (p.empty() || p == pending.record->progress) continue;
     pending.record->progress = p;
     SaveBuild(*pending.record);
-    for (const auto& w : pending.waiters) Publish(w, serving::ServeState::kBuilding, "building for " + pending.key.device + ": " + p);
+    for (const auto& w : pending.waiters)
+      Publish(w, serving::ServeState::kBuilding, "building for " + pending.key.device + ": " + p);
   }
 }
 
@@ -377,12 +393,14 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
                            const DevicePlan& plan) {
   in_flight_.insert(WorkKey(v));
   Publish(v, serving::ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
-  if (!built_now) Record(v, "load_started", "loading the cached build for " + entry.dir.substr(entry.dir.rfind('/') + 1));
+  if (!built_now)
+    Record(v, "load_started", "loading the cached build for " + entry.dir.substr(entry.dir.rfind('/') + 1));
   LoadRequest req;
   req.entry = entry;
   req.options.device = plan.device;
   req.options.num_runners = v.settings.num_runners;
-  req.options.threads = runtime::ThreadsPerRunner(v.settings.threads, v.settings.num_runners, options_.hardware.cores);
+  req.options.threads =
+      runtime::ThreadsPerRunner(v.settings.threads, v.settings.num_runners, options_.hardware.cores);
   // threads = 0 (auto) on the CPU: the loader times the model both ways.
   if (v.settings.threads == 0 && plan.device == "cpu") {
     req.choose_threads_at_batch = v.settings.max_batch_size > 1 ? v.settings.max_batch_size : 1;
@@ -408,15 +426,16 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
   } else {
     std::shared_ptr<runtime::LoadedModel> model = MaybeBatch(v, std::move(result.model).value());
     std::string how = built_now ? "after build" : "from cache";
-    LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", " << v.settings.num_runners
-             << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x " << result.threads << " thread"
-             << (result.threads == 1 ? "" : "s")
+    LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
+             << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
+             << result.threads << " thread" << (result.threads == 1 ? "" : "s")
              << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
              << (dynamic_cast<serving::BatchingModel*>(model.get())
                      ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
                      : std::string())
              << ")";
-    Record(v, "loaded", "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
+    Record(v, "loaded",
+           "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
     Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json);
   }
   MaybeStartupDone();
@@ -428,7 +447,8 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
   if (!IsCurrent(v)) return;  // removed or changed since this work began
   auto current = registry_->Find(v.model, v.version);
   // A ready model keeps serving through a reload, and through its failure.
-  if (current && current->state == serving::ServeState::kReady && state != serving::ServeState::kReady) return;
+  if (current && current->state == serving::ServeState::kReady && state != serving::ServeState::kReady)
+    return;
   if (!current && !IsDesired(v.model, v.version)) return;
   serving::ServedModel m;
   m.name = v.model;
@@ -448,7 +468,9 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
 void Reconciler::SaveBuild(const storage::BuildRecord& b) {
   // The row is what `aotid ls` and `show` report; serving goes on without it.
   Status s = store_->PutBuild(b);
-  if (!s.ok()) LOG_WARNING << "cannot record the build of " << b.artifact.substr(0, 12) << " for " << b.device << ": " << s.message();
+  if (!s.ok())
+    LOG_WARNING << "cannot record the build of " << b.artifact.substr(0, 12) << " for " << b.device << ": "
+                << s.message();
 }
 
 void Reconciler::Record(const storage::ModelVersion& v, const std::string& kind, const std::string& message) {

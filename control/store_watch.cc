@@ -22,7 +22,8 @@ void StoreWatch::Start(uv_loop_t* file_events) {
         if (f.empty() || f.rfind("aotid.db", 0) == 0) static_cast<StoreWatch*>(h->data)->Wake();
       },
       store_->dir().c_str(), 0);
-  if (rc != 0) LOG_WARNING << "cannot watch " << store_->dir() << " (" << uv_strerror(rc) << "); checking every second";
+  if (rc != 0)
+    LOG_WARNING << "cannot watch " << store_->dir() << " (" << uv_strerror(rc) << "); checking every second";
 }
 
 void StoreWatch::Tick() {
@@ -62,7 +63,8 @@ void StoreWatch::Stop() {
   *alive_ = false;
   if (dir_event_ != nullptr) {
     uv_fs_event_stop(dir_event_);
-    uv_close(reinterpret_cast<uv_handle_t*>(dir_event_), [](uv_handle_t* h) { delete reinterpret_cast<uv_fs_event_t*>(h); });
+    uv_close(reinterpret_cast<uv_handle_t*>(dir_event_),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_fs_event_t*>(h); });
     dir_event_ = nullptr;
   }
 }

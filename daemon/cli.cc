@@ -14,18 +14,18 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "control/store_watch.h"
 #include "daemon/config.h"
 #include "daemon/daemon_lock.h"
 #include "daemon/doctor.h"
-#include "runtime/package_build.h"
 #include "daemon/serve.h"
-#include "control/store_watch.h"
 #include "package/aoti_metadata.h"
 #include "package/package.h"
 #include "runtime/aoti_build.h"
 #include "runtime/build_cache.h"
 #include "runtime/cache_policy.h"
 #include "runtime/hardware.h"
+#include "runtime/package_build.h"
 #include "storage/model_store.h"
 
 namespace aotid::daemon {
@@ -128,7 +128,8 @@ json SettingsJson(const storage::VersionSettings& s) {
 // builds it again. Shown so, not as a build that is still going.
 constexpr char kInterrupted[] = "interrupted";
 bool Interrupted(const storage::BuildRecord& b, bool daemon_running) {
-  return !daemon_running && (b.state == storage::BuildState::kQueued || b.state == storage::BuildState::kBuilding);
+  return !daemon_running &&
+         (b.state == storage::BuildState::kQueued || b.state == storage::BuildState::kBuilding);
 }
 
 json BuildJson(const storage::BuildRecord& b, bool daemon_running) {
@@ -139,7 +140,8 @@ json BuildJson(const storage::BuildRecord& b, bool daemon_running) {
           {"state", interrupted ? std::string(kInterrupted) : std::string(storage::BuildStateName(b.state))},
           {"progress", interrupted ? std::string() : b.progress},
           {"attempts", b.attempts},
-          {"error", interrupted ? "no daemon runs on this store; the next `aotid serve` builds it again" : b.error},
+          {"error",
+           interrupted ? "no daemon runs on this store; the next `aotid serve` builds it again" : b.error},
           {"started_at", Timestamp(b.started_at_ms)},
           {"finished_at", Timestamp(b.finished_at_ms)}};
 }
@@ -189,9 +191,11 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
                      const std::vector<storage::BuildRecord>& builds, const std::string& fp) {
   json out{{"author", json::object()}, {"aoti", json::object()}};
   std::string blob = store.BlobPath(v.artifact);
-  if (auto author = package::ReadAuthorMetadata(blob); author.ok()) out["author"] = json::parse(*author, nullptr, false);
+  if (auto author = package::ReadAuthorMetadata(blob); author.ok())
+    out["author"] = json::parse(*author, nullptr, false);
   if (v.kind != package::PackageKind::kExportedProgram) {
-    if (auto md = package::ReadAotiMetadata(blob, v.package_model); md.ok()) out["aoti"] = json::parse(md->json, nullptr, false);
+    if (auto md = package::ReadAotiMetadata(blob, v.package_model); md.ok())
+      out["aoti"] = json::parse(md->json, nullptr, false);
     return out;
   }
   auto b = BuildHere(builds, v, fp);
@@ -250,9 +254,9 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   if (!store.ok()) return Fail("add", store.status());
   auto added = (*store)->Add(req);
   if (!added.ok()) return Fail("add", added.status());
-  std::cout << "added " << added->model << ":" << added->version << " (" << package::PackageKindName(added->kind)
-            << ", sha256:" << added->artifact.substr(0, 12) << ", " << HumanSize(added->size) << ") to "
-            << cfg->store_path << "\n";
+  std::cout << "added " << added->model << ":" << added->version << " ("
+            << package::PackageKindName(added->kind) << ", sha256:" << added->artifact.substr(0, 12) << ", "
+            << HumanSize(added->size) << ") to " << cfg->store_path << "\n";
   if (plan->kind != package::PackageKind::kExportedProgram) {
     // The store may feed other machines, so the package is kept; say now
     // whether this one can run it.
@@ -307,10 +311,16 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
       bool wanted = want.count(v.version) > 0;
       std::string policy = !m.enabled ? "off" : wanted ? "serve" : "-";
       if (as_json) {
-        out.push_back({{"name", v.model}, {"version", v.version}, {"served_by_policy", wanted},
-                       {"version_policy", storage::FormatVersionPolicy(m.policy)}, {"enabled", m.enabled},
-                       {"build", state}, {"build_progress", progress},
-                       {"device", device}, {"size", v.size}, {"artifact", v.artifact}});
+        out.push_back({{"name", v.model},
+                       {"version", v.version},
+                       {"served_by_policy", wanted},
+                       {"version_policy", storage::FormatVersionPolicy(m.policy)},
+                       {"enabled", m.enabled},
+                       {"build", state},
+                       {"build_progress", progress},
+                       {"device", device},
+                       {"size", v.size},
+                       {"artifact", v.artifact}});
         continue;
       }
       std::printf("%-24s %-8lld %-9s %-9s %-7s %-10s sha256:%s%s\n", v.model.c_str(),
@@ -742,7 +752,6 @@ int RunCli(int argc, char** argv) {
       "prune", "Remove damaged builds, builds for another machine or torch, and builds no version uses");
   cache_prune->add_flag("--dry-run", cache_dry_run, "Only say what would be removed");
   cache_prune->add_flag("--all", cache_all, "Remove every build (each is rebuilt when next needed)");
-
 
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");

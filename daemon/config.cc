@@ -267,5 +267,4 @@ Status ParseListen(const std::string& listen, std::string* host, int* port) {
   return Status::OK();
 }
 
-
 }  // namespace aotid::daemon

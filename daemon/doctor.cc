@@ -1,7 +1,5 @@
 #include "daemon/doctor.h"
 
-#include "daemon/daemon_lock.h"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -11,6 +9,7 @@
 
 #include "base/fs.h"
 #include "base/shell.h"
+#include "daemon/daemon_lock.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
 #include "runtime/torch_version.h"

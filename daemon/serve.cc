@@ -1,7 +1,5 @@
 #include "daemon/serve.h"
 
-#include "daemon/daemon_lock.h"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -13,12 +11,13 @@
 
 #include "base/fs.h"
 #include "base/log.h"
-#include "serving/http_api.h"
 #include "control/reconciler.h"
-#include "http/host.h"
 #include "control/store_watch.h"
+#include "daemon/daemon_lock.h"
+#include "http/host.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_version.h"
+#include "serving/http_api.h"
 
 namespace aotid::daemon {
 namespace {
@@ -95,7 +94,8 @@ int Serve(const Config& config) {
   runtime::BuildCache cache(config.store_path + "/cache");
   // Builds of a daemon that was killed: their compilers may still run.
   if (int n = runtime::KillLeftoverBuilds(config.store_path + "/cache/.staging"); n > 0) {
-    LOG_WARNING << "killed " << n << " process" << (n == 1 ? "" : "es") << " left by an earlier daemon's builds";
+    LOG_WARNING << "killed " << n << " process" << (n == 1 ? "" : "es")
+                << " left by an earlier daemon's builds";
   }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
 

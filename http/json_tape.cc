@@ -31,7 +31,9 @@ int Hex4(std::string_view s, size_t i) {
 // or 0 (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
 size_t Utf8Length(std::string_view s, size_t i) {
   auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
-  auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) { return byte(k) >= lo && byte(k) <= hi; };
+  auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
+    return byte(k) >= lo && byte(k) <= hi;
+  };
   unsigned c = byte(i);
   if (c >= 0xC2 && c <= 0xDF) return cont(i + 1) ? 2 : 0;
   if (c == 0xE0) return cont(i + 1, 0xA0) && cont(i + 2) ? 3 : 0;
@@ -125,7 +127,8 @@ bool Tape::StringToken(std::string_view* out, bool* escaped) {
         }
         continue;
       }
-      if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't') return false;
+      if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't')
+        return false;
       pos_ += 2;
       continue;
     }

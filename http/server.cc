@@ -48,9 +48,7 @@ bool IsTokenChar(char c) {
   return std::strchr("!#$%&'*+-.^_`|~", c) != nullptr && c != '\0';
 }
 
-bool IsToken(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), IsTokenChar);
-}
+bool IsToken(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), IsTokenChar); }
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -101,7 +99,8 @@ bool ParseRequestLine(std::string_view line, Request* req, HeadResult* err) {
     return false;
   }
   if (version[5] != '1') {
-    *err = HeadError(505, "HTTP version " + std::string(version.substr(5)) + " is not supported (HTTP/1.x only)");
+    *err = HeadError(505,
+                     "HTTP version " + std::string(version.substr(5)) + " is not supported (HTTP/1.x only)");
     return false;
   }
   bool origin_form = !target.empty() && target.front() == '/';
@@ -182,12 +181,14 @@ HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req) 
   std::string_view line = NextLine(data, pos, &next);
   if (next == std::string_view::npos) {
     if (data.size() > limits.max_header_bytes) {
-      return HeadError(414, "request line is longer than " + std::to_string(limits.max_header_bytes) + " bytes");
+      return HeadError(414,
+                       "request line is longer than " + std::to_string(limits.max_header_bytes) + " bytes");
     }
     return {};
   }
   if (next > limits.max_header_bytes) {
-    return HeadError(414, "request line is longer than " + std::to_string(limits.max_header_bytes) + " bytes");
+    return HeadError(414,
+                     "request line is longer than " + std::to_string(limits.max_header_bytes) + " bytes");
   }
   HeadResult err;
   if (!ParseRequestLine(line, req, &err)) return err;
@@ -198,8 +199,8 @@ HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req) 
     line = NextLine(data, pos, &next);
     if (next == std::string_view::npos || next > limits.max_header_bytes) {
       if (data.size() > limits.max_header_bytes) {
-        return HeadError(431, "request headers are larger than " + std::to_string(limits.max_header_bytes) +
-                                  " bytes");
+        return HeadError(
+            431, "request headers are larger than " + std::to_string(limits.max_header_bytes) + " bytes");
       }
       return {};
     }
@@ -215,7 +216,8 @@ HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req) 
     std::string_view value = Trim(line.substr(colon + 1));
     for (char c : value) {
       if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
-        return HeadError(400, "header '" + std::string(line.substr(0, colon)) + "' contains a control character");
+        return HeadError(400,
+                         "header '" + std::string(line.substr(0, colon)) + "' contains a control character");
       }
     }
     if (req->headers.size() >= limits.max_headers) {
@@ -226,8 +228,9 @@ HeadResult ParseHead(std::string_view data, const Limits& limits, Request* req) 
   if (req->minor_version >= 1) {
     int hosts = 0;
     for (const auto& h : req->headers) hosts += IEquals(h.name, "Host");
-    if (hosts != 1) return HeadError(400, hosts == 0 ? "HTTP/1.1 request without a Host header"
-                                                     : "more than one Host header");
+    if (hosts != 1)
+      return HeadError(400,
+                       hosts == 0 ? "HTTP/1.1 request without a Host header" : "more than one Host header");
   }
   HeadResult done;
   done.state = HeadResult::kDone;
@@ -256,13 +259,15 @@ BodyFraming FramingOf(const Request& req) {
       length = &h.value;
     }
   }
-  if (chunked && length) return error(400, "a request must not have both Content-Length and Transfer-Encoding");
+  if (chunked && length)
+    return error(400, "a request must not have both Content-Length and Transfer-Encoding");
   if (chunked) {
     f.kind = BodyFraming::kChunked;
     return f;
   }
   if (length) {
-    if (!ParseDigits(*length, &f.length)) return error(400, "Content-Length must be a byte count, got '" + *length + "'");
+    if (!ParseDigits(*length, &f.length))
+      return error(400, "Content-Length must be a byte count, got '" + *length + "'");
     f.kind = f.length > 0 ? BodyFraming::kLength : BodyFraming::kNone;
   }
   return f;
@@ -282,10 +287,12 @@ ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::
     }
     std::string_view size_text = line.substr(0, line.find(';'));
     uint64_t size = 0;
-    if (size_text.empty() || size_text.size() > 15) return error(400, "malformed chunked body: bad chunk size");
+    if (size_text.empty() || size_text.size() > 15)
+      return error(400, "malformed chunked body: bad chunk size");
     auto [p, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
     if (ec != std::errc() || p != size_text.data() + size_text.size()) {
-      return error(400, "malformed chunked body: bad chunk size '" + std::string(size_text.substr(0, 20)) + "'");
+      return error(400,
+                   "malformed chunked body: bad chunk size '" + std::string(size_text.substr(0, 20)) + "'");
     }
     if (size == 0) {
       // Trailers, then the blank line that ends the body. They are read
@@ -373,7 +380,8 @@ void Router::Dispatch(Request& req, Response& res) const {
   for (const Route& r : routes_) {
     if (r.segments.size() != segs.size()) continue;
     bool match = true;
-    for (size_t i = 0; i < segs.size() && match; ++i) match = r.segments[i] == "*" || r.segments[i] == segs[i];
+    for (size_t i = 0; i < segs.size() && match; ++i)
+      match = r.segments[i] == "*" || r.segments[i] == segs[i];
     if (!match) continue;
     if (r.method != want) {
       if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
@@ -397,8 +405,9 @@ void Router::Dispatch(Request& req, Response& res) const {
     if (allow.find("GET") != std::string::npos) allow += ", HEAD";
     res.status = 405;
     res.SetHeader("Allow", allow);
-    res.Set(error_body_("method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")"),
-            "application/json");
+    res.Set(
+        error_body_("method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")"),
+        "application/json");
   } else {
     res.status = 404;
     res.Set(error_body_("no route for " + req.method + " " + req.path), "application/json");
@@ -555,7 +564,8 @@ bool WantsKeepAlive(const Request& req) {
 
 class Server::Impl {
  public:
-  Impl(ServerOptions options, std::function<void(Request&, Response&)> handler, std::function<std::string(std::string_view)> error_body)
+  Impl(ServerOptions options, std::function<void(Request&, Response&)> handler,
+       std::function<std::string(std::string_view)> error_body)
       : opts_(std::move(options)), handler_(std::move(handler)), error_body_(std::move(error_body)) {
     if (::pipe(wake_) != 0) wake_[0] = wake_[1] = -1;
     for (int fd : wake_) {
@@ -648,7 +658,8 @@ class Server::Impl {
             parked[i].reset();
             continue;
           }
-          if (c.request_deadline_ms == 0) c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
+          if (c.request_deadline_ms == 0)
+            c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
           if (RequestBuffered(c.in.View(), opts_.limits)) {
             Enqueue(std::move(parked[i]));
             continue;
@@ -696,8 +707,8 @@ class Server::Impl {
     if (::flock(socket_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       ::close(socket_lock_fd_);
       socket_lock_fd_ = -1;
-      return Unavailable("cannot listen on unix:" + path + ": another process serves on it (it holds " + lock_path +
-                         ")");
+      return Unavailable("cannot listen on unix:" + path + ": another process serves on it (it holds " +
+                         lock_path + ")");
     }
     // A socket file left by an earlier run may be replaced; one that still
     // answers belongs to a live server that does not use the lock; anything
@@ -744,7 +755,8 @@ class Server::Impl {
       c->fd = fd;
       c->tcp = peer.ss_family != AF_UNIX;
       int one = 1;
-      if (c->tcp) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies must not wait
+      if (c->tcp)
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies must not wait
 #ifdef SO_NOSIGPIPE
       ::setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
 #endif
@@ -831,7 +843,8 @@ class Server::Impl {
         if (r < 0 && errno != EINTR) return false;
         if (r > 0 && !RecvSome(c)) return false;  // the peer closed
       }
-      if (c.request_deadline_ms == 0) c.request_deadline_ms = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
+      if (c.request_deadline_ms == 0)
+        c.request_deadline_ms = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
       Next next = ServeRequest(c);
       c.request_deadline_ms = 0;
       switch (next) {
@@ -874,8 +887,10 @@ class Server::Impl {
       head = ParseHead(c.in.View(), opts_.limits, &req);
       if (head.state != HeadResult::kIncomplete) break;
       if (!ReadSome(c, deadline)) {
-        if (NowMs() >= deadline) return Refuse(c, 408, "the request was not received within "
-                                                      "server.request_timeout_s");
+        if (NowMs() >= deadline)
+          return Refuse(c, 408,
+                        "the request was not received within "
+                        "server.request_timeout_s");
         return Next::kClose;
       }
     }
@@ -885,11 +900,13 @@ class Server::Impl {
     if (framing.kind == BodyFraming::kError) return Refuse(c, framing.status, framing.error);
     const int64_t max_body = opts_.limits.max_body_bytes;
     if (framing.kind == BodyFraming::kLength && framing.length > static_cast<uint64_t>(max_body)) {
-      return Refuse(c, 413, "request body exceeds the limit of " + std::to_string(max_body) +
-                                " bytes (server.max_body_bytes)");
+      return Refuse(
+          c, 413,
+          "request body exceeds the limit of " + std::to_string(max_body) + " bytes (server.max_body_bytes)");
     }
     if (const std::string* expect = req.Find("Expect")) {
-      if (!IEquals(*expect, "100-continue")) return Refuse(c, 417, "Expect '" + *expect + "' is not supported");
+      if (!IEquals(*expect, "100-continue"))
+        return Refuse(c, 417, "Expect '" + *expect + "' is not supported");
       if (framing.kind != BodyFraming::kNone && c.in.Empty()) {
         static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
         iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
@@ -905,8 +922,10 @@ class Server::Impl {
       c.in.Consume(have);
       while (have < n) {
         if (!WaitReadable(c.fd, deadline)) {
-          if (NowMs() >= deadline) return Refuse(c, 408, "the request body was not received within "
-                                                        "server.request_timeout_s");
+          if (NowMs() >= deadline)
+            return Refuse(c, 408,
+                          "the request body was not received within "
+                          "server.request_timeout_s");
           return Next::kClose;
         }
         ssize_t r;
@@ -921,12 +940,14 @@ class Server::Impl {
         c.in.Consume(chunked.consumed);
         if (chunked.state == ChunkedResult::kDone) break;
         if (chunked.state == ChunkedResult::kError) {
-          return Refuse(c, chunked.status, chunked.status == 413 ? chunked.error + " (server.max_body_bytes)"
-                                                                 : chunked.error);
+          return Refuse(c, chunked.status,
+                        chunked.status == 413 ? chunked.error + " (server.max_body_bytes)" : chunked.error);
         }
         if (!ReadSome(c, deadline)) {
-          if (NowMs() >= deadline) return Refuse(c, 408, "the request body was not received within "
-                                                        "server.request_timeout_s");
+          if (NowMs() >= deadline)
+            return Refuse(c, 408,
+                          "the request body was not received within "
+                          "server.request_timeout_s");
           return Next::kClose;
         }
       }
@@ -992,12 +1013,13 @@ class Server::Impl {
   CondVar cv_;                                                  // workers wait here for ready_
   std::deque<std::unique_ptr<Conn>> ready_ GUARDED_BY(mu_);     // waiting for a worker
   std::vector<std::unique_ptr<Conn>> to_park_ GUARDED_BY(mu_);  // handed to the poller
-  std::atomic<size_t> queued_{0};                // ready_.size(), read without the lock
+  std::atomic<size_t> queued_{0};                               // ready_.size(), read without the lock
 
   friend class Server;
 };
 
-Server::Server(ServerOptions options, std::function<void(Request&, Response&)> handler, std::function<std::string(std::string_view)> error_body)
+Server::Server(ServerOptions options, std::function<void(Request&, Response&)> handler,
+               std::function<std::string(std::string_view)> error_body)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(handler), std::move(error_body))) {}
 
 Server::~Server() = default;

@@ -37,9 +37,9 @@ struct Header {
 
 struct Request {
   std::string method;
-  std::string target;  // as sent: path and query
-  std::string path;    // the target's path, still percent-encoded
-  std::string query;   // after '?', without it
+  std::string target;     // as sent: path and query
+  std::string path;       // the target's path, still percent-encoded
+  std::string query;      // after '?', without it
   int minor_version = 1;  // HTTP/1.x
   std::vector<Header> headers;
   std::string body;
@@ -64,7 +64,9 @@ struct Response {
     body = std::move(content);
     content_type = type;
   }
-  void SetHeader(std::string name, std::string value) { headers.push_back({std::move(name), std::move(value)}); }
+  void SetHeader(std::string name, std::string value) {
+    headers.push_back({std::move(name), std::move(value)});
+  }
 };
 
 using Handler = std::function<void(const Request&, Response&)>;
@@ -151,9 +153,9 @@ bool ClientGone(int connection_fd);
 // from them and the HTTP API passes them through.
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8765;         // 0: a free port, see Server::port()
-  std::string unix_path;   // when set: listen on this unix socket, mode 0660, instead of host:port
-  int threads = 8;         // workers
+  int port = 8765;             // 0: a free port, see Server::port()
+  std::string unix_path;       // when set: listen on this unix socket, mode 0660, instead of host:port
+  int threads = 8;             // workers
   int request_timeout_s = 60;  // the whole of one request: line, headers, body
   int idle_timeout_s = 30;     // a keep-alive connection between requests
   int write_timeout_s = 30;    // a reply the client does not read

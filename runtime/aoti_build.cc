@@ -106,7 +106,8 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
     std::string head = "static void check_input_" + std::to_string(i) + "(";
     size_t start = cpp.find(head);
     if (start == std::string::npos) {
-      return InvalidArgument("the package's C++ has no input check for input " + std::to_string(i) + " ('" + name +
+      return InvalidArgument("the package's C++ has no input check for input " + std::to_string(i) + " ('" +
+                             name +
                              "'), so its datatype and shape are unknown; export it with aotid_export to "
                              "record them");
     }
@@ -143,7 +144,8 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
 StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req, const HardwareInfo& hw,
                                                   std::ostream& log) {
   if (req.kind != PackageKind::kAotiCompiled && req.kind != PackageKind::kAotiSource) {
-    return InvalidArgument("not an AOTInductor package kind: " + std::string(package::PackageKindName(req.kind)));
+    return InvalidArgument("not an AOTInductor package kind: " +
+                           std::string(package::PackageKindName(req.kind)));
   }
   ASSIGN_OR_RETURN(Archive archive, Archive::Open(req.artifact_path));
   if (std::string outside = package::ExternalWeightsEntry(archive); !outside.empty()) {
@@ -156,10 +158,11 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   PackageBuildResult result;
   ASSIGN_OR_RETURN(result.metadata, package::ReadAotiMetadata(archive, req.package_model));
   const AotiMetadata& md = result.metadata;
-  log << "package metadata: device " << md.device_key << ", platform " << md.platform << ", machine " << md.machine
-      << ", CPU ISA " << md.cpu_isa << "\n";
+  log << "package metadata: device " << md.device_key << ", platform " << md.platform << ", machine "
+      << md.machine << ", CPU ISA " << md.cpu_isa << "\n";
   if (md.device_key != req.device) {
-    return FailedPrecondition("package was compiled for device '" + md.device_key + "', not '" + req.device + "'");
+    return FailedPrecondition("package was compiled for device '" + md.device_key + "', not '" + req.device +
+                              "'");
   }
   RETURN_IF_ERROR(CheckFitsMachine(md, hw));
 
@@ -180,13 +183,15 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   }
   if (!result.outputs_declared) {
     if (cpp_text.empty()) {
-      return InvalidArgument("the package neither declares its inputs and outputs (extra/aotid.json) nor carries "
-                             "its C++ to read them from; export it with aotid_export");
+      return InvalidArgument(
+          "the package neither declares its inputs and outputs (extra/aotid.json) nor carries "
+          "its C++ to read them from; export it with aotid_export");
     }
     ASSIGN_OR_RETURN(DerivedInputs d, DeriveInputsFromSource(cpp_text));
     result.spec.inputs = std::move(d.inputs);
     result.min_shapes = std::move(d.min_shapes);
-    log << "inputs read from the package's C++: " << result.spec.inputs.size() << "; outputs found by a first run\n";
+    log << "inputs read from the package's C++: " << result.spec.inputs.size()
+        << "; outputs found by a first run\n";
   }
   if (result.min_shapes.empty()) {
     for (const auto& t : result.spec.inputs) {
@@ -225,7 +230,8 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     (base.ends_with(".cpp") ? cpps : objects).push_back(src + "/" + base);
   }
   if (cpps.empty() || compile_flags_name.empty()) {
-    return InvalidArgument("the source package has no C++ or no compile flags for '" + req.package_model + "'");
+    return InvalidArgument("the source package has no C++ or no compile flags for '" + req.package_model +
+                           "'");
   }
   ASSIGN_OR_RETURN(std::string cf_text, archive.Read(compile_flags_name));
   json cf = json::parse(cf_text, nullptr, false);
@@ -234,7 +240,8 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     ASSIGN_OR_RETURN(std::string lf_text, archive.Read(linker_flags_name));
     lf = json::parse(lf_text, nullptr, false);
   }
-  if (!cf.is_object() || !lf.is_object()) return InvalidArgument("the source package's build flags are not JSON objects");
+  if (!cf.is_object() || !lf.is_object())
+    return InvalidArgument("the source package's build flags are not JSON objects");
   auto strings = [](const json& j, const char* key) {
     std::vector<std::string> out;
     if (j.contains(key) && j[key].is_array()) {
@@ -290,7 +297,8 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   ShellResult r = RunShell("{ " + link + " 2>&1; }");
   log << r.out << std::flush;
   if (r.exit_code != 0) {
-    return InvalidArgument("linking the package's objects failed (exit " + std::to_string(r.exit_code) + "):\n" + r.out);
+    return InvalidArgument("linking the package's objects failed (exit " + std::to_string(r.exit_code) +
+                           "):\n" + r.out);
   }
   (void)fs::RemoveAll(src);
   return result;

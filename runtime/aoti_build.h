@@ -53,10 +53,10 @@ struct PackageBuildRequest {
 
 struct PackageBuildResult {
   package::AotiMetadata metadata;
-  ModelSpec spec;                // outputs empty when the package does not declare them
+  ModelSpec spec;  // outputs empty when the package does not declare them
   bool outputs_declared = false;
   std::vector<std::vector<int64_t>> min_shapes;  // for a run on zeros
-  std::string author_metadata;   // JSON object from extra/aotid.json, "{}" without
+  std::string author_metadata;                   // JSON object from extra/aotid.json, "{}" without
 };
 
 // Writes out_dir/model.so for one model of an AOTInductor package, logging

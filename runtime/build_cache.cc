@@ -61,7 +61,8 @@ StatusOr<CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
     }
     if (crashed->attempts >= kMaxUnfinishedLoads) {
       return FailedPrecondition("loading this build ended its process " + std::to_string(crashed->attempts) +
-                                " times (" + crashed->why + "), and its files are intact; it is not loaded again "
+                                " times (" + crashed->why +
+                                "), and its files are intact; it is not loaded again "
                                 "(`aotid cache prune` removes it, and the next start builds it anew)");
     }
   }
@@ -89,8 +90,8 @@ StatusOr<CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
   BuildKey recorded{m.value("artifact", ""), m.value("package_model", ""), m.value("device", ""),
                     m.value("fingerprint", ""), m.value("options", "")};
   if (!(recorded == key)) {
-    return Corruption("cache entry " + e.dir + " holds a build for another key (manifest: " + recorded.ToString() +
-                      ")");
+    return Corruption("cache entry " + e.dir +
+                      " holds a build for another key (manifest: " + recorded.ToString() + ")");
   }
   for (const char* name : kEntryFiles) {
     auto want = m["files"].find(name);
@@ -121,7 +122,8 @@ Status BuildCache::VerifyDigest(const CacheEntry& e) const {
   if (want.empty()) return Status::OK();  // written before digests were recorded
   ASSIGN_OR_RETURN(std::string have, fs::Sha256File(e.dir + "/model.so"));
   if (have != want) {
-    return Corruption("cache entry " + e.dir + ": model.so does not match the digest recorded when it was built");
+    return Corruption("cache entry " + e.dir +
+                      ": model.so does not match the digest recorded when it was built");
   }
   return Status::OK();
 }
@@ -135,7 +137,8 @@ std::string LoadMarker(const CacheEntry& e) { return e.dir + "/load.pending"; }
 Status BuildCache::BeginLoad(const CacheEntry& e) const {
   auto crashed = LoadCrashed(e);
   int attempts = (crashed ? crashed->attempts : 0) + 1;
-  return fs::WriteFileAtomic(LoadMarker(e), std::to_string(::getpid()) + " " + std::to_string(attempts) + "\n");
+  return fs::WriteFileAtomic(LoadMarker(e),
+                             std::to_string(::getpid()) + " " + std::to_string(attempts) + "\n");
 }
 
 void BuildCache::EndLoad(const CacheEntry& e) const { ::unlink(LoadMarker(e).c_str()); }
@@ -147,7 +150,8 @@ std::optional<BuildCache::UnfinishedLoad> BuildCache::LoadCrashed(const CacheEnt
   int attempts = 1;
   if (std::sscanf(text->c_str(), "%ld %d", &pid, &attempts) < 1) pid = 0;
   if (pid == ::getpid()) return std::nullopt;  // a load of ours, still running
-  return UnfinishedLoad{std::max(attempts, 1), "pid " + std::to_string(pid) + " began loading it and never finished"};
+  return UnfinishedLoad{std::max(attempts, 1),
+                        "pid " + std::to_string(pid) + " began loading it and never finished"};
 }
 
 StatusOr<std::string> BuildCache::NewStaging(const BuildKey& key) const {

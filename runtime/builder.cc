@@ -1,14 +1,13 @@
 #include "runtime/builder.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
-#include <signal.h>
-
 #include <algorithm>
-#include <filesystem>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 
 #include "base/fs.h"
 #include "base/log.h"

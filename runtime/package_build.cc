@@ -19,9 +19,13 @@
 namespace aotid::runtime {
 namespace {
 
-void Step(int n, const std::string& what) { std::cout << "[aotid-build] step " << n << "/3: " << what << std::endl; }
+void Step(int n, const std::string& what) {
+  std::cout << "[aotid-build] step " << n << "/3: " << what << std::endl;
+}
 
-Status WriteJson(const std::string& path, const nlohmann::json& j) { return fs::WriteFileAtomic(path, j.dump(2)); }
+Status WriteJson(const std::string& path, const nlohmann::json& j) {
+  return fs::WriteFileAtomic(path, j.dump(2));
+}
 
 // Runs the model on zeros of its smallest accepted shapes; the outputs'
 // datatypes and ranks complete a spec read from the package's C++.
@@ -76,16 +80,15 @@ Status FirstRun(const PackageBuildResult& built, const std::string& dir, const s
 }  // namespace
 
 std::vector<std::string> PackageBuildArgv(const std::string& self_exe, const PackageBuildArgs& a) {
-  return {self_exe,     kPackageBuildCommand, "--artifact", a.artifact, "--out",   a.out,
-          "--kind",     a.kind,               "--device",   a.device,   "--package-model", a.package_model,
-          "--cxx",      a.cxx};
+  return {self_exe, kPackageBuildCommand, "--artifact", a.artifact,        "--out",         a.out,   "--kind",
+          a.kind,   "--device",           a.device,     "--package-model", a.package_model, "--cxx", a.cxx};
 }
 
 StatusOr<PackageBuildArgs> ParsePackageBuildArgs(const std::vector<std::string>& args) {
   PackageBuildArgs a;
   const std::pair<const char*, std::string*> flags[] = {
-      {"--artifact", &a.artifact}, {"--out", &a.out},     {"--kind", &a.kind},
-      {"--device", &a.device},     {"--package-model", &a.package_model}, {"--cxx", &a.cxx}};
+      {"--artifact", &a.artifact},           {"--out", &a.out}, {"--kind", &a.kind}, {"--device", &a.device},
+      {"--package-model", &a.package_model}, {"--cxx", &a.cxx}};
   std::vector<std::string> seen;
   for (size_t i = 0; i < args.size(); i += 2) {
     std::string* field = nullptr;
@@ -134,7 +137,8 @@ int RunPackageBuild(const PackageBuildArgs& args) {
   if (!built.ok()) {
     std::cout << "error: " << built.status().message() << std::endl;
     StatusCode c = built.status().code();
-    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kBuildExitPermanent : kBuildExitMayPass;
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kBuildExitPermanent
+                                                                                     : kBuildExitMayPass;
   }
   Step(2, "loading the model and running it once on zeros");
   ModelSpec spec = built->spec;
@@ -145,11 +149,10 @@ int RunPackageBuild(const PackageBuildArgs& args) {
   Step(3, "writing the build");
   Status s = fs::WriteFileAtomic(args.out + "/spec.json", spec.ToJson());
   if (s.ok()) {
-    s = WriteJson(args.out + "/package.json",
-                  {{"kind", std::string(package::PackageKindName(req.kind))},
-                   {"package_model", args.package_model},
-                   {"aoti", nlohmann::json::parse(built->metadata.json)},
-                   {"author", nlohmann::json::parse(built->author_metadata)}});
+    s = WriteJson(args.out + "/package.json", {{"kind", std::string(package::PackageKindName(req.kind))},
+                                               {"package_model", args.package_model},
+                                               {"aoti", nlohmann::json::parse(built->metadata.json)},
+                                               {"author", nlohmann::json::parse(built->author_metadata)}});
   }
   if (!s.ok()) {
     std::cout << "error: " << s.message() << std::endl;

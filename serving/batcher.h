@@ -21,17 +21,17 @@
 namespace aotid::serving {
 
 struct BatchOptions {
-  int max_batch_size = 8;       // rows per run
-  int max_delay_us = 0;         // how long the oldest request may wait for more
-  int max_queued = 256;         // requests waiting; beyond this Infer answers ResourceExhausted
-  int workers = 1;              // batches run at once (the model's runner count)
+  int max_batch_size = 8;  // rows per run
+  int max_delay_us = 0;    // how long the oldest request may wait for more
+  int max_queued = 256;    // requests waiting; beyond this Infer answers ResourceExhausted
+  int workers = 1;         // batches run at once (the model's runner count)
 };
 
 // What one run looked like, for metrics.
 struct BatchReport {
   int rows = 0;
   int requests = 0;
-  int dropped = 0;  // requests whose client had gone: not run
+  int dropped = 0;                    // requests whose client had gone: not run
   std::vector<double> queue_seconds;  // per request: enqueue to run start
 };
 

@@ -1,12 +1,11 @@
 #include "serving/http_api.h"
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
@@ -38,7 +37,8 @@ void SendError(http::Response& res, int status, const std::string& message) {
 }
 
 void SendStatus(http::Response& res, const Status& s) {
-  if (s.code() == StatusCode::kResourceExhausted) res.SetHeader("Retry-After", "1");  // a full queue drains fast
+  if (s.code() == StatusCode::kResourceExhausted)
+    res.SetHeader("Retry-After", "1");  // a full queue drains fast
   SendError(res, HttpStatusFor(s), s.message());
 }
 
@@ -52,7 +52,8 @@ json TensorList(const std::vector<runtime::TensorSpec>& specs) {
 
 // Finds the model a request names, honouring an optional version segment.
 // Names and versions are checked like everywhere else before any lookup.
-StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* registry, const http::Request& req) {
+StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* registry,
+                                                     const http::Request& req) {
   std::string name = req.params[0];
   RETURN_IF_ERROR(storage::ValidateModelName(name));
   std::string v = req.params.size() > 1 ? req.params[1] : "";
@@ -80,7 +81,8 @@ Status NotReady(const ServedModel& m) {
     case ServeState::kQueued: return Unavailable(what + " is queued for its build; try again shortly");
     case ServeState::kLoading: return Unavailable(what + " is loading; try again shortly");
     case ServeState::kBuilding:
-      return Unavailable(what + " is " + (m.message.empty() ? "building" : m.message) + "; try again shortly");
+      return Unavailable(what + " is " + (m.message.empty() ? "building" : m.message) +
+                         "; try again shortly");
     case ServeState::kFailed: return Unavailable(what + " failed: " + m.message);
     case ServeState::kReady: break;
   }
@@ -130,7 +132,6 @@ bool OriginAllowed(const std::vector<std::string>& allowed, const std::string& o
 
 }  // namespace
 
-
 int HttpStatusFor(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return 200;
@@ -170,27 +171,31 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
   {
     if (opts.check_host && req.Has("Host")) {
       std::string host = http::HostWithoutPort(req.Get("Host"));
-      bool ok = http::IsLoopbackHost(host) ||
-                std::find(opts.allowed_hosts.begin(), opts.allowed_hosts.end(), host) != opts.allowed_hosts.end();
+      bool ok = http::IsLoopbackHost(host) || std::find(opts.allowed_hosts.begin(), opts.allowed_hosts.end(),
+                                                        host) != opts.allowed_hosts.end();
       if (!ok) {
-        SendError(res, 403, "Host '" + host + "' is not allowed: aotid listens on loopback and answers only "
-                            "requests addressed to a loopback name (add the name to server.allowed_hosts to "
-                            "allow it)");
+        SendError(res, 403,
+                  "Host '" + host +
+                      "' is not allowed: aotid listens on loopback and answers only "
+                      "requests addressed to a loopback name (add the name to server.allowed_hosts to "
+                      "allow it)");
         return false;
       }
     }
     std::string origin = req.Get("Origin");
     if (req.method == "OPTIONS") {  // CORS preflight
       if (origin.empty() || !OriginAllowed(opts.cors_origins, origin)) {
-        SendError(res, 403, origin.empty() ? "OPTIONS is only answered as a CORS preflight"
-                                           : "origin '" + origin + "' is not in server.cors_origins");
+        SendError(res, 403,
+                  origin.empty() ? "OPTIONS is only answered as a CORS preflight"
+                                 : "origin '" + origin + "' is not in server.cors_origins");
         return false;
       }
       res.status = 204;
       res.SetHeader("Access-Control-Allow-Origin", origin);
       res.SetHeader("Vary", "Origin");
       res.SetHeader("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      res.SetHeader("Access-Control-Allow-Headers", "Content-Type, Authorization, Inference-Header-Content-Length");
+      res.SetHeader("Access-Control-Allow-Headers",
+                    "Content-Type, Authorization, Inference-Header-Content-Length");
       res.SetHeader("Access-Control-Max-Age", "600");
       return false;
     }
@@ -199,13 +204,15 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
     // to localhost). Nothing of aotid's own is a page, so only the origins
     // configured are served; tools like curl send no Origin.
     if (!origin.empty() && !OriginAllowed(opts.cors_origins, origin)) {
-      SendError(res, 403, "origin '" + origin + "' is not in server.cors_origins: cross-site requests are refused");
+      SendError(res, 403,
+                "origin '" + origin + "' is not in server.cors_origins: cross-site requests are refused");
       return false;
     }
     if (req.method == "POST" && !AcceptedBodyType(req.Get("Content-Type"))) {
-      SendError(res, 415, "Content-Type '" + req.Get("Content-Type") +
-                              "' is not accepted: send application/json, or application/octet-stream with the "
-                              "binary tensor extension");
+      SendError(res, 415,
+                "Content-Type '" + req.Get("Content-Type") +
+                    "' is not accepted: send application/json, or application/octet-stream with the "
+                    "binary tensor extension");
       return false;
     }
     bool needs_token = opts.token_for_all || req.path.rfind("/v2/repository/", 0) == 0;
@@ -213,8 +220,9 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
       std::string auth = req.Get("Authorization");
       if (auth.empty()) {
         res.SetHeader("WWW-Authenticate", "Bearer");
-        SendError(res, 401, "this aotid needs a bearer token: send 'Authorization: Bearer <token>' "
-                            "(the token is in the file server.token_file names)");
+        SendError(res, 401,
+                  "this aotid needs a bearer token: send 'Authorization: Bearer <token>' "
+                  "(the token is in the file server.token_file names)");
         return false;
       }
       if (!IsBearer(auth) || !ConstantTimeEquals(auth.substr(7), opts.token)) {
@@ -230,17 +238,15 @@ void HttpApi::Routes() {
   http::Router& r = router_;
   const ModelRegistry* reg = registry_;
 
-  r.Add("GET", "/v2/health/live", [](const http::Request&, http::Response& res) {
-    res.Set(R"({"live":true})", kJson);
-  });
+  r.Add("GET", "/v2/health/live",
+        [](const http::Request&, http::Response& res) { res.Set(R"({"live":true})", kJson); });
   r.Add("GET", "/v2/health/ready", [reg](const http::Request&, http::Response& res) {
     bool ready = reg->startup_done();
     res.status = ready ? 200 : 503;
     res.Set(Dump(json{{"ready", ready}}), kJson);
   });
   r.Add("GET", "/v2", [](const http::Request&, http::Response& res) {
-    res.Set(Dump(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}),
-                    kJson);
+    res.Set(Dump(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}), kJson);
   });
 
   auto metadata = [reg](const http::Request& req, http::Response& res) {
@@ -252,12 +258,8 @@ void HttpApi::Routes() {
     if (auto it = served->find(sm.name); it != served->end()) {
       for (const auto& [n, unused] : it->second) versions.push_back(std::to_string(n));
     }
-    json j{{"name", sm.name},
-           {"version", std::to_string(sm.version)},
-           {"versions", versions},
-           {"platform", "aotid_aoti"},
-           {"state", ServeStateName(sm.state)},
-           {"device", sm.device}};
+    json j{{"name", sm.name},          {"version", std::to_string(sm.version)}, {"versions", versions},
+           {"platform", "aotid_aoti"}, {"state", ServeStateName(sm.state)},     {"device", sm.device}};
     if (sm.model) {
       j["inputs"] = TensorList(sm.model->spec().inputs);
       j["outputs"] = TensorList(sm.model->spec().outputs);
@@ -367,8 +369,9 @@ void HttpApi::Routes() {
       // depth 32 instead of costing a node per bracket.
       http::json_tape::Tape body;
       if (!body.Parse(req.body, /*max_depth=*/32) || body.kind(0) != http::json_tape::Kind::kObject) {
-        return SendError(res, 400, body.too_deep() ? "repository index body nests deeper than 32 levels"
-                                                   : "repository index body must be a JSON object");
+        return SendError(res, 400,
+                         body.too_deep() ? "repository index body nests deeper than 32 levels"
+                                         : "repository index body must be a JSON object");
       }
       if (uint32_t ready = body.Member(0, "ready"); ready != http::json_tape::Tape::kNone) {
         if (!body.is_bool(ready)) return SendError(res, 400, "'ready' must be true or false");
@@ -384,7 +387,10 @@ void HttpApi::Routes() {
         switch (sm->state) {
           case ServeState::kReady: state = "READY"; break;
           case ServeState::kFailed: reason = sm->message; break;
-          default: state = "LOADING"; reason = std::string(ServeStateName(sm->state)); break;
+          default:
+            state = "LOADING";
+            reason = std::string(ServeStateName(sm->state));
+            break;
         }
         if (!e.wanted && sm->state == ServeState::kReady) reason = "serving until a newer version is ready";
       } else {
@@ -418,7 +424,6 @@ void HttpApi::Routes() {
   };
   r.Add("POST", "/v2/repository/models/*/load", set_enabled(true));
   r.Add("POST", "/v2/repository/models/*/unload", set_enabled(false));
-
 }
 
 Status HttpApi::Bind() {

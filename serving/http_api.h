@@ -23,9 +23,9 @@ namespace aotid::serving {
 
 struct HttpOptions {
   http::ServerOptions server;  // where it listens, workers, timeouts, limits
-  std::string token;  // when set, requests need "Authorization: Bearer <token>"
-  bool token_for_all = true;  // false: only the repository routes need it
-  std::string store_dir;      // the repository routes write the store here
+  std::string token;           // when set, requests need "Authorization: Bearer <token>"
+  bool token_for_all = true;   // false: only the repository routes need it
+  std::string store_dir;       // the repository routes write the store here
   // Host-header check against DNS rebinding: on for loopback binds. Loopback
   // names and addresses are always accepted, plus `allowed_hosts`.
   bool check_host = true;

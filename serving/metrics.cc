@@ -9,7 +9,8 @@ namespace {
 
 // Request latencies: 50 µs to 10 s.
 std::vector<double> LatencyBounds() {
-  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+          50e-3, 100e-3, 250e-3, 500e-3, 1,    2.5,    5,    10};
 }
 
 std::string Num(double v) {
@@ -63,15 +64,20 @@ Metrics::Metrics() : build_duration_({1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 
 Metrics::ModelSeries& Metrics::Series(const std::string& model, int64_t version) {
   auto it = models_.find({model, version});
   if (it == models_.end()) {
-    it = models_.emplace(std::make_pair(model, version),
-                         ModelSeries{{}, Histogram(LatencyBounds()), Histogram(LatencyBounds()),
-                                     Histogram(LatencyBounds()),
-                                     Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096})}).first;
+    it = models_
+             .emplace(std::make_pair(model, version),
+                      ModelSeries{{},
+                                  Histogram(LatencyBounds()),
+                                  Histogram(LatencyBounds()),
+                                  Histogram(LatencyBounds()),
+                                  Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096})})
+             .first;
   }
   return it->second;
 }
 
-void Metrics::RecordInfer(const std::string& model, int64_t version, int status, double total_s, double compute_s) {
+void Metrics::RecordInfer(const std::string& model, int64_t version, int status, double total_s,
+                          double compute_s) {
   MutexLock lock(&mu_);
   ModelSeries& s = Series(model, version);
   ++s.requests_by_status[status];
@@ -79,7 +85,8 @@ void Metrics::RecordInfer(const std::string& model, int64_t version, int status,
   if (compute_s > 0) s.compute.Observe(compute_s);
 }
 
-void Metrics::RecordBatch(const std::string& model, int64_t version, int rows, const std::vector<double>& queue_s) {
+void Metrics::RecordBatch(const std::string& model, int64_t version, int rows,
+                          const std::vector<double>& queue_s) {
   MutexLock lock(&mu_);
   ModelSeries& s = Series(model, version);
   s.batch_rows.Observe(rows);
@@ -98,7 +105,8 @@ std::string Metrics::Render() const {
   auto labels = [](const std::pair<std::string, int64_t>& key) {
     return "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"";
   };
-  Header(&out, "aotid_inference_requests_total", "counter", "Infer requests by model, version and HTTP status.");
+  Header(&out, "aotid_inference_requests_total", "counter",
+         "Infer requests by model, version and HTTP status.");
   for (const auto& [key, s] : models_) {
     for (const auto& [status, n] : s.requests_by_status) {
       out += "aotid_inference_requests_total{" + labels(key) + ",code=\"" + std::to_string(status) + "\"} " +
@@ -111,11 +119,12 @@ std::string Metrics::Render() const {
     const char* help;
     Histogram ModelSeries::*histogram;
   } kHistograms[] = {
-      {"aotid_inference_duration_seconds", "Infer request time in the server, from routing to the encoded reply.",
-       &ModelSeries::total},
-      {"aotid_compute_duration_seconds", "Time the model itself ran, per infer request.", &ModelSeries::compute},
-      {"aotid_queue_duration_seconds", "Time a request waited in its model's batching queue (batched models only).",
-       &ModelSeries::queue},
+      {"aotid_inference_duration_seconds",
+       "Infer request time in the server, from routing to the encoded reply.", &ModelSeries::total},
+      {"aotid_compute_duration_seconds", "Time the model itself ran, per infer request.",
+       &ModelSeries::compute},
+      {"aotid_queue_duration_seconds",
+       "Time a request waited in its model's batching queue (batched models only).", &ModelSeries::queue},
       {"aotid_batch_rows", "Rows per batched model run (batched models only).", &ModelSeries::batch_rows},
   };
   for (const auto& h : kHistograms) {

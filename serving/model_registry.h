@@ -35,7 +35,7 @@ struct ServedModel {
   std::string device_note;   // why it runs where it runs, when not where asked (CPU fallback)
   std::string package_json;  // the build's package.json: the package's metadata
   std::string artifact;
-  storage::VersionSettings settings;  // what `model` was loaded with
+  storage::VersionSettings settings;            // what `model` was loaded with
   std::shared_ptr<runtime::LoadedModel> model;  // set when ready
 };
 

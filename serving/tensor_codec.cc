@@ -37,14 +37,15 @@ T Get(const std::vector<std::byte>& in, size_t index) {
 Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vector<std::byte>& out,
                  const std::string& who) {
   auto type_error = [&](const char* want) {
-    return InvalidArgument(who + ": element " + std::to_string(i) + " is " + KindName(tape.kind(v)) + ", expected " +
-                           want);
+    return InvalidArgument(who + ": element " + std::to_string(i) + " is " + KindName(tape.kind(v)) +
+                           ", expected " + want);
   };
   auto integer = [&](int64_t lo, int64_t hi) -> StatusOr<int64_t> {
     int64_t x;
     uint64_t u;
     if (!tape.AsInt64(v, &x)) {
-      if (tape.AsUInt64(v, &u)) return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
+      if (tape.AsUInt64(v, &u))
+        return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
       return type_error("an integer");
     }
     if (x < lo || x > hi) {
@@ -58,16 +59,30 @@ Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vecto
       if (!tape.is_bool(v)) return type_error("true or false");
       Put<uint8_t>(out, i, tape.kind(v) == Kind::kTrue ? 1 : 0);
       return Status::OK();
-    case DType::kUInt8: { ASSIGN_OR_RETURN(int64_t x, integer(0, 255)); Put<uint8_t>(out, i, x); return Status::OK(); }
-    case DType::kInt8: { ASSIGN_OR_RETURN(int64_t x, integer(-128, 127)); Put<int8_t>(out, i, x); return Status::OK(); }
-    case DType::kInt16: { ASSIGN_OR_RETURN(int64_t x, integer(-32768, 32767)); Put<int16_t>(out, i, x); return Status::OK(); }
+    case DType::kUInt8: {
+      ASSIGN_OR_RETURN(int64_t x, integer(0, 255));
+      Put<uint8_t>(out, i, x);
+      return Status::OK();
+    }
+    case DType::kInt8: {
+      ASSIGN_OR_RETURN(int64_t x, integer(-128, 127));
+      Put<int8_t>(out, i, x);
+      return Status::OK();
+    }
+    case DType::kInt16: {
+      ASSIGN_OR_RETURN(int64_t x, integer(-32768, 32767));
+      Put<int16_t>(out, i, x);
+      return Status::OK();
+    }
     case DType::kInt32: {
-      ASSIGN_OR_RETURN(int64_t x, integer(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+      ASSIGN_OR_RETURN(int64_t x,
+                       integer(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
       Put<int32_t>(out, i, static_cast<int32_t>(x));
       return Status::OK();
     }
     case DType::kInt64: {
-      ASSIGN_OR_RETURN(int64_t x, integer(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+      ASSIGN_OR_RETURN(int64_t x,
+                       integer(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
       Put<int64_t>(out, i, x);
       return Status::OK();
     }
@@ -106,23 +121,26 @@ Status Flatten(const Tape& tape, uint32_t node, DType dtype, size_t expected, si
 static_assert(std::endian::native == std::endian::little,
               "binary tensor data is little endian; a big-endian host needs byte swapping here");
 
-StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec& spec, const DecodeLimits& limits,
-                                  std::optional<std::string_view> binary) {
+StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec& spec,
+                                  const DecodeLimits& limits, std::optional<std::string_view> binary) {
   const std::string who = "input '" + spec.name + "'";
   HostTensor h;
   h.name = spec.name;
   uint32_t dt = tape.Member(t, "datatype");
-  if (dt == Tape::kNone || tape.kind(dt) != Kind::kString) return InvalidArgument(who + ": missing 'datatype'");
+  if (dt == Tape::kNone || tape.kind(dt) != Kind::kString)
+    return InvalidArgument(who + ": missing 'datatype'");
   std::string datatype = tape.String(dt);
   if (!runtime::ParseDType(datatype, &h.dtype)) {
     if (datatype == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
     return InvalidArgument(who + ": unknown datatype '" + datatype + "'");
   }
   uint32_t shape = tape.Member(t, "shape");
-  if (shape == Tape::kNone || tape.kind(shape) != Kind::kArray) return InvalidArgument(who + ": missing 'shape' array");
+  if (shape == Tape::kNone || tape.kind(shape) != Kind::kArray)
+    return InvalidArgument(who + ": missing 'shape' array");
   for (uint32_t d = shape + 1; d < tape.end(shape); d = tape.end(d)) {
     int64_t dim;
-    if (!tape.AsInt64(d, &dim) || dim < 0) return InvalidArgument(who + ": 'shape' must hold non-negative integers");
+    if (!tape.AsInt64(d, &dim) || dim < 0)
+      return InvalidArgument(who + ": 'shape' must hold non-negative integers");
     h.shape.push_back(dim);
   }
   if (h.dtype != spec.dtype) {
@@ -136,12 +154,13 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
   }
   uint32_t data = tape.Member(t, "data");
   if (binary) {
-    if (data != Tape::kNone) return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
+    if (data != Tape::kNone)
+      return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
     size_t want = static_cast<size_t>(n) * runtime::DTypeSize(h.dtype);
     if (binary->size() != want) {
-      return InvalidArgument(who + ": binary_data_size is " + std::to_string(binary->size()) + " bytes, shape " +
-                             runtime::ShapeString(h.shape) + " of " + std::string(runtime::DTypeName(h.dtype)) +
-                             " needs " + std::to_string(want));
+      return InvalidArgument(who + ": binary_data_size is " + std::to_string(binary->size()) +
+                             " bytes, shape " + runtime::ShapeString(h.shape) + " of " +
+                             std::string(runtime::DTypeName(h.dtype)) + " needs " + std::to_string(want));
     }
     h.data.resize(want);
     if (want) std::memcpy(h.data.data(), binary->data(), want);
@@ -236,12 +255,16 @@ int JsonDepth(std::string_view body, int stop) {
   bool in_string = false, escaped = false;
   for (char c : body) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '[' || c == '{') {
       if (++depth > max_depth && (max_depth = depth) > stop) return max_depth;
     } else if (c == ']' || c == '}') {
@@ -283,11 +306,13 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
   Tape tape;
   if (!tape.Parse(body, limits.max_depth)) {
     if (tape.too_deep()) {
-      return InvalidArgument("request JSON is nested deeper than " + std::to_string(limits.max_depth) + " levels");
+      return InvalidArgument("request JSON is nested deeper than " + std::to_string(limits.max_depth) +
+                             " levels");
     }
     if (!json_length && body.find("binary_data_size") != std::string_view::npos) {
-      return InvalidArgument("request body is not valid JSON (binary tensor data needs the "
-                             "Inference-Header-Content-Length header)");
+      return InvalidArgument(
+          "request body is not valid JSON (binary tensor data needs the "
+          "Inference-Header-Content-Length header)");
     }
     return InvalidArgument("request body is not valid JSON");
   }
@@ -323,20 +348,24 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
         return InvalidArgument("input '" + name + "': binary_data_size must be a non-negative integer");
       }
       if (!json_length) {
-        return InvalidArgument("input '" + name + "' has binary_data_size but the request has no "
+        return InvalidArgument("input '" + name +
+                               "' has binary_data_size but the request has no "
                                "Inference-Header-Content-Length header");
       }
       if (n > binary.size() - offset) {
-        return InvalidArgument("input '" + name + "': binary_data_size " + std::to_string(n) + " runs past the end "
-                               "of the body (" + std::to_string(binary.size() - offset) + " bytes left)");
+        return InvalidArgument("input '" + name + "': binary_data_size " + std::to_string(n) +
+                               " runs past the end "
+                               "of the body (" +
+                               std::to_string(binary.size() - offset) + " bytes left)");
       }
       chunk[k] = binary.substr(offset, n);
       offset += n;
     }
   }
   if (offset != binary.size()) {
-    return InvalidArgument(std::to_string(binary.size() - offset) +
-                           " bytes of binary data follow the JSON header that no input's binary_data_size claims");
+    return InvalidArgument(
+        std::to_string(binary.size() - offset) +
+        " bytes of binary data follow the JSON header that no input's binary_data_size claims");
   }
   for (size_t k = 0; k < spec.inputs.size(); ++k) {
     if (by_spec[k] == Tape::kNone) {
@@ -351,12 +380,14 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
     if (tape.kind(outs) != Kind::kArray) return InvalidArgument("'outputs' must be an array");
     for (uint32_t o = outs + 1; o < tape.end(outs); o = tape.end(o)) {
       std::string name;
-      if (!EntryName(tape, o, &name)) return InvalidArgument("every entry of 'outputs' needs a string 'name'");
+      if (!EntryName(tape, o, &name))
+        return InvalidArgument("every entry of 'outputs' needs a string 'name'");
       bool known = false;
       for (const auto& s : spec.outputs) known = known || s.name == name;
       if (!known) return InvalidArgument("unknown output '" + name + "'");
       if (uint32_t b = Param(tape, o, "binary_data"); b != Tape::kNone) {
-        if (!tape.is_bool(b)) return InvalidArgument("output '" + name + "': binary_data must be true or false");
+        if (!tape.is_bool(b))
+          return InvalidArgument("output '" + name + "': binary_data must be true or false");
         req.output_binary.emplace_back(name, tape.kind(b) == Kind::kTrue);
       }
       req.output_names.push_back(std::move(name));
@@ -421,7 +452,8 @@ EncodedResponse Encode(std::string_view model_name, int64_t version, std::string
   if (!binary.empty()) {
     r.has_binary = true;
     r.json_length = out.size();
-    for (const HostTensor* t : binary) out.append(reinterpret_cast<const char*>(t->data.data()), t->data.size());
+    for (const HostTensor* t : binary)
+      out.append(reinterpret_cast<const char*>(t->data.data()), t->data.size());
   }
   return r;
 }
@@ -429,13 +461,15 @@ EncodedResponse Encode(std::string_view model_name, int64_t version, std::string
 }  // namespace
 
 std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
-                                const std::vector<HostTensor>& outputs, const std::vector<std::string>& wanted) {
+                                const std::vector<HostTensor>& outputs,
+                                const std::vector<std::string>& wanted) {
   return Encode(model_name, version, id, outputs, wanted, false, {}).body;
 }
 
 EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
                                     const std::vector<HostTensor>& outputs) {
-  return Encode(model_name, version, req.id, outputs, req.output_names, req.binary_outputs, req.output_binary);
+  return Encode(model_name, version, req.id, outputs, req.output_names, req.binary_outputs,
+                req.output_binary);
 }
 
 uint16_t FloatToHalf(float f) {
@@ -446,7 +480,7 @@ uint16_t FloatToHalf(float f) {
   if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));  // inf / nan
   int32_t e = exp - 127 + 15;
   if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (e <= 0) {                                                  // subnormal or zero
+  if (e <= 0) {                                                 // subnormal or zero
     if (e < -10) return static_cast<uint16_t>(sign);
     mant |= 0x800000u;
     uint32_t shift = static_cast<uint32_t>(14 - e);

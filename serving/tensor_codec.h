@@ -19,14 +19,14 @@
 namespace aotid::serving {
 
 struct DecodeLimits {
-  int max_depth = 32;                 // JSON nesting
-  int64_t max_elements = 1LL << 28;   // per input
+  int max_depth = 32;                // JSON nesting
+  int64_t max_elements = 1LL << 28;  // per input
 };
 
 struct InferRequest {
-  std::string id;  // echoed when non-empty
-  std::vector<runtime::HostTensor> inputs;   // in the order of spec.inputs
-  std::vector<std::string> output_names;     // empty means all
+  std::string id;                           // echoed when non-empty
+  std::vector<runtime::HostTensor> inputs;  // in the order of spec.inputs
+  std::vector<std::string> output_names;    // empty means all
   // Binary tensor extension, outputs: the request-wide default
   // (parameters.binary_data_output) and per-output choices
   // (outputs[].parameters.binary_data), which win.

@@ -449,8 +449,11 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
         "INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
-    RETURN_IF_ERROR(s.Bind(1, sha).Bind(2, package::PackageKindName(plan.kind))
-                        .Bind(3, int64_t{st.st_size}).Bind(4, now).Run());
+    RETURN_IF_ERROR(s.Bind(1, sha)
+                        .Bind(2, package::PackageKindName(plan.kind))
+                        .Bind(3, int64_t{st.st_size})
+                        .Bind(4, now)
+                        .Run());
   }
   {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare("INSERT OR IGNORE INTO models(name, created_at_ms) VALUES(?, ?)"));

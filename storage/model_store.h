@@ -122,7 +122,7 @@ struct GcReport {
   std::vector<std::string> orphan_blobs;  // blob files with no row (an add killed mid-way)
   std::vector<std::string> tmp_files;     // abandoned partial copies
   int64_t events_trimmed = 0;
-  int64_t bytes_freed = 0;  // of the blobs and copies above
+  int64_t bytes_freed = 0;                 // of the blobs and copies above
   std::vector<std::string> missing_blobs;  // referenced but absent: reported, not fixable here
 };
 

@@ -24,7 +24,8 @@ inline std::string Exchange(int fd, const std::string& request, int timeout_ms =
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n <= 0) break;
     reply.append(buf, static_cast<size_t>(n));
-    if (request.find("Connection: close") == std::string::npos && reply.find("\r\n\r\n") != std::string::npos) {
+    if (request.find("Connection: close") == std::string::npos &&
+        reply.find("\r\n\r\n") != std::string::npos) {
       size_t cl = reply.find("Content-Length: ");
       size_t head = reply.find("\r\n\r\n") + 4;
       if (cl != std::string::npos && reply.size() >= head + std::stoul(reply.substr(cl + 16))) break;

@@ -73,7 +73,8 @@ class ReconcilerTest : public ::testing::Test {
     if (!settings.empty()) EXPECT_TRUE(store_->Set(name, added->version, settings).ok());
     return added.ok() ? added->version : 0;
   }
-  void Set(const std::string& name, std::optional<int64_t> v, std::vector<std::pair<std::string, std::string>> kv) {
+  void Set(const std::string& name, std::optional<int64_t> v,
+           std::vector<std::pair<std::string, std::string>> kv) {
     auto changed = store_->Set(name, v, kv);
     ASSERT_TRUE(changed.ok()) << changed.status().ToString();
   }
@@ -145,8 +146,8 @@ TEST_F(ReconcilerTest, NewVersionIsBuiltLoadedAndServedWithEachStepRecorded) {
   EXPECT_EQ(BuildRow(builds_->submitted[0])->state, storage::BuildState::kReady);
   ASSERT_EQ(loader_->requests.size(), 1u);
   EXPECT_EQ(loader_->requests[0].options.device, "cpu");
-  EXPECT_EQ(loader_->requests[0].options.threads, 2);             // cores / 1 runner
-  EXPECT_EQ(loader_->requests[0].choose_threads_at_batch, 1);     // threads = 0: auto, timed at batch 1
+  EXPECT_EQ(loader_->requests[0].options.threads, 2);          // cores / 1 runner
+  EXPECT_EQ(loader_->requests[0].choose_threads_at_batch, 1);  // threads = 0: auto, timed at batch 1
   loader_->Succeed();
   EXPECT_EQ(State("mlp", v), "ready");
   EXPECT_TRUE(registry_->startup_done());
@@ -317,7 +318,8 @@ TEST_F(ReconcilerTest, BuildThatMayPassIsRetriedWithDoublingWaitThenFails) {
   Reconcile();
   builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);
   EXPECT_EQ(State("mlp", v), "queued");
-  EXPECT_NE(Served("mlp", v)->message.find("retrying in 10 s"), std::string::npos) << Served("mlp", v)->message;
+  EXPECT_NE(Served("mlp", v)->message.find("retrying in 10 s"), std::string::npos)
+      << Served("mlp", v)->message;
   EXPECT_TRUE(HasEvent("mlp", v, "build_retry"));
   loop_.Advance(kRetryMs - 10);
   EXPECT_EQ(builds_->submitted.size(), 1u);  // not before its time
@@ -430,7 +432,8 @@ TEST_F(ReconcilerTest, BuildProgressIsPublishedWhileItRuns) {
   Reconcile();
   builds_->StartNext();
   loop_.Advance(1000);
-  EXPECT_NE(Served("mlp", v)->message.find("step 2/4: compiling"), std::string::npos) << Served("mlp", v)->message;
+  EXPECT_NE(Served("mlp", v)->message.find("step 2/4: compiling"), std::string::npos)
+      << Served("mlp", v)->message;
   EXPECT_EQ(BuildRow(builds_->submitted[0])->progress, builds_->progress);
   BuildAndLoad();
   loop_.Advance(5000);

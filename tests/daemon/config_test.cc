@@ -157,6 +157,5 @@ TEST(Config, SecurityKeysParseAndAreChecked) {
   EXPECT_NE(bare.status().message().find("entries are origins like"), std::string::npos) << bare.status().message();
 }
 
-
 }  // namespace
 }  // namespace aotid::daemon

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "base/fs.h"
-#include "serving/tensor_codec.h"
 #include "e2e/daemon_process.h"
 #include "runtime/tensor.h"
+#include "serving/tensor_codec.h"
 #include "test_util.h"
 
 namespace aotid::testing {

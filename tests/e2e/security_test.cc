@@ -12,9 +12,8 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"

@@ -12,9 +12,8 @@
 // see below).
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
-
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "http/json_tape.h"
 #include "serving/tensor_codec.h"

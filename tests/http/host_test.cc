@@ -9,8 +9,8 @@ TEST(Host, LoopbackHostsAreRecognised) {
   for (std::string h : {"127.0.0.1", "127.255.0.9", "::1", "0:0:0:0:0:0:0:1", "localhost", "LocalHost"}) {
     EXPECT_TRUE(IsLoopbackHost(h)) << h;
   }
-  for (std::string h : {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "127.0.0.1.evil", "localhost.evil", "", "127.0.0",
-                        "127.0.0.256", "127.0.0.1 ", "::2", "::ffff:10.0.0.1", "localhosx"}) {
+  for (std::string h : {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "127.0.0.1.evil", "localhost.evil", "",
+                        "127.0.0", "127.0.0.256", "127.0.0.1 ", "::2", "::ffff:10.0.0.1", "localhosx"}) {
     EXPECT_FALSE(IsLoopbackHost(h)) << h;
   }
   EXPECT_EQ(HostWithoutPort("localhost:8765"), "localhost");

@@ -12,15 +12,44 @@ namespace aotid::http::json_tape {
 namespace {
 
 TEST(JsonTape, AcceptsWhatRfc8259AcceptsAndNothingElse) {
-  for (const char* ok : {"0", "-0", "1.5e-3", "-12E+4", "true", "null", "\"\"", "[]", "{}", " [1, [2, [3]]] ",
-                         R"({"a":{"b":[true,false,null]},"c":"\u00e9\ud83d\ude00\n"})", "\"caf\xc3\xa9 \xf0\x9f\x98\x80\""}) {
+  for (const char* ok :
+       {"0", "-0", "1.5e-3", "-12E+4", "true", "null", "\"\"", "[]", "{}", " [1, [2, [3]]] ",
+        R"({"a":{"b":[true,false,null]},"c":"\u00e9\ud83d\ude00\n"})", "\"caf\xc3\xa9 \xf0\x9f\x98\x80\""}) {
     Tape t;
     EXPECT_TRUE(t.Parse(ok, 32)) << ok;
   }
-  for (const char* bad : {"", " ", "01", "1.", ".5", "-", "1e", "+1", "[1,]", "[,1]", "{\"a\"}", "{\"a\":1,}",
-                          "{a:1}", "[1 2]", "tru", "nul", "\"abc", "\"a\tb\"", "\"\\x\"", "\"\\u12\"",
-                          "\"\\udc00\"", "\"\\ud800\"", "\"\\ud800\\u0041\"", "\"\xc3\"", "\"\xc0\xaf\"",
-                          "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "[1]]", "{} {}", "[1]x", "NaN", "Infinity"}) {
+  for (const char* bad : {"",
+                          " ",
+                          "01",
+                          "1.",
+                          ".5",
+                          "-",
+                          "1e",
+                          "+1",
+                          "[1,]",
+                          "[,1]",
+                          "{\"a\"}",
+                          "{\"a\":1,}",
+                          "{a:1}",
+                          "[1 2]",
+                          "tru",
+                          "nul",
+                          "\"abc",
+                          "\"a\tb\"",
+                          "\"\\x\"",
+                          "\"\\u12\"",
+                          "\"\\udc00\"",
+                          "\"\\ud800\"",
+                          "\"\\ud800\\u0041\"",
+                          "\"\xc3\"",
+                          "\"\xc0\xaf\"",
+                          "\"\xed\xa0\x80\"",
+                          "\"\xf4\x90\x80\x80\"",
+                          "[1]]",
+                          "{} {}",
+                          "[1]x",
+                          "NaN",
+                          "Infinity"}) {
     Tape t;
     EXPECT_FALSE(t.Parse(bad, 32)) << bad;
   }
@@ -57,8 +86,10 @@ TEST(JsonTape, StringsResolveEscapesToUtf8) {
 
 TEST(JsonTape, NumbersConvertOnlyWhenTheyFit) {
   Tape t;
-  ASSERT_TRUE(t.Parse("[9223372036854775807, -9223372036854775808, 18446744073709551615, 18446744073709551616, "
-                      "2.0, 1e400, -1e400, 1e-400, 0.1]", 4));
+  ASSERT_TRUE(
+      t.Parse("[9223372036854775807, -9223372036854775808, 18446744073709551615, 18446744073709551616, "
+              "2.0, 1e400, -1e400, 1e-400, 0.1]",
+              4));
   std::vector<uint32_t> v;
   for (uint32_t c = 1; c < t.end(0); c = t.end(c)) v.push_back(c);
   int64_t i;

@@ -12,9 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <thread>
-
 #include <string>
+#include <thread>
 
 #include "raw_http.h"
 #include "test_util.h"
@@ -24,7 +23,9 @@ namespace {
 
 std::string ErrorBody(std::string_view m) { return "{\"error\":\"" + std::string(m) + "\"}"; }
 
-HeadResult Parse(const std::string& text, Request* req, Limits limits = {}) { return ParseHead(text, limits, req); }
+HeadResult Parse(const std::string& text, Request* req, Limits limits = {}) {
+  return ParseHead(text, limits, req);
+}
 
 TEST(HttpParse, ReadsTheRequestLineHeadersAndWhereTheHeadEnds) {
   std::string head =
@@ -82,7 +83,8 @@ TEST(HttpParse, MalformedAndOversizedHeadsAreRefusedWithTheirStatus) {
       {"GET / HTTP/1.1\r\nHost: a\r\nBad Name: 1\r\n\r\n", 400, "malformed header line"},
       {"GET / HTTP/1.1\r\nHost: a\r\nNoColon\r\n\r\n", 400, "malformed header line"},
       {"GET / HTTP/1.1\r\nHost: a\r\nX: a\x7f\r\n\r\n", 400, "control character"},
-      {"GET /" + std::string(300, 'a') + " HTTP/1.1\r\nHost: a\r\n\r\n", 414, "request line is longer than 256"},
+      {"GET /" + std::string(300, 'a') + " HTTP/1.1\r\nHost: a\r\n\r\n", 414,
+       "request line is longer than 256"},
       {"GET /" + std::string(300, 'a'), 414, "request line is longer than 256"},  // refused before its end
       {"GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(300, 'a') + "\r\n\r\n", 431, "larger than 256"},
       {"GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(300, 'a'), 431, "larger than 256"},
@@ -137,7 +139,8 @@ TEST(HttpParse, BodyFramingRefusesSmugglingShapesAndOtherCodings) {
 }
 
 TEST(HttpChunked, DecodesWholeAndResumesAcrossAnySplit) {
-  std::string wire = "4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\nNEXT";
+  std::string wire =
+      "4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\nNEXT";
   std::string want = "Wikipedia in\r\n\r\nchunks.";
   std::string body;
   ChunkedResult r = DecodeChunked(wire, 1 << 20, &body);
@@ -250,8 +253,9 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   ServerOptions o;
   o.threads = 2;
   o.request_timeout_s = 30;
-  Server server(o, [](Request&, Response& res) { res.Set("{}", "application/json"); },
-                [](std::string_view m) { return std::string(m); });
+  Server server(
+      o, [](Request&, Response& res) { res.Set("{}", "application/json"); },
+      [](std::string_view m) { return std::string(m); });
   ASSERT_OK(server.Bind());
   std::thread serving([&] { server.Serve(); });
   std::vector<int> slow;
@@ -273,7 +277,8 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every worker has met a slow client
   auto start = std::chrono::steady_clock::now();
   int fd = aotid::testing::ConnectTcp(server.port());
-  std::string reply = aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 5000);
+  std::string reply =
+      aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 5000);
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ::close(fd);
   done = true;

@@ -133,12 +133,13 @@ TEST_F(BuildCacheTest, EntryDamagedInPlaceIsRebuiltAfterALoadDidNotFinish) {
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   EXPECT_OK(cache_.VerifyDigest(*e));
   ASSERT_OK(fs::WriteFileAtomic(e->so_path, "MODEL bytes"));  // same size
-  EXPECT_TRUE(cache_.Lookup(key_).ok());  // sizes alone cannot tell
+  EXPECT_TRUE(cache_.Lookup(key_).ok());                      // sizes alone cannot tell
   EXPECT_EQ(cache_.VerifyDigest(*e).code(), StatusCode::kCorruption);
   LeaveUnfinishedLoad(*e, 1);
   auto found = cache_.Lookup(key_);
   EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
-  EXPECT_NE(found.status().message().find("does not match the digest"), std::string::npos) << found.status().message();
+  EXPECT_NE(found.status().message().find("does not match the digest"), std::string::npos)
+      << found.status().message();
   EXPECT_NE(found.status().message().find("never finished"), std::string::npos);
   ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());  // the rebuild replaces it, marker and all
   EXPECT_TRUE(cache_.Lookup(key_).ok());
@@ -152,11 +153,12 @@ TEST_F(BuildCacheTest, IntactEntryIsOfferedAgainOnceThenNotAfterASecondUnfinishe
   cache_.EndLoad(*e);
   LeaveUnfinishedLoad(*e, 1);  // killed once while loading
   EXPECT_TRUE(cache_.Lookup(key_).ok());
-  ASSERT_OK(cache_.BeginLoad(*e));  // the retry counts on
+  ASSERT_OK(cache_.BeginLoad(*e));                                            // the retry counts on
   ASSERT_OK(fs::WriteFileAtomic(e->dir + "/load.pending", "999999999 2\n"));  // and ends its process too
   auto found = cache_.Lookup(key_);
   EXPECT_EQ(found.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(found.status().message().find("ended its process 2 times"), std::string::npos) << found.status().message();
+  EXPECT_NE(found.status().message().find("ended its process 2 times"), std::string::npos)
+      << found.status().message();
   cache_.EndLoad(*e);  // a load that finishes clears the count
   EXPECT_TRUE(cache_.Lookup(key_).ok());
 }

@@ -119,8 +119,9 @@ TEST_F(BuilderTest, ProgressIsTheLastStepTheChildPrinted) {
   ::setenv("AOTID_FAKE_GO", go.c_str(), 1);
   Builder& b = Make();
   b.Submit(Job());
-  ASSERT_TRUE(RunUntil([&] { return b.Progress(Job().key).find("step 1/2: loading torch") != std::string::npos; }))
-      << b.Progress(Job().key);
+  ASSERT_TRUE(RunUntil([&] {
+    return b.Progress(Job().key).find("step 1/2: loading torch") != std::string::npos;
+  })) << b.Progress(Job().key);
   EXPECT_NE(b.Progress(Job().key).find(" s)"), std::string::npos);  // with the time it has taken
   ASSERT_OK(fs::WriteFileAtomic(go, ""));
   ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
@@ -205,7 +206,8 @@ TEST(LeftoverBuilds, ProcessesWorkingInStagingAreKilled) {
   ASSERT_OK(fs::MakeDirs(staging + "/abc"));
   pid_t child = ::fork();
   if (child == 0) {
-    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", (staging + "/abc/compile").c_str(), nullptr);
+    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", (staging + "/abc/compile").c_str(),
+            nullptr);
     ::_exit(127);
   }
   pid_t bystander = ::fork();

@@ -7,7 +7,6 @@
 namespace aotid::runtime {
 namespace {
 
-
 HostTensor Tensor(DType d, std::vector<int64_t> shape) {
   HostTensor t;
   t.name = "x";

@@ -139,7 +139,8 @@ TEST(Batcher, DifferentInnerShapesAreNeverJoined) {
       int64_t cols = c % 2 ? 2 : 3;
       std::vector<float> mine(static_cast<size_t>(cols), float(c));
       auto out = model.Infer({Rows(mine, cols)}, {});
-      if (!out.ok() || (*out)[0].shape != std::vector<int64_t>{1, cols} || Floats((*out)[0])[0] != 2 * c + 1) wrong++;
+      if (!out.ok() || (*out)[0].shape != std::vector<int64_t>{1, cols} || Floats((*out)[0])[0] != 2 * c + 1)
+        wrong++;
     });
   }
   for (auto& t : clients) t.join();

@@ -78,7 +78,8 @@ TEST_F(HttpApiTest, HostileBytesInHeadersGetAClearErrorAndTheServerStaysUp) {
 
 std::string PostIndex(const std::string& body) {
   return "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+         "Content-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 // A body of nothing but '[' once cost a JSON node per byte (~1 GB for
@@ -102,17 +103,19 @@ std::string Post(const std::string& path, const std::string& headers, const std:
 // The "simple" request a foreign page can make without a preflight: its
 // Origin is refused before any route runs (it could unload a model).
 TEST_F(HttpApiTest, CrossSiteRequestsAreRefusedUnlessTheirOriginIsConfigured) {
-  std::string unload = Send(Post("/v2/repository/models/m/unload",
-                                 "Origin: https://evil.example\r\nContent-Type: text/plain\r\n"));
+  std::string unload = Send(
+      Post("/v2/repository/models/m/unload", "Origin: https://evil.example\r\nContent-Type: text/plain\r\n"));
   EXPECT_EQ(StatusOf(unload), 403) << unload;
-  EXPECT_NE(BodyOf(unload)["error"].get<std::string>().find("'https://evil.example' is not in server.cors_origins"),
-            std::string::npos);
+  EXPECT_NE(
+      BodyOf(unload)["error"].get<std::string>().find("'https://evil.example' is not in server.cors_origins"),
+      std::string::npos);
   EXPECT_EQ(StatusOf(Send(Post("/v2/models/m/infer", "Origin: null\r\n"))), 403);
   Stop();
   HttpOptions o;
   o.cors_origins = {"http://localhost:3000"};
   Start(o);
-  std::string allowed = Send(Post("/v2/models/m/infer", "Origin: http://localhost:3000\r\nContent-Type: application/json\r\n"));
+  std::string allowed =
+      Send(Post("/v2/models/m/infer", "Origin: http://localhost:3000\r\nContent-Type: application/json\r\n"));
   EXPECT_EQ(StatusOf(allowed), 404) << allowed;  // reached the route: no model m
   EXPECT_NE(allowed.find("Access-Control-Allow-Origin: http://localhost:3000"), std::string::npos) << allowed;
 }

@@ -14,11 +14,13 @@ TEST(Metrics, InferRequestsAreCountedByModelVersionAndStatus) {
   m.RecordInfer("mlp", 2, 400, 0.001, 0);
   m.RecordInfer("conv", 1, 499, 0.001, 0);
   std::string text = m.Render();
-  EXPECT_TRUE(Has(text, "aotid_inference_requests_total{model=\"mlp\",version=\"2\",code=\"200\"} 2\n")) << text;
+  EXPECT_TRUE(Has(text, "aotid_inference_requests_total{model=\"mlp\",version=\"2\",code=\"200\"} 2\n"))
+      << text;
   EXPECT_TRUE(Has(text, "aotid_inference_requests_total{model=\"mlp\",version=\"2\",code=\"400\"} 1\n"));
   EXPECT_TRUE(Has(text, "aotid_inference_requests_total{model=\"conv\",version=\"1\",code=\"499\"} 1\n"));
   EXPECT_TRUE(Has(text, "aotid_inference_duration_seconds_count{model=\"mlp\",version=\"2\"} 3\n"));
-  EXPECT_TRUE(Has(text, "aotid_inference_duration_seconds_bucket{model=\"mlp\",version=\"2\",le=\"+Inf\"} 3\n"));
+  EXPECT_TRUE(
+      Has(text, "aotid_inference_duration_seconds_bucket{model=\"mlp\",version=\"2\",le=\"+Inf\"} 3\n"));
   EXPECT_TRUE(Has(text, "# TYPE aotid_inference_duration_seconds histogram\n"));
 }
 

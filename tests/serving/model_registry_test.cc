@@ -46,15 +46,16 @@ TEST(ModelRegistry, WaitForWakesOnTheChangeItWaitsFor) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     reg.Put(Version("m", 1, ServeState::kReady));
   });
-  bool seen = reg.WaitFor([](const ModelRegistry::Snapshot& s) { return s.count("m") != 0; }, std::chrono::seconds(10));
+  bool seen = reg.WaitFor([](const ModelRegistry::Snapshot& s) { return s.count("m") != 0; },
+                          std::chrono::seconds(10));
   control.join();
   EXPECT_TRUE(seen);
 }
 
 TEST(ModelRegistry, WaitForGivesUpAtItsTimeout) {
   ModelRegistry reg;
-  bool seen =
-      reg.WaitFor([](const ModelRegistry::Snapshot& s) { return s.count("m") != 0; }, std::chrono::milliseconds(30));
+  bool seen = reg.WaitFor([](const ModelRegistry::Snapshot& s) { return s.count("m") != 0; },
+                          std::chrono::milliseconds(30));
   EXPECT_FALSE(seen);
 }
 

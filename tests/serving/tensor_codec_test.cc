@@ -53,13 +53,15 @@ TEST(TensorCodec, ErrorsNameTheInputAndTheExpectation) {
       {R"({"inputs":[{"name":"x","datatype":"INT64","shape":[1,2],"data":[1,2]}]})",
        "input 'x' has datatype INT64, expected FP32"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[1,2,3]},
-          {"name":"ids","datatype":"INT64","shape":[3],"data":[1,2,3]}]})", "input 'x' has shape [1, 3], expected [-1, 2]"},
+          {"name":"ids","datatype":"INT64","shape":[3],"data":[1,2,3]}]})",
+       "input 'x' has shape [1, 3], expected [-1, 2]"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3]}]})",
        "input 'x': 'data' has 3 elements, shape [2, 2] needs 4"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2,3]}]})", "more elements than"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,"a"]}]})", "element 1 is string"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]},
-          {"name":"ids","datatype":"INT64","shape":[3],"data":[1,2.5,3]}]})", "input 'ids': element 1 is number, expected an integer"},
+          {"name":"ids","datatype":"INT64","shape":[3],"data":[1,2.5,3]}]})",
+       "input 'ids': element 1 is number, expected an integer"},
       {R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["a"]}]})", "BYTES is not supported"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1000000,1000000,1000000],"data":[]}]})",
        "has more than"},
@@ -97,7 +99,8 @@ TEST(TensorCodec, DeepNestingIsRefusedBeforeParsing) {
 TEST(TensorCodec, IntegerRangesAreChecked) {
   ModelSpec s;
   s.inputs.push_back({"b", DType::kUInt8, {2}});
-  auto r = DecodeInferRequest(R"({"inputs":[{"name":"b","datatype":"UINT8","shape":[2],"data":[1,256]}]})", s);
+  auto r =
+      DecodeInferRequest(R"({"inputs":[{"name":"b","datatype":"UINT8","shape":[2],"data":[1,256]}]})", s);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("out of range for UINT8"), std::string::npos) << r.status().message();
 }
@@ -137,7 +140,7 @@ TEST(TensorCodec, HalfAndBFloat16ConversionsRoundTripAndRound) {
   for (float f : {0.f, 1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f}) {
     EXPECT_EQ(HalfToFloat(FloatToHalf(f)), f) << f;
   }
-  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00);                      // overflow to +inf
+  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00);                         // overflow to +inf
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0009766f)), 1.0009766f);  // 1 + 2^-10 is representable
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.5f)), 1.5f);
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.00390625f)), 1.0f);  // halfway rounds to even
@@ -175,9 +178,12 @@ TEST(TensorCodecBinary, InputsMixJsonAndBinaryInListedOrder) {
 
 TEST(TensorCodecBinary, MalformedBinaryBodiesAreRefusedWithReason) {
   int64_t ids[3] = {1, 2, 3};
-  std::string ok_ids = R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":24}})";
+  std::string ok_ids =
+      R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":24}})";
   std::string x_json = R"({"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]})";
-  auto with = [&](const std::string& ids_entry) { return R"({"inputs":[)" + x_json + "," + ids_entry + "]}"; };
+  auto with = [&](const std::string& ids_entry) {
+    return R"({"inputs":[)" + x_json + "," + ids_entry + "]}";
+  };
   constexpr int64_t kHeader = -1;  // Inference-Header-Content-Length = the JSON's size
   constexpr int64_t kNone = -2;    // no such header
   struct Case {
@@ -185,17 +191,20 @@ TEST(TensorCodecBinary, MalformedBinaryBodiesAreRefusedWithReason) {
     int64_t length;
     std::string needle;
   } cases[] = {
-      {with(ok_ids), Bytes(ids, 24), kNone, "binary tensor data needs the Inference-Header-Content-Length header"},
-      {with(ok_ids), "", kNone, "has binary_data_size but the request has no Inference-Header-Content-Length"},
+      {with(ok_ids), Bytes(ids, 24), kNone,
+       "binary tensor data needs the Inference-Header-Content-Length header"},
+      {with(ok_ids), "", kNone,
+       "has binary_data_size but the request has no Inference-Header-Content-Length"},
       {with(ok_ids), Bytes(ids, 24), 3, "not valid JSON"},
       {with(ok_ids), Bytes(ids, 24), 100000, "but the body has only"},
       {with(ok_ids), Bytes(ids, 16), kHeader, "runs past the end of the body (16 bytes left)"},
       {with(ok_ids), Bytes(ids, 24) + "xx", kHeader, "2 bytes of binary data follow the JSON header"},
-      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":16}})"), Bytes(ids, 16),
-       kHeader, "binary_data_size is 16 bytes, shape [3] of INT64 needs 24"},
-      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":-3}})"), "", kHeader,
-       "binary_data_size must be a non-negative integer"},
-      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"data":[1,2,3],"parameters":{"binary_data_size":24}})"),
+      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":16}})"),
+       Bytes(ids, 16), kHeader, "binary_data_size is 16 bytes, shape [3] of INT64 needs 24"},
+      {with(R"({"name":"ids","datatype":"INT64","shape":[3],"parameters":{"binary_data_size":-3}})"), "",
+       kHeader, "binary_data_size must be a non-negative integer"},
+      {with(
+           R"({"name":"ids","datatype":"INT64","shape":[3],"data":[1,2,3],"parameters":{"binary_data_size":24}})"),
        Bytes(ids, 24), kHeader, "has both 'data' and parameters.binary_data_size"},
   };
   for (const auto& c : cases) {
@@ -205,11 +214,13 @@ TEST(TensorCodecBinary, MalformedBinaryBodiesAreRefusedWithReason) {
     auto r = DecodeInferRequest(c.header + c.tail, TwoInputSpec(), {}, length);
     ASSERT_FALSE(r.ok()) << c.needle;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << c.needle << " <- " << r.status().message();
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << c.needle << " <- " << r.status().message();
   }
   ModelSpec flags;
   flags.inputs.push_back({"f", DType::kBool, {2}});
-  std::string h = R"({"inputs":[{"name":"f","datatype":"BOOL","shape":[2],"parameters":{"binary_data_size":2}}]})";
+  std::string h =
+      R"({"inputs":[{"name":"f","datatype":"BOOL","shape":[2],"parameters":{"binary_data_size":2}}]})";
   auto bad_bool = DecodeInferRequest(h + std::string("\x01\x02", 2), flags, {}, h.size());
   EXPECT_NE(bad_bool.status().message().find("BOOL element 1 is byte 2, expected 0 or 1"), std::string::npos)
       << bad_bool.status().message();

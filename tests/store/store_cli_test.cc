@@ -149,15 +149,17 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   ASSERT_OK(fs::WriteFileAtomic(store_ + "/cache/" + embed_sha + "/model.cpu.fp/model.pt2", "x"));
   ASSERT_EQ(Run({"gc", "--dry-run"}, &out), 0) << out;
   EXPECT_NE(out.find("would remove artifact sha256:" + embed_sha), std::string::npos) << out;
-  EXPECT_NE(out.find("would remove cached build cache/" + embed_sha + "/model.cpu.fp"), std::string::npos) << out;
+  EXPECT_NE(out.find("would remove cached build cache/" + embed_sha + "/model.cpu.fp"), std::string::npos)
+      << out;
   EXPECT_TRUE(fs::Exists(store_ + "/blobs/sha256/" + embed_sha));
   EXPECT_TRUE(fs::Exists(store_ + "/cache/" + embed_sha + "/model.cpu.fp"));
   ASSERT_EQ(Run({"gc"}, &out), 0) << out;
   EXPECT_NE(out.find("removed artifact sha256:" + embed_sha), std::string::npos) << out;
   // One line per cache entry, with why, as `cache prune` prints them; the
   // count is of entries too.
-  EXPECT_NE(out.find("removed cached build cache/" + embed_sha + "/model.cpu.fp (1 B): no stored version uses it"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("removed cached build cache/" + embed_sha + "/model.cpu.fp (1 B): no stored version uses it"),
+      std::string::npos)
       << out;
   EXPECT_NE(out.find("removed 1 blobs, 1 cache entries, 0 partial copies"), std::string::npos) << out;
   EXPECT_EQ(FilesIn(store_ + "/blobs/sha256"), std::vector<std::string>{mlp_sha});
@@ -455,7 +457,8 @@ TEST_F(StoreCli, BuildsOfAGoneDaemonShowAsInterrupted) {
   EXPECT_NE(out.find("building"), std::string::npos) << out;
   EXPECT_NE(out.find("step 3/4"), std::string::npos) << out;
   Run({"doctor"}, &out);
-  EXPECT_NE(out.find("running on this store (pid 4242), serving on http://127.0.0.1:18765"), std::string::npos)
+  EXPECT_NE(out.find("running on this store (pid 4242), serving on http://127.0.0.1:18765"),
+            std::string::npos)
       << out;
   ::close(lock);
 }
