@@ -73,8 +73,8 @@ struct Builder::Running {
   uv_pipe_t output{};
   int output_fd = -1;  // our end of the pipe
   int log_fd = -1;
-  std::string partial_line;
-  std::string step;  // the last step reported, "step 2/4: ..."
+  std::string partial_line{};
+  std::string step{};  // the last step reported, "step 2/4: ..."
   int open_handles = 0;
   bool timed_out = false;
   bool cancelled = false;
