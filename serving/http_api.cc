@@ -50,6 +50,18 @@ json TensorList(const std::vector<runtime::TensorSpec>& specs) {
   return arr;
 }
 
+// Why a model the store has is not served at all: Unavailable (503) for
+// one that is unloaded, NotFound for a name the store does not know.
+Status NotServed(const ModelRegistry* registry, const std::string& name) {
+  for (const auto& e : *registry->GetCatalog()) {
+    if (e.name == name && !e.enabled) {
+      return Unavailable("model '" + name + "' is unloaded (POST /v2/repository/models/" + name +
+                         "/load serves it again)");
+    }
+  }
+  return NotFound("unknown model '" + name + "'");
+}
+
 // Finds the model a request names, honouring an optional version segment.
 // Names and versions are checked like everywhere else before any lookup.
 StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* registry,
@@ -59,7 +71,7 @@ StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* regist
   std::string v = req.params.size() > 1 ? req.params[1] : "";
   if (v.empty()) {
     auto m = registry->Find(name);
-    if (!m) return NotFound("unknown model '" + name + "'");
+    if (!m) return NotServed(registry, name);
     return m;
   }
   std::string unused;
@@ -69,7 +81,7 @@ StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* regist
   if (m) return m;
   auto served = registry->All();
   auto it = served->find(name);
-  if (it == served->end()) return NotFound("unknown model '" + name + "'");
+  if (it == served->end()) return NotServed(registry, name);
   std::string have;
   for (const auto& [n, sm] : it->second) have += (have.empty() ? "" : ", ") + std::to_string(n);
   return NotFound("model '" + name + "' has no served version " + v + " (serving: " + have + ")");

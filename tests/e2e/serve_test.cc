@@ -424,7 +424,9 @@ TEST_F(ServeTest, RepositoryIndexLoadAndUnload) {
   Reply unload = Post(port(), "/v2/repository/models/embed/unload", "");
   ASSERT_EQ(unload.status, 200) << unload.body.dump();
   EXPECT_EQ(unload.body["state"], "unloaded");
-  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 404);  // the reply came after the unload
+  Reply after = Get(port(), "/v2/models/embed");  // the reply came after the unload
+  EXPECT_EQ(after.status, 503);                     // the store has it: unloaded, not unknown
+  EXPECT_NE(after.body.value("error", "").find("is unloaded"), std::string::npos) << after.body.dump();
   EXPECT_EQ(index()["embed:1"]["reason"], "unloaded");
   std::string out;
   ASSERT_EQ(RunAotid({"--store", store_, "show", "embed", "--json"}, &out), 0) << out;
@@ -458,7 +460,7 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   daemon_ = d->release();
   ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
   EXPECT_EQ(Get(port(), "/v2/health/ready").status, 200);
-  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 404);
+  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 503);  // still unloaded
   EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 1);  // mlp:3 only
   ASSERT_EQ(Post(port(), "/v2/repository/models/embed/load", "").status, 200);
   ASSERT_TRUE(WaitReady(port(), "embed", 60)) << daemon_->Log();

@@ -147,6 +147,18 @@ TEST_F(HttpApiTest, BearerSchemeIsCaseInsensitive) {
   EXPECT_EQ(get("Authorization: Basic s3cret\r\n"), 403);
 }
 
+// An unloaded model is one the store has: 503 with how to load it, not 404.
+TEST_F(HttpApiTest, UnloadedModelIsUnavailableWithTheWayBackNotUnknown) {
+  registry_.SetCatalog({{"demo", 1, /*enabled=*/false, /*wanted=*/false, "latest"}});
+  for (const char* path : {"/v2/models/demo/ready", "/v2/models/demo", "/v2/models/demo/versions/1/ready"}) {
+    std::string reply = Send("GET " + std::string(path) + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    EXPECT_EQ(StatusOf(reply), 503) << path << ": " << reply;
+    EXPECT_NE(reply.find("is unloaded (POST /v2/repository/models/demo/load"), std::string::npos) << reply;
+  }
+  std::string unknown = Send("GET /v2/models/nope/ready HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  EXPECT_EQ(StatusOf(unknown), 404) << unknown;
+}
+
 TEST(ErrorBody, InvalidUtf8BecomesReplacementCharacters) {
   auto body = nlohmann::json::parse(ErrorBody("bad \xff\xfe byte"), nullptr, false);
   ASSERT_TRUE(body.is_object());
