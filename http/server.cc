@@ -878,6 +878,13 @@ class Server::Impl {
     return Next::kClose;
   }
 
+  // A read that got nothing: 408 naming `what` once the request's time is
+  // up, else the peer has gone.
+  Next ReadFailed(Conn& c, int64_t deadline, const char* what) {
+    if (NowMs() < deadline) return Next::kClose;
+    return Refuse(c, 408, std::string(what) + " was not received within server.request_timeout_s");
+  }
+
   Next ServeRequest(Conn& c) {
     const int64_t deadline = c.request_deadline_ms;  // from the request's first byte
     Request req;
@@ -887,11 +894,7 @@ class Server::Impl {
       head = ParseHead(c.in.View(), opts_.limits, &req);
       if (head.state != HeadResult::kIncomplete) break;
       if (!ReadSome(c, deadline)) {
-        if (NowMs() >= deadline)
-          return Refuse(c, 408,
-                        "the request was not received within "
-                        "server.request_timeout_s");
-        return Next::kClose;
+        return ReadFailed(c, deadline, "the request");
       }
     }
     if (head.state == HeadResult::kError) return Refuse(c, head.status, head.error);
@@ -922,11 +925,7 @@ class Server::Impl {
       c.in.Consume(have);
       while (have < n) {
         if (!WaitReadable(c.fd, deadline)) {
-          if (NowMs() >= deadline)
-            return Refuse(c, 408,
-                          "the request body was not received within "
-                          "server.request_timeout_s");
-          return Next::kClose;
+          return ReadFailed(c, deadline, "the request body");
         }
         ssize_t r;
         do r = ::recv(c.fd, req.body.data() + have, n - have, 0);
@@ -944,11 +943,7 @@ class Server::Impl {
                         chunked.status == 413 ? chunked.error + " (server.max_body_bytes)" : chunked.error);
         }
         if (!ReadSome(c, deadline)) {
-          if (NowMs() >= deadline)
-            return Refuse(c, 408,
-                          "the request body was not received within "
-                          "server.request_timeout_s");
-          return Next::kClose;
+          return ReadFailed(c, deadline, "the request body");
         }
       }
     }

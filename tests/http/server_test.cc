@@ -249,13 +249,15 @@ TEST(HttpRouter, MatchesSegmentsAndSays404Or405WithAllow) {
 // Clients that trickle their requests (slowloris) hold no worker: 4x as
 // many as there are workers, some in their heads and some in their bodies,
 // and a fresh client is still answered at once, not after their 30 s.
+// What the server tests answer with: {} to every request, errors as text.
+void AnswerEmpty(Request&, Response& res) { res.Set("{}", "application/json"); }
+std::string PlainError(std::string_view message) { return std::string(message); }
+
 TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   ServerOptions o;
   o.threads = 2;
   o.request_timeout_s = 30;
-  Server server(
-      o, [](Request&, Response& res) { res.Set("{}", "application/json"); },
-      [](std::string_view m) { return std::string(m); });
+  Server server(o, AnswerEmpty, PlainError);
   ASSERT_OK(server.Bind());
   std::thread serving([&] { server.Serve(); });
   std::vector<int> slow;
@@ -267,25 +269,26 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
     ASSERT_GT(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), 0);
     slow.push_back(fd);
   }
-  std::atomic<bool> done{false};
+  std::atomic<bool> done{false}, trickling{true};
   std::thread trickle([&] {
-    for (int step = 0; step < 400 && !done.load(); ++step) {  // at most ~8 s
+    for (int step = 0; step < 400 && !done.load(); ++step) {  // ~8 s at most, past the reply's 5 s wait
       for (int fd : slow) (void)::send(fd, "x", 1, MSG_NOSIGNAL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    trickling = false;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every worker has met a slow client
-  auto start = std::chrono::steady_clock::now();
   int fd = aotid::testing::ConnectTcp(server.port());
   std::string reply =
       aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 5000);
-  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bool answered_while_they_trickled = trickling.load();
   ::close(fd);
   done = true;
   trickle.join();
+  // Before, the workers stayed with the trickling clients until their 30 s
+  // request timeout, and the fresh client got nothing.
   EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply;
-  // Before, the fresh client waited for a trickling one's request timeout.
-  EXPECT_LT(waited, 2.0) << "a fresh client waited " << waited << " s behind trickling ones";
+  EXPECT_TRUE(answered_while_they_trickled);
   for (int f : slow) ::close(f);
   server.Stop();
   serving.join();
@@ -298,12 +301,10 @@ TEST(HttpServer, UnixSocketIsNeverTakenOverOrRemovedByAnotherServer) {
   ServerOptions o;
   o.unix_path = dir / "aotid.sock";
   o.threads = 1;
-  auto ok = [](Request&, Response& res) { res.Set("{}", "application/json"); };
-  auto error_body = [](std::string_view m) { return std::string(m); };
-  Server first(o, ok, error_body);
+  Server first(o, AnswerEmpty, PlainError);
   ASSERT_OK(first.Bind());
   {
-    Server second(o, ok, error_body);
+    Server second(o, AnswerEmpty, PlainError);
     Status s = second.Bind();
     EXPECT_EQ(s.code(), StatusCode::kUnavailable);
     EXPECT_NE(s.message().find("another process serves on it"), std::string::npos) << s.message();
@@ -318,8 +319,6 @@ TEST(HttpServer, StaleUnixSocketOfAnEarlierRunIsReplaced) {
   ServerOptions o;
   o.unix_path = dir / "aotid.sock";
   o.threads = 1;
-  auto ok = [](Request&, Response& res) { res.Set("{}", "application/json"); };
-  auto error_body = [](std::string_view m) { return std::string(m); };
   {
     // A socket file nobody listens on, as a killed daemon leaves it.
     int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
@@ -329,7 +328,7 @@ TEST(HttpServer, StaleUnixSocketOfAnEarlierRunIsReplaced) {
     ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     ::close(fd);
   }
-  Server server(o, ok, error_body);
+  Server server(o, AnswerEmpty, PlainError);
   EXPECT_OK(server.Bind());
 }
 
