@@ -25,6 +25,7 @@ enum class StatusCode {
   kIOError,
   kInternal,
   kCancelled,  // the caller no longer wants the result (a client that hung up)
+  kDeadlineExceeded,  // the work ran past its time limit
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -64,6 +65,7 @@ inline Status Corruption(std::string m) { return {StatusCode::kCorruption, std::
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 // IOError naming `what` (usually a path) and strerror(errno_value).
 Status ErrnoError(std::string_view what, int errno_value);
 

@@ -1,13 +1,40 @@
 #include "control/model_loader.h"
 
-#include "runtime/thread_choice.h"
+#include <deque>
 
 namespace aotid::control {
+
+// Outlives the loader while runner models hold it; posts after Close are
+// dropped.
+struct ThreadPoolLoader::Inbox {
+  Mutex mu;
+  bool closed GUARDED_BY(mu) = false;
+  std::deque<std::function<void()>> work GUARDED_BY(mu);
+  uv_async_t* async GUARDED_BY(mu) = nullptr;
+
+  void Post(std::function<void()> fn) {
+    MutexLock lock(&mu);
+    if (closed) return;
+    work.push_back(std::move(fn));
+    uv_async_send(async);
+  }
+  void RunPosted() {
+    std::deque<std::function<void()>> now;
+    {
+      MutexLock lock(&mu);
+      now.swap(work);
+    }
+    for (auto& fn : now) fn();
+  }
+};
+
 namespace {
 
 struct LoadWork {
   uv_work_t req{};
   const runtime::BuildCache* cache = nullptr;
+  RunnerPlace place;
+  std::shared_ptr<ThreadPoolLoader::Inbox> inbox;
   LoadRequest request;
   std::function<void(LoadResult)> done;
   LoadResult result;
@@ -15,35 +42,66 @@ struct LoadWork {
 
 }  // namespace
 
+ThreadPoolLoader::ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache, RunnerPlace place)
+    : loop_(loop), cache_(cache), place_(std::move(place)), inbox_(std::make_shared<Inbox>()) {
+  auto* async = new uv_async_t;
+  async->data = inbox_.get();
+  uv_async_init(loop_, async, [](uv_async_t* h) { static_cast<Inbox*>(h->data)->RunPosted(); });
+  MutexLock lock(&inbox_->mu);
+  inbox_->async = async;
+}
+
+ThreadPoolLoader::~ThreadPoolLoader() { Close(); }
+
+void ThreadPoolLoader::Close() {
+  MutexLock lock(&inbox_->mu);
+  if (inbox_->closed) return;
+  inbox_->closed = true;
+  inbox_->work.clear();
+  uv_close(reinterpret_cast<uv_handle_t*>(inbox_->async),
+           [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
+  inbox_->async = nullptr;
+}
+
 void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)> done) {
   auto* w = new LoadWork;
   w->req.data = w;
   w->request = std::move(request);
   w->cache = cache_;
+  w->place = place_;
+  w->inbox = inbox_;
   w->done = std::move(done);
   int rc = uv_queue_work(
       loop_, &w->req,
       [](uv_work_t* req) {  // a pool thread: touches only its own LoadWork
         auto* work = static_cast<LoadWork*>(req->data);
         const LoadRequest& r = work->request;
-        work->result.threads = r.options.threads;
+        runner::RunnerOptions ro;
+        ro.self_exe = work->place.self_exe;
+        ro.scratch_root = work->place.scratch_root;
+        ro.label = r.label.empty() ? r.entry.dir : r.label;
+        ro.load = r.options;
+        ro.choose_threads_at_batch = r.options.threads > 1 ? r.choose_threads_at_batch : 0;
+        ro.run_timeout_ms = r.run_timeout_ms;
+        ro.memory_limit_bytes = r.memory_limit_bytes;
+        ro.max_crashes = r.max_crashes;
+        ro.crash_window_ms = r.crash_window_ms;
+        if (r.on_runner_event) {
+          ro.on_event = [inbox = work->inbox, fn = r.on_runner_event](const runner::RunnerEvent& e) {
+            inbox->Post([fn, e] { fn(e); });
+          };
+        }
         // Not fatal when it cannot be written: the load is what matters.
         (void)work->cache->BeginLoad(r.entry);
-        auto loaded = runtime::LoadCompiledModel(r.entry, r.options);
-        if (!loaded.ok()) {
-          work->cache->EndLoad(r.entry);
-          work->result.model = loaded.status();
+        auto started = runner::RunnerModel::Start(r.entry, std::move(ro));
+        work->cache->EndLoad(r.entry);  // the runner loaded it and timed its threads, or failed to
+        if (!started.ok()) {
+          work->result.model = started.status();
           return;
         }
-        std::shared_ptr<runtime::LoadedModel> model = std::move(loaded).value();
-        if (r.choose_threads_at_batch > 0 && r.options.threads > 1) {
-          runtime::ThreadChoice choice =
-              runtime::ChooseThreads(*model, r.options.threads, r.choose_threads_at_batch);
-          work->result.threads = choice.threads;
-          work->result.threads_note = choice.note;
-        }
-        work->cache->EndLoad(r.entry);  // after the timing runs too: they run its kernels
-        work->result.model = std::move(model);
+        work->result.threads = (*started)->threads();
+        work->result.threads_note = (*started)->threads_note();
+        work->result.model = std::shared_ptr<runtime::LoadedModel>(std::move(started).value());
       },
       [](uv_work_t* req, int status) {  // the loop thread
         std::unique_ptr<LoadWork> work(static_cast<LoadWork*>(req->data));

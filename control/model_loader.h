@@ -11,7 +11,9 @@
 #include <memory>
 #include <string>
 
+#include "base/mutex.h"
 #include "base/status.h"
+#include "runner/runner_model.h"
 #include "runtime/build_cache.h"
 #include "runtime/loaded_model.h"
 
@@ -24,6 +26,15 @@ struct LoadRequest {
   // options.threads threads at this batch and keep the faster
   // (runtime/thread_choice.h). 0: keep options.threads.
   int64_t choose_threads_at_batch = 0;
+  // The runner process it runs in (runner/runner_model.h).
+  std::string label;           // "demo:1"
+  int64_t run_timeout_ms = 0;  // 0: none
+  uint64_t memory_limit_bytes = 0;
+  int max_crashes = 5;
+  int64_t crash_window_ms = 60'000;
+  // What happens to the runner later (crashes, giving up); called on the
+  // loop thread, for as long as the model is loaded.
+  std::function<void(const runner::RunnerEvent&)> on_runner_event;
 };
 
 struct LoadResult {
@@ -39,19 +50,33 @@ class ModelLoader {
   virtual void Load(LoadRequest request, std::function<void(LoadResult)> done) = 0;
 };
 
-// The real one: runtime::LoadCompiledModel (and the thread choice) on
-// libuv's thread pool, one load at a time in the pool's order.
-// Each load is bracketed with the cache's load marker (BuildCache::BeginLoad),
-// so a build that crashes the process while loading is known at the next
-// start instead of crashing it again.
+struct RunnerPlace {
+  std::string self_exe;      // the aotid binary, run as `internal-runner`
+  std::string scratch_root;  // runners' scratch directories go here
+};
+
+// The real one: starts the version's runner process (runner::RunnerModel,
+// which loads the build and chooses its threads) on libuv's thread pool,
+// so the loop never waits for a load. Each load is bracketed with the
+// cache's load marker (BuildCache::BeginLoad) as well: a build whose load
+// kills its runner is then known as such at the next start too.
 class ThreadPoolLoader final : public ModelLoader {
  public:
-  ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache) : loop_(loop), cache_(cache) {}
+  ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache, RunnerPlace place);
+  ~ThreadPoolLoader() override;
   void Load(LoadRequest request, std::function<void(LoadResult)> done) override;
+  // Stops passing runner events to the loop (they are dropped from now
+  // on) and lets the loop end. On the loop thread.
+  void Close();
+
+  // Runner events from their supervisor threads, handed to the loop thread.
+  struct Inbox;
 
  private:
   uv_loop_t* loop_;
   const runtime::BuildCache* cache_;
+  RunnerPlace place_;
+  std::shared_ptr<Inbox> inbox_;
 };
 
 }  // namespace aotid::control

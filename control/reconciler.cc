@@ -405,6 +405,14 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
   if (v.settings.threads == 0 && plan.device == "cpu") {
     req.choose_threads_at_batch = v.settings.max_batch_size > 1 ? v.settings.max_batch_size : 1;
   }
+  req.label = Name(v);
+  req.run_timeout_ms = options_.run_timeout_ms;
+  req.memory_limit_bytes = options_.memory_limit_bytes;
+  req.max_crashes = options_.runner_max_crashes;
+  req.crash_window_ms = options_.runner_crash_window_ms;
+  req.on_runner_event = [this, alive = alive_, v](const runner::RunnerEvent& e) {
+    if (*alive) RunnerEvent(v, e);
+  };
   loader_->Load(std::move(req), [this, alive = alive_, v, entry, built_now, plan](LoadResult result) {
     if (*alive) LoadDone(v, entry, built_now, plan, std::move(result));
   });
@@ -439,6 +447,11 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
     Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json);
   }
   MaybeStartupDone();
+}
+
+void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::RunnerEvent& e) {
+  if (metrics_ && e.kind == runner::RunnerEvent::Kind::kCrashed) metrics_->RecordRunnerCrash(v.model, v.version);
+  Record(v, e.kind == runner::RunnerEvent::Kind::kCrashed ? "runner_crashed" : "runner_failed", e.message);
 }
 
 void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,

@@ -62,6 +62,11 @@ struct ReconcilerOptions {
   int retry_initial_ms = 10000;
   int max_attempts = 4;
   int progress_interval_ms = 1000;  // how often a running build's progress is published
+  // Runner processes (control::LoadRequest).
+  int64_t run_timeout_ms = 120'000;
+  uint64_t memory_limit_bytes = 0;
+  int runner_max_crashes = 5;
+  int64_t runner_crash_window_ms = 60'000;
 };
 
 // What the reconciler drives and where it publishes; each must outlive it.
@@ -118,6 +123,8 @@ class Reconciler {
   void LoadDone(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
                 const DevicePlan& plan, LoadResult result);
   void CancelUnwanted();
+  // A served version's runner crashed, or crashed too often: recorded.
+  void RunnerEvent(const storage::ModelVersion& v, const runner::RunnerEvent& e);
   void UpdateProgress();
   void ScheduleProgress();
   void ScheduleRetry(int64_t at_ms);

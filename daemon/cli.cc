@@ -21,6 +21,7 @@
 #include "daemon/serve.h"
 #include "package/aoti_metadata.h"
 #include "package/package.h"
+#include "runner/runner_main.h"
 #include "runtime/aoti_build.h"
 #include "runtime/build_cache.h"
 #include "runtime/cache_policy.h"
@@ -673,6 +674,15 @@ int RunCli(int argc, char** argv) {
       return 2;
     }
     return runtime::RunPackageBuild(*args);
+  }
+  // The runner process the daemon runs each model in (runner/runner_main.h).
+  if (argc >= 2 && std::string_view(argv[1]) == runner::kRunnerCommand) {
+    auto args = runner::ParseRunnerArgs(std::vector<std::string>(argv + 2, argv + argc));
+    if (!args.ok()) {
+      std::cerr << args.status().message() << "\n";
+      return 2;
+    }
+    return runner::RunRunner(*args);
   }
   CLI::App app{"aotid: serves compiled PyTorch models on this machine", "aotid"};
   app.require_subcommand(1);

@@ -29,6 +29,7 @@ struct Shutdown {
   serving::HttpApi* http = nullptr;
   runtime::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
+  control::ThreadPoolLoader* loader = nullptr;
   bool started = false;
 };
 
@@ -41,6 +42,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->watch->Stop();
   s->builder->Shutdown();
   s->timers->Close();
+  s->loader->Close();
   s->http->Stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
@@ -119,8 +121,15 @@ int Serve(const Config& config) {
   ropts.max_queued_requests = config.max_queued_requests;
   ropts.retry_initial_ms = config.build_retry_initial_s * 1000;
   ropts.max_attempts = config.build_max_attempts;
+  ropts.run_timeout_ms = int64_t{config.run_timeout_s} * 1000;
+  ropts.memory_limit_bytes = config.memory_limit_mb > 0 ? static_cast<uint64_t>(config.memory_limit_mb) << 20
+                                                        : static_cast<uint64_t>(hw.memory_bytes) / 4 * 3;
+  ropts.runner_max_crashes = config.runner_max_crashes;
+  ropts.runner_crash_window_ms = int64_t{config.runner_crash_window_s} * 1000;
   control::UvLoop timers(&loop);
-  control::ThreadPoolLoader loader(&loop, &cache);
+  // Runners write only in their own scratch directories, beneath the
+  // staging directory that every start clears.
+  control::ThreadPoolLoader loader(&loop, &cache, {SelfExe(), cache.root() + "/.staging"});
   control::ReconcilerParts parts;
   parts.loop = &timers;
   parts.store = store->get();
@@ -160,6 +169,7 @@ int Serve(const Config& config) {
   shutdown.http = &http;
   shutdown.builder = &builder;
   shutdown.reconciler = &reconciler;
+  shutdown.loader = &loader;
   uv_signal_init(&loop, &shutdown.sigterm);
   uv_signal_init(&loop, &shutdown.sigint);
   shutdown.sigterm.data = shutdown.sigint.data = &shutdown;

@@ -154,6 +154,7 @@ int HttpStatusFor(const Status& s) {
     case StatusCode::kUnavailable: return 503;
     case StatusCode::kCancelled: return 499;  // client closed the request, as nginx counts it
     case StatusCode::kResourceExhausted: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
     default: return 500;
   }
 }

@@ -99,6 +99,11 @@ void Metrics::RecordBuild(bool ok, double duration_s) {
   build_duration_.Observe(duration_s);
 }
 
+void Metrics::RecordRunnerCrash(const std::string& model, int64_t version) {
+  MutexLock lock(&mu_);
+  ++Series(model, version).runner_crashes;
+}
+
 std::string Metrics::Render() const {
   std::string out;
   MutexLock lock(&mu_);
@@ -130,6 +135,11 @@ std::string Metrics::Render() const {
   for (const auto& h : kHistograms) {
     Header(&out, h.name, "histogram", h.help);
     for (const auto& [key, s] : models_) (s.*h.histogram).Write(&out, h.name, labels(key));
+  }
+  Header(&out, "aotid_runner_crashes_total", "counter",
+         "Runner processes that crashed or were stopped past their deadline, by model and version.");
+  for (const auto& [key, s] : models_) {
+    if (s.runner_crashes) out += "aotid_runner_crashes_total{" + labels(key) + "} " + std::to_string(s.runner_crashes) + "\n";
   }
   Header(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";

@@ -43,6 +43,8 @@ class Metrics {
       EXCLUDES(mu_);
   // A build that ended.
   void RecordBuild(bool ok, double duration_s) EXCLUDES(mu_);
+  // A version's runner process that crashed (or was stopped past its deadline).
+  void RecordRunnerCrash(const std::string& model, int64_t version) EXCLUDES(mu_);
   void SetModelsLoaded(int n) { models_loaded_.store(n); }
 
   // RAII: counts a request as in flight for its lifetime.
@@ -64,6 +66,7 @@ class Metrics {
     Histogram compute;
     Histogram queue;
     Histogram batch_rows;
+    uint64_t runner_crashes = 0;
   };
   ModelSeries& Series(const std::string& model, int64_t version) REQUIRES(mu_);
   mutable Mutex mu_;

@@ -1,0 +1,190 @@
+#include "runner/runner_main.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include "base/fs.h"
+#include "runner/channel.h"
+#include "runner/sandbox.h"
+#include "runtime/loaded_model.h"
+#include "runtime/thread_choice.h"
+#include "runtime/torch_plugin.h"
+
+namespace aotid::runner {
+namespace {
+
+// How long a slot's thread spins for the next request before it sleeps: a
+// client that sends its next request at once finds the runner awake.
+constexpr int64_t kRunnerSpinNs = 100'000;
+
+void Reply(const std::string& line) {
+  std::string text = line + "\n";
+  (void)!::write(kReadyFd, text.data(), text.size());
+  ::close(kReadyFd);
+}
+
+int FailStart(const Status& s) {
+  std::string msg = s.message();
+  for (char& c : msg) {
+    if (c == '\n') c = ' ';
+  }
+  std::cerr << "aotid runner: " << s.message() << std::endl;
+  Reply("error " + std::to_string(static_cast<int>(s.code())) + " " + msg);
+  return 1;
+}
+
+// Runs the request in `slot`; the response's payload bytes, or why not.
+StatusOr<uint64_t> Handle(runtime::LoadedModel& model, const Slot& slot, size_t max_inputs) {
+  const SlotHeader* h = slot.header();
+  if (h->command != kRun) return Internal("unknown command " + std::to_string(h->command));
+  ASSIGN_OR_RETURN(auto inputs, ReadTensors(slot, h->payload_bytes, max_inputs));
+  ASSIGN_OR_RETURN(auto outputs, model.Infer(inputs, runtime::RunContext{}));
+  return WriteTensors(slot, outputs);
+}
+
+void Serve(runtime::LoadedModel* model, Slot* slot) {
+  SlotHeader* h = slot->header();
+  const size_t max_inputs = model->spec().inputs.size();
+  for (;;) {
+    uint32_t v = h->state.load(std::memory_order_acquire);
+    if (v != kRequest) {  // idle, a response not yet taken, or reset by the daemon
+      WaitWhile(&h->state, v, kRunnerSpinNs, -1);
+      continue;
+    }
+    StatusOr<uint64_t> done = Internal("unset");
+    try {
+      done = Handle(*model, *slot, max_inputs);
+    } catch (const std::bad_alloc&) {
+      done = ResourceExhausted("the run needs more memory than the runner may use (runner.memory_limit_mb)");
+    }
+    h->status = static_cast<uint32_t>(done.status().code());
+    h->payload_bytes = done.ok() ? *done : WriteText(*slot, done.status().message());
+    h->state.store(kResponse, std::memory_order_release);
+    Wake(&h->state);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> RunnerArgv(const std::string& self_exe, const RunnerArgs& a) {
+  return {self_exe,
+          kRunnerCommand,
+          "--entry",
+          a.entry_dir,
+          "--device",
+          a.device,
+          "--slots",
+          std::to_string(a.slots),
+          "--threads",
+          std::to_string(a.threads),
+          "--choose-threads-at-batch",
+          std::to_string(a.choose_threads_at_batch),
+          "--memory-limit",
+          std::to_string(a.memory_limit_bytes),
+          "--scratch",
+          a.scratch,
+          "--parent",
+          std::to_string(a.parent_pid)};
+}
+
+StatusOr<RunnerArgs> ParseRunnerArgs(const std::vector<std::string>& args) {
+  RunnerArgs a;
+  std::map<std::string, std::string> seen;
+  for (size_t i = 0; i < args.size(); i += 2) {
+    if (i + 1 >= args.size()) return InvalidArgument(std::string(kRunnerCommand) + ": " + args[i] + " needs a value");
+    if (!seen.emplace(args[i], args[i + 1]).second) {
+      return InvalidArgument(std::string(kRunnerCommand) + ": " + args[i] + " given twice");
+    }
+  }
+  auto text = [&](const char* flag, std::string* out) -> Status {
+    auto it = seen.find(flag);
+    if (it == seen.end()) return InvalidArgument(std::string(kRunnerCommand) + ": " + flag + " is required");
+    *out = it->second;
+    seen.erase(it);
+    return Status::OK();
+  };
+  auto number = [&](const char* flag, auto* out) -> Status {
+    std::string v;
+    RETURN_IF_ERROR(text(flag, &v));
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+    if (ec != std::errc() || p != v.data() + v.size()) {
+      return InvalidArgument(std::string(kRunnerCommand) + ": " + flag + " takes a number, not " + v);
+    }
+    return Status::OK();
+  };
+  RETURN_IF_ERROR(text("--entry", &a.entry_dir));
+  RETURN_IF_ERROR(text("--device", &a.device));
+  RETURN_IF_ERROR(number("--slots", &a.slots));
+  RETURN_IF_ERROR(number("--threads", &a.threads));
+  RETURN_IF_ERROR(number("--choose-threads-at-batch", &a.choose_threads_at_batch));
+  RETURN_IF_ERROR(number("--memory-limit", &a.memory_limit_bytes));
+  RETURN_IF_ERROR(text("--scratch", &a.scratch));
+  RETURN_IF_ERROR(number("--parent", &a.parent_pid));
+  if (!seen.empty()) return InvalidArgument(std::string(kRunnerCommand) + ": unknown flag " + seen.begin()->first);
+  if (a.slots < 1 || a.slots > 64) return InvalidArgument(std::string(kRunnerCommand) + ": --slots is 1..64");
+  return a;
+}
+
+int RunRunner(const RunnerArgs& args) {
+  SandboxOptions sandbox;
+  sandbox.read_paths = {args.entry_dir};
+  sandbox.write_paths = {args.scratch};
+  sandbox.memory_limit_bytes = args.memory_limit_bytes;
+  sandbox.gpu = args.device != "cpu";
+  if (Status s = EnterLimits(sandbox, args.parent_pid); !s.ok()) return FailStart(s);
+  ::setenv("TMPDIR", args.scratch.c_str(), 1);
+
+  std::vector<Slot> slots;
+  for (int i = 0; i < args.slots; ++i) {
+    auto slot = Slot::Map(kFirstSlotFd + i);
+    if (!slot.ok()) return FailStart(slot.status());
+    slots.push_back(std::move(slot).value());
+  }
+  auto spec_text = fs::ReadFile(args.entry_dir + "/spec.json");
+  if (!spec_text.ok()) return FailStart(spec_text.status());
+  auto spec = runtime::ModelSpec::FromJson(*spec_text);
+  if (!spec.ok()) return FailStart(spec.status().WithContext(args.entry_dir + "/spec.json"));
+
+  // libtorch before the sandbox (its start-up reads what it likes); the
+  // package's code after.
+  if (auto plugin = runtime::LoadTorchPlugin(); !plugin.ok()) return FailStart(plugin.status());
+  auto report = EnterSandbox(sandbox);
+  if (!report.ok()) return FailStart(report.status());
+
+  runtime::CacheEntry entry;
+  entry.dir = args.entry_dir;
+  entry.so_path = args.entry_dir + "/model.so";
+  entry.spec = *spec;
+  runtime::LoadOptions load;
+  load.device = args.device;
+  load.num_runners = args.slots;
+  load.threads = args.threads;
+  auto loaded = runtime::LoadCompiledModel(entry, load);
+  if (!loaded.ok()) return FailStart(loaded.status());
+  std::unique_ptr<runtime::LoadedModel> model = std::move(loaded).value();
+
+  int threads = args.threads;
+  std::string note = "-";
+  if (args.choose_threads_at_batch > 0 && args.threads > 1) {
+    runtime::ThreadChoice choice = runtime::ChooseThreads(*model, args.threads, args.choose_threads_at_batch);
+    threads = choice.threads;
+    note = choice.note;
+  }
+  std::cerr << "aotid runner " << ::getpid() << ": serving " << entry.so_path << " on " << args.device << " ("
+            << args.slots << " slot" << (args.slots == 1 ? "" : "s") << ", " << report->Describe() << ")"
+            << std::endl;
+  Reply("ready " + std::to_string(threads) + " " + note);
+
+  std::vector<std::thread> servers;
+  for (size_t i = 1; i < slots.size(); ++i) servers.emplace_back(Serve, model.get(), &slots[i]);
+  Serve(model.get(), &slots[0]);  // never returns: the daemon kills the runner
+  return 0;
+}
+
+}  // namespace aotid::runner

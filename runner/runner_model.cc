@@ -1,0 +1,513 @@
+#include "runner/runner_model.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "base/fs.h"
+#include "base/log.h"
+#include "runner/runner_main.h"
+
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
+
+extern char** environ;
+
+namespace aotid::runner {
+namespace {
+
+// How long a run's caller spins for the answer before it sleeps: a small
+// model answers within it, and the caller then never pays a wake-up.
+constexpr int64_t kCallerSpinNs = 50'000;
+constexpr size_t kErrTailBytes = 8192;
+// Runner output lines logged per crash window, so a runner that prints a
+// backtrace in a loop cannot flood the daemon's log.
+constexpr int kMaxLoggedLines = 200;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* abbrev = ::sigabbrev_np(sig);
+    const char* desc = ::sigdescr_np(sig);
+    return "was killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "") +
+           (desc && sig != SIGKILL ? std::string(", ") + desc : "");
+  }
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  return "ended (wait status " + std::to_string(status) + ")";
+}
+
+// A file descriptor moved out of the way of 0..N, close-on-exec.
+int High(int fd) {
+  int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 64);
+  ::close(fd);
+  return high;
+}
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) ::close(*fd);
+  *fd = -1;
+}
+
+}  // namespace
+
+RunnerModel::RunnerModel(const runtime::CacheEntry& entry, RunnerOptions options)
+    : spec_(entry.spec), entry_dir_(entry.dir), options_(std::move(options)) {}
+
+StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const runtime::CacheEntry& entry, RunnerOptions options) {
+  if (options.self_exe.empty()) return FailedPrecondition("no aotid binary to run " + options.label + "'s runner with");
+  int slots = std::clamp(options.load.num_runners, 1, 64);
+  std::unique_ptr<RunnerModel> m(new RunnerModel(entry, std::move(options)));
+  for (int i = 0; i < slots; ++i) {
+    ASSIGN_OR_RETURN(Slot slot, Slot::Create("aotid-slot " + m->options_.label));
+    m->slots_.push_back(std::move(slot));
+  }
+  if (::pipe2(m->stop_fd_, O_CLOEXEC) != 0) return IOError(std::string("pipe: ") + std::strerror(errno));
+  ASSIGN_OR_RETURN(m->proc_, m->Spawn(m->options_.load.threads, m->options_.choose_threads_at_batch));
+  m->threads_ = m->proc_.threads;
+  m->threads_note_ = m->proc_.threads_note;
+  {
+    MutexLock lock(&m->mu_);
+    for (int i = slots - 1; i >= 0; --i) m->free_.push_back(i);
+    m->up_ = true;
+  }
+  m->supervisor_ = std::thread([p = m.get()] { p->Supervise(); });
+  return m;
+}
+
+RunnerModel::~RunnerModel() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  changed_.SignalAll();
+  if (stop_fd_[1] >= 0) (void)!::write(stop_fd_[1], "x", 1);
+  if (supervisor_.joinable()) supervisor_.join();
+  if (proc_.pid > 0) {
+    ::kill(proc_.pid, SIGKILL);
+    int status = 0;
+    Reap(&proc_, &status);
+  }
+  CloseFd(&stop_fd_[0]);
+  CloseFd(&stop_fd_[1]);
+}
+
+StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_threads_at_batch) {
+  Process p;
+  ASSIGN_OR_RETURN(p.scratch, fs::MakeTempDir(options_.scratch_root, "runner-"));
+  RunnerArgs args;
+  args.entry_dir = entry_dir_;
+  args.device = options_.load.device;
+  args.slots = static_cast<int>(slots_.size());
+  args.threads = threads;
+  args.choose_threads_at_batch = choose_threads_at_batch;
+  args.memory_limit_bytes = options_.memory_limit_bytes;
+  args.scratch = p.scratch;
+  args.parent_pid = ::getpid();
+  std::vector<std::string> argv = RunnerArgv(options_.self_exe, args);
+
+  int err[2], ready[2];
+  if (::pipe2(err, O_CLOEXEC) != 0) return IOError(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(ready, O_CLOEXEC) != 0) {
+    ::close(err[0]);
+    ::close(err[1]);
+    return IOError(std::string("pipe: ") + std::strerror(errno));
+  }
+  // Every descriptor the child gets, moved above the numbers it gets them
+  // at, so placing one never overwrites another.
+  int devnull = High(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  err[1] = High(err[1]);
+  ready[1] = High(ready[1]);
+  std::vector<int> slot_fds;
+  for (const Slot& s : slots_) slot_fds.push_back(::fcntl(s.fd(), F_DUPFD_CLOEXEC, 64));
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, devnull, 0);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  posix_spawn_file_actions_adddup2(&actions, ready[1], kReadyFd);
+  for (size_t i = 0; i < slot_fds.size(); ++i) {
+    posix_spawn_file_actions_adddup2(&actions, slot_fds[i], kFirstSlotFd + static_cast<int>(i));
+  }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+  posix_spawn_file_actions_addclosefrom_np(&actions, kFirstSlotFd + static_cast<int>(slot_fds.size()));
+#endif
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  // Its own process group: a terminal's ^C goes to the daemon, which stops
+  // its runners itself.
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, options_.self_exe.c_str(), &actions, &attr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(devnull);
+  ::close(err[1]);
+  ::close(ready[1]);
+  for (int fd : slot_fds) ::close(fd);
+  if (rc != 0) {
+    ::close(err[0]);
+    ::close(ready[0]);
+    (void)fs::RemoveAll(p.scratch);
+    return Internal("cannot start the runner for " + options_.label + " (" + options_.self_exe +
+                    "): " + std::strerror(rc));
+  }
+  p.pid = pid;
+  p.err_fd = err[0];
+#ifdef __linux__
+  p.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#endif
+  pid_.store(pid);
+
+  // Its reply, reading its output meanwhile (a runner that prints more
+  // than a pipe holds must not stall).
+  std::string reply;
+  bool replied = false;
+  const int64_t deadline = NowMs() + options_.start_timeout_ms;
+  int ready_fd = ready[0];
+  while (!replied) {
+    int64_t left = deadline - NowMs();
+    if (left <= 0) break;
+    struct pollfd fds[3] = {{ready_fd, POLLIN, 0}, {p.err_fd, POLLIN, 0}, {stop_fd_[0], POLLIN, 0}};
+    int n = ::poll(fds, p.err_fd >= 0 ? 3 : 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (n < 0 && errno != EINTR) break;
+    if (fds[2].revents) break;  // being destroyed
+    if (p.err_fd >= 0 && fds[1].revents && !DrainErr(p.err_fd)) CloseFd(&p.err_fd);
+    if (fds[0].revents) {
+      char buf[4096];
+      ssize_t got = ::read(ready_fd, buf, sizeof(buf));
+      if (got > 0) {
+        reply.append(buf, static_cast<size_t>(got));
+        replied = reply.find('\n') != std::string::npos;
+      } else if (got == 0 || errno != EINTR) {
+        break;  // closed without a reply: it died
+      }
+    }
+  }
+  ::close(ready_fd);
+  if (replied && reply.starts_with("ready ")) {
+    std::string rest = reply.substr(6, reply.find('\n') - 6);
+    size_t space = rest.find(' ');
+    p.threads = std::atoi(rest.substr(0, space).c_str());
+    std::string note = space == std::string::npos ? "" : rest.substr(space + 1);
+    p.threads_note = note == "-" ? "" : note;
+    return p;
+  }
+  // It failed to start: say why, then make sure it is gone.
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  Reap(&p, &status);
+  pid_.store(0);
+  if (replied && reply.starts_with("error ")) {
+    std::string rest = reply.substr(6, reply.find('\n') - 6);
+    size_t space = rest.find(' ');
+    int code = std::atoi(rest.substr(0, space).c_str());
+    if (code <= 0 || code > static_cast<int>(StatusCode::kDeadlineExceeded)) code = static_cast<int>(StatusCode::kInternal);
+    return Status(static_cast<StatusCode>(code), space == std::string::npos ? rest : rest.substr(space + 1));
+  }
+  std::string why = replied ? "an unreadable reply" : NowMs() >= deadline
+                                                          ? "no reply within " + std::to_string(options_.start_timeout_ms / 1000) + " s"
+                                                          : "it " + DescribeExit(status);
+  std::string last = LastError();
+  return Internal("the runner for " + options_.label + " did not start: " + why + (last.empty() ? "" : ": " + last));
+}
+
+void RunnerModel::Reap(Process* p, int* status) {
+  if (p->pid > 0) {
+    while (::waitpid(p->pid, status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (p->err_fd >= 0) {
+    while (DrainErr(p->err_fd)) {
+    }
+  }
+  CloseFd(&p->err_fd);
+  CloseFd(&p->pidfd);
+  if (!p->scratch.empty()) (void)fs::RemoveAll(p->scratch);
+  p->scratch.clear();
+  p->pid = -1;
+}
+
+bool RunnerModel::DrainErr(int fd) {
+  char buf[4096];
+  ssize_t got = ::read(fd, buf, sizeof(buf));
+  if (got < 0 && errno == EINTR) return true;
+  if (got <= 0) return false;
+  err_tail_.append(buf, static_cast<size_t>(got));
+  if (err_tail_.size() > 2 * kErrTailBytes) err_tail_.erase(0, err_tail_.size() - kErrTailBytes);
+  err_line_.append(buf, static_cast<size_t>(got));
+  size_t nl;
+  while ((nl = err_line_.find('\n')) != std::string::npos) {
+    std::string line = err_line_.substr(0, std::min<size_t>(nl, 300));
+    err_line_.erase(0, nl + 1);
+    // A backtrace's frames stay out of the log (the crash message names the error).
+    if (!line.empty() && !line.starts_with("frame #") && logged_lines_ < kMaxLoggedLines) {
+      ++logged_lines_;
+      LOG_INFO << "runner " << options_.label << ": " << line;
+    }
+  }
+  if (err_line_.size() > 4096) err_line_.clear();
+  return true;
+}
+
+std::string RunnerModel::LastError() const {
+  // torch's errors and std::terminate say "what():  <message>"; else the
+  // last line that says anything.
+  std::string tail = err_tail_.size() > kErrTailBytes ? err_tail_.substr(err_tail_.size() - kErrTailBytes) : err_tail_;
+  std::string found;
+  if (size_t at = tail.rfind("what():"); at != std::string::npos) {
+    found = tail.substr(at + 7);
+    found = found.substr(0, found.find('\n'));
+  } else {
+    size_t end = tail.find_last_not_of(" \t\r\n");
+    if (end == std::string::npos) return "";
+    size_t start = tail.rfind('\n', end);
+    found = tail.substr(start == std::string::npos ? 0 : start + 1, end + 1 - (start == std::string::npos ? 0 : start + 1));
+  }
+  size_t b = found.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  found = found.substr(b);
+  if (found.size() > 500) found = found.substr(0, 500) + "...";
+  // The text goes into JSON and logs: printable ASCII only.
+  for (char& c : found) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  }
+  return found;
+}
+
+void RunnerModel::Supervise() {
+  for (;;) {
+    struct pollfd fds[3] = {{stop_fd_[0], POLLIN, 0}, {proc_.pidfd, POLLIN, 0}, {proc_.err_fd, POLLIN, 0}};
+    int n = ::poll(fds, 3, proc_.pidfd >= 0 ? -1 : 50);
+    if (n < 0 && errno != EINTR) return;
+    if (fds[0].revents) return;
+    if (proc_.err_fd >= 0 && fds[2].revents && !DrainErr(proc_.err_fd)) CloseFd(&proc_.err_fd);
+    bool gone = proc_.pidfd >= 0 ? fds[1].revents != 0 : false;
+    int status = 0;
+    if (proc_.pidfd < 0) {
+      pid_t r = ::waitpid(proc_.pid, &status, WNOHANG);
+      if (r == proc_.pid) {
+        gone = true;
+        proc_.pid = -1;  // reaped already
+      }
+    }
+    if (!gone) continue;
+    Reap(&proc_, &status);
+    Died(status);
+    {
+      MutexLock lock(&mu_);
+      if (failed_ || stopping_) return;
+    }
+  }
+}
+
+void RunnerModel::Died(int status) {
+  pid_.store(0);
+  std::string cause;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return;
+    std::string last = LastError();
+    cause = !kill_cause_.empty() ? kill_cause_
+                                 : "the runner for " + options_.label + " " + DescribeExit(status) +
+                                       (last.empty() ? "" : ": " + last);
+    kill_cause_.clear();
+    down_cause_ = cause;
+    up_ = false;
+    ++generation_;
+    for (Slot& s : slots_) {
+      s.header()->state.store(kDead, std::memory_order_release);
+      Wake(&s.header()->state);
+    }
+  }
+  changed_.SignalAll();
+  err_tail_.clear();
+  err_line_.clear();
+  logged_lines_ = 0;
+  LOG_ERROR << cause;
+
+  int64_t now = NowMs();
+  crashes_ms_.push_back(now);
+  while (!crashes_ms_.empty() && crashes_ms_.front() < now - options_.crash_window_ms) crashes_ms_.pop_front();
+  auto give_up = [&](const std::string& why) {
+    {
+      MutexLock lock(&mu_);
+      failed_ = true;
+      down_cause_ = why;
+    }
+    changed_.SignalAll();
+    LOG_ERROR << why;
+    if (options_.on_event) options_.on_event({RunnerEvent::Kind::kFailed, why});
+  };
+  if (static_cast<int>(crashes_ms_.size()) > options_.max_crashes) {
+    give_up(options_.label + " is not restarted: its runner ended " + std::to_string(crashes_ms_.size()) +
+            " times within " + std::to_string(options_.crash_window_ms / 1000) + " s; last: " + cause);
+    return;
+  }
+  if (options_.on_event) options_.on_event({RunnerEvent::Kind::kCrashed, cause});
+
+  // The first crash restarts at once; each one after within the window
+  // waits twice as long (0.1 s, 0.2 s, ... at most 5 s).
+  for (;;) {
+    size_t recent = crashes_ms_.size();
+    int64_t wait = recent <= 1 ? 0 : std::min<int64_t>(5000, int64_t{100} << std::min<size_t>(recent - 2, 6));
+    if (!Pause(wait)) return;
+    for (Slot& s : slots_) s.header()->state.store(kIdle, std::memory_order_release);
+    auto next = Spawn(threads_, 0);
+    if (next.ok()) {
+      proc_ = *next;
+      restarts_.fetch_add(1);
+      {
+        MutexLock lock(&mu_);
+        up_ = true;
+        down_cause_.clear();
+      }
+      changed_.SignalAll();
+      LOG_INFO << "runner for " << options_.label << " restarted (pid " << proc_.pid << ")";
+      return;
+    }
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    // A runner that no longer starts counts as another crash.
+    now = NowMs();
+    crashes_ms_.push_back(now);
+    while (!crashes_ms_.empty() && crashes_ms_.front() < now - options_.crash_window_ms) crashes_ms_.pop_front();
+    if (static_cast<int>(crashes_ms_.size()) > options_.max_crashes) {
+      give_up(options_.label + " is not restarted: its runner does not start again: " + next.status().message());
+      return;
+    }
+    LOG_ERROR << next.status().message();
+  }
+}
+
+bool RunnerModel::Pause(int64_t ms) {
+  if (ms <= 0) return true;
+  struct pollfd fd = {stop_fd_[0], POLLIN, 0};
+  return ::poll(&fd, 1, static_cast<int>(ms)) == 0;
+}
+
+Status RunnerModel::DeadRun(uint64_t generation) {
+  MutexLock lock(&mu_);
+  if (failed_) return Unavailable(down_cause_);
+  std::string cause = down_cause_.empty() ? "the runner for " + options_.label + " ended" : down_cause_;
+  (void)generation;
+  return Internal(cause + " (while running this request)");
+}
+
+void RunnerModel::KillForDeadline(uint64_t generation) {
+  pid_t pid = 0;
+  {
+    MutexLock lock(&mu_);
+    if (generation != generation_ || !up_) return;  // already gone or replaced
+    up_ = false;                                     // no new runs until it is replaced
+    kill_cause_ = "the runner for " + options_.label + " was stopped: a run passed the time limit of " +
+                  std::to_string(options_.run_timeout_ms) + " ms";
+    pid = pid_.load();
+  }
+  if (pid > 0) ::kill(pid, SIGKILL);
+}
+
+StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<runtime::HostTensor>& inputs,
+                                                            const runtime::RunContext& ctx) {
+  using Clock = std::chrono::steady_clock;
+  const bool timed = options_.run_timeout_ms > 0;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.run_timeout_ms);
+  int index = -1;
+  uint64_t generation = 0;
+  {
+    MutexLock lock(&mu_);
+    while (!failed_ && !stopping_ && (!up_ || free_.empty())) {
+      if (!timed) {
+        changed_.Wait(&mu_);
+      } else if (!changed_.WaitUntil(&mu_, deadline)) {
+        if (!up_ && !failed_) {
+          return Unavailable(options_.label + "'s runner is restarting (" + down_cause_ + "); try again");
+        }
+        return DeadlineExceeded("no runner of " + options_.label + " was free within its time limit of " +
+                                std::to_string(options_.run_timeout_ms) + " ms");
+      }
+    }
+    if (failed_) return Unavailable(down_cause_);
+    if (stopping_) return Unavailable(options_.label + " is unloading");
+    index = free_.back();
+    free_.pop_back();
+    generation = generation_;
+  }
+  struct Release {
+    RunnerModel* m;
+    int index;
+    ~Release() {
+      {
+        MutexLock lock(&m->mu_);
+        m->free_.push_back(index);
+      }
+      m->changed_.SignalAll();
+    }
+  } release{this, index};
+
+  if (ctx.cancelled && ctx.cancelled()) return Cancelled(runtime::kClientGone);
+  Slot& slot = slots_[static_cast<size_t>(index)];
+  SlotHeader* h = slot.header();
+  ASSIGN_OR_RETURN(uint64_t written, WriteTensors(slot, inputs));
+  h->command = kRun;
+  h->status = 0;
+  h->payload_bytes = written;
+  uint32_t expected = kIdle;
+  if (!h->state.compare_exchange_strong(expected, kRequest, std::memory_order_acq_rel)) return DeadRun(generation);
+  Wake(&h->state);
+  int64_t timeout_ns = -1;
+  if (timed) {
+    timeout_ns = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count());
+  }
+  uint32_t v = WaitWhile(&h->state, kRequest, kCallerSpinNs, timeout_ns);
+  if (v == kRequest) {
+    KillForDeadline(generation);
+    return DeadlineExceeded("the run of " + options_.label + " passed its time limit of " +
+                            std::to_string(options_.run_timeout_ms) +
+                            " ms; its runner was stopped and is being replaced");
+  }
+  if (v != kResponse) return DeadRun(generation);
+  // Copied once: the runner may still write the slot.
+  const uint32_t code = h->status;
+  const uint64_t payload = h->payload_bytes;
+  StatusOr<std::vector<runtime::HostTensor>> result = Internal("unset");
+  if (code != 0) {
+    StatusCode c = code <= static_cast<uint32_t>(StatusCode::kDeadlineExceeded) ? static_cast<StatusCode>(code)
+                                                                                 : StatusCode::kInternal;
+    result = Status(c, ReadText(slot, payload));
+  } else {
+    size_t max_outputs = spec_.outputs.empty() ? 256 : spec_.outputs.size();
+    result = ReadTensors(slot, payload, max_outputs);
+  }
+  slot.Trim(std::max(written, payload) + sizeof(SlotHeader));
+  expected = kResponse;
+  h->state.compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel);
+  return result;
+}
+
+}  // namespace aotid::runner

@@ -1,0 +1,278 @@
+#include "runner/sandbox.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#ifdef __linux__
+#include <link.h>
+#include <linux/landlock.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <ucontext.h>
+#endif
+
+namespace aotid::runner {
+
+std::string SandboxReport::Describe() const {
+  std::string s = landlock_abi > 0 ? "landlock (ABI " + std::to_string(landlock_abi) + ")" : "no landlock";
+  s += seccomp ? ", seccomp" : ", no seccomp";
+  return s;
+}
+
+Status EnterLimits(const SandboxOptions& options, int parent_pid) {
+  auto limit = [](int resource, rlim_t value, const char* what) -> Status {
+    struct rlimit rl{value, value};
+    if (::setrlimit(resource, &rl) != 0) {
+      return Internal(std::string("cannot set the runner's ") + what + " limit: " + std::strerror(errno));
+    }
+    return Status::OK();
+  };
+  if (options.memory_limit_bytes > 0) {
+    RETURN_IF_ERROR(limit(RLIMIT_DATA, static_cast<rlim_t>(options.memory_limit_bytes), "memory"));
+  }
+  RETURN_IF_ERROR(limit(RLIMIT_CORE, 0, "core file"));
+  RETURN_IF_ERROR(limit(RLIMIT_FSIZE, rlim_t{1} << 30, "file size"));
+#ifdef __linux__
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    return Internal(std::string("cannot drop new privileges: ") + std::strerror(errno));
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+#endif
+  // The parent may have died before the death signal was asked for.
+  if (parent_pid > 0 && ::getppid() != parent_pid) return FailedPrecondition("the daemon that started this runner is gone");
+  return Status::OK();
+}
+
+#ifdef __linux__
+namespace {
+
+// Landlock's ABI beyond what Debian 12's header spells.
+constexpr uint64_t kFsRefer = 1ULL << 13;     // ABI 2
+constexpr uint64_t kFsTruncate = 1ULL << 14;  // ABI 3
+constexpr uint64_t kNetBindTcp = 1ULL << 0;   // ABI 4
+constexpr uint64_t kNetConnectTcp = 1ULL << 1;
+constexpr uint64_t kScopeAbstractUnix = 1ULL << 0;  // ABI 6
+constexpr uint64_t kScopeSignal = 1ULL << 1;
+struct RulesetAttr {
+  uint64_t handled_access_fs;
+  uint64_t handled_access_net;
+  uint64_t scoped;
+};
+struct PathBeneath {
+  uint64_t allowed_access;
+  int32_t parent_fd;
+} __attribute__((packed));
+
+constexpr uint64_t kFsFileRights =
+    LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE;
+constexpr uint64_t kFsRead = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
+
+// Directories of every shared library loaded so far (libtorch's, the
+// plugin's): lazily loaded parts of them must still be found.
+std::set<std::string> LoadedLibraryDirs() {
+  std::set<std::string> dirs;
+  ::dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        std::string name = info->dlpi_name ? info->dlpi_name : "";
+        if (auto slash = name.rfind('/'); name.starts_with('/') && slash != std::string::npos && slash > 0) {
+          static_cast<std::set<std::string>*>(data)->insert(name.substr(0, slash));
+        }
+        return 0;
+      },
+      &dirs);
+  return dirs;
+}
+
+Status AddPathRule(int ruleset, const std::string& path, uint64_t access, uint64_t handled) {
+  int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (fd < 0) return Status::OK();  // absent here: nothing to allow
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= kFsFileRights | kFsTruncate;
+  PathBeneath rule{access & handled, fd};
+  long rc = ::syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Internal("landlock cannot allow " + path + ": " + std::strerror(err));
+  return Status::OK();
+}
+
+// 0 when the kernel has no Landlock (or it is turned off).
+StatusOr<int> EnterLandlock(const SandboxOptions& options) {
+  long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi < 1) return 0;
+  RulesetAttr attr{};
+  attr.handled_access_fs = (LANDLOCK_ACCESS_FS_MAKE_SYM << 1) - 1;  // every ABI 1 right
+  if (abi >= 2) attr.handled_access_fs |= kFsRefer;
+  if (abi >= 3) attr.handled_access_fs |= kFsTruncate;
+  size_t attr_size = sizeof(uint64_t);
+  if (abi >= 4) {
+    attr.handled_access_net = kNetBindTcp | kNetConnectTcp;
+    attr_size = 2 * sizeof(uint64_t);
+  }
+  if (abi >= 6) {
+    attr.scoped = kScopeAbstractUnix | kScopeSignal;
+    attr_size = sizeof(RulesetAttr);
+  }
+  int ruleset = static_cast<int>(::syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0));
+  if (ruleset < 0) return Internal(std::string("landlock: cannot create a ruleset: ") + std::strerror(errno));
+  const uint64_t handled = attr.handled_access_fs;
+  Status s;
+  for (const char* dir : {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc", "/proc", "/sys"}) {
+    if (s.ok()) s = AddPathRule(ruleset, dir, kFsRead, handled);
+  }
+  for (const std::string& dir : LoadedLibraryDirs()) {
+    if (s.ok()) s = AddPathRule(ruleset, dir, kFsRead, handled);
+  }
+  for (const std::string& path : options.read_paths) {
+    if (s.ok()) s = AddPathRule(ruleset, path, kFsRead, handled);
+  }
+  for (const char* dev : {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}) {
+    if (s.ok()) s = AddPathRule(ruleset, dev, kFsFileRights, handled);
+  }
+  if (options.gpu && s.ok()) {
+    for (const char* dev : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",
+                            "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3", "/dev/dri"}) {
+      if (s.ok()) s = AddPathRule(ruleset, dev, kFsFileRights | LANDLOCK_ACCESS_FS_READ_DIR, handled);
+    }
+  }
+  for (const std::string& path : options.write_paths) {
+    if (s.ok()) s = AddPathRule(ruleset, path, handled, handled);
+  }
+  if (s.ok() && ::syscall(SYS_landlock_restrict_self, ruleset, 0) != 0) {
+    s = Internal(std::string("landlock: cannot restrict the runner: ") + std::strerror(errno));
+  }
+  ::close(ruleset);
+  if (!s.ok()) return s;
+  return static_cast<int>(abi);
+}
+
+// The calls the filter refuses, by number, for the line the SIGSYS handler
+// writes. Filled before the filter is loaded; read in the handler.
+struct RefusedName {
+  int nr;
+  char name[24];
+};
+RefusedName g_refused[96];
+int g_refused_count = 0;
+
+void OnSigsys(int, siginfo_t* info, void* context) {
+  const char* name = "a system call";
+  for (int i = 0; i < g_refused_count; ++i) {
+    if (g_refused[i].nr == info->si_syscall) name = g_refused[i].name;
+  }
+  char line[128] = "aotid runner: the sandbox refused ";
+  size_t n = std::strlen(line);
+  for (const char* p = name; *p && n < sizeof(line) - 3; ++p) line[n++] = *p;
+  line[n++] = '(';
+  line[n++] = ')';
+  line[n++] = '\n';
+  (void)!::write(2, line, n);
+  auto* uc = static_cast<ucontext_t*>(context);
+#if defined(__x86_64__)
+  uc->uc_mcontext.gregs[REG_RAX] = -EPERM;
+#elif defined(__aarch64__)
+  uc->uc_mcontext.regs[0] = static_cast<uint64_t>(-EPERM);
+#else
+  (void)uc;
+#endif
+}
+
+Status EnterSeccomp(bool landlocked) {
+  scmp_filter_ctx ctx = ::seccomp_init(SCMP_ACT_ALLOW);
+  if (ctx == nullptr) return Internal("seccomp: cannot create a filter");
+  Status s;
+  auto rule = [&](const char* name, uint32_t action, std::initializer_list<scmp_arg_cmp> args = {}) {
+    if (!s.ok()) return;
+    int nr = ::seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR) return;  // not a call on this architecture
+    if (action == SCMP_ACT_TRAP && g_refused_count < static_cast<int>(std::size(g_refused))) {
+      bool known = false;
+      for (int i = 0; i < g_refused_count; ++i) known = known || g_refused[i].nr == nr;
+      if (!known) {
+        g_refused[g_refused_count].nr = nr;
+        std::strncpy(g_refused[g_refused_count].name, name, sizeof(g_refused[0].name) - 1);
+        ++g_refused_count;
+      }
+    }
+    int rc = ::seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(args.size()),
+                                      args.size() ? std::data(args) : nullptr);
+    if (rc != 0) s = Internal(std::string("seccomp: cannot add a rule for ") + name + ": " + std::strerror(-rc));
+  };
+  const uint32_t refuse = SCMP_ACT_TRAP;
+  const auto self = static_cast<scmp_datum_t>(::getpid());
+  for (const char* name : {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "execve",
+                           "execveat", "fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+                           "mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "move_mount",
+                           "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr", "bpf", "perf_event_open",
+                           "userfaultfd", "keyctl", "add_key", "request_key", "init_module", "finit_module",
+                           "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
+                           "open_by_handle_at", "name_to_handle_at", "pidfd_open", "pidfd_getfd",
+                           "pidfd_send_signal", "tkill", "setsid", "setpgid"}) {
+    rule(name, refuse);
+  }
+  // Threads, not processes: clone without CLONE_THREAD is a fork. clone3
+  // passes its flags in memory a filter cannot read; glibc falls back to
+  // clone when it is missing.
+  rule("clone", refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)});
+  rule("clone3", SCMP_ACT_ERRNO(ENOSYS));
+  // io_uring does file and socket work the filter never sees.
+  for (const char* name : {"io_uring_setup", "io_uring_enter", "io_uring_register"}) rule(name, SCMP_ACT_ERRNO(ENOSYS));
+  // Signals to itself only.
+  rule("kill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+  rule("tgkill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+  rule("rt_sigqueueinfo", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+  rule("rt_tgsigqueueinfo", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+  if (!landlocked) {
+    // No Landlock: no file is opened for writing, created, removed or renamed.
+    for (uint64_t flag : {uint64_t{O_WRONLY}, uint64_t{O_RDWR}, uint64_t{O_CREAT}, uint64_t{O_TRUNC}}) {
+      rule("open", refuse, {SCMP_A1(SCMP_CMP_MASKED_EQ, flag, flag)});
+      rule("openat", refuse, {SCMP_A2(SCMP_CMP_MASKED_EQ, flag, flag)});
+    }
+    rule("openat2", SCMP_ACT_ERRNO(ENOSYS));
+    for (const char* name : {"creat", "unlink", "unlinkat", "rename", "renameat", "renameat2", "mkdir", "mkdirat",
+                             "rmdir", "link", "linkat", "symlink", "symlinkat", "truncate", "chmod", "fchmodat",
+                             "chown", "lchown", "fchownat", "mknod", "mknodat"}) {
+      rule(name, refuse);
+    }
+  }
+  if (s.ok()) {
+    struct sigaction sa{};
+    sa.sa_sigaction = OnSigsys;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (::sigaction(SIGSYS, &sa, nullptr) != 0) s = Internal("cannot handle SIGSYS");
+  }
+  if (s.ok()) {
+    int rc = ::seccomp_load(ctx);
+    if (rc != 0) s = Internal(std::string("seccomp: cannot load the filter: ") + std::strerror(-rc));
+  }
+  ::seccomp_release(ctx);
+  return s;
+}
+
+}  // namespace
+
+StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options) {
+  SandboxReport report;
+  ASSIGN_OR_RETURN(report.landlock_abi, EnterLandlock(options));
+  RETURN_IF_ERROR(EnterSeccomp(report.landlock_abi > 0));
+  report.seccomp = true;
+  return report;
+}
+
+#else
+
+StatusOr<SandboxReport> EnterSandbox(const SandboxOptions&) { return SandboxReport{}; }
+
+#endif
+
+}  // namespace aotid::runner

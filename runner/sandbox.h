@@ -1,0 +1,59 @@
+// What a runner process may do once it has loaded libtorch and before it
+// loads a package's code: only what running a model needs.
+//
+// On Linux, in layers, each of which stands without the others:
+//  - rlimits: the version's memory limit (RLIMIT_DATA: the heap, anonymous
+//    mappings and thread stacks; a model that allocates past it fails its
+//    run, not the machine), no core files, a bound on files it writes;
+//  - no new privileges, and death with the daemon (PR_SET_PDEATHSIG);
+//  - Landlock (kernel 5.13+): files can be read only beneath the system's
+//    library and configuration directories, the directories of the
+//    libraries already loaded (libtorch's), and the build's own cache
+//    entry; written only in the runner's scratch directory. Another blob
+//    of the store, another build, the config and the token cannot be
+//    opened. Where the kernel has Landlock's network and scope rules (ABI 4
+//    and 6) TCP and abstract sockets and signals to processes outside the
+//    sandbox are refused too;
+//  - seccomp (libseccomp): no sockets of any kind, no exec, no fork (threads
+//    only), no ptrace, mount, namespaces, BPF, io_uring, kernel keys or
+//    modules, and signals only to itself. A refused call fails with EPERM
+//    and writes one line to stderr naming the call, which the daemon logs.
+//
+// Where Landlock is missing, seccomp also refuses every open for writing
+// and every call that creates, removes or renames a file; reads are then
+// not confined. macOS has neither; runners there run with the rlimits only
+// (docs/RUNNERS.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace aotid::runner {
+
+struct SandboxOptions {
+  std::vector<std::string> read_paths;   // beyond the system's and the loaded libraries' directories
+  std::vector<std::string> write_paths;  // read, write, create and remove beneath these
+  uint64_t memory_limit_bytes = 0;       // RLIMIT_DATA; 0 leaves it as it is
+  bool gpu = false;                      // allow the GPU's device files (/dev/nvidia*)
+};
+
+// What was put in place, for the runner's log line.
+struct SandboxReport {
+  int landlock_abi = 0;  // 0: no Landlock
+  bool seccomp = false;
+  std::string Describe() const;
+};
+
+// The part that must come first, before anything is loaded: limits, no
+// new privileges, death with the parent `parent_pid` (an error when the
+// parent is already gone).
+Status EnterLimits(const SandboxOptions& options, int parent_pid);
+
+// Landlock and seccomp, after libtorch is loaded and before the package's
+// model.so is. Irreversible.
+StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options);
+
+}  // namespace aotid::runner
