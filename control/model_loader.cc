@@ -96,7 +96,10 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         auto started = runner::RunnerModel::Start(r.entry, std::move(ro));
         work->cache->EndLoad(r.entry);  // the runner loaded it and timed its threads, or failed to
         if (!started.ok()) {
-          work->result.model = started.status();
+          // A build damaged in place loads into a crash: say so, so that it
+          // is rebuilt rather than failed.
+          Status digest = work->cache->VerifyDigest(r.entry);
+          work->result.model = digest.code() == StatusCode::kCorruption ? digest : started.status();
           return;
         }
         work->result.threads = (*started)->threads();

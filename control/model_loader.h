@@ -38,6 +38,7 @@ struct LoadRequest {
 };
 
 struct LoadResult {
+  // Corruption: the build's files are damaged (rebuild it).
   StatusOr<std::shared_ptr<runtime::LoadedModel>> model{Internal("not loaded")};
   int threads = 0;           // threads per run it serves with
   std::string threads_note;  // how auto threads were chosen; empty when they were not

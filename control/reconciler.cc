@@ -421,6 +421,15 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
 void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
                           const DevicePlan& plan, LoadResult result) {
   in_flight_.erase(WorkKey(v));
+  if (result.model.status().code() == StatusCode::kCorruption && !stopping_ && IsCurrent(v)) {
+    // Damaged in place since it was built: build it again (its new digest
+    // then matches, so a build that crashes anyway fails below next time).
+    std::string why = result.model.status().message();
+    LOG_WARNING << "loading " << Name(v) << " failed: " << why << "; rebuilding";
+    Record(v, "cache_invalid", why + "; rebuilding");
+    StartBuild(v, KeyFor(v, plan.device));
+    return;
+  }
   if (!result.model.ok()) {
     std::string why = result.model.status().message();
     LOG_ERROR << "loading " << Name(v) << " failed: " << why;

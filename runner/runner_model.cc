@@ -213,6 +213,7 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
     p.threads = std::atoi(rest.substr(0, space).c_str());
     std::string note = space == std::string::npos ? "" : rest.substr(space + 1);
     p.threads_note = note == "-" ? "" : note;
+    err_tail_.clear();  // a crash's cause is what it says from now on
     return p;
   }
   // It failed to start: say why, then make sure it is gone.

@@ -177,10 +177,10 @@ class FakeLoader final : public ModelLoader {
     r.threads = req.options.threads;
     done(std::move(r));
   }
-  void Fail(const std::string& why) {
+  void Fail(const std::string& why, StatusCode code = StatusCode::kInternal) {
     auto [req, done] = Take();
     LoadResult r;
-    r.model = Internal(why);
+    r.model = Status(code, why);
     done(std::move(r));
   }
   // Finishes every load, successfully, including those they lead to.

@@ -413,6 +413,36 @@ TEST_F(ReconcilerTest, DamagedCacheEntryIsRebuilt) {
   EXPECT_EQ(State("mlp", v), "ready");
 }
 
+// A load that killed its runner, of a build whose model.so no longer
+// matches its digest: rebuilt once, then served; not failed.
+TEST_F(ReconcilerTest, LoadOfABuildDamagedInPlaceRebuildsIt) {
+  int64_t v = Add("mlp", {{"device", "cpu"}});
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  loader_->Fail("model.so does not match the digest its build recorded", StatusCode::kCorruption);
+  EXPECT_TRUE(HasEvent("mlp", v, "cache_invalid"));
+  EXPECT_FALSE(HasEvent("mlp", v, "load_failed"));
+  ASSERT_EQ(builds_->submitted.size(), 2u);
+  builds_->Succeed(MlpSpec());
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
+// A served version's runner events go to the event log.
+TEST_F(ReconcilerTest, RunnerCrashesAreRecorded) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  ASSERT_FALSE(loader_->requests.empty());
+  const LoadRequest& req = loader_->requests.back();
+  EXPECT_EQ(req.label, "mlp:" + std::to_string(v));
+  ASSERT_TRUE(req.on_runner_event);
+  req.on_runner_event({runner::RunnerEvent::Kind::kCrashed, "the runner for mlp:1 was killed by signal 6"});
+  req.on_runner_event({runner::RunnerEvent::Kind::kFailed, "mlp:1 is not restarted"});
+  EXPECT_TRUE(HasEvent("mlp", v, "runner_crashed"));
+  EXPECT_TRUE(HasEvent("mlp", v, "runner_failed"));
+}
+
 TEST_F(ReconcilerTest, BuildThatEndedTheDaemonTwiceWhileLoadingIsNotLoadedAgain) {
   int64_t v = Add("mlp");
   Reconcile();

@@ -182,7 +182,9 @@ TEST_F(ServeTest, MetricsCountRequestsBuildsAndMemory) {
   EXPECT_EQ(after["aotid_builds_total{outcome=\"ready\"}"], 2);  // mlp and embed, built by this daemon
   EXPECT_EQ(after["aotid_build_duration_seconds_count"], 2);
   EXPECT_EQ(after["aotid_inflight_requests"], 0);
-  EXPECT_GT(after["aotid_process_resident_memory_bytes"], 20e6);
+  // Models run in runner processes: libtorch never enters the daemon.
+  EXPECT_GT(after["aotid_process_resident_memory_bytes"], 1e6);
+  EXPECT_LT(after["aotid_process_resident_memory_bytes"], 100e6);
 }
 
 // 32 clients at once, each with its own row: batched runs join them, and
