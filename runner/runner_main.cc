@@ -75,6 +75,8 @@ void Serve(runtime::LoadedModel* model, Slot* slot) {
 std::vector<std::string> RunnerArgv(const std::string& self_exe, const RunnerArgs& a) {
   return {self_exe,
           kRunnerCommand,
+          "--label",
+          a.label,
           "--entry",
           a.entry_dir,
           "--device",
@@ -118,6 +120,7 @@ StatusOr<RunnerArgs> ParseRunnerArgs(const std::vector<std::string>& args) {
     }
     return Status::OK();
   };
+  RETURN_IF_ERROR(text("--label", &a.label));
   RETURN_IF_ERROR(text("--entry", &a.entry_dir));
   RETURN_IF_ERROR(text("--device", &a.device));
   RETURN_IF_ERROR(number("--slots", &a.slots));
@@ -176,7 +179,7 @@ int RunRunner(const RunnerArgs& args) {
     threads = choice.threads;
     note = choice.note;
   }
-  std::cerr << "aotid runner " << ::getpid() << ": serving " << entry.so_path << " on " << args.device << " ("
+  std::cerr << "aotid runner " << ::getpid() << ": serving " << args.label << " from " << entry.so_path << " on " << args.device << " ("
             << args.slots << " slot" << (args.slots == 1 ? "" : "s") << ", " << report->Describe() << ")"
             << std::endl;
   Reply("ready " + std::to_string(threads) + " " + note);

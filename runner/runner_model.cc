@@ -108,6 +108,7 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
   Process p;
   ASSIGN_OR_RETURN(p.scratch, fs::MakeTempDir(options_.scratch_root, "runner-"));
   RunnerArgs args;
+  args.label = options_.label;
   args.entry_dir = entry_dir_;
   args.device = options_.load.device;
   args.slots = static_cast<int>(slots_.size());

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "base/fs.h"
@@ -99,6 +101,20 @@ bool OutputsMatch(const json& got, const json& want) {
     }
   }
   return true;
+}
+
+std::vector<pid_t> Pids(const std::string& needle) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : cmd) c = c == '\0' ? ' ' : c;
+    if (cmd.find(needle) != std::string::npos) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
 }
 
 }  // namespace aotid::testing

@@ -2,6 +2,8 @@
 // over loopback, bounded polls, and comparison against eager outputs.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,6 +33,9 @@ void ExpectCasesMatchEager(int port, const std::string& model, std::string cases
 
 // Polls `done` every 50 ms until it holds or `timeout_s` passes.
 bool WaitFor(const std::function<bool()>& done, int timeout_s);
+
+// Processes whose command line contains `needle`.
+std::vector<pid_t> Pids(const std::string& needle);
 
 bool OutputsMatch(const json& got, const json& want);
 

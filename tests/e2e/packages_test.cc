@@ -37,18 +37,6 @@ std::vector<std::string> Entries(const std::string& store, const std::string& pa
 }
 
 // Pids of the processes whose command line contains `needle`.
-std::vector<pid_t> Pids(const std::string& needle) {
-  std::vector<pid_t> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (char& c : cmd) c = c == '\0' ? ' ' : c;
-    if (cmd.find(needle) != std::string::npos) out.push_back(static_cast<pid_t>(std::stol(name)));
-  }
-  return out;
-}
 
 // The zoo and the exported-program paths, in one daemon that compiles each
 // model once: a conv net, a transformer block, two inputs of different

@@ -37,7 +37,7 @@ class ServeTest : public ::testing::Test {
     store_ = dir_->path() + "/store";
     config_ = dir_->path() + "/aotid.toml";
     ASSERT_OK(fs::WriteFileAtomic(config_, "[server]\nmax_body_bytes = " + std::to_string(kMaxBody) +
-                                               "\nthreads = 4\n[build]\njobs = 1\n"));
+                                               "\nthreads = 4\n[build]\njobs = 1\n[runner]\ntimeout_s = 3\n"));
     for (const char* m : {"mlp", "embed"}) {
       std::string out;
       int rc = RunAotid({"--config", config_, "--store", store_, "add", TestData(std::string(m) + ".pt2"),
@@ -185,6 +185,72 @@ TEST_F(ServeTest, MetricsCountRequestsBuildsAndMemory) {
   // Models run in runner processes: libtorch never enters the daemon.
   EXPECT_GT(after["aotid_process_resident_memory_bytes"], 1e6);
   EXPECT_LT(after["aotid_process_resident_memory_bytes"], 100e6);
+}
+
+// Each model runs in its own runner process. An input that trips a
+// kernel's bounds check (it aborts inside an OpenMP region), a runner
+// killed mid-request and one that hangs cost the requests they held and a
+// restart, never the daemon or the other model.
+TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
+  auto runner_of = [&](const std::string& label) {
+    auto pids = Pids("internal-runner --label " + label + " ");
+    return pids.size() == 1 ? pids[0] : pid_t{0};
+  };
+  const std::string embed = "embed:1";
+  const pid_t mlp_runner = runner_of("mlp:1");
+  ASSERT_GT(mlp_runner, 0);
+  auto ids = [](const std::string& values) {
+    return R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[2,5],"data":[1,2,3,4,5,)" + values + "]}]}";
+  };
+  auto embed_serves = [&] { return Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5")).status == 200; };
+  int crashes = CountEvents(store_, "runner_crashed");
+
+  for (const char* bad : {"1,2,3,4,1000000000", "-5,1,2,3,4"}) {
+    pid_t before = runner_of(embed);
+    Reply r = Post(port(), "/v2/models/embed/infer", ids(bad));
+    EXPECT_EQ(r.status, 500) << r.body.dump();
+    EXPECT_NE(r.body.dump().find("index out of bounds"), std::string::npos) << r.body.dump();
+    EXPECT_NE(r.body.dump().find("SIGABRT"), std::string::npos) << r.body.dump();
+    ExpectCasesMatchEager(port(), "mlp");  // the other model never noticed
+    ASSERT_TRUE(WaitFor(embed_serves, 10)) << daemon_->Log();
+    EXPECT_NE(runner_of(embed), before);
+  }
+  ExpectCasesMatchEager(port(), "embed");
+  EXPECT_EQ(CountEvents(store_, "runner_crashed", "index out of bounds"), 2);
+
+  // kill -9 while a request waits in the runner (stopped, so it is surely
+  // mid-request): that request gets 500 naming the signal.
+  pid_t runner = runner_of(embed);
+  ASSERT_GT(runner, 0);
+  ASSERT_EQ(::kill(runner, SIGSTOP), 0);
+  std::thread held([&] {
+    Reply r = Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5"));
+    EXPECT_EQ(r.status, 500) << r.body.dump();
+    EXPECT_NE(r.body.dump().find("signal 9"), std::string::npos) << r.body.dump();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(::kill(runner, SIGKILL), 0);
+  held.join();
+  ASSERT_TRUE(WaitFor(embed_serves, 10)) << daemon_->Log();
+
+  // A runner that hangs: 504 after runner.timeout_s (3 s here), and it is
+  // replaced.
+  runner = runner_of(embed);
+  ASSERT_EQ(::kill(runner, SIGSTOP), 0);
+  Reply hung = Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5"));
+  EXPECT_EQ(hung.status, 504) << hung.body.dump();
+  EXPECT_NE(hung.body.dump().find("time limit"), std::string::npos) << hung.body.dump();
+  ASSERT_TRUE(WaitFor(embed_serves, 10)) << daemon_->Log();
+  EXPECT_NE(runner_of(embed), runner);
+  ExpectCasesMatchEager(port(), "embed");
+
+  EXPECT_EQ(runner_of("mlp:1"), mlp_runner);
+  EXPECT_EQ(CountEvents(store_, "runner_crashed"), crashes + 4);
+  httplib::Client c("127.0.0.1", port());
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("aotid_runner_crashes_total{model=\"embed\",version=\"1\"} 4"), std::string::npos)
+      << metrics->body;
 }
 
 // 32 clients at once, each with its own row: batched runs join them, and
