@@ -17,6 +17,7 @@
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
+#include "runner/runner_model.h"
 #include "raw_http.h"
 #include "test_util.h"
 
@@ -347,6 +348,55 @@ TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   for (int c : conns) ::close(c);
   EXPECT_TRUE(daemon_->Alive());
+}
+
+// A package whose model.so attacks at load (its constructor runs inside
+// the runner): each attempt is refused, and the refusals are logged; the
+// one place it may write is its scratch directory. The real runner binary,
+// sandbox and kernel; tests/runner/hostile_model.c is the package's code.
+TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndProcesses) {
+  TempDir dir;
+  std::string cache = dir / "store/cache", blobs = dir / "store/blobs";
+  std::string entry = cache + "/abc/model.cpu.x";
+  ASSERT_OK(fs::MakeDirs(entry));
+  ASSERT_OK(fs::MakeDirs(blobs));
+  ASSERT_OK(fs::MakeDirs(cache + "/.staging"));
+  ASSERT_OK(fs::WriteFileAtomic(blobs + "/secret", "TOP-SECRET-WEIGHTS"));
+  std::string cmd = "cc -shared -fPIC -o " + entry + "/model.so " + AOTID_SOURCE_DIR + "/tests/runner/hostile_model.c";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  ASSERT_OK(fs::WriteFileAtomic(entry + "/spec.json", R"({"inputs":[],"outputs":[]})"));
+  ::setenv("HOSTILE_BLOB", (blobs + "/secret").c_str(), 1);
+  ::setenv("HOSTILE_PLANT", (cache + "/planted").c_str(), 1);
+
+  runtime::CacheEntry e;
+  e.dir = entry;
+  e.so_path = entry + "/model.so";
+  runner::RunnerOptions o;
+  o.self_exe = AOTID_BINARY;
+  o.label = "hostile:1";
+  o.scratch_root = cache + "/.staging";
+  o.memory_limit_bytes = uint64_t{384} << 20;
+  ::testing::internal::CaptureStderr();
+  auto started = runner::RunnerModel::Start(e, o);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ::unsetenv("HOSTILE_BLOB");
+  ::unsetenv("HOSTILE_PLANT");
+
+  // It is no model, so it does not load; what matters is what it could do first.
+  ASSERT_FALSE(started.ok());
+  EXPECT_NE(started.status().message().find("loading " + e.so_path), std::string::npos) << started.status().message();
+  EXPECT_NE(log.find("hostile: write its scratch: DONE"), std::string::npos) << log;  // it did run
+  for (const char* refused :
+       {"hostile: inet socket: Operation not permitted", "hostile: unix socket: Operation not permitted",
+        "hostile: read another blob: Permission denied", "hostile: write into the cache: Permission denied",
+        "hostile: fork: Operation not permitted", "hostile: signal its parent: Operation not permitted",
+        "hostile: allocate 512 MiB: Cannot allocate memory",
+        // seccomp's refusals name the call in the log
+        "the sandbox refused socket()", "the sandbox refused clone()", "the sandbox refused kill()"}) {
+    EXPECT_NE(log.find(refused), std::string::npos) << refused << "\n" << log;
+  }
+  EXPECT_EQ(log.find("TOP-SECRET"), std::string::npos) << log;
+  EXPECT_FALSE(fs::Exists(cache + "/planted"));
 }
 
 }  // namespace
