@@ -82,6 +82,19 @@ TEST(Config, GoodFileSetsValues) {
   EXPECT_EQ(c->log_level, "debug");
 }
 
+TEST(Config, RunnerSectionSetsTheRunnersLimits) {
+  auto c = ParseConfig("[runner]\ntimeout_s = 7\nmemory_limit_mb = 2048\nmax_crashes = 2\ncrash_window_s = 30\n",
+                       "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->run_timeout_s, 7);
+  EXPECT_EQ(c->memory_limit_mb, 2048);
+  EXPECT_EQ(c->runner_max_crashes, 2);
+  EXPECT_EQ(c->runner_crash_window_s, 30);
+  auto zero = ParseConfig("[runner]\ntimeout_s = 0\n", "x.toml");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("runner.timeout_s"), std::string::npos) << zero.status().message();
+}
+
 TEST(Config, UnknownKeyNamesFileLineAndKey) {
   auto c = ParseConfig("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n", "my.toml");
   ASSERT_FALSE(c.ok());
