@@ -459,7 +459,8 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
 }
 
 void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::RunnerEvent& e) {
-  if (metrics_ && e.kind == runner::RunnerEvent::Kind::kCrashed) metrics_->RecordRunnerCrash(v.model, v.version);
+  if (metrics_ && e.kind == runner::RunnerEvent::Kind::kCrashed)
+    metrics_->RecordRunnerCrash(v.model, v.version);
   Record(v, e.kind == runner::RunnerEvent::Kind::kCrashed ? "runner_crashed" : "runner_failed", e.message);
 }
 

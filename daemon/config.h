@@ -31,9 +31,9 @@ struct Config {
   int build_max_attempts = 4;      // builds tried per version before it stays failed
   std::string cxx = "c++";
   // [runner]
-  int run_timeout_s = 120;         // a run past this gets 504 and its runner is replaced
-  int64_t memory_limit_mb = 0;     // per runner; 0: three quarters of this machine's memory
-  int runner_max_crashes = 5;      // crashes within runner_crash_window_s before a version fails
+  int run_timeout_s = 120;      // a run past this gets 504 and its runner is replaced
+  int64_t memory_limit_mb = 0;  // per runner; 0: three quarters of this machine's memory
+  int runner_max_crashes = 5;   // crashes within runner_crash_window_s before a version fails
   int runner_crash_window_s = 60;
   // [log]
   std::string log_level = "info";

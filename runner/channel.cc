@@ -41,7 +41,8 @@ constexpr uint64_t kMaxName = 1024;
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -81,7 +82,8 @@ StatusOr<Slot> Slot::Create(const std::string& name, uint64_t bytes) {
   int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
 #else
   // No memfd: an unlinked file in the temporary directory serves the same.
-  std::string path = (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + std::string("/aotid-slot-XXXXXX");
+  std::string path =
+      (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + std::string("/aotid-slot-XXXXXX");
   int fd = ::mkstemp(path.data());
   if (fd >= 0) {
     ::unlink(path.c_str());
@@ -141,8 +143,8 @@ StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<runtime::Hos
     end = AlignUp(end + t.data.size());
   }
   if (end > slot.size()) {
-    return ResourceExhausted("the tensors of one run take " + std::to_string(end) + " bytes; a runner slot holds " +
-                             std::to_string(slot.size()));
+    return ResourceExhausted("the tensors of one run take " + std::to_string(end) +
+                             " bytes; a runner slot holds " + std::to_string(slot.size()));
   }
   std::byte* base = slot.base();
   MessageHead head{static_cast<uint32_t>(tensors.size()), 0};
@@ -171,7 +173,8 @@ StatusOr<std::vector<runtime::HostTensor>> ReadTensors(const Slot& slot, uint64_
   const uint64_t start = sizeof(SlotHeader);
   const uint64_t size = slot.size();
   auto bad = [](const std::string& what) { return Internal("malformed runner message: " + what); };
-  if (payload_bytes > size - start || payload_bytes < sizeof(MessageHead)) return bad("its length is out of range");
+  if (payload_bytes > size - start || payload_bytes < sizeof(MessageHead))
+    return bad("its length is out of range");
   const uint64_t end = start + payload_bytes;
   const std::byte* base = slot.base();
   MessageHead head;
@@ -248,7 +251,8 @@ uint32_t WaitWhile(std::atomic<uint32_t>* word, uint32_t from, int64_t spin_ns, 
     // Not FUTEX_PRIVATE: the word is shared between processes.
     ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, from, tsp, nullptr, 0);
 #else
-    std::this_thread::sleep_for(std::chrono::microseconds(left >= 0 ? std::min<int64_t>(left / 1000 + 1, 200) : 200));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(left >= 0 ? std::min<int64_t>(left / 1000 + 1, 200) : 200));
 #endif
     v = word->load(std::memory_order_acquire);
     if (v != from) return v;

@@ -99,7 +99,8 @@ StatusOr<RunnerArgs> ParseRunnerArgs(const std::vector<std::string>& args) {
   RunnerArgs a;
   std::map<std::string, std::string> seen;
   for (size_t i = 0; i < args.size(); i += 2) {
-    if (i + 1 >= args.size()) return InvalidArgument(std::string(kRunnerCommand) + ": " + args[i] + " needs a value");
+    if (i + 1 >= args.size())
+      return InvalidArgument(std::string(kRunnerCommand) + ": " + args[i] + " needs a value");
     if (!seen.emplace(args[i], args[i + 1]).second) {
       return InvalidArgument(std::string(kRunnerCommand) + ": " + args[i] + " given twice");
     }
@@ -129,7 +130,8 @@ StatusOr<RunnerArgs> ParseRunnerArgs(const std::vector<std::string>& args) {
   RETURN_IF_ERROR(number("--memory-limit", &a.memory_limit_bytes));
   RETURN_IF_ERROR(text("--scratch", &a.scratch));
   RETURN_IF_ERROR(number("--parent", &a.parent_pid));
-  if (!seen.empty()) return InvalidArgument(std::string(kRunnerCommand) + ": unknown flag " + seen.begin()->first);
+  if (!seen.empty())
+    return InvalidArgument(std::string(kRunnerCommand) + ": unknown flag " + seen.begin()->first);
   if (a.slots < 1 || a.slots > 64) return InvalidArgument(std::string(kRunnerCommand) + ": --slots is 1..64");
   return a;
 }
@@ -179,9 +181,9 @@ int RunRunner(const RunnerArgs& args) {
     threads = choice.threads;
     note = choice.note;
   }
-  std::cerr << "aotid runner " << ::getpid() << ": serving " << args.label << " from " << entry.so_path << " on " << args.device << " ("
-            << args.slots << " slot" << (args.slots == 1 ? "" : "s") << ", " << report->Describe() << ")"
-            << std::endl;
+  std::cerr << "aotid runner " << ::getpid() << ": serving " << args.label << " from " << entry.so_path
+            << " on " << args.device << " (" << args.slots << " slot" << (args.slots == 1 ? "" : "s") << ", "
+            << report->Describe() << ")" << std::endl;
   Reply("ready " + std::to_string(threads) + " " + note);
 
   std::vector<std::thread> servers;

@@ -32,7 +32,7 @@ inline constexpr int kFirstSlotFd = 4;
 
 struct RunnerArgs {
   std::string label = "model";  // "demo:1": for `ps` and its log
-  std::string entry_dir;  // the build's cache entry (model.so, spec.json)
+  std::string entry_dir;        // the build's cache entry (model.so, spec.json)
   std::string device = "cpu";
   int slots = 1;                        // runs at once (the version's num_runners)
   int threads = 0;                      // OpenMP threads per run; 0 leaves torch's default

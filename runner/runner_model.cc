@@ -33,7 +33,8 @@ constexpr size_t kErrTailBytes = 8192;
 constexpr int kMaxLoggedLines = 200;
 
 int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -42,7 +43,8 @@ std::string DescribeExit(int status) {
     int sig = WTERMSIG(status);
     const char* abbrev = ::sigabbrev_np(sig);
     const char* desc = ::sigdescr_np(sig);
-    return "was killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "") +
+    return "was killed by signal " + std::to_string(sig) +
+           (abbrev ? std::string(" (SIG") + abbrev + ")" : "") +
            (desc && sig != SIGKILL ? std::string(", ") + desc : "");
   }
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -66,8 +68,10 @@ void CloseFd(int* fd) {
 RunnerModel::RunnerModel(const runtime::CacheEntry& entry, RunnerOptions options)
     : spec_(entry.spec), entry_dir_(entry.dir), options_(std::move(options)) {}
 
-StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const runtime::CacheEntry& entry, RunnerOptions options) {
-  if (options.self_exe.empty()) return FailedPrecondition("no aotid binary to run " + options.label + "'s runner with");
+StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const runtime::CacheEntry& entry,
+                                                          RunnerOptions options) {
+  if (options.self_exe.empty())
+    return FailedPrecondition("no aotid binary to run " + options.label + "'s runner with");
   int slots = std::clamp(options.load.num_runners, 1, 64);
   std::unique_ptr<RunnerModel> m(new RunnerModel(entry, std::move(options)));
   for (int i = 0; i < slots; ++i) {
@@ -226,14 +230,17 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
     std::string rest = reply.substr(6, reply.find('\n') - 6);
     size_t space = rest.find(' ');
     int code = std::atoi(rest.substr(0, space).c_str());
-    if (code <= 0 || code > static_cast<int>(StatusCode::kDeadlineExceeded)) code = static_cast<int>(StatusCode::kInternal);
+    if (code <= 0 || code > static_cast<int>(StatusCode::kDeadlineExceeded))
+      code = static_cast<int>(StatusCode::kInternal);
     return Status(static_cast<StatusCode>(code), space == std::string::npos ? rest : rest.substr(space + 1));
   }
-  std::string why = replied ? "an unreadable reply" : NowMs() >= deadline
-                                                          ? "no reply within " + std::to_string(options_.start_timeout_ms / 1000) + " s"
-                                                          : "it " + DescribeExit(status);
+  std::string why = replied ? "an unreadable reply"
+                    : NowMs() >= deadline
+                        ? "no reply within " + std::to_string(options_.start_timeout_ms / 1000) + " s"
+                        : "it " + DescribeExit(status);
   std::string last = LastError();
-  return Internal("the runner for " + options_.label + " did not start: " + why + (last.empty() ? "" : ": " + last));
+  return Internal("the runner for " + options_.label + " did not start: " + why +
+                  (last.empty() ? "" : ": " + last));
 }
 
 void RunnerModel::Reap(Process* p, int* status) {
@@ -277,7 +284,8 @@ bool RunnerModel::DrainErr(int fd) {
 std::string RunnerModel::LastError() const {
   // torch's errors and std::terminate say "what():  <message>"; else the
   // last line that says anything.
-  std::string tail = err_tail_.size() > kErrTailBytes ? err_tail_.substr(err_tail_.size() - kErrTailBytes) : err_tail_;
+  std::string tail =
+      err_tail_.size() > kErrTailBytes ? err_tail_.substr(err_tail_.size() - kErrTailBytes) : err_tail_;
   std::string found;
   if (size_t at = tail.rfind("what():"); at != std::string::npos) {
     found = tail.substr(at + 7);
@@ -286,7 +294,8 @@ std::string RunnerModel::LastError() const {
     size_t end = tail.find_last_not_of(" \t\r\n");
     if (end == std::string::npos) return "";
     size_t start = tail.rfind('\n', end);
-    found = tail.substr(start == std::string::npos ? 0 : start + 1, end + 1 - (start == std::string::npos ? 0 : start + 1));
+    found = tail.substr(start == std::string::npos ? 0 : start + 1,
+                        end + 1 - (start == std::string::npos ? 0 : start + 1));
   }
   size_t b = found.find_first_not_of(" \t");
   if (b == std::string::npos) return "";
@@ -352,7 +361,8 @@ void RunnerModel::Died(int status) {
 
   int64_t now = NowMs();
   crashes_ms_.push_back(now);
-  while (!crashes_ms_.empty() && crashes_ms_.front() < now - options_.crash_window_ms) crashes_ms_.pop_front();
+  while (!crashes_ms_.empty() && crashes_ms_.front() < now - options_.crash_window_ms)
+    crashes_ms_.pop_front();
   auto give_up = [&](const std::string& why) {
     {
       MutexLock lock(&mu_);
@@ -397,9 +407,11 @@ void RunnerModel::Died(int status) {
     // A runner that no longer starts counts as another crash.
     now = NowMs();
     crashes_ms_.push_back(now);
-    while (!crashes_ms_.empty() && crashes_ms_.front() < now - options_.crash_window_ms) crashes_ms_.pop_front();
+    while (!crashes_ms_.empty() && crashes_ms_.front() < now - options_.crash_window_ms)
+      crashes_ms_.pop_front();
     if (static_cast<int>(crashes_ms_.size()) > options_.max_crashes) {
-      give_up(options_.label + " is not restarted: its runner does not start again: " + next.status().message());
+      give_up(options_.label +
+              " is not restarted: its runner does not start again: " + next.status().message());
       return;
     }
     LOG_ERROR << next.status().message();
@@ -425,7 +437,7 @@ void RunnerModel::KillForDeadline(uint64_t generation) {
   {
     MutexLock lock(&mu_);
     if (generation != generation_ || !up_) return;  // already gone or replaced
-    up_ = false;                                     // no new runs until it is replaced
+    up_ = false;                                    // no new runs until it is replaced
     kill_cause_ = "the runner for " + options_.label + " was stopped: a run passed the time limit of " +
                   std::to_string(options_.run_timeout_ms) + " ms";
     pid = pid_.load();
@@ -434,7 +446,7 @@ void RunnerModel::KillForDeadline(uint64_t generation) {
 }
 
 StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<runtime::HostTensor>& inputs,
-                                                            const runtime::RunContext& ctx) {
+                                                              const runtime::RunContext& ctx) {
   using Clock = std::chrono::steady_clock;
   const bool timed = options_.run_timeout_ms > 0;
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.run_timeout_ms);
@@ -479,7 +491,8 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
   h->status = 0;
   h->payload_bytes = written;
   uint32_t expected = kIdle;
-  if (!h->state.compare_exchange_strong(expected, kRequest, std::memory_order_acq_rel)) return DeadRun(generation);
+  if (!h->state.compare_exchange_strong(expected, kRequest, std::memory_order_acq_rel))
+    return DeadRun(generation);
   Wake(&h->state);
   int64_t timeout_ns = -1;
   if (timed) {
@@ -499,8 +512,9 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
   const uint64_t payload = h->payload_bytes;
   StatusOr<std::vector<runtime::HostTensor>> result = Internal("unset");
   if (code != 0) {
-    StatusCode c = code <= static_cast<uint32_t>(StatusCode::kDeadlineExceeded) ? static_cast<StatusCode>(code)
-                                                                                 : StatusCode::kInternal;
+    StatusCode c = code <= static_cast<uint32_t>(StatusCode::kDeadlineExceeded)
+                       ? static_cast<StatusCode>(code)
+                       : StatusCode::kInternal;
     result = Status(c, ReadText(slot, payload));
   } else {
     size_t max_outputs = spec_.outputs.empty() ? 256 : spec_.outputs.size();

@@ -52,9 +52,9 @@ struct RunnerEvent {
 };
 
 struct RunnerOptions {
-  std::string self_exe;         // the aotid binary, run as `internal-runner`
-  std::string label = "model";  // "demo:1", for logs and messages
-  runtime::LoadOptions load;    // device, num_runners (slots), threads
+  std::string self_exe;                 // the aotid binary, run as `internal-runner`
+  std::string label = "model";          // "demo:1", for logs and messages
+  runtime::LoadOptions load;            // device, num_runners (slots), threads
   int64_t choose_threads_at_batch = 0;  // see control::LoadRequest
   int64_t run_timeout_ms = 0;           // 0: no limit
   int64_t start_timeout_ms = 300'000;   // loading the model, in the runner
@@ -70,7 +70,8 @@ class RunnerModel final : public runtime::LoadedModel {
  public:
   // Starts the runner and waits until it has loaded the model (or failed
   // to: its message, e.g. a load error from torch).
-  static StatusOr<std::unique_ptr<RunnerModel>> Start(const runtime::CacheEntry& entry, RunnerOptions options);
+  static StatusOr<std::unique_ptr<RunnerModel>> Start(const runtime::CacheEntry& entry,
+                                                      RunnerOptions options);
   ~RunnerModel() override;
   RunnerModel(const RunnerModel&) = delete;
   RunnerModel& operator=(const RunnerModel&) = delete;

@@ -30,7 +30,9 @@ std::string SandboxReport::Describe() const {
 
 Status EnterLimits(const SandboxOptions& options, int parent_pid) {
   auto limit = [](int resource, rlim_t value, const char* what) -> Status {
-    struct rlimit rl{value, value};
+    struct rlimit rl {
+      value, value
+    };
     if (::setrlimit(resource, &rl) != 0) {
       return Internal(std::string("cannot set the runner's ") + what + " limit: " + std::strerror(errno));
     }
@@ -48,7 +50,8 @@ Status EnterLimits(const SandboxOptions& options, int parent_pid) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 #endif
   // The parent may have died before the death signal was asked for.
-  if (parent_pid > 0 && ::getppid() != parent_pid) return FailedPrecondition("the daemon that started this runner is gone");
+  if (parent_pid > 0 && ::getppid() != parent_pid)
+    return FailedPrecondition("the daemon that started this runner is gone");
   return Status::OK();
 }
 
@@ -74,7 +77,8 @@ struct PathBeneath {
 
 constexpr uint64_t kFsFileRights =
     LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE;
-constexpr uint64_t kFsRead = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
+constexpr uint64_t kFsRead =
+    LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
 
 // Directories of every shared library loaded so far (libtorch's, the
 // plugin's): lazily loaded parts of them must still be found.
@@ -205,18 +209,60 @@ Status EnterSeccomp(bool landlocked) {
     }
     int rc = ::seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(args.size()),
                                       args.size() ? std::data(args) : nullptr);
-    if (rc != 0) s = Internal(std::string("seccomp: cannot add a rule for ") + name + ": " + std::strerror(-rc));
+    if (rc != 0)
+      s = Internal(std::string("seccomp: cannot add a rule for ") + name + ": " + std::strerror(-rc));
   };
   const uint32_t refuse = SCMP_ACT_TRAP;
   const auto self = static_cast<scmp_datum_t>(::getpid());
-  for (const char* name : {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "execve",
-                           "execveat", "fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
-                           "mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "move_mount",
-                           "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr", "bpf", "perf_event_open",
-                           "userfaultfd", "keyctl", "add_key", "request_key", "init_module", "finit_module",
-                           "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
-                           "open_by_handle_at", "name_to_handle_at", "pidfd_open", "pidfd_getfd",
-                           "pidfd_send_signal", "tkill", "setsid", "setpgid"}) {
+  for (const char* name : {"socket",
+                           "socketpair",
+                           "connect",
+                           "bind",
+                           "listen",
+                           "accept",
+                           "accept4",
+                           "execve",
+                           "execveat",
+                           "fork",
+                           "vfork",
+                           "ptrace",
+                           "process_vm_readv",
+                           "process_vm_writev",
+                           "kcmp",
+                           "mount",
+                           "umount2",
+                           "pivot_root",
+                           "chroot",
+                           "setns",
+                           "unshare",
+                           "move_mount",
+                           "open_tree",
+                           "fsopen",
+                           "fsmount",
+                           "fspick",
+                           "mount_setattr",
+                           "bpf",
+                           "perf_event_open",
+                           "userfaultfd",
+                           "keyctl",
+                           "add_key",
+                           "request_key",
+                           "init_module",
+                           "finit_module",
+                           "delete_module",
+                           "kexec_load",
+                           "kexec_file_load",
+                           "reboot",
+                           "swapon",
+                           "swapoff",
+                           "open_by_handle_at",
+                           "name_to_handle_at",
+                           "pidfd_open",
+                           "pidfd_getfd",
+                           "pidfd_send_signal",
+                           "tkill",
+                           "setsid",
+                           "setpgid"}) {
     rule(name, refuse);
   }
   // Threads, not processes: clone without CLONE_THREAD is a fork. clone3
@@ -225,7 +271,8 @@ Status EnterSeccomp(bool landlocked) {
   rule("clone", refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)});
   rule("clone3", SCMP_ACT_ERRNO(ENOSYS));
   // io_uring does file and socket work the filter never sees.
-  for (const char* name : {"io_uring_setup", "io_uring_enter", "io_uring_register"}) rule(name, SCMP_ACT_ERRNO(ENOSYS));
+  for (const char* name : {"io_uring_setup", "io_uring_enter", "io_uring_register"})
+    rule(name, SCMP_ACT_ERRNO(ENOSYS));
   // Signals to itself only.
   rule("kill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
   rule("tgkill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
@@ -238,14 +285,15 @@ Status EnterSeccomp(bool landlocked) {
       rule("openat", refuse, {SCMP_A2(SCMP_CMP_MASKED_EQ, flag, flag)});
     }
     rule("openat2", SCMP_ACT_ERRNO(ENOSYS));
-    for (const char* name : {"creat", "unlink", "unlinkat", "rename", "renameat", "renameat2", "mkdir", "mkdirat",
-                             "rmdir", "link", "linkat", "symlink", "symlinkat", "truncate", "chmod", "fchmodat",
-                             "chown", "lchown", "fchownat", "mknod", "mknodat"}) {
+    for (const char* name :
+         {"creat",   "unlink",   "unlinkat", "rename", "renameat", "renameat2", "mkdir",
+          "mkdirat", "rmdir",    "link",     "linkat", "symlink",  "symlinkat", "truncate",
+          "chmod",   "fchmodat", "chown",    "lchown", "fchownat", "mknod",     "mknodat"}) {
       rule(name, refuse);
     }
   }
   if (s.ok()) {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_sigaction = OnSigsys;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);

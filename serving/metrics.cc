@@ -139,7 +139,8 @@ std::string Metrics::Render() const {
   Header(&out, "aotid_runner_crashes_total", "counter",
          "Runner processes that crashed or were stopped past their deadline, by model and version.");
   for (const auto& [key, s] : models_) {
-    if (s.runner_crashes) out += "aotid_runner_crashes_total{" + labels(key) + "} " + std::to_string(s.runner_crashes) + "\n";
+    if (s.runner_crashes)
+      out += "aotid_runner_crashes_total{" + labels(key) + "} " + std::to_string(s.runner_crashes) + "\n";
   }
   Header(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";

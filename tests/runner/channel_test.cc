@@ -27,7 +27,8 @@ TEST(RunnerChannel, TensorsCrossASlotIntact) {
   auto slot = Slot::Create("test", 1 << 20);
   ASSERT_TRUE(slot.ok()) << slot.status().ToString();
   std::vector<HostTensor> in = {Make("ids", DType::kInt64, {2, 5}, 7), Make("mask", DType::kBool, {2, 5}, 1),
-                                Make("scalar", DType::kFloat32, {}, 3), Make("empty", DType::kFloat16, {0, 4}, 0)};
+                                Make("scalar", DType::kFloat32, {}, 3),
+                                Make("empty", DType::kFloat16, {0, 4}, 0)};
   auto written = WriteTensors(*slot, in);
   ASSERT_TRUE(written.ok()) << written.status().ToString();
   auto out = ReadTensors(*slot, *written, 8);
@@ -65,7 +66,8 @@ TEST(RunnerChannel, ScribbledMessagesAreRefusedOrConsistentNeverOutOfBounds) {
   std::mt19937_64 rng(12345);
   int refused = 0;
   for (int round = 0; round < 4000; ++round) {
-    auto written = WriteTensors(*slot, {Make("a", DType::kInt32, {3, 4}, 1), Make("bb", DType::kFloat64, {5}, 2)});
+    auto written =
+        WriteTensors(*slot, {Make("a", DType::kInt32, {3, 4}, 1), Make("bb", DType::kFloat64, {5}, 2)});
     ASSERT_TRUE(written.ok());
     uint64_t len = *written;
     int flips = 1 + static_cast<int>(rng() % 8);

@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     return 7;
   }
   if (start && std::string(start) == "fail") {
-    Reply("error " + std::to_string(static_cast<int>(StatusCode::kInvalidArgument)) + " fake: cannot load this");
+    Reply("error " + std::to_string(static_cast<int>(StatusCode::kInvalidArgument)) +
+          " fake: cannot load this");
     return 1;
   }
   std::vector<Slot> slots;

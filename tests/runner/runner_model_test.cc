@@ -103,7 +103,8 @@ TEST_F(RunnerModelTest, CrashAnswersWithItsCauseAndTheRunnerIsBackForTheNextRun)
   ASSERT_FALSE(crashed.ok());
   EXPECT_EQ(crashed.status().code(), StatusCode::kInternal);
   EXPECT_NE(crashed.status().message().find("SIGABRT"), std::string::npos) << crashed.status().message();
-  EXPECT_NE(crashed.status().message().find("fake kernel: index out of bounds: 0 <= tmp0 < 50"), std::string::npos)
+  EXPECT_NE(crashed.status().message().find("fake kernel: index out of bounds: 0 <= tmp0 < 50"),
+            std::string::npos)
       << crashed.status().message();
   auto next = (*m)->Infer({Ids({4, 5})}, {});
   ASSERT_TRUE(next.ok()) << next.status().ToString();
@@ -187,9 +188,11 @@ TEST_F(RunnerModelTest, RepeatedCrashesStopTheRestartsAndSayWhy) {
   ASSERT_FALSE(after.ok());
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(after.status().message().find("not restarted"), std::string::npos) << after.status().message();
-  EXPECT_NE(after.status().message().find("index out of bounds"), std::string::npos) << after.status().message();
+  EXPECT_NE(after.status().message().find("index out of bounds"), std::string::npos)
+      << after.status().message();
   // The last event follows the state it reports; wait for it (bounded).
-  for (int i = 0; i < 200 && Events().size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 200 && Events().size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   auto events = Events();
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].kind, RunnerEvent::Kind::kCrashed);
@@ -208,8 +211,10 @@ TEST_F(RunnerModelTest, ARunnerThatCannotLoadSaysWhy) {
   ::setenv("FAKE_RUNNER_START", "die", 1);
   auto died = RunnerModel::Start(entry_, Options());
   ASSERT_FALSE(died.ok());
-  EXPECT_NE(died.status().message().find("exited with status 7"), std::string::npos) << died.status().message();
-  EXPECT_NE(died.status().message().find("dying before its reply"), std::string::npos) << died.status().message();
+  EXPECT_NE(died.status().message().find("exited with status 7"), std::string::npos)
+      << died.status().message();
+  EXPECT_NE(died.status().message().find("dying before its reply"), std::string::npos)
+      << died.status().message();
 }
 
 TEST_F(RunnerModelTest, UnloadingStopsTheRunnerAndRemovesItsScratch) {
@@ -223,7 +228,8 @@ TEST_F(RunnerModelTest, UnloadingStopsTheRunnerAndRemovesItsScratch) {
   EXPECT_EQ(::kill(pid, 0), -1);  // reaped, not a zombie
   std::error_code ec;
   int left = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) left += e.path().filename().string().starts_with("runner-");
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+    left += e.path().filename().string().starts_with("runner-");
   EXPECT_EQ(left, 0);
 }
 
