@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -17,9 +18,18 @@ namespace aotid::package {
 
 class Archive {
  public:
+  // Zip bombs: an archive, or one entry, larger than kBombMinBytes once
+  // expanded may expand at most kMaxExpansion times its compressed size.
+  // torch stores weights uncompressed and code compresses 5-10 times; a
+  // zero-filled entry compresses about 1000 times.
+  static constexpr uint64_t kBombMinBytes = uint64_t{16} << 20;
+  static constexpr uint64_t kMaxExpansion = 100;
+
   // Opens `path` for reading and checks the archive's consistency. NotFound
   // when the file cannot be opened; InvalidArgument, naming the file and
-  // libzip's reason, when it is not a readable zip archive.
+  // libzip's reason, when it is not a readable zip archive, or naming the
+  // entry when it would expand past the limits above (before anything is
+  // extracted).
   static StatusOr<Archive> Open(const std::string& path);
 
   Archive(Archive&&) noexcept = default;

@@ -104,6 +104,23 @@ TEST(Archive, ReadsAndExtractsEntriesAndRefusesOversizedOnes) {
   EXPECT_EQ(AfterRoot("no-root"), "");
 }
 
+// A 3 MB file that expands to gigabytes is refused when opened, before
+// anything is extracted; an ordinary compressible entry is not.
+TEST(Archive, ZipBombsAreRefusedBeforeExtraction) {
+  TempDir d;
+  WriteZip(d / "bomb.pt2", {{"root/data/aotinductor/model/model.cpp", std::string(size_t{64} << 20, '\0')}});
+  auto bomb = Archive::Open(d / "bomb.pt2");
+  ASSERT_FALSE(bomb.ok());
+  EXPECT_EQ(bomb.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bomb.status().message().find("model.cpp expands from"), std::string::npos) << bomb.status().message();
+  EXPECT_NE(bomb.status().message().find("zip bomb"), std::string::npos) << bomb.status().message();
+
+  std::string text;
+  for (int i = 0; text.size() < (size_t{20} << 20); ++i) text += "float tmp" + std::to_string(i) + " = x[i] * 2;\n";
+  WriteZip(d / "code.pt2", {{"root/model.cpp", text}});
+  EXPECT_TRUE(Archive::Open(d / "code.pt2").ok());
+}
+
 TEST(AotiMetadata, IsReadFromTheCompiledPackage) {
   auto md = ReadAotiMetadata(TestData("mlp_so.pt2"), "model");
   ASSERT_TRUE(md.ok()) << md.status().ToString();
