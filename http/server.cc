@@ -279,7 +279,9 @@ ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::
   constexpr auto error = Fail<ChunkedResult>;
   constexpr size_t kMaxLine = 4096;  // a size line with extensions, or a trailer
   size_t pos = 0;
+  uint64_t counted = 0;  // the body's bytes so far when `body` is null
   for (;;) {
+    const uint64_t have = body ? body->size() : counted;
     size_t next;
     std::string_view line = NextLine(data, pos, &next);
     if (next == std::string_view::npos) {
@@ -313,8 +315,7 @@ ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::
       r.consumed = t;
       return r;
     }
-    if (static_cast<uint64_t>(max_body_bytes) < size ||
-        body->size() > static_cast<uint64_t>(max_body_bytes) - size) {
+    if (static_cast<uint64_t>(max_body_bytes) < size || have > static_cast<uint64_t>(max_body_bytes) - size) {
       return error(413, "request body exceeds the limit of " + std::to_string(max_body_bytes) + " bytes");
     }
     if (data.size() - next < size + 1) return r;  // the chunk and at least its LF
@@ -329,7 +330,11 @@ ChunkedResult DecodeChunked(std::string_view data, int64_t max_body_bytes, std::
     } else {
       return error(400, "malformed chunked body: chunk not followed by CRLF");
     }
-    body->append(chunk);
+    if (body) {
+      body->append(chunk);
+    } else {
+      counted += size;
+    }
     pos = end;
     r.consumed = pos;
   }
@@ -506,9 +511,11 @@ bool ReadSome(Conn& c, int64_t deadline_ms) { return WaitReadable(c.fd, deadline
 
 // Whether `in` holds what a worker needs to answer a request without
 // waiting on the client: a whole head and a body of known length, or
-// something to refuse at once. Chunked bodies and "Expect: 100-continue"
-// count as ready once their head is here (the worker reads the rest: the
-// client is waiting for the 100, or sends as fast as it can frame).
+// something to refuse at once. A chunked body counts once its last chunk
+// and trailers are here (or its framing is wrong), so a client that
+// trickles chunks holds no worker either. "Expect: 100-continue" counts as
+// ready once its head is here: the client waits for the 100 before it
+// sends the body, which the worker then reads.
 bool RequestBuffered(std::string_view in, const Limits& limits) {
   if (in.empty()) return false;
   Request probe;
@@ -516,7 +523,12 @@ bool RequestBuffered(std::string_view in, const Limits& limits) {
   if (head.state == HeadResult::kIncomplete) return false;
   if (head.state == HeadResult::kError) return true;
   BodyFraming framing = FramingOf(probe);
-  if (framing.kind != BodyFraming::kLength || probe.Has("Expect")) return true;
+  if (probe.Has("Expect")) return true;
+  if (framing.kind == BodyFraming::kChunked) {
+    ChunkedResult chunks = DecodeChunked(in.substr(head.consumed), limits.max_body_bytes, nullptr);
+    return chunks.state != ChunkedResult::kIncomplete;
+  }
+  if (framing.kind != BodyFraming::kLength) return true;
   return framing.length > static_cast<uint64_t>(limits.max_body_bytes) ||
          in.size() - head.consumed >= framing.length;
 }

@@ -109,7 +109,8 @@ BodyFraming FramingOf(const Request& req);
 // bytes to *body. It resumes: `consumed` counts the bytes of the whole
 // chunks it took (their data is in *body), also when the result is
 // kIncomplete; call again with the bytes after those and more data. kDone:
-// the last chunk and the trailers are consumed too.
+// the last chunk and the trailers are consumed too. With `body` null the
+// chunks are only checked and counted (is the body whole yet?).
 struct ChunkedResult {
   enum State { kIncomplete, kDone, kError } state = kIncomplete;
   size_t consumed = 0;
