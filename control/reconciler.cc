@@ -70,7 +70,14 @@ Status Reconciler::Reconcile() {
   for (const auto& m : models) {
     auto& versions = stored_[m.name];
     for (const auto& v : m.versions) versions[v.version] = v;
-    if (versions.empty() || !m.enabled) continue;  // a disabled model wants nothing, at once (Retire)
+    if (!m.enabled) {
+      // A disabled model wants nothing, at once (Retire); loading it again
+      // tries afresh what had failed.
+      std::string prefix = m.name + ":";
+      std::erase_if(failed_, [&](const std::string& k) { return k.starts_with(prefix); });
+      continue;
+    }
+    if (versions.empty()) continue;
     const auto& want = desired_[m.name] = storage::WantedVersions(m);
     if (want.empty()) {  // pinned to a version the store does not have
       LOG_WARNING << "model " << m.name << " is pinned to version " << m.policy.pinned
@@ -462,6 +469,18 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
   if (metrics_ && e.kind == runner::RunnerEvent::Kind::kCrashed)
     metrics_->RecordRunnerCrash(v.model, v.version);
   Record(v, e.kind == runner::RunnerEvent::Kind::kCrashed ? "runner_crashed" : "runner_failed", e.message);
+  if (e.kind != runner::RunnerEvent::Kind::kFailed || !IsCurrent(v)) return;
+  // Its runner is not restarted any more: the version has failed, and says
+  // so wherever its state is shown, until its settings change or it is
+  // loaded again.
+  failed_.insert(WorkKey(v));
+  if (auto current = registry_->Find(v.model, v.version)) {
+    serving::ServedModel m = *current;
+    m.state = serving::ServeState::kFailed;
+    m.message = e.message;
+    m.model = nullptr;
+    registry_->Put(std::move(m));
+  }
 }
 
 void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,

@@ -441,6 +441,18 @@ TEST_F(ReconcilerTest, RunnerCrashesAreRecorded) {
   req.on_runner_event({runner::RunnerEvent::Kind::kFailed, "mlp:1 is not restarted"});
   EXPECT_TRUE(HasEvent("mlp", v, "runner_crashed"));
   EXPECT_TRUE(HasEvent("mlp", v, "runner_failed"));
+  // Given up on: failed with the reason, not shown as ready.
+  EXPECT_EQ(State("mlp", v), "failed");
+  EXPECT_EQ(Served("mlp", v)->message, "mlp:1 is not restarted");
+  Reconcile();  // and not loaded again by itself
+  EXPECT_EQ(State("mlp", v), "failed");
+  EXPECT_EQ(loader_->pending(), 0u);
+  // Unloading and loading it again (the repository API) starts it afresh.
+  Set("mlp", std::nullopt, {{"enabled", "false"}});
+  Reconcile();
+  Set("mlp", std::nullopt, {{"enabled", "true"}});
+  Reconcile();
+  EXPECT_EQ(loader_->pending(), 1u);
 }
 
 TEST_F(ReconcilerTest, BuildThatEndedTheDaemonTwiceWhileLoadingIsNotLoadedAgain) {
