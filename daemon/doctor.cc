@@ -10,6 +10,7 @@
 #include "base/fs.h"
 #include "base/shell.h"
 #include "daemon/daemon_lock.h"
+#include "runner/sandbox.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
 #include "runtime/torch_version.h"
@@ -20,9 +21,14 @@ namespace {
 
 struct Report {
   int failures = 0;
-  void Info(const std::string& what, const std::string& value) { std::printf("  %-16s %s\n", what.c_str(), value.c_str()); }
+  void Info(const std::string& what, const std::string& value) {
+    std::printf("  %-16s %s\n", what.c_str(), value.c_str());
+  }
   void Ok(const std::string& what, const std::string& detail) {
     std::printf("OK    %-16s %s\n", what.c_str(), detail.c_str());
+  }
+  void Warn(const std::string& what, const std::string& detail) {
+    std::printf("WARN  %-16s %s\n", what.c_str(), detail.c_str());
   }
   void Fail(const std::string& what, const std::string& detail, const std::string& fix) {
     ++failures;
@@ -62,7 +68,8 @@ int RunDoctor(const Config& config) {
            "set build.python to a Python with torch==" + std::string(runtime::kTorchVersion) +
                " (./dev creates one under ~/.cache/aotid-dev)");
   } else if (torch != runtime::kTorchVersion) {
-    r.Fail("python", config.python + " has torch " + torch + ", aotid was built against " + runtime::kTorchVersion,
+    r.Fail("python",
+           config.python + " has torch " + torch + ", aotid was built against " + runtime::kTorchVersion,
            "point build.python at a Python with torch " + std::string(runtime::kTorchVersion) +
                ", or rebuild aotid against " + torch);
   } else {
@@ -73,7 +80,8 @@ int RunDoctor(const Config& config) {
   if (fs::Exists(worker)) {
     r.Ok("compile worker", worker);
   } else {
-    r.Fail("compile worker", worker + " does not exist", "set build.worker_dir to the directory holding aotid_worker/");
+    r.Fail("compile worker", worker + " does not exist",
+           "set build.worker_dir to the directory holding aotid_worker/");
   }
 
   auto plugin = runtime::LoadTorchPlugin();
@@ -84,12 +92,31 @@ int RunDoctor(const Config& config) {
            "install libaotid_torch.so next to aotid or in ../lib/aotid/, or set AOTID_TORCH_PLUGIN");
   }
 
+  runner::SandboxSupport sandbox = runner::ProbeSandbox();
+  if (sandbox.landlock_abi > 0 && sandbox.seccomp) {
+    r.Ok("runner sandbox", sandbox.Describe());
+  } else {
+    r.Warn("runner sandbox", sandbox.Describe() + " (docs/RUNNERS.md says what each layer refuses)");
+  }
+
   auto store = storage::ModelStore::Open(config.store_path, /*create=*/false);
   if (store.ok()) {
     auto models = (*store)->ListModels();
     size_t n = models.ok() ? models->size() : 0;
     r.Ok("store", config.store_path + " (schema " + std::to_string((*store)->SchemaVersion()) + ", " +
                       std::to_string(n) + " model" + (n == 1 ? "" : "s") + ")");
+    // Every version's package must be there to build it again.
+    for (const auto& m : models.ok() ? *models : std::vector<storage::ModelInfo>{}) {
+      for (const auto& v : m.versions) {
+        std::string blob = (*store)->BlobPath(v.artifact);
+        if (!fs::Exists(blob)) {
+          r.Fail("blob", m.name + ":" + std::to_string(v.version) + "'s package " + blob + " is missing",
+                 "add the package again ('aotid add FILE --name " + m.name +
+                     "'), or remove the version ('aotid rm " + m.name + ":" + std::to_string(v.version) +
+                     "')");
+        }
+      }
+    }
   } else if (store.status().code() == StatusCode::kNotFound) {
     std::string parent = config.store_path.substr(0, config.store_path.find_last_of('/'));
     if (parent.empty()) parent = ".";
@@ -114,7 +141,7 @@ int RunDoctor(const Config& config) {
   }
 
   std::printf("\n%s\n", r.failures == 0 ? "everything aotid needs is in place"
-                                         : (std::to_string(r.failures) + " check(s) failed").c_str());
+                                        : (std::to_string(r.failures) + " check(s) failed").c_str());
   return r.failures == 0 ? 0 : 1;
 }
 

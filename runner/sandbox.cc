@@ -28,6 +28,23 @@ std::string SandboxReport::Describe() const {
   return s;
 }
 
+std::string SandboxSupport::Describe() const {
+  std::string s = landlock_abi > 0 ? "landlock ABI " + std::to_string(landlock_abi)
+                                   : "no landlock (runners can read every file this user can)";
+  s += seccomp ? ", seccomp" : ", no seccomp (runners can open sockets and start processes)";
+  return s;
+}
+
+SandboxSupport ProbeSandbox() {
+  SandboxSupport s;
+#ifdef __linux__
+  long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  s.landlock_abi = abi > 0 ? static_cast<int>(abi) : 0;
+  s.seccomp = ::prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0;
+#endif
+  return s;
+}
+
 Status EnterLimits(const SandboxOptions& options, int parent_pid) {
   auto limit = [](int resource, rlim_t value, const char* what) -> Status {
     struct rlimit rl {

@@ -47,6 +47,15 @@ struct SandboxReport {
   std::string Describe() const;
 };
 
+// What this machine offers runners, without entering anything (for
+// `aotid doctor`).
+struct SandboxSupport {
+  int landlock_abi = 0;
+  bool seccomp = false;
+  std::string Describe() const;
+};
+SandboxSupport ProbeSandbox();
+
 // The part that must come first, before anything is loaded: limits, no
 // new privileges, death with the parent `parent_pid` (an error when the
 // parent is already gone).

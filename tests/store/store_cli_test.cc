@@ -54,7 +54,9 @@ class StoreCli : public ::testing::Test {
     args.insert(args.begin(), {"--store", store_});
     return args;
   }
-  int Run(std::vector<std::string> args, std::string* out = nullptr) { return RunAotid(Args(std::move(args)), out); }
+  int Run(std::vector<std::string> args, std::string* out = nullptr) {
+    return RunAotid(Args(std::move(args)), out);
+  }
 
   TempDir dir_;
   std::string store_ = dir_ / "store";
@@ -63,7 +65,10 @@ class StoreCli : public ::testing::Test {
 TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   std::string out;
   ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--num-runners", "2", "--max-batch-size", "8",
-                 "--no-fallback-cpu"}, &out), 0) << out;
+                 "--no-fallback-cpu"},
+                &out),
+            0)
+      << out;
   EXPECT_NE(out.find("added mlp:1"), std::string::npos) << out;
   ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "mlp"}, &out), 0) << out;
   EXPECT_NE(out.find("added mlp:2"), std::string::npos) << out;
@@ -108,10 +113,12 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_NE(out.find("is not a dotted name"), std::string::npos) << out;
   EXPECT_EQ(Run({"set", "mlp:1", "threads=-1"}, &out), 5);
   EXPECT_EQ(DirSnapshot(store_), before);
-  ASSERT_EQ(Run({"set", "mlp:1", "threads=1", "inductor.max_autotune=true", "inductor.cpp.simdlen=8"}, &out), 0)
+  ASSERT_EQ(Run({"set", "mlp:1", "threads=1", "inductor.max_autotune=true", "inductor.cpp.simdlen=8"}, &out),
+            0)
       << out;
   EXPECT_NE(out.find("set mlp:1 threads 0 -> 1"), std::string::npos) << out;
-  EXPECT_NE(out.find(R"(set mlp:1 inductor_options {} -> {"cpp.simdlen":8,"max_autotune":true})"), std::string::npos)
+  EXPECT_NE(out.find(R"(set mlp:1 inductor_options {} -> {"cpp.simdlen":8,"max_autotune":true})"),
+            std::string::npos)
       << out;
   ASSERT_EQ(Run({"set", "mlp:1", "inductor.max_autotune="}, &out), 0) << out;
   EXPECT_NE(out.find(R"(-> {"cpp.simdlen":8})"), std::string::npos) << out;
@@ -257,10 +264,9 @@ TEST_F(StoreCli, ConcurrentAddsAllSucceedOrFailCleanly) {
   std::vector<std::pair<pid_t, std::string>> procs;
   for (int i = 0; i < 12; ++i) {
     std::string out = dir_ / ("add" + std::to_string(i) + ".out");
-    std::vector<std::string> args = i < 8 ? std::vector<std::string>{"add", TestData(i % 2 ? "mlp.pt2" : "embed.pt2"),
-                                                                      "--name", "race"}
-                                          : std::vector<std::string>{"add", TestData("mlp.pt2"), "--name", "pinned",
-                                                                     "--version", "7"};
+    std::vector<std::string> args =
+        i < 8 ? std::vector<std::string>{"add", TestData(i % 2 ? "mlp.pt2" : "embed.pt2"), "--name", "race"}
+              : std::vector<std::string>{"add", TestData("mlp.pt2"), "--name", "pinned", "--version", "7"};
     auto pid = SpawnAotid(Args(args), out);
     ASSERT_TRUE(pid.ok());
     procs.emplace_back(*pid, out);
@@ -301,8 +307,8 @@ TEST_F(StoreCli, KilledAddLeavesNothingGcCannotClear) {
   struct Case {
     std::string point, file, sha;
   } cases[] = {
-      {"add:copied", TestData("mlp.pt2"), mlp_sha},         // partial copy in blobs/tmp
-      {"add:before_commit", TestData("mlp.pt2"), mlp_sha},  // blob renamed in, rows not committed
+      {"add:copied", TestData("mlp.pt2"), mlp_sha},             // partial copy in blobs/tmp
+      {"add:before_commit", TestData("mlp.pt2"), mlp_sha},      // blob renamed in, rows not committed
       {"add:before_commit", TestData("embed.pt2"), embed_sha},  // the blob is shared with 'keep'
   };
   for (const auto& c : cases) {
@@ -467,14 +473,16 @@ TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
   std::string out;
   ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
   ASSERT_EQ(Run({"doctor"}, &out), 0) << out;
-  for (const char* want : {"fingerprint", "vector isa", "OK    compiler", "OK    python", "OK    compile worker",
-                           "OK    torch runtime", "(schema 4, 1 model)", "everything aotid needs is in place"}) {
+  for (const char* want :
+       {"fingerprint", "vector isa", "OK    compiler", "OK    python", "OK    compile worker",
+        "OK    torch runtime", "(schema 4, 1 model)", "everything aotid needs is in place"}) {
     EXPECT_NE(out.find(want), std::string::npos) << want << " missing from:\n" << out;
   }
   ASSERT_OK(fs::WriteFileAtomic(dir_ / "broken.toml",
                                 "[build]\npython = \"/nonexistent/python3\"\ncxx = \"/nonexistent/c++\"\n"));
   EXPECT_EQ(RunAotid({"--config", dir_ / "broken.toml", "--store", store_, "doctor"}, &out), 1) << out;
-  EXPECT_NE(out.find("FAIL  python           /nonexistent/python3 cannot import torch"), std::string::npos) << out;
+  EXPECT_NE(out.find("FAIL  python           /nonexistent/python3 cannot import torch"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("fix: set build.python"), std::string::npos) << out;
   EXPECT_NE(out.find("FAIL  compiler"), std::string::npos) << out;
   EXPECT_NE(out.find("2 check(s) failed"), std::string::npos) << out;
@@ -483,6 +491,18 @@ TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
   EXPECT_EQ(RunAotid(Args({"doctor"}), no_plugin, &out), 1) << out;
   EXPECT_NE(out.find("FAIL  torch runtime"), std::string::npos) << out;
   EXPECT_NE(out.find("nowhere.so: no such file"), std::string::npos) << out;
+
+  // The sandbox runners get here is named (this kernel has both layers).
+  ASSERT_EQ(Run({"doctor"}, &out), 0) << out;
+  EXPECT_NE(out.find("OK    runner sandbox   landlock ABI "), std::string::npos) << out;
+  // A version whose package is gone from the store cannot be built again.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(store_ + "/blobs/sha256", ec)) {
+    std::filesystem::remove(e.path(), ec);
+  }
+  EXPECT_EQ(Run({"doctor"}, &out), 1) << out;
+  EXPECT_NE(out.find("FAIL  blob             mlp:1's package"), std::string::npos) << out;
+  EXPECT_NE(out.find("is missing"), std::string::npos) << out;
 }
 
 }  // namespace
