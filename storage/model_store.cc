@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "base/crash_point.h"
 #include "base/fs.h"
+#include "base/log.h"
 
 namespace aotid::storage {
 namespace {
@@ -156,7 +158,8 @@ class BlobLock {
       if (errno != EWOULDBLOCK || std::chrono::steady_clock::now() > deadline) {
         int e = errno;
         ::close(fd);
-        if (e == EWOULDBLOCK) return Unavailable("store " + store_dir + " is busy (gc or add holds blobs/.lock)");
+        if (e == EWOULDBLOCK)
+          return Unavailable("store " + store_dir + " is busy (gc or add holds blobs/.lock)");
         return ErrnoError("lock " + path, e);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -240,12 +243,13 @@ Status ValidateModelName(std::string_view name) {
     return InvalidArgument("model name must be 1 to 128 characters long, got " + std::to_string(name.size()));
   }
   auto ok_char = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
   };
   for (char c : name) {
     if (!ok_char(c)) {
-      return InvalidArgument("model name '" + shown() + "' may only contain letters, digits, '_', '.' and '-'");
+      return InvalidArgument("model name '" + shown() +
+                             "' may only contain letters, digits, '_', '.' and '-'");
     }
   }
   if (name[0] == '_' || name[0] == '.' || name[0] == '-') {
@@ -271,7 +275,8 @@ Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int6
   RETURN_IF_ERROR(ValidateModelName(*name));
   if (colon != std::string_view::npos) {
     auto v = ParseInt("version", ref.substr(colon + 1));
-    if (!v.ok()) return InvalidArgument("'" + std::string(ref) + "': the version after ':' must be an integer");
+    if (!v.ok())
+      return InvalidArgument("'" + std::string(ref) + "': the version after ':' must be an integer");
     RETURN_IF_ERROR(ValidateVersion(*v));
     *version = *v;
   }
@@ -302,7 +307,8 @@ StatusOr<VersionPolicy> ParseVersionPolicy(std::string_view text) {
       return p;
     }
   }
-  return InvalidArgument("version_policy must be latest, all or pinned:VERSION, got '" + std::string(text) + "'");
+  return InvalidArgument("version_policy must be latest, all or pinned:VERSION, got '" + std::string(text) +
+                         "'");
 }
 
 std::set<int64_t> WantedVersions(const ModelInfo& m) {
@@ -342,6 +348,43 @@ bool ParseBuildState(std::string_view name, BuildState* out) {
   return false;
 }
 
+namespace {
+
+// Free bytes on the file system holding `dir`; -1 when unknown.
+int64_t FreeBytes(const std::string& dir) {
+  struct statvfs st;
+  if (::statvfs(dir.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+// The reserve: given back when the disk is full (before SQLite opens the
+// store, which may need room for its -wal and -shm files)...
+void ReleaseReserveIfFull(const std::string& dir) {
+  int64_t free = FreeBytes(dir);
+  if (free < 0 || free >= 2 * ModelStore::kReserveBytes) return;
+  if (::unlink((dir + "/reserve").c_str()) == 0) {
+    LOG_WARNING << "the disk holding the store " << dir << " is full: gave back the store's "
+                << (ModelStore::kReserveBytes >> 20)
+                << " MiB reserve so aotid can still work; free space (aotid gc, aotid rm) and it is set "
+                   "aside again";
+  }
+}
+
+// ...and set aside again, in a store that opened, once there is room.
+void SetReserveAside(const std::string& dir) {
+  std::string path = dir + "/reserve";
+  int64_t free = FreeBytes(dir);
+  if (free < 4 * ModelStore::kReserveBytes || fs::Exists(path)) return;
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  bool ok = ::posix_fallocate(fd, 0, ModelStore::kReserveBytes) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, bool create) {
   std::string db_path = dir + "/aotid.db";
   if (!create && !fs::Exists(db_path)) return NotFound("no aotid store at " + dir);
@@ -357,9 +400,11 @@ StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, b
     }
     RETURN_IF_ERROR(fs::MakeDirs(dir + "/blobs/sha256").WithContext("creating the store"));
   }
+  ReleaseReserveIfFull(dir);
   ASSIGN_OR_RETURN(auto db, Db::Open(db_path, create));
   std::unique_ptr<ModelStore> store(new ModelStore(dir, std::move(db)));
   RETURN_IF_ERROR(store->Migrate());
+  SetReserveAside(dir);
   return store;
 }
 
@@ -382,8 +427,8 @@ Status ModelStore::Migrate() {
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
   ASSIGN_OR_RETURN(v, read_version());  // another process may have migrated meanwhile
   for (; v < kSchemaVersion; ++v) {
-    RETURN_IF_ERROR(db_->Exec(kMigrations[v]).WithContext("migrating store schema from version " +
-                                                           std::to_string(v)));
+    RETURN_IF_ERROR(
+        db_->Exec(kMigrations[v]).WithContext("migrating store schema from version " + std::to_string(v)));
     RETURN_IF_ERROR(db_->Exec("PRAGMA user_version = " + std::to_string(v + 1)));
   }
   RETURN_IF_ERROR(txn->Commit());
@@ -411,8 +456,8 @@ StatusOr<ModelStore::AddPlan> ModelStore::CheckAddRequest(const AddRequest& req)
     return NotFound(req.file + " has no model '" + req.package_model + "' (it holds: " + names + ")");
   }
   if (info.model_names.size() != 1) {
-    return InvalidArgument(req.file + " holds " + std::to_string(info.model_names.size()) + " models (" + names +
-                           "); choose one with --package-model");
+    return InvalidArgument(req.file + " holds " + std::to_string(info.model_names.size()) + " models (" +
+                           names + "); choose one with --package-model");
   }
   return AddPlan{info.model_names[0], info.kind};
 }
@@ -447,8 +492,9 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   int64_t now = NowMs();
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
   {
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-        "INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
+    ASSIGN_OR_RETURN(
+        Stmt s,
+        db_->Prepare("INSERT OR IGNORE INTO artifacts(sha256, kind, size, added_at_ms) VALUES(?,?,?,?)"));
     RETURN_IF_ERROR(s.Bind(1, sha)
                         .Bind(2, package::PackageKindName(plan.kind))
                         .Bind(3, int64_t{st.st_size})
@@ -461,9 +507,10 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   }
   int64_t version = 0;
   {
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-        "SELECT id, (SELECT COALESCE(MAX(version), 0) FROM versions WHERE model_id = models.id) "
-        "FROM models WHERE name = ?"));
+    ASSIGN_OR_RETURN(
+        Stmt s,
+        db_->Prepare("SELECT id, (SELECT COALESCE(MAX(version), 0) FROM versions WHERE model_id = models.id) "
+                     "FROM models WHERE name = ?"));
     s.Bind(1, req.name);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return Internal("model row vanished during add");
@@ -479,7 +526,8 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
     if (st_ins.code() == StatusCode::kAlreadyExists) return duplicate(version);
     RETURN_IF_ERROR(st_ins);
   }
-  RETURN_IF_ERROR(AppendEvent(req.name, version, "added", "added " + req.file + " as sha256:" + sha.substr(0, 12)));
+  RETURN_IF_ERROR(
+      AppendEvent(req.name, version, "added", "added " + req.file + " as sha256:" + sha.substr(0, 12)));
 
   // The blob enters blobs/sha256 under the write lock, verified against its
   // digest, and durable before the rows that reference it commit.
@@ -492,9 +540,9 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   if (!have_blob) {
     ASSIGN_OR_RETURN(std::string check, fs::Sha256File(tmp->path()));
     if (check != sha) {
-      return Corruption("the copy of " + req.file + " read back with a different digest (sha256:" +
-                        check.substr(0, 12) + ", expected sha256:" + sha.substr(0, 12) +
-                        "); was the file changing while it was added?");
+      return Corruption(
+          "the copy of " + req.file + " read back with a different digest (sha256:" + check.substr(0, 12) +
+          ", expected sha256:" + sha.substr(0, 12) + "); was the file changing while it was added?");
     }
     if (::rename(tmp->path().c_str(), final_path.c_str()) != 0) {
       return ErrnoError("rename blob into " + final_path, errno);
@@ -517,7 +565,8 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   return mv;
 }
 
-StatusOr<std::vector<ModelVersion>> ModelStore::QueryVersions(const std::string& where, const std::string& name) {
+StatusOr<std::vector<ModelVersion>> ModelStore::QueryVersions(const std::string& where,
+                                                              const std::string& name) {
   ASSIGN_OR_RETURN(Stmt s,
                    db_->Prepare("SELECT " + VersionColumns() + where + " ORDER BY m.name, v.version"));
   if (!name.empty()) s.Bind(1, name);
@@ -528,7 +577,8 @@ StatusOr<std::vector<ModelVersion>> ModelStore::ListVersions() { return QueryVer
 
 StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
   ASSIGN_OR_RETURN(auto versions, ListVersions());
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT name, version_policy, created_at_ms, enabled FROM models ORDER BY name"));
+  ASSIGN_OR_RETURN(
+      Stmt s, db_->Prepare("SELECT name, version_policy, created_at_ms, enabled FROM models ORDER BY name"));
   std::vector<ModelInfo> out;
   size_t vi = 0;
   RETURN_IF_ERROR(s.ForEachRow([&](const Stmt& row) {
@@ -539,7 +589,8 @@ StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
     m.created_at_ms = row.Int(2);
     m.enabled = row.Int(3) != 0;
     while (vi < versions.size() && versions[vi].model < m.name) ++vi;
-    while (vi < versions.size() && versions[vi].model == m.name) m.versions.push_back(std::move(versions[vi++]));
+    while (vi < versions.size() && versions[vi].model == m.name)
+      m.versions.push_back(std::move(versions[vi++]));
     out.push_back(std::move(m));
   }));
   return out;
@@ -547,7 +598,8 @@ StatusOr<std::vector<ModelInfo>> ModelStore::ListModels() {
 
 StatusOr<ModelInfo> ModelStore::GetModel(const std::string& name) {
   RETURN_IF_ERROR(ValidateModelName(name));
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT version_policy, created_at_ms, enabled FROM models WHERE name = ?"));
+  ASSIGN_OR_RETURN(Stmt s,
+                   db_->Prepare("SELECT version_policy, created_at_ms, enabled FROM models WHERE name = ?"));
   s.Bind(1, name);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return NotFound("no model named '" + name + "' in the store " + dir_);
@@ -561,8 +613,9 @@ StatusOr<ModelInfo> ModelStore::GetModel(const std::string& name) {
   return m;
 }
 
-StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std::optional<int64_t> version,
-                                                   const std::vector<std::pair<std::string, std::string>>& kv) {
+StatusOr<std::vector<std::string>> ModelStore::Set(
+    const std::string& name, std::optional<int64_t> version,
+    const std::vector<std::pair<std::string, std::string>>& kv) {
   if (kv.empty()) return InvalidArgument("nothing to set: give KEY=VALUE");
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
   ASSIGN_OR_RETURN(ModelInfo model, GetModel(name));
@@ -573,8 +626,8 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
   if (version && targets.empty()) {
     std::vector<int64_t> have;
     for (const auto& v : model.versions) have.push_back(v.version);
-    return NotFound("model '" + name + "' has no version " + std::to_string(*version) + " (versions: " +
-                    JoinVersions(have) + ")");
+    return NotFound("model '" + name + "' has no version " + std::to_string(*version) +
+                    " (versions: " + JoinVersions(have) + ")");
   }
 
   std::vector<std::string> changes;
@@ -584,8 +637,8 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
   for (const auto& [key, value] : kv) {
     if (key == "enabled") {
       if (version) {
-        return InvalidArgument("enabled belongs to the model, not one version: use '" + name + "' without ':" +
-                               std::to_string(*version) + "'");
+        return InvalidArgument("enabled belongs to the model, not one version: use '" + name +
+                               "' without ':" + std::to_string(*version) + "'");
       }
       ASSIGN_OR_RETURN(new_enabled, ParseBool(key, value));
     } else if (key == "version_policy") {
@@ -640,7 +693,8 @@ StatusOr<std::vector<std::string>> ModelStore::Set(const std::string& name, std:
   if (new_policy && !(*new_policy == model.policy)) {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare("UPDATE models SET version_policy = ? WHERE name = ?"));
     RETURN_IF_ERROR(s.Bind(1, FormatVersionPolicy(*new_policy)).Bind(2, name).Run());
-    std::string line = "version_policy " + FormatVersionPolicy(model.policy) + " -> " + FormatVersionPolicy(*new_policy);
+    std::string line =
+        "version_policy " + FormatVersionPolicy(model.policy) + " -> " + FormatVersionPolicy(*new_policy);
     changes.push_back(name + " " + line);
     RETURN_IF_ERROR(AppendEvent(name, 0, "settings", line));
   }
@@ -665,8 +719,8 @@ StatusOr<std::vector<std::vector<int64_t>>> ModelStore::Remove(const std::vector
     for (const auto& v : model.versions) have.push_back(v.version);
     if (version) {
       if (std::find(have.begin(), have.end(), *version) == have.end()) {
-        return NotFound("model '" + name + "' has no version " + std::to_string(*version) + " (versions: " +
-                        JoinVersions(have) + ")");
+        return NotFound("model '" + name + "' has no version " + std::to_string(*version) +
+                        " (versions: " + JoinVersions(have) + ")");
       }
       if (model.policy.kind == VersionPolicy::kPinned && model.policy.pinned == *version && have.size() > 1) {
         return FailedPrecondition("model '" + name + "' is pinned to version " + std::to_string(*version) +
@@ -677,8 +731,8 @@ StatusOr<std::vector<std::vector<int64_t>>> ModelStore::Remove(const std::vector
       removed = have;
     }
     for (int64_t v : removed) {
-      ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-          "DELETE FROM versions WHERE version = ? AND model_id = (SELECT id FROM models WHERE name = ?)"));
+      ASSIGN_OR_RETURN(Stmt s, db_->Prepare("DELETE FROM versions WHERE version = ? AND model_id = (SELECT "
+                                            "id FROM models WHERE name = ?)"));
       RETURN_IF_ERROR(s.Bind(1, v).Bind(2, name).Run());
     }
     if (removed.size() == have.size()) {
@@ -704,8 +758,8 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
   std::set<std::string> keep;  // artifacts that stay
   {
     ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
-    ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-        "SELECT a.sha256, a.size, EXISTS(SELECT 1 FROM versions v WHERE v.artifact = a.sha256) FROM artifacts a"));
+    ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT a.sha256, a.size, EXISTS(SELECT 1 FROM versions v WHERE "
+                                          "v.artifact = a.sha256) FROM artifacts a"));
     RETURN_IF_ERROR(s.ForEachRow([&](const Stmt& row) {
       if (row.Int(2)) {
         keep.insert(row.Text(0));
@@ -719,14 +773,16 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
       RETURN_IF_ERROR(del.Bind(1, sha).Run());
     }
     if (keep_events >= 0) {
-      ASSIGN_OR_RETURN(Stmt cut, db_->Prepare(
-          "SELECT COUNT(*) FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)"));
+      ASSIGN_OR_RETURN(Stmt cut, db_->Prepare("SELECT COUNT(*) FROM events WHERE id <= (SELECT id FROM "
+                                              "events ORDER BY id DESC LIMIT 1 OFFSET ?)"));
       cut.Bind(1, keep_events);
       ASSIGN_OR_RETURN(bool row, cut.Step());
       report.events_trimmed = row ? cut.Int(0) : 0;
       if (report.events_trimmed > 0) {
-        ASSIGN_OR_RETURN(Stmt del, db_->Prepare(
-            "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)"));
+        ASSIGN_OR_RETURN(
+            Stmt del,
+            db_->Prepare(
+                "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)"));
         RETURN_IF_ERROR(del.Bind(1, keep_events).Run());
       }
     }
@@ -772,13 +828,25 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
 }
 
 Status ModelStore::PutBuild(const BuildRecord& b) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-      "INSERT OR REPLACE INTO builds(artifact, package_model, fingerprint, device, state, error, "
-      "started_at_ms, finished_at_ms, options, progress, attempts) SELECT ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11 "
-      "WHERE EXISTS(SELECT 1 FROM artifacts WHERE sha256 = ?1)"));  // gc may have removed it meanwhile
-  return s.Bind(1, b.artifact).Bind(2, b.package_model).Bind(3, b.fingerprint).Bind(4, b.device)
-      .Bind(5, BuildStateName(b.state)).Bind(6, b.error).Bind(7, b.started_at_ms).Bind(8, b.finished_at_ms)
-      .Bind(9, b.options).Bind(10, b.progress).Bind(11, int64_t{b.attempts}).Run();
+  ASSIGN_OR_RETURN(
+      Stmt s,
+      db_->Prepare(
+          "INSERT OR REPLACE INTO builds(artifact, package_model, fingerprint, device, state, error, "
+          "started_at_ms, finished_at_ms, options, progress, attempts) SELECT "
+          "?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11 "
+          "WHERE EXISTS(SELECT 1 FROM artifacts WHERE sha256 = ?1)"));  // gc may have removed it meanwhile
+  return s.Bind(1, b.artifact)
+      .Bind(2, b.package_model)
+      .Bind(3, b.fingerprint)
+      .Bind(4, b.device)
+      .Bind(5, BuildStateName(b.state))
+      .Bind(6, b.error)
+      .Bind(7, b.started_at_ms)
+      .Bind(8, b.finished_at_ms)
+      .Bind(9, b.options)
+      .Bind(10, b.progress)
+      .Bind(11, int64_t{b.attempts})
+      .Run();
 }
 
 namespace {
@@ -798,7 +866,8 @@ BuildRecord ReadBuild(const Stmt& s) {
   return b;
 }
 constexpr char kBuildColumns[] =
-    "SELECT artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms, options, "
+    "SELECT artifact, package_model, fingerprint, device, state, error, started_at_ms, finished_at_ms, "
+    "options, "
     "progress, attempts FROM builds ";
 }  // namespace
 
@@ -817,14 +886,16 @@ StatusOr<std::optional<BuildRecord>> ModelStore::GetBuild(const std::string& art
 }
 
 StatusOr<std::vector<BuildRecord>> ModelStore::ListBuilds(const std::string& artifact) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) + "WHERE artifact = ? ORDER BY fingerprint, device, options"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(std::string(kBuildColumns) +
+                                        "WHERE artifact = ? ORDER BY fingerprint, device, options"));
   s.Bind(1, artifact);
   return s.Collect<BuildRecord>(ReadBuild);
 }
 
 Status ModelStore::AppendEvent(const std::string& model, int64_t version, const std::string& kind,
                                const std::string& message) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("INSERT INTO events(at_ms, model, version, kind, message) VALUES(?,?,?,?,?)"));
+  ASSIGN_OR_RETURN(
+      Stmt s, db_->Prepare("INSERT INTO events(at_ms, model, version, kind, message) VALUES(?,?,?,?,?)"));
   return s.Bind(1, NowMs()).Bind(2, model).Bind(3, version).Bind(4, kind).Bind(5, message).Run();
 }
 
@@ -840,7 +911,8 @@ Status ModelStore::CheckIntegrity() {
     ASSIGN_OR_RETURN(Stmt s, db_->Prepare(pragma));
     RETURN_IF_ERROR(s.ForEachRow([&](const Stmt& row) {
       std::string line = row.Text(0);
-      if (line != "ok") problems += std::string(pragma) + ": " + line + (row.IsNull(1) ? "" : " " + row.Text(1)) + "; ";
+      if (line != "ok")
+        problems += std::string(pragma) + ": " + line + (row.IsNull(1) ? "" : " " + row.Text(1)) + "; ";
     }));
   }
   if (!problems.empty()) return Corruption("store " + dir_ + " failed its integrity check: " + problems);
@@ -848,21 +920,23 @@ Status ModelStore::CheckIntegrity() {
 }
 
 namespace {
-Event ReadEvent(const Stmt& s) { return Event{s.Int(0), s.Int(1), s.Text(2), s.Int(3), s.Text(4), s.Text(5)}; }
+Event ReadEvent(const Stmt& s) {
+  return Event{s.Int(0), s.Int(1), s.Text(2), s.Int(3), s.Text(4), s.Text(5)};
+}
 }  // namespace
 
 StatusOr<std::vector<Event>> ModelStore::ListEvents(int64_t after_id, int limit, const std::string& model) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-      "SELECT id, at_ms, model, version, kind, message FROM events WHERE id > ?1 AND (?3 = '' OR model = ?3) "
-      "ORDER BY id LIMIT ?2"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT id, at_ms, model, version, kind, message FROM events WHERE "
+                                        "id > ?1 AND (?3 = '' OR model = ?3) "
+                                        "ORDER BY id LIMIT ?2"));
   s.Bind(1, after_id).Bind(2, int64_t{limit}).Bind(3, model);
   return s.Collect<Event>(ReadEvent);
 }
 
 StatusOr<std::vector<Event>> ModelStore::RecentEvents(int limit, const std::string& model) {
-  ASSIGN_OR_RETURN(Stmt s, db_->Prepare(
-      "SELECT * FROM (SELECT id, at_ms, model, version, kind, message FROM events WHERE (?2 = '' OR model = ?2) "
-      "ORDER BY id DESC LIMIT ?1) ORDER BY id"));
+  ASSIGN_OR_RETURN(Stmt s, db_->Prepare("SELECT * FROM (SELECT id, at_ms, model, version, kind, message FROM "
+                                        "events WHERE (?2 = '' OR model = ?2) "
+                                        "ORDER BY id DESC LIMIT ?1) ORDER BY id"));
   s.Bind(1, int64_t{limit}).Bind(2, model);
   return s.Collect<Event>(ReadEvent);
 }

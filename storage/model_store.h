@@ -6,6 +6,9 @@
 //   blobs/tmp/            copies in progress, each locked (flock) by the
 //                         process writing it; unlocked ones are crash debris
 //   cache/                compiled builds (runtime/build_cache.h)
+//   reserve               8 MiB set aside while the disk has room, given
+//                         back when it is full so that aotid can still open
+//                         the store and free space (ls, show, rm, gc)
 //
 // Any process may open and write the store at any time, the daemon running
 // or not. Writers take SQLite's write lock (BEGIN IMMEDIATE); a blob enters
@@ -130,8 +133,12 @@ class ModelStore {
  public:
   // Opens the store in `dir`, creating it when `create` is set, and migrates
   // its schema. Corruption when aotid.db is not a database; NotFound when it
-  // does not exist and `create` is false.
+  // does not exist and `create` is false. On a full disk (under 16 MiB
+  // free) it first gives back the store's reserve, with a warning, so that
+  // SQLite has room for its -wal and -shm files and a delete; it sets the
+  // reserve aside again once the disk has 32 MiB free.
   static StatusOr<std::unique_ptr<ModelStore>> Open(const std::string& dir, bool create = true);
+  static constexpr int64_t kReserveBytes = int64_t{8} << 20;
 
   // Checks the request and the file without touching any store: the name,
   // version and settings, and that the file is a package aotid can add.
@@ -180,8 +187,7 @@ class ModelStore {
 
   // Inserts or replaces the build row for (artifact, package_model, fingerprint, device, options).
   Status PutBuild(const BuildRecord& b);
-  StatusOr<std::optional<BuildRecord>> GetBuild(const std::string& artifact,
-                                                const std::string& package_model,
+  StatusOr<std::optional<BuildRecord>> GetBuild(const std::string& artifact, const std::string& package_model,
                                                 const std::string& fingerprint, const std::string& device,
                                                 const std::string& options = "");
   // Every build row of an artifact, any machine.

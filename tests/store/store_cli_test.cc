@@ -505,5 +505,38 @@ TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
   EXPECT_NE(out.find("is missing"), std::string::npos) << out;
 }
 
+// On a full disk aotid can still show the store and free space: the
+// store's reserve is given back when the disk is full. A real full file
+// system: a 64 MiB tmpfs in a mount namespace of its own (no root needed),
+// filled to the last byte.
+TEST_F(StoreCli, ReadRmAndGcWorkOnAFullDisk) {
+  std::string mnt = dir_ / "mnt", script = dir_ / "full.sh", out_path = dir_ / "full.out";
+  ASSERT_OK(fs::MakeDirs(mnt));
+  std::string a = AOTID_BINARY, s = mnt + "/store";
+  ASSERT_OK(fs::WriteFileAtomic(script,
+      "set -u\n"
+      "mount -t tmpfs -o size=64M tmpfs " + mnt + " || { echo 'cannot mount'; exit 9; }\n"
+      "A=" + a + "; S=" + s + "\n"
+      "$A --store $S add " + TestData("mlp.pt2") + " --name a >/dev/null || exit 8\n"
+      "$A --store $S add " + TestData("mlp2.pt2") + " --name b >/dev/null || exit 8\n"
+      "test -f $S/reserve && echo 'reserve set aside'\n"
+      "dd if=/dev/zero of=" + mnt + "/filler bs=1M count=100 2>/dev/null\n"
+      "echo \"free: $(df --output=avail -B1 " + mnt + " | tail -1 | tr -d ' ')\"\n"
+      "$A --store $S ls; echo \"ls: $?\"\n"
+      "$A --store $S show a >/dev/null; echo \"show: $?\"\n"
+      "$A --store $S rm b; echo \"rm: $?\"\n"
+      "$A --store $S gc; echo \"gc: $?\"\n"
+      "$A --store $S ls; echo \"ls again: $?\"\n"));
+  std::string cmd = "unshare --user --map-root-user --mount bash " + script + " >" + out_path + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  std::string out = fs::ReadFile(out_path).value_or("");
+  ASSERT_EQ(rc, 0) << out;
+  for (const char* want : {"reserve set aside", "free: 0\n", "gave back the store's 8 MiB reserve", "ls: 0",
+                           "show: 0", "removed b (1 version)", "rm: 0", "removed 1 blobs", "gc: 0", "ls again: 0"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << " missing from:\n" << out;
+  }
+  EXPECT_EQ(out.find("disk I/O error"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace aotid::testing
