@@ -58,11 +58,15 @@ struct RunnerPlace {
 
 // The real one: starts the version's runner process (runner::RunnerModel,
 // which loads the build and chooses its threads) on libuv's thread pool,
-// so the loop never waits for a load. Each load is bracketed with the
+// so the loop never waits for a load. Loads that hang (a runner stopped
+// mid-load, a package that never finishes loading) each hold a pool
+// thread until the runner's start time limit; `aotid serve` makes the pool
+// kThreadPoolSize threads so that a few of them do not hold up the rest. Each load is bracketed with the
 // cache's load marker (BuildCache::BeginLoad) as well: a build whose load
 // kills its runner is then known as such at the next start too.
 class ThreadPoolLoader final : public ModelLoader {
  public:
+  static constexpr int kThreadPoolSize = 32;
   ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache, RunnerPlace place);
   ~ThreadPoolLoader() override;
   void Load(LoadRequest request, std::function<void(LoadResult)> done) override;

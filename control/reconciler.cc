@@ -466,8 +466,8 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
 }
 
 void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::RunnerEvent& e) {
-  if (metrics_ && e.kind == runner::RunnerEvent::Kind::kCrashed)
-    metrics_->RecordRunnerCrash(v.model, v.version);
+  // Both kinds follow a runner's end; the last one is also why it is not restarted.
+  if (metrics_) metrics_->RecordRunnerCrash(v.model, v.version);
   Record(v, e.kind == runner::RunnerEvent::Kind::kCrashed ? "runner_crashed" : "runner_failed", e.message);
   if (e.kind != runner::RunnerEvent::Kind::kFailed || !IsCurrent(v)) return;
   // Its runner is not restarted any more: the version has failed, and says

@@ -66,8 +66,8 @@ StatusOr<std::string> ReadToken(const std::string& path) {
   if (t.empty()) return InvalidArgument("server.token_file " + path + " is empty");
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    LOG_WARNING << "server.token_file " << path << " can be read by other users (mode "
-                << std::oct << (st.st_mode & 0777) << std::dec << "); chmod 600 it";
+    LOG_WARNING << "server.token_file " << path << " can be read by other users (mode " << std::oct
+                << (st.st_mode & 0777) << std::dec << "); chmod 600 it";
   }
   return t;
 }
@@ -101,6 +101,9 @@ int Serve(const Config& config) {
   }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
 
+  // libuv sizes its thread pool (where loads run) once, at first use.
+  ::setenv("UV_THREADPOOL_SIZE", std::to_string(control::ThreadPoolLoader::kThreadPoolSize).c_str(),
+           /*overwrite=*/0);
   uv_loop_t loop;
   uv_loop_init(&loop);
   runtime::BuilderOptions bopts;

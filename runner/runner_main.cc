@@ -19,9 +19,16 @@
 namespace aotid::runner {
 namespace {
 
-// How long a slot's thread spins for the next request before it sleeps: a
-// client that sends its next request at once finds the runner awake.
-constexpr int64_t kRunnerSpinNs = 100'000;
+// How long a slot's thread spins for the next request before it sleeps, so
+// that a client that sends its next request at once finds the runner
+// awake. Only where cores are plenty: on two cores the daemon's thread that
+// would wake it often waits for the very core the spin holds, and a
+// hand-off after idle measured 159 µs with a 100 µs spin against 6 µs
+// without one (docs/BENCHMARKS.md).
+int64_t RunnerSpinNs() {
+  static const int64_t ns = std::thread::hardware_concurrency() >= 4 ? 30'000 : 0;
+  return ns;
+}
 
 void Reply(const std::string& line) {
   std::string text = line + "\n";
@@ -39,6 +46,16 @@ int FailStart(const Status& s) {
   return 1;
 }
 
+// An error's text as a client may see it: torch appends where it was raised
+// and a backtrace (library addresses, build paths) to some of its messages.
+std::string WithoutBacktrace(std::string text) {
+  for (const char* marker : {"\nException raised from", "Exception raised from ", "\nframe #"}) {
+    if (size_t at = text.find(marker); at != std::string::npos) text.erase(at);
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
 // Runs the request in `slot`; the response's payload bytes, or why not.
 StatusOr<uint64_t> Handle(runtime::LoadedModel& model, const Slot& slot, size_t max_inputs) {
   const SlotHeader* h = slot.header();
@@ -54,7 +71,7 @@ void Serve(runtime::LoadedModel* model, Slot* slot) {
   for (;;) {
     uint32_t v = h->state.load(std::memory_order_acquire);
     if (v != kRequest) {  // idle, a response not yet taken, or reset by the daemon
-      WaitWhile(&h->state, v, kRunnerSpinNs, -1);
+      WaitWhile(&h->state, v, RunnerSpinNs(), -1);
       continue;
     }
     StatusOr<uint64_t> done = Internal("unset");
@@ -64,7 +81,7 @@ void Serve(runtime::LoadedModel* model, Slot* slot) {
       done = ResourceExhausted("the run needs more memory than the runner may use (runner.memory_limit_mb)");
     }
     h->status = static_cast<uint32_t>(done.status().code());
-    h->payload_bytes = done.ok() ? *done : WriteText(*slot, done.status().message());
+    h->payload_bytes = done.ok() ? *done : WriteText(*slot, WithoutBacktrace(done.status().message()));
     h->state.store(kResponse, std::memory_order_release);
     Wake(&h->state);
   }

@@ -25,8 +25,9 @@ namespace aotid::runner {
 namespace {
 
 // How long a run's caller spins for the answer before it sleeps: a small
-// model answers within it, and the caller then never pays a wake-up.
-constexpr int64_t kCallerSpinNs = 50'000;
+// model answers within it, and the caller then never pays a wake-up. Kept
+// short: on few cores the spin competes with the runner it waits for.
+constexpr int64_t kCallerSpinNs = 20'000;
 constexpr size_t kErrTailBytes = 8192;
 // Runner output lines logged per crash window, so a runner that prints a
 // backtrace in a loop cannot flood the daemon's log.
@@ -479,7 +480,7 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
         MutexLock lock(&m->mu_);
         m->free_.push_back(index);
       }
-      m->changed_.SignalAll();
+      m->changed_.Signal();  // one slot frees one waiter
     }
   } release{this, index};
 
