@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,11 +26,34 @@ size_t DTypeSize(DType d);
 int64_t NumElements(const std::vector<int64_t>& shape);
 std::string ShapeString(const std::vector<int64_t>& shape);  // "[-1, 4]"
 
-// Declared input or output: dims of -1 are dynamic.
+// What the exported program was traced for at one dynamic dim: the sizes it
+// takes, and its symbol, which dims of other inputs (or of the same one) may
+// share, and then they must be equal (input_ids and attention_mask share the
+// batch and the sequence length). Bounds are inclusive.
+struct DimRange {
+  std::string symbol;  // empty: shares with nothing
+  int64_t min = 0;
+  int64_t max = std::numeric_limits<int64_t>::max();  // the largest int64: unbounded
+};
+
+// The values an integer input may hold, inclusive: a token id that indexes
+// an embedding table of 50 rows is 0 to 49. The compiled kernels read out of
+// bounds, or abort, on any other.
+struct ValueRange {
+  int64_t min = std::numeric_limits<int64_t>::min();
+  int64_t max = std::numeric_limits<int64_t>::max();
+};
+
+// Declared input or output: dims of -1 are dynamic. An input of an exported
+// program may also carry what the program was traced for (spec.json's
+// optional "dims" and "values"); a spec without them checks the shape alone.
 struct TensorSpec {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
+  // Empty, or one per dim: nullopt for a fixed dim or one nothing is known of.
+  std::vector<std::optional<DimRange>> dims = {};
+  std::optional<ValueRange> values = std::nullopt;
 };
 
 struct HostTensor {
@@ -50,9 +75,16 @@ struct ModelSpec {
   std::string ToJson() const;
 };
 
-// Checks that `t` fits `spec`: datatype, rank, every fixed dim, and that the
-// data size matches the shape. The message names the input and what was
-// expected.
+// Checks that `t` fits `spec`: datatype, rank, every fixed dim, every
+// dynamic dim within its range, that the data size matches the shape, and
+// that an integer input's values are within their range (one pass over the
+// data, only where a range is recorded). The message names the input and
+// what was expected.
 Status CheckTensorAgainstSpec(const HostTensor& t, const TensorSpec& spec);
+
+// Checks what no single input shows: that dims sharing a symbol have the same
+// size across `inputs` (in the order of spec.inputs, each already checked
+// against its spec). The message names both inputs and dims.
+Status CheckSharedDims(const std::vector<HostTensor>& inputs, const ModelSpec& spec);
 
 }  // namespace aotid::runtime

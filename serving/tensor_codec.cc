@@ -376,6 +376,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
     ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(tape, by_spec[k], spec.inputs[k], limits, chunk[k]));
     req.inputs.push_back(std::move(h));
   }
+  RETURN_IF_ERROR(runtime::CheckSharedDims(req.inputs, spec));
   if (uint32_t outs = tape.Member(kRoot, "outputs"); outs != Tape::kNone) {
     if (tape.kind(outs) != Kind::kArray) return InvalidArgument("'outputs' must be an array");
     for (uint32_t o = outs + 1; o < tape.end(outs); o = tape.end(o)) {

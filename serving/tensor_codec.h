@@ -2,8 +2,11 @@
 //
 // Decoding is strict: every input the model declares appears exactly once,
 // with its datatype, a shape that fits, and exactly as many elements as the
-// shape says (flat or nested "data"). Errors name the input and what was
-// expected. Nothing here touches torch.
+// shape says (flat or nested "data"). Where the spec records what an exported
+// program was traced for, dynamic dims are within their ranges, dims that
+// share a symbol agree across inputs, and integer inputs hold values within
+// theirs. Errors name the input and what was expected. Nothing here touches
+// torch.
 #pragma once
 
 #include <cstdint>

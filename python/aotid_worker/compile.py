@@ -5,7 +5,9 @@ The daemon runs it as a child process with a time limit and captures its
 output into the build log. It writes into --out (a fresh staging directory):
 
     model.so      the compiled model, weights inside, loaded by the daemon as is
-    spec.json     {"inputs": [...], "outputs": [...]}: name, datatype, shape (-1 = dynamic)
+    spec.json     {"inputs": [...], "outputs": [...]}: name, datatype, shape (-1 = dynamic);
+                  inputs may add "dims" (per dim, null or the dynamic dim's symbol and
+                  min/max) and "values" (min/max of an integer input that indexes a table)
     package.json  the package's metadata: AOTInductor's and the author's own
 
 Progress goes to stderr as "[aotid-worker] step N/4: ..." lines, which the
@@ -54,6 +56,132 @@ def tensor_spec(name: str, val) -> dict:
     return {"name": name, "datatype": _DTYPES[dtype], "shape": shape}
 
 
+# Ops that pass every element of their input through unchanged, only
+# rearranged: an index that flows through them still reaches the table whole.
+# (Slices, selects and casts are left out: after them some elements, or their
+# values, no longer reach it.)
+_PASS_THROUGH = {
+    "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten", "clone", "contiguous",
+    "permute", "transpose", "t", "expand", "alias", "detach", "lift_fresh_copy",
+}
+
+
+def _op_name(node) -> str:
+    """'embedding' for aten.embedding.default; '' for anything else."""
+    target = node.target
+    if node.op != "call_function" or not hasattr(target, "_schema"):
+        return ""
+    if getattr(target, "namespace", "") != "aten":
+        return ""
+    return target._schema.name.split("::")[-1]
+
+
+def _table_size(table, dim: int):
+    """The static size of dim `dim` of the tensor `table` feeds, else None."""
+    val = table.meta.get("val") if hasattr(table, "meta") else None
+    shape = getattr(val, "shape", None)
+    if shape is None or not -len(shape) <= dim < len(shape):
+        return None
+    size = shape[dim]
+    return size if isinstance(size, int) else None
+
+
+def value_range(node) -> dict | None:
+    """The values an integer input may hold: where every element of it
+    reaches an embedding or index op whose table size is known, the range
+    that op accepts (narrowest of all such uses). Those ops read out of
+    bounds (the compiled kernel's bounds check aborts the process) on any
+    other value. None when nothing is known."""
+    lo, hi = None, None
+
+    def narrow(a: int, b: int) -> None:
+        nonlocal lo, hi
+        lo = a if lo is None else max(lo, a)
+        hi = b if hi is None else min(hi, b)
+
+    seen, todo = set(), [node]
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for user in cur.users:
+            op = _op_name(user)
+            if op in _PASS_THROUGH and user.args and user.args[0] is cur:
+                todo.append(user)
+            elif op == "embedding" and len(user.args) >= 2 and user.args[1] is cur:
+                size = _table_size(user.args[0], 0)
+                if size is not None:
+                    narrow(0, size - 1)  # no negative ids: eager raises on them too
+            elif op == "index_select" and len(user.args) >= 3 and user.args[2] is cur:
+                size = _table_size(user.args[0], user.args[1])
+                if size is not None:
+                    narrow(0, size - 1)
+            elif op == "index" and len(user.args) >= 2 and isinstance(user.args[1], (list, tuple)):
+                for dim, idx in enumerate(user.args[1]):
+                    size = _table_size(user.args[0], dim) if idx is cur else None
+                    if size is not None:
+                        narrow(-size, size - 1)  # advanced indexing counts negatives from the end
+    if lo is None or lo > hi:
+        return None
+    return {"min": lo, "max": hi}
+
+
+def dim_ranges(ep, val) -> list | None:
+    """Per dim of an input, None for a static dim, else the symbol it was
+    traced as (inputs whose dims share a symbol must agree on its size) and
+    the sizes it was traced for (range_constraints). None when no dim is
+    dynamic, or one is an expression rather than a plain symbol."""
+    import sympy
+
+    dims, dynamic = [], False
+    for d in val.shape:
+        if isinstance(d, int):
+            dims.append(None)
+            continue
+        expr = d.node.expr
+        if not isinstance(expr, sympy.Symbol) or expr not in ep.range_constraints:
+            return None
+        vr = ep.range_constraints[expr]
+        if not vr.lower.is_Integer:
+            return None
+        entry = {"symbol": str(expr), "min": int(vr.lower)}
+        # torch.export specializes sizes 0 and 1, so a dynamic dim declared
+        # from 1 (or with no minimum) is traced with a minimum of 2, yet the
+        # kernels compiled for it run size 1 correctly (a batch of one row is
+        # the common case). A traced minimum of 2 is recorded as 1.
+        if entry["min"] == 2:
+            entry["min"] = 1
+        if vr.upper.is_Integer:  # else unbounded (int_oo): no max recorded
+            entry["max"] = int(vr.upper)
+        dims.append(entry)
+        dynamic = True
+    return dims if dynamic else None
+
+
+def input_contract(ep, node) -> dict:
+    """What a request must hold beyond the declared shape, for one input.
+    Empty when the analysis fails: nothing recorded is better than a wrong
+    range that would refuse valid requests."""
+    extra = {}
+    try:
+        dims = dim_ranges(ep, node.meta["val"])
+        if dims is not None:
+            extra["dims"] = dims
+    except Exception as e:
+        log(f"no dim ranges for input '{node.name}': {type(e).__name__}: {e}")
+    try:
+        import torch
+
+        if not node.meta["val"].dtype.is_floating_point and node.meta["val"].dtype != torch.bool:
+            values = value_range(node)
+            if values is not None:
+                extra["values"] = values
+    except Exception as e:
+        log(f"no value range for input '{node.name}': {type(e).__name__}: {e}")
+    return extra
+
+
 def model_spec(ep, extra: dict) -> dict:
     nodes = {n.name: n for n in ep.graph.nodes}
     user_inputs = list(ep.graph_signature.user_inputs)
@@ -65,7 +193,7 @@ def model_spec(ep, extra: dict) -> dict:
         node = nodes.get(graph_name)
         if node is None:
             raise BuildError(f"input '{graph_name}' is not a tensor placeholder")
-        inputs.append(tensor_spec(shown, node.meta.get("val")))
+        inputs.append({**tensor_spec(shown, node.meta.get("val")), **input_contract(ep, node)})
 
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     out_vals = out_node.args[0]

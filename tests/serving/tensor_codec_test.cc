@@ -105,6 +105,53 @@ TEST(TensorCodec, IntegerRangesAreChecked) {
   EXPECT_NE(r.status().message().find("out of range for UINT8"), std::string::npos) << r.status().message();
 }
 
+// What the exported program was traced for (spec.json's "dims" and
+// "values"), checked on JSON and binary inputs alike, before anything runs.
+TEST(TensorCodec, TracedRangesAndSharedDimsAreChecked) {
+  ModelSpec s;
+  s.inputs.push_back({"input_ids", DType::kInt64, {-1, -1}});
+  s.inputs.back().dims = {runtime::DimRange{"s0", 1, 64}, runtime::DimRange{"s1", 1, 4}};
+  s.inputs.back().values = runtime::ValueRange{0, 49};
+  s.inputs.push_back({"attention_mask", DType::kFloat32, {-1, -1}});
+  s.inputs.back().dims = {runtime::DimRange{"s0", 1, 64}, runtime::DimRange{"s1", 1, 4}};
+  s.outputs.push_back({"y", DType::kFloat32, {-1}});
+  auto request = [](const std::string& ids_shape, const std::string& ids, const std::string& mask_shape,
+                    const std::string& mask) {
+    return R"({"inputs":[{"name":"input_ids","datatype":"INT64","shape":)" + ids_shape + R"(,"data":)" + ids +
+           R"(},{"name":"attention_mask","datatype":"FP32","shape":)" + mask_shape + R"(,"data":)" + mask +
+           "}]}";
+  };
+  EXPECT_OK(DecodeInferRequest(request("[2,2]", "[0,1,48,49]", "[2,2]", "[1,1,1,0]"), s).status());
+  struct Case {
+    std::string body, message;
+  } cases[] = {
+      {request("[1,5]", "[1,2,3,4,5]", "[1,5]", "[1,1,1,1,1]"),
+       "input 'input_ids' has shape [1, 5]: dim 1 is 5, valid range [1, 4]"},
+      {request("[2,2]", "[1,2,3,4]", "[1,2]", "[1,1]"),
+       "input 'attention_mask' dim 0 is 1 but input 'input_ids' dim 0 is 2; the model takes them as one size "
+       "(s0)"},
+      {request("[1,2]", "[1,1000000000]", "[1,2]", "[1,1]"),
+       "input 'input_ids' holds 1000000000 (element 1), valid range [0, 50)"},
+      {request("[1,2]", "[-5,1]", "[1,2]", "[1,1]"),
+       "input 'input_ids' holds -5 (element 0), valid range [0, 50)"},
+  };
+  for (const auto& c : cases) {
+    auto r = DecodeInferRequest(c.body, s);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), c.message);
+  }
+
+  std::string header = R"({"inputs":[
+      {"name":"input_ids","datatype":"INT64","shape":[1,2],"parameters":{"binary_data_size":16}},
+      {"name":"attention_mask","datatype":"FP32","shape":[1,2],"data":[1,1]}]})";
+  int64_t ids[2] = {3, 50};
+  auto r = DecodeInferRequest(header + std::string(reinterpret_cast<const char*>(ids), sizeof ids), s, {},
+                              header.size());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "input 'input_ids' holds 50 (element 1), valid range [0, 50)");
+}
+
 TEST(TensorCodec, EncodeRoundTripsValuesAndFiltersOutputs) {
   HostTensor y;
   y.name = "y";
