@@ -1,10 +1,13 @@
-// Loads, in the benchmark's own process, the cached build the daemon serves
-// for a model's latest version on this machine, as the daemon does.
+// Loads the cached build the daemon serves for a model's latest version on
+// this machine: in the benchmark's own process, or in a runner process
+// (`aotid internal-runner`) started as the daemon's loader starts it.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "base/fs.h"
+#include "runner/runner_model.h"
 #include "runtime/build_cache.h"
 #include "runtime/hardware.h"
 #include "runtime/loaded_model.h"
@@ -49,6 +52,27 @@ inline StatusOr<std::unique_ptr<runtime::LoadedModel>> LoadCachedModel(const std
   ASSIGN_OR_RETURN(auto loaded, runtime::LoadCompiledModel(b.entry, b.options));
   if (b.auto_threads && b.options.threads > 1) runtime::ChooseThreads(*loaded, b.options.threads, b.batch);
   return loaded;
+}
+
+// The aotid binary beside the benchmarks' folder (build/bench/../aotid):
+// what runner processes run.
+inline std::string DefaultAotid() {
+  std::string self = fs::ExecutablePath();
+  return self.substr(0, self.rfind('/')) + "/../aotid";
+}
+
+// The same build in a runner process, loaded with the options the daemon
+// would use (threads timed in the runner when the setting is auto).
+// `options` brings self_exe, scratch_root and the crash policy.
+inline StatusOr<std::unique_ptr<runner::RunnerModel>> StartCachedRunner(const std::string& store_dir,
+                                                                        const std::string& model,
+                                                                        runner::RunnerOptions options,
+                                                                        int runners = 1) {
+  ASSIGN_OR_RETURN(CachedBuild b, FindCachedBuild(store_dir, model, runners));
+  options.label = model;
+  options.load = b.options;
+  options.choose_threads_at_batch = b.auto_threads && b.options.threads > 1 ? b.batch : 0;
+  return runner::RunnerModel::Start(b.entry, std::move(options));
 }
 
 }  // namespace aotid::bench

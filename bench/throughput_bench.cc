@@ -1,9 +1,14 @@
 // Throughput at a given concurrency: C keep-alive HTTP clients against the
 // daemon for T seconds, then C threads calling the same build in-process
-// (loaded with the same runner count) for T seconds, in one run.
+// (loaded with the same runner count) for T seconds, then C threads calling
+// it in a runner process (runner::RunnerModel, R slots, as the daemon
+// loads it) for T seconds, in one run.
 //
 //   aotid_throughput_bench --store DIR --model NAME --port PORT --request FILE
-//                          --concurrency C [--seconds T] [--runners R]
+//                          --concurrency C [--seconds T] [--runners R] [--aotid PATH]
+//
+// PATH is the aotid binary the runner runs (default: ../aotid from this
+// benchmark's folder).
 #include <httplib.h>
 
 #include <atomic>
@@ -45,11 +50,12 @@ std::pair<int64_t, int64_t> Hammer(int threads, double seconds, F make_call) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string store_dir, model, request_file;
+  std::string store_dir, model, request_file, aotid = aotid::bench::DefaultAotid();
   int port = 0, concurrency = 1, runners = 1;
   double seconds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
+    // clang-format off
     if (k == "--store") store_dir = v;
     else if (k == "--model") model = v;
     else if (k == "--port") port = std::stoi(v);
@@ -57,10 +63,14 @@ int main(int argc, char** argv) {
     else if (k == "--concurrency") concurrency = std::stoi(v);
     else if (k == "--seconds") seconds = std::stod(v);
     else if (k == "--runners") runners = std::stoi(v);
+    else if (k == "--aotid") aotid = v;
     else return Die("unknown flag " + k);
+    // clang-format on
   }
   if (store_dir.empty() || model.empty() || port == 0 || request_file.empty()) {
-    return Die("usage: --store DIR --model NAME --port PORT --request FILE --concurrency C [--seconds T] [--runners R]");
+    return Die(
+        "usage: --store DIR --model NAME --port PORT --request FILE --concurrency C [--seconds T] "
+        "[--runners R] [--aotid PATH]");
   }
   auto body = aotid::fs::ReadFile(request_file);
   if (!body.ok()) return Die(body.status().message());
@@ -85,11 +95,30 @@ int main(int argc, char** argv) {
   auto [in_ok, in_failed] =
       Hammer(concurrency, seconds, [&] { return [m, &req] { return m->Infer(req->inputs, {}).ok(); }; });
 
+  auto scratch = aotid::fs::MakeTempDir("/tmp", "aotid-bench-");
+  if (!scratch.ok()) return Die(scratch.status().message());
+  aotid::runner::RunnerOptions ropts;
+  ropts.self_exe = aotid;
+  ropts.scratch_root = *scratch;
+  auto runner = aotid::bench::StartCachedRunner(store_dir, model, ropts, runners);
+  if (!runner.ok()) {
+    (void)aotid::fs::RemoveAll(*scratch);
+    return Die(runner.status().message());
+  }
+  aotid::runtime::LoadedModel* r = runner->get();
+  auto [runner_ok, runner_failed] =
+      Hammer(concurrency, seconds, [&] { return [r, &req] { return r->Infer(req->inputs, {}).ok(); }; });
+  runner->reset();  // stops the runner before its scratch goes
+  (void)aotid::fs::RemoveAll(*scratch);
+
   int64_t rows = req->inputs[0].shape.empty() ? 1 : req->inputs[0].shape[0];
-  double http_rps = http_ok / seconds, in_rps = in_ok / seconds;
-  std::printf("model=%s concurrency=%d seconds=%.0f rows_per_request=%lld http_rps=%.0f http_failed=%lld "
-              "inproc_rps=%.0f inproc_failed=%lld http_over_inproc=%.2f\n",
-              model.c_str(), concurrency, seconds, static_cast<long long>(rows), http_rps,
-              static_cast<long long>(http_failed), in_rps, static_cast<long long>(in_failed), http_rps / in_rps);
+  double http_rps = http_ok / seconds, in_rps = in_ok / seconds, runner_rps = runner_ok / seconds;
+  std::printf(
+      "model=%s concurrency=%d seconds=%.0f rows_per_request=%lld http_rps=%.0f http_failed=%lld "
+      "inproc_rps=%.0f inproc_failed=%lld http_over_inproc=%.2f runner_rps=%.0f runner_failed=%lld "
+      "runner_over_inproc=%.2f\n",
+      model.c_str(), concurrency, seconds, static_cast<long long>(rows), http_rps,
+      static_cast<long long>(http_failed), in_rps, static_cast<long long>(in_failed), http_rps / in_rps,
+      runner_rps, static_cast<long long>(runner_failed), runner_rps / in_rps);
   return 0;
 }
