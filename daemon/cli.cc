@@ -22,11 +22,13 @@
 #include "package/aoti_metadata.h"
 #include "package/package.h"
 #include "runner/runner_main.h"
+#include "runner/sandbox.h"
 #include "runtime/aoti_build.h"
 #include "runtime/build_cache.h"
 #include "runtime/cache_policy.h"
 #include "runtime/hardware.h"
 #include "runtime/package_build.h"
+#include "runtime/torch_plugin.h"
 #include "storage/model_store.h"
 
 namespace aotid::daemon {
@@ -157,7 +159,8 @@ std::optional<storage::BuildRecord> BuildHere(const std::vector<storage::BuildRe
     return s == storage::BuildState::kReady ? 3 : s == storage::BuildState::kFailed ? 1 : 2;
   };
   for (const auto& b : builds) {
-    if (b.fingerprint != fp || b.package_model != v.package_model || b.options != v.settings.inductor_options) {
+    if (b.fingerprint != fp || b.package_model != v.package_model ||
+        b.options != v.settings.inductor_options) {
       continue;
     }
     // Without fallback, only a build for the device asked for serves it.
@@ -171,8 +174,8 @@ std::optional<storage::BuildRecord> BuildHere(const std::vector<storage::BuildRe
 }
 
 json EventJson(const storage::Event& e) {
-  return {{"id", e.id}, {"at", Timestamp(e.at_ms)}, {"model", e.model}, {"version", e.version},
-          {"kind", e.kind}, {"message", e.message}};
+  return {{"id", e.id},           {"at", Timestamp(e.at_ms)}, {"model", e.model},
+          {"version", e.version}, {"kind", e.kind},           {"message", e.message}};
 }
 
 void PrintEvent(const storage::Event& e, bool as_json) {
@@ -263,7 +266,8 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
     // whether this one can run it.
     auto md = package::ReadAotiMetadata(req.file, plan->package_model);
     Status fits = md.ok() ? runtime::CheckFitsMachine(*md, runtime::ProbeHardware(cfg->cxx)) : md.status();
-    if (fits.ok() && md.ok()) fits = runtime::DeviceAvailable(runtime::ProbeHardware(cfg->cxx), md->device_key);
+    if (fits.ok() && md.ok())
+      fits = runtime::DeviceAvailable(runtime::ProbeHardware(cfg->cxx), md->device_key);
     if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
   }
   return 0;
@@ -290,8 +294,8 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
   std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
   json out = json::array();
   if (!as_json) {
-    std::printf("%-24s %-8s %-9s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "POLICY", "BUILD", "DEVICE", "SIZE",
-                "ARTIFACT");
+    std::printf("%-24s %-8s %-9s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "POLICY", "BUILD", "DEVICE",
+                "SIZE", "ARTIFACT");
   }
   for (const auto& m : *models) {
     std::set<int64_t> want = storage::WantedVersions(m);
@@ -415,10 +419,12 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     }
     for (const auto& b : v["builds"]) {
       std::string options = b["inductor_options"].empty() ? "" : " with " + b["inductor_options"].dump();
-      std::printf("  build here      %s on %s%s, started %s, finished %s%s\n", b["state"].get<std::string>().c_str(),
-                  b["device"].get<std::string>().c_str(), options.c_str(), b["started_at"].get<std::string>().c_str(),
-                  b["finished_at"].get<std::string>().c_str(),
-                  b["attempts"].get<int>() > 1 ? (", attempt " + std::to_string(b["attempts"].get<int>())).c_str() : "");
+      std::printf(
+          "  build here      %s on %s%s, started %s, finished %s%s\n", b["state"].get<std::string>().c_str(),
+          b["device"].get<std::string>().c_str(), options.c_str(), b["started_at"].get<std::string>().c_str(),
+          b["finished_at"].get<std::string>().c_str(),
+          b["attempts"].get<int>() > 1 ? (", attempt " + std::to_string(b["attempts"].get<int>())).c_str()
+                                       : "");
       if (!b["progress"].get<std::string>().empty() && b["state"] == "building") {
         std::printf("  build progress  %s\n", b["progress"].get<std::string>().c_str());
       }
@@ -578,7 +584,8 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
   }
   json rows = json::array();
   if (!as_json) {
-    std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", "ARTIFACT", "MODEL", "DEVICE", "SIZE", "STATE", "USED BY");
+    std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", "ARTIFACT", "MODEL", "DEVICE", "SIZE", "STATE",
+                "USED BY");
   }
   for (const auto& v : verdicts) {
     const runtime::CacheListing& e = v.entry;
@@ -586,9 +593,14 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
     for (const auto& name : v.used_by) used_by += (used_by.empty() ? "" : ",") + name;
     std::string state(runtime::CacheStateName(v.state));
     if (as_json) {
-      rows.push_back({{"dir", e.dir}, {"artifact", e.key.artifact}, {"package_model", e.key.package_model},
-                      {"device", e.key.device}, {"fingerprint", e.key.fingerprint},
-                      {"inductor_options", e.key.options}, {"bytes", e.bytes}, {"state", state},
+      rows.push_back({{"dir", e.dir},
+                      {"artifact", e.key.artifact},
+                      {"package_model", e.key.package_model},
+                      {"device", e.key.device},
+                      {"fingerprint", e.key.fingerprint},
+                      {"inductor_options", e.key.options},
+                      {"bytes", e.bytes},
+                      {"state", state},
                       {"problem", e.status.ok() ? "" : e.status.message()},
                       {"used_by", used_by}});
       continue;
@@ -663,6 +675,37 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
   return 0;
 }
 
+// The build child runs a package's code: its compiler flags and C++ (a
+// source package), then its model.so. So it reads only what a build needs
+// and writes only its staging directory from the start (Landlock: the
+// compiler runs inside it too, with its temporary files in the staging
+// directory), and loads the model.so only after seccomp, as a runner does.
+int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
+  runner::SandboxOptions box;
+  std::string exe = fs::ExecutablePath();
+  box.read_paths = {args.artifact, runtime::TorchDir(), exe.substr(0, exe.rfind('/'))};
+  box.write_paths = {args.out};
+  box.gpu = args.device != "cpu";
+  std::string tmp = args.out + "/tmp";
+  if (Status s = fs::MakeDirs(tmp); !s.ok()) {
+    std::cout << "error: " << s.message() << std::endl;
+    return runtime::kBuildExitMayPass;
+  }
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  auto landlock = runner::EnterLandlock(box);
+  if (!landlock.ok()) {
+    std::cout << "error: " << landlock.status().message() << std::endl;
+    return runtime::kBuildExitMayPass;
+  }
+  int exit_code = runtime::RunPackageBuild(args, [&]() -> Status {
+    // libtorch first (its start-up is not the package's code), then seccomp.
+    RETURN_IF_ERROR(runtime::LoadTorchPlugin().status());
+    return runner::EnterSeccomp(*landlock > 0);
+  });
+  (void)fs::RemoveAll(tmp);
+  return exit_code;
+}
+
 }  // namespace
 
 int RunCli(int argc, char** argv) {
@@ -673,7 +716,7 @@ int RunCli(int argc, char** argv) {
       std::cerr << args.status().message() << "\n";
       return 2;
     }
-    return runtime::RunPackageBuild(*args);
+    return RunConfinedPackageBuild(*args);
   }
   // The runner process the daemon runs each model in (runner/runner_main.h).
   if (argc >= 2 && std::string_view(argv[1]) == runner::kRunnerCommand) {
@@ -695,7 +738,9 @@ int RunCli(int argc, char** argv) {
   storage::AddRequest add_req;
   int64_t add_version = 0;
   auto* add = app.add_subcommand("add", "Add a model package (.pt2) to the store as a new version");
-  add->add_option("file", add_req.file, "The .pt2: an exported program (torch.export.save) or an AOTInductor package")->required();
+  add->add_option("file", add_req.file,
+                  "The .pt2: an exported program (torch.export.save) or an AOTInductor package")
+      ->required();
   add->add_option("--name", add_req.name, "Model name: letters, digits, '_', '.', '-'")->required();
   add->add_option("--version", add_version, "Version number (default: one past the latest)");
   add->add_option("--package-model", add_req.package_model, "Which model of a multi-model package");
@@ -713,11 +758,13 @@ int RunCli(int argc, char** argv) {
   std::string show_ref;
   bool show_json = false;
   int show_events = 10;
-  auto* show = app.add_subcommand("show", "Show a model or version: settings, artifact, builds, recent events");
+  auto* show =
+      app.add_subcommand("show", "Show a model or version: settings, artifact, builds, recent events");
   show->add_option("model", show_ref, "NAME or NAME:VERSION")->required();
   show->add_flag("--json", show_json, "Print JSON");
-  show->add_option("--events", show_events, "How many recent events")->capture_default_str()->check(
-      CLI::Range(0, 10000));
+  show->add_option("--events", show_events, "How many recent events")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
 
   std::string set_ref;
   std::vector<std::string> set_kv;
@@ -737,8 +784,9 @@ int RunCli(int argc, char** argv) {
   int64_t gc_keep_events = 10000;
   auto* gc = app.add_subcommand("gc", "Remove blobs and cached builds that no version references");
   gc->add_flag("--dry-run", gc_dry_run, "Only say what would be removed");
-  gc->add_option("--keep-events", gc_keep_events, "Newest events to keep")->capture_default_str()->check(
-      CLI::NonNegativeNumber);
+  gc->add_option("--keep-events", gc_keep_events, "Newest events to keep")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 
   bool ev_follow = false, ev_json = false;
   std::string ev_model;
@@ -746,17 +794,20 @@ int RunCli(int argc, char** argv) {
   auto* events = app.add_subcommand("events", "Print the store's event log");
   events->add_flag("-f,--follow", ev_follow, "Keep printing new events until interrupted");
   events->add_option("--model", ev_model, "Only this model's events");
-  events->add_option("-n,--limit", ev_limit, "How many recent events first")->capture_default_str()->check(
-      CLI::Range(0, 1000000));
+  events->add_option("-n,--limit", ev_limit, "How many recent events first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   events->add_flag("--json", ev_json, "One JSON object per line");
 
-  auto* doctor = app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
+  auto* doctor =
+      app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
 
   std::string listen;
   bool cache_json = false, cache_dry_run = false, cache_all = false;
   auto* cache = app.add_subcommand("cache", "List or prune the builds cached for this machine");
   cache->require_subcommand(1);
-  auto* cache_ls = cache->add_subcommand("ls", "List cached builds: model, device, size, state, the versions using each");
+  auto* cache_ls =
+      cache->add_subcommand("ls", "List cached builds: model, device, size, state, the versions using each");
   cache_ls->add_flag("--json", cache_json, "Print JSON");
   auto* cache_prune = cache->add_subcommand(
       "prune", "Remove damaged builds, builds for another machine or torch, and builds no version uses");

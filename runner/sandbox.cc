@@ -127,7 +127,7 @@ Status AddPathRule(int ruleset, const std::string& path, uint64_t access, uint64
 }
 
 // 0 when the kernel has no Landlock (or it is turned off).
-StatusOr<int> EnterLandlock(const SandboxOptions& options) {
+StatusOr<int> LandlockSelf(const SandboxOptions& options) {
   long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   if (abi < 1) return 0;
   RulesetAttr attr{};
@@ -207,7 +207,7 @@ void OnSigsys(int, siginfo_t* info, void* context) {
 #endif
 }
 
-Status EnterSeccomp(bool landlocked) {
+Status SeccompSelf(bool landlocked) {
   scmp_filter_ctx ctx = ::seccomp_init(SCMP_ACT_ALLOW);
   if (ctx == nullptr) return Internal("seccomp: cannot create a filter");
   Status s;
@@ -326,6 +326,9 @@ Status EnterSeccomp(bool landlocked) {
 
 }  // namespace
 
+StatusOr<int> EnterLandlock(const SandboxOptions& options) { return LandlockSelf(options); }
+Status EnterSeccomp(bool landlocked) { return SeccompSelf(landlocked); }
+
 StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options) {
   SandboxReport report;
   ASSIGN_OR_RETURN(report.landlock_abi, EnterLandlock(options));
@@ -337,6 +340,8 @@ StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options) {
 #else
 
 StatusOr<SandboxReport> EnterSandbox(const SandboxOptions&) { return SandboxReport{}; }
+StatusOr<int> EnterLandlock(const SandboxOptions&) { return 0; }
+Status EnterSeccomp(bool) { return Status::OK(); }
 
 #endif
 

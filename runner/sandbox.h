@@ -65,4 +65,11 @@ Status EnterLimits(const SandboxOptions& options, int parent_pid);
 // model.so is. Irreversible.
 StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options);
 
+// The two layers alone, for the build child (`aotid internal-build`),
+// which must still run the compiler after the first: Landlock (file
+// access; the ABI entered, 0 where the kernel has none), then seccomp
+// (`landlocked`: whether Landlock confines files already).
+StatusOr<int> EnterLandlock(const SandboxOptions& options);
+Status EnterSeccomp(bool landlocked);
+
 }  // namespace aotid::runner

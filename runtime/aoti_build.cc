@@ -13,6 +13,45 @@
 namespace aotid::runtime {
 namespace {
 
+// A source package's compiler and linker flags come from the package:
+// flags that run other programs, load plugins, read files into the
+// command line or put output elsewhere are refused (the build child is
+// confined too, but a flag has no business doing any of this).
+Status CheckCompilerFlag(const std::string& flag) {
+  static const char* const kRefused[] = {"-wrapper",
+                                         "-fplugin",
+                                         "-B",
+                                         "-specs",
+                                         "--specs",
+                                         "--sysroot",
+                                         "-isysroot",
+                                         "-iprefix",
+                                         "-Xlinker",
+                                         "-Xassembler",
+                                         "-Xpreprocessor",
+                                         "-Wa,",
+                                         "-Wp,",
+                                         "-save-temps",
+                                         "-dumpdir",
+                                         "-o",
+                                         "-MF",
+                                         "-MD",
+                                         "-include",
+                                         "-imacros",
+                                         "-fdump",
+                                         "-fprofile",
+                                         "--plugin",
+                                         "-T"};
+  bool bad = flag.empty() || flag[0] != '-' || flag.find("plugin") != std::string::npos;
+  for (const char* r : kRefused) bad = bad || flag.starts_with(r);
+  if (flag.starts_with("-Wl,"))
+    bad = bad || flag.find(",-T") != std::string::npos || flag.find(",--script") != std::string::npos;
+  if (bad)
+    return InvalidArgument("the source package asks for the compiler flag '" + flag.substr(0, 80) +
+                           "', which aotid does not pass on");
+  return Status::OK();
+}
+
 using nlohmann::json;
 using package::AotiMetadata;
 using package::Archive;
@@ -260,9 +299,17 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
              ShellQuote(req.torch_dir + "/include/torch/csrc/api/include");
   for (const auto& f : strings(cf, "cflags")) {
     if (f == "shared") continue;
+    RETURN_IF_ERROR(CheckCompilerFlag("-" + f));
     compile += " -" + ShellQuote(f);
   }
-  for (const auto& p : strings(cf, "passthrough_args")) compile += " " + p;  // already shell words
+  // Words separated by spaces, each a flag of its own: never shell text.
+  for (const auto& p : strings(cf, "passthrough_args")) {
+    std::istringstream words(p);
+    for (std::string w; words >> w;) {
+      RETURN_IF_ERROR(CheckCompilerFlag(w));
+      compile += " " + ShellQuote(w);
+    }
+  }
   compile += " -w";  // torch's headers warn by the hundred under -Wall -pedantic; errors are what matter here
   std::vector<std::string> objs = objects;
   for (size_t i = 0; i < cpps.size(); ++i) {
@@ -290,8 +337,14 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
   std::string link = ShellQuote(req.cxx) + " -shared -fPIC -o " + ShellQuote(so_out);
   for (const auto& o : objs) link += " " + ShellQuote(o);
   link += " -L" + ShellQuote(req.torch_dir + "/lib") + " -Wl,-rpath," + ShellQuote(req.torch_dir + "/lib");
-  for (const auto& f : strings(lf, "ldflags")) link += " -" + ShellQuote(f);
-  for (const auto& l : strings(lf, "libraries")) link += " -l" + ShellQuote(l);
+  for (const auto& f : strings(lf, "ldflags")) {
+    RETURN_IF_ERROR(CheckCompilerFlag("-" + f));
+    link += " -" + ShellQuote(f);
+  }
+  for (const auto& l : strings(lf, "libraries")) {
+    RETURN_IF_ERROR(CheckCompilerFlag("-l" + l));
+    link += " -l" + ShellQuote(l);
+  }
   if (cf.contains("cflags") && cf["cflags"].dump().find("fopenmp") != std::string::npos) link += " -fopenmp";
   log << "linking model.so:\n  " << link << "\n" << std::flush;
   ShellResult r = RunShell("{ " + link + " 2>&1; }");

@@ -100,7 +100,6 @@ struct Builder::Running {
   }
 };
 
-
 Builder::Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options)
     : loop_(loop), cache_(cache), options_(std::move(options)) {
   options_.jobs = std::max(1, options_.jobs);
@@ -132,12 +131,23 @@ void Builder::Shutdown() {
   }
 }
 
-
 std::vector<std::string> Builder::Command(const BuildJob& job, const std::string& staging) const {
   if (job.kind == package::PackageKind::kExportedProgram) {
-    return {options_.python, "-m", "aotid_worker.compile", "--artifact", job.artifact_path, "--out", staging,
-            "--device", job.key.device, "--package-model", job.key.package_model, "--inductor-options",
-            job.key.options, "--expect-torch", options_.torch_version};
+    return {options_.python,
+            "-m",
+            "aotid_worker.compile",
+            "--artifact",
+            job.artifact_path,
+            "--out",
+            staging,
+            "--device",
+            job.key.device,
+            "--package-model",
+            job.key.package_model,
+            "--inductor-options",
+            job.key.options,
+            "--expect-torch",
+            options_.torch_version};
   }
   PackageBuildArgs args;
   args.artifact = job.artifact_path;
@@ -209,6 +219,10 @@ void Builder::Start(BuildJob job) {
   env.push_back("PYTHONPATH=" + options_.worker_dir);
   if (!options_.scratch_dir.empty()) env.push_back("TORCHINDUCTOR_CACHE_DIR=" + options_.scratch_dir);
   env.push_back("PYTHONUNBUFFERED=1");
+  // Every torch.load in the worker (torch.export.load reads the package's
+  // sample inputs and constants with it) takes tensors and plain data only:
+  // a pickle in a package must not run code when it is unpacked.
+  env.push_back("TORCH_FORCE_WEIGHTS_ONLY_LOAD=1");
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -280,11 +294,14 @@ void Builder::Start(BuildJob job) {
   r->open_handles = 3;
   uv_timer_init(loop_, &r->timer);
   r->timer.data = r;
-  uv_timer_start(&r->timer, [](uv_timer_t* t) {
-    auto* run = static_cast<Running*>(t->data);
-    run->timed_out = true;
-    uv_process_kill(&run->process, SIGKILL);
-  }, static_cast<uint64_t>(options_.timeout_s) * 1000, 0);
+  uv_timer_start(
+      &r->timer,
+      [](uv_timer_t* t) {
+        auto* run = static_cast<Running*>(t->data);
+        run->timed_out = true;
+        uv_process_kill(&run->process, SIGKILL);
+      },
+      static_cast<uint64_t>(options_.timeout_s) * 1000, 0);
   LOG_INFO << "build started: " << r->job.key.artifact.substr(0, 12) << " " << r->job.key.package_model
            << " for " << r->job.key.device << " (pid " << r->process.pid << ")";
   if (r->job.on_start) r->job.on_start();

@@ -111,7 +111,9 @@ StatusOr<PackageBuildArgs> ParsePackageBuildArgs(const std::vector<std::string>&
   return a;
 }
 
-int RunPackageBuild(const PackageBuildArgs& args) {
+std::string TorchDir() { return AOTID_TORCH_DIR; }
+
+int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>& before_load) {
 #ifdef __linux__
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the daemon
   if (::getppid() == 1) return kBuildExitMayPass;
@@ -139,6 +141,12 @@ int RunPackageBuild(const PackageBuildArgs& args) {
     StatusCode c = built.status().code();
     return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kBuildExitPermanent
                                                                                      : kBuildExitMayPass;
+  }
+  if (before_load) {
+    if (Status s = before_load(); !s.ok()) {
+      std::cout << "error: " << s.message() << std::endl;
+      return kBuildExitPermanent;
+    }
   }
   Step(2, "loading the model and running it once on zeros");
   ModelSpec spec = built->spec;

@@ -14,6 +14,7 @@
 // process, never the daemon.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,12 +40,19 @@ struct PackageBuildArgs {
   std::string cxx = "c++";  // compiler for source packages
 };
 
+// The torch this aotid was built against: its headers and libraries
+// compile and link source packages.
+std::string TorchDir();
+
 // `self_exe internal-build --artifact ... --out ...`.
 std::vector<std::string> PackageBuildArgv(const std::string& self_exe, const PackageBuildArgs& args);
 // Parses what follows the subcommand; InvalidArgument naming an unknown,
 // repeated or missing flag.
 StatusOr<PackageBuildArgs> ParsePackageBuildArgs(const std::vector<std::string>& args);
-// Runs the build in this process; returns the exit code.
-int RunPackageBuild(const PackageBuildArgs& args);
+// Runs the build in this process; returns the exit code. `before_load`
+// runs after the package's C++ is compiled and before its model.so is
+// loaded (the caller confines the process there); an error from it fails
+// the build for good.
+int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>& before_load = nullptr);
 
 }  // namespace aotid::runtime
