@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <zip.h>
 
 #include <chrono>
 #include <csignal>
@@ -17,8 +18,8 @@
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
-#include "runner/runner_model.h"
 #include "raw_http.h"
+#include "runner/runner_model.h"
 #include "test_util.h"
 
 namespace aotid::testing {
@@ -61,7 +62,8 @@ TEST_F(ApiSecurity, BearerTokenIsRequiredAndChecked) {
   EXPECT_EQ(missing->get_header_value("WWW-Authenticate"), "Bearer");
   EXPECT_NE(Error(missing).find("needs a bearer token"), std::string::npos) << missing->body;
 
-  for (const std::string& wrong : std::vector<std::string>{"Bearer s3cret", "Bearer s3cret-token2", "Basic czNjcmV0LXRva2Vu", "Bearer "}) {
+  for (const std::string& wrong : std::vector<std::string>{"Bearer s3cret", "Bearer s3cret-token2",
+                                                           "Basic czNjcmV0LXRva2Vu", "Bearer "}) {
     auto r = Get("/v2/health/ready", {{"Authorization", wrong}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 403) << wrong;
@@ -86,8 +88,8 @@ TEST_F(ApiSecurity, TokenScopeRepositoryGuardsOnlyTheRepositoryRoutes) {
   auto index = c.Post("/v2/repository/index", "", "application/json");
   ASSERT_TRUE(index);
   EXPECT_EQ(index->status, 401);
-  auto unload = c.Post("/v2/repository/models/x/unload", httplib::Headers{{"Authorization", "Bearer nope"}}, "",
-                       "application/json");
+  auto unload = c.Post("/v2/repository/models/x/unload", httplib::Headers{{"Authorization", "Bearer nope"}},
+                       "", "application/json");
   ASSERT_TRUE(unload);
   EXPECT_EQ(unload->status, 403);
   auto ok = c.Post("/v2/repository/index", httplib::Headers{{"Authorization", "Bearer t0ken"}}, "",
@@ -102,14 +104,16 @@ TEST_F(ApiSecurity, TokenFileMustExistAndNotBeEmpty) {
   ASSERT_OK(fs::WriteFileAtomic(empty, " \n"));
   ASSERT_OK(fs::WriteFileAtomic(dir_ / "a.toml", "[server]\ntoken_file = \"" + empty + "\"\n"));
   std::string out;
-  EXPECT_EQ(RunAotid({"--config", dir_ / "a.toml", "--store", dir_ / "store", "serve", "--listen", "127.0.0.1:0"},
-                     &out),
-            1);
+  EXPECT_EQ(
+      RunAotid({"--config", dir_ / "a.toml", "--store", dir_ / "store", "serve", "--listen", "127.0.0.1:0"},
+               &out),
+      1);
   EXPECT_NE(out.find("server.token_file " + empty + " is empty"), std::string::npos) << out;
   ASSERT_OK(fs::WriteFileAtomic(dir_ / "b.toml", "[server]\ntoken_file = \"" + (dir_ / "absent") + "\"\n"));
-  EXPECT_EQ(RunAotid({"--config", dir_ / "b.toml", "--store", dir_ / "store", "serve", "--listen", "127.0.0.1:0"},
-                     &out),
-            1);
+  EXPECT_EQ(
+      RunAotid({"--config", dir_ / "b.toml", "--store", dir_ / "store", "serve", "--listen", "127.0.0.1:0"},
+               &out),
+      1);
   EXPECT_NE(out.find("server.token_file"), std::string::npos) << out;
   EXPECT_NE(out.find("absent"), std::string::npos) << out;
 }
@@ -119,14 +123,16 @@ TEST_F(ApiSecurity, TokenFileMustExistAndNotBeEmpty) {
 TEST_F(ApiSecurity, HostHeaderCheckStopsDnsRebinding) {
   Start("[server]\nallowed_hosts = [\"mybox.local\"]\n");
   std::string port = std::to_string(daemon_->port());
-  for (const std::string& host : std::vector<std::string>{"evil.example", "evil.example:" + port, "127.0.0.1.evil.example", "10.0.0.1"}) {
+  for (const std::string& host : std::vector<std::string>{"evil.example", "evil.example:" + port,
+                                                          "127.0.0.1.evil.example", "10.0.0.1"}) {
     auto r = Get("/v2/health/live", {{"Host", host}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 403) << host;
     EXPECT_NE(Error(r).find("is not allowed"), std::string::npos) << r->body;
   }
-  for (const std::string& host : std::vector<std::string>{"localhost", "localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port,
-                                  "127.1.2.3", "mybox.local:" + port}) {
+  for (const std::string& host :
+       std::vector<std::string>{"localhost", "localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port,
+                                "127.1.2.3", "mybox.local:" + port}) {
     auto r = Get("/v2/health/live", {{"Host", host}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << host << ": " << r->body;
@@ -142,8 +148,8 @@ TEST_F(ApiSecurity, CorsIsOffUnlessOriginsAreConfigured) {
   EXPECT_FALSE(plain->has_header("Access-Control-Allow-Origin"));
   EXPECT_EQ(Get("/v2", {})->status, 200);  // curl sends no Origin
   httplib::Client c("127.0.0.1", daemon_->port());
-  auto preflight = c.Options("/v2/models/m/infer", {{"Origin", "http://localhost:3000"},
-                                                    {"Access-Control-Request-Method", "POST"}});
+  auto preflight = c.Options(
+      "/v2/models/m/infer", {{"Origin", "http://localhost:3000"}, {"Access-Control-Request-Method", "POST"}});
   ASSERT_TRUE(preflight);
   EXPECT_EQ(preflight->status, 403);
   EXPECT_NE(Error(preflight).find("not in server.cors_origins"), std::string::npos) << preflight->body;
@@ -152,13 +158,14 @@ TEST_F(ApiSecurity, CorsIsOffUnlessOriginsAreConfigured) {
 TEST_F(ApiSecurity, CorsAnswersConfiguredOriginsOnly) {
   Start("[server]\ncors_origins = [\"http://localhost:3000\"]\n");
   httplib::Client c("127.0.0.1", daemon_->port());
-  auto preflight = c.Options("/v2/models/m/infer", {{"Origin", "http://localhost:3000"},
-                                                    {"Access-Control-Request-Method", "POST"}});
+  auto preflight = c.Options(
+      "/v2/models/m/infer", {{"Origin", "http://localhost:3000"}, {"Access-Control-Request-Method", "POST"}});
   ASSERT_TRUE(preflight);
   EXPECT_EQ(preflight->status, 204);
   EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
   EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
-  EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Content-Type"), std::string::npos);
+  EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Content-Type"),
+            std::string::npos);
   auto allowed = Get("/v2", {{"Origin", "http://localhost:3000"}});
   ASSERT_TRUE(allowed);
   EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
@@ -235,7 +242,8 @@ TEST_F(ApiSecurity, SlowAndOversizedRequestsAreCutOff) {
       Exchange(big, "GET /v2 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
   ::close(big);
   EXPECT_EQ(reply.find("HTTP/1.1 431"), 0u) << reply.substr(0, 200);
-  EXPECT_NE(reply.find("request headers are larger than 16384 bytes"), std::string::npos) << reply.substr(0, 300);
+  EXPECT_NE(reply.find("request headers are larger than 16384 bytes"), std::string::npos)
+      << reply.substr(0, 300);
 
   auto ok = Get("/v2/health/live");
   ASSERT_TRUE(ok);
@@ -249,8 +257,9 @@ std::string ReadUntil(int fd, const std::function<bool(const std::string&)>& don
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[4096];
   while (!done(reply)) {
-    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    deadline - std::chrono::steady_clock::now()).count());
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count());
     pollfd p{fd, POLLIN, 0};
     if (left <= 0 || ::poll(&p, 1, left) <= 0) break;
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
@@ -276,9 +285,11 @@ TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
   // Two requests in one write: two answers, in order.
   int fd = ConnectTcp(port);
   ASSERT_GE(fd, 0);
-  std::string both = "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\nGET /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  std::string both =
+      "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\nGET /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n";
   ::send(fd, both.data(), both.size(), MSG_NOSIGNAL);
-  std::string two = ReadUntil(fd, [](const std::string& r) { return r.find("\"name\":\"aotid\"") != std::string::npos; });
+  std::string two =
+      ReadUntil(fd, [](const std::string& r) { return r.find("\"name\":\"aotid\"") != std::string::npos; });
   size_t live = two.find("{\"live\":true}"), meta = two.find("\"name\":\"aotid\"");
   ASSERT_NE(live, std::string::npos) << two;
   ASSERT_NE(meta, std::string::npos) << two;
@@ -286,17 +297,21 @@ TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
   EXPECT_EQ(two.find("HTTP/1.1 200 OK\r\n"), 0u) << two;
 
   // A chunked body is decoded: the handler sees the JSON it spells.
-  std::string chunked = "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
-                        "5\r\n{\"rea\r\n8;x=y\r\ndy\": 5}\r\n0\r\n\r\n";
+  std::string chunked =
+      "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "5\r\n{\"rea\r\n8;x=y\r\ndy\": 5}\r\n0\r\n\r\n";
   std::string reply = Exchange(fd, chunked);
   EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply;
   EXPECT_NE(reply.find("'ready' must be true or false"), std::string::npos) << reply;
   // Expect: 100-continue: told to go on, then answered; too large: 413 at once.
   std::string body = "{\"ready\": true}";
-  std::string head = "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
-                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  std::string head =
+      "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
   ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
-  std::string go_on = ReadUntil(fd, [](const std::string& r) { return r.find("\r\n\r\n") != std::string::npos; });
+  std::string go_on =
+      ReadUntil(fd, [](const std::string& r) { return r.find("\r\n\r\n") != std::string::npos; });
   EXPECT_EQ(go_on, "HTTP/1.1 100 Continue\r\n\r\n");
   reply = Exchange(fd, body);
   EXPECT_EQ(reply.find("HTTP/1.1 200"), 0u) << reply;
@@ -304,7 +319,8 @@ TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
   // HEAD: the head of GET's answer, no body.
   std::string head_req = "HEAD /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n";
   ::send(fd, head_req.data(), head_req.size(), MSG_NOSIGNAL);
-  reply = ReadUntil(fd, [](const std::string&) { return false; }, 500);
+  reply = ReadUntil(
+      fd, [](const std::string&) { return false; }, 500);
   EXPECT_EQ(reply.find("HTTP/1.1 200"), 0u) << reply;
   EXPECT_NE(reply.find("Content-Length: "), std::string::npos) << reply;
   EXPECT_EQ(reply.find("\r\n\r\n"), reply.size() - 4) << reply;
@@ -313,16 +329,18 @@ TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
   EXPECT_EQ(reply.find("HTTP/1.1 405"), 0u) << reply;
   EXPECT_NE(reply.find("Allow: GET, HEAD\r\n"), std::string::npos) << reply;
   // Content-Length and Transfer-Encoding together: refused, connection closed.
-  reply = Exchange(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n"
-                       "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+  reply = Exchange(fd,
+                   "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
   EXPECT_EQ(reply.find("HTTP/1.1 400"), 0u) << reply;
   EXPECT_NE(reply.find("both Content-Length and Transfer-Encoding"), std::string::npos) << reply;
   EXPECT_TRUE(PeerClosedWithin(fd, 3000));
   ::close(fd);
 
   fd = ConnectTcp(port);
-  reply = Exchange(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
-                       "Content-Length: 1000000000\r\n\r\n");
+  reply = Exchange(fd,
+                   "POST /v2/repository/index HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+                   "Content-Length: 1000000000\r\n\r\n");
   EXPECT_EQ(reply.find("HTTP/1.1 413"), 0u) << reply;
   EXPECT_NE(reply.find("exceeds the limit of 4096 bytes"), std::string::npos) << reply;
   ::close(fd);
@@ -362,7 +380,8 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
   ASSERT_OK(fs::MakeDirs(blobs));
   ASSERT_OK(fs::MakeDirs(cache + "/.staging"));
   ASSERT_OK(fs::WriteFileAtomic(blobs + "/secret", "TOP-SECRET-WEIGHTS"));
-  std::string cmd = "cc -shared -fPIC -o " + entry + "/model.so " + AOTID_SOURCE_DIR + "/tests/runner/hostile_model.c";
+  std::string cmd =
+      "cc -shared -fPIC -o " + entry + "/model.so " + AOTID_SOURCE_DIR + "/tests/runner/hostile_model.c";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   ASSERT_OK(fs::WriteFileAtomic(entry + "/spec.json", R"({"inputs":[],"outputs":[]})"));
   ::setenv("HOSTILE_BLOB", (blobs + "/secret").c_str(), 1);
@@ -384,7 +403,8 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
 
   // It is no model, so it does not load; what matters is what it could do first.
   ASSERT_FALSE(started.ok());
-  EXPECT_NE(started.status().message().find("loading " + e.so_path), std::string::npos) << started.status().message();
+  EXPECT_NE(started.status().message().find("loading " + e.so_path), std::string::npos)
+      << started.status().message();
   EXPECT_NE(log.find("hostile: write its scratch: DONE"), std::string::npos) << log;  // it did run
   for (const char* refused :
        {"hostile: inet socket: Operation not permitted", "hostile: unix socket: Operation not permitted",
@@ -397,6 +417,72 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
   }
   EXPECT_EQ(log.find("TOP-SECRET"), std::string::npos) << log;
   EXPECT_FALSE(fs::Exists(cache + "/planted"));
+}
+
+// A copy of the package `from` with each entry whose name ends in `suffix`
+// replaced by `bytes`.
+void RepackWith(const std::string& from, const std::string& to, const std::string& suffix,
+                const std::string& bytes) {
+  ASSERT_OK(fs::WriteFileAtomic(to, *fs::ReadFile(from)));
+  int err = 0;
+  zip_t* z = zip_open(to.c_str(), 0, &err);
+  ASSERT_NE(z, nullptr);
+  int replaced = 0;
+  for (zip_int64_t k = 0; k < zip_get_num_entries(z, 0); ++k) {
+    std::string name = zip_get_name(z, static_cast<zip_uint64_t>(k), 0);
+    if (!name.ends_with(suffix)) continue;
+    zip_source_t* src = zip_source_buffer(z, bytes.data(), bytes.size(), 0);
+    ASSERT_EQ(zip_file_replace(z, static_cast<zip_uint64_t>(k), src, 0), 0) << zip_strerror(z);
+    ++replaced;
+  }
+  ASSERT_GT(replaced, 0) << suffix;
+  ASSERT_EQ(zip_close(z), 0);
+}
+
+// The build child runs a package's code as well (a compiled package's
+// model.so for its first run; a source package's flags and C++ through the
+// compiler), and is confined like a runner.
+TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
+  TempDir dir;
+  std::string cache = dir / "store/cache", blobs = dir / "store/blobs";
+  ASSERT_OK(fs::MakeDirs(cache + "/.staging/b1"));
+  ASSERT_OK(fs::MakeDirs(cache + "/.staging/b2"));
+  ASSERT_OK(fs::MakeDirs(blobs));
+  ASSERT_OK(fs::WriteFileAtomic(blobs + "/secret", "TOP-SECRET-WEIGHTS"));
+  std::string so = dir / "hostile.so";
+  std::string cmd = "cc -shared -fPIC -o " + so + " " + AOTID_SOURCE_DIR + "/tests/runner/hostile_model.c";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  RepackWith(TestData("mlp_so.pt2"), dir / "evil_so.pt2", ".so", *fs::ReadFile(so));
+  RunOptions env;
+  env.env = {"HOSTILE_BLOB=" + blobs + "/secret", "HOSTILE_PLANT=" + cache + "/planted"};
+  std::string out;
+  int rc = RunAotid({"internal-build", "--artifact", dir / "evil_so.pt2", "--out", cache + "/.staging/b1",
+                     "--kind", "aoti_compiled"},
+                    env, &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("hostile: write its scratch: DONE"), std::string::npos) << out;  // its code ran
+  for (const char* refused :
+       {"hostile: inet socket: Operation not permitted", "hostile: read another blob: Permission denied",
+        "hostile: write into the cache: Permission denied", "hostile: fork: Operation not permitted",
+        "the sandbox refused socket()"}) {
+    EXPECT_NE(out.find(refused), std::string::npos) << refused << "\n" << out;
+  }
+  EXPECT_EQ(out.find("TOP-SECRET"), std::string::npos) << out;
+  EXPECT_FALSE(fs::Exists(cache + "/planted"));
+
+  // A source package whose flags would run a shell command: refused, not run.
+  std::string flags =
+      R"({"definitions": [], "cflags": ["O2", "fPIC", "std=c++20"], "passthrough_args": ["", "-wrapper /bin/sh,-c,touch )" +
+      dir.path() + R"(/wrapped"]})";
+  RepackWith(TestData("mlp_src.pt2"), dir / "wrap_src.pt2", "_compile_flags.json", flags);
+  rc = RunAotid({"internal-build", "--artifact", dir / "wrap_src.pt2", "--out", cache + "/.staging/b2",
+                 "--kind", "aoti_source"},
+                &out);
+  EXPECT_EQ(rc, 2) << out;  // permanent: retrying will not help
+  EXPECT_NE(out.find("asks for the compiler flag '-wrapper', which aotid does not pass on"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::Exists(dir / "wrapped"));
 }
 
 }  // namespace
