@@ -477,6 +477,7 @@ struct Conn {
   // When the request whose first bytes are in `in` must have arrived whole;
   // 0 while no request is under way.
   int64_t request_deadline_ms = 0;
+  bool continued = false;  // the poller sent "100 Continue" for the request under way
   ~Conn() {
     if (fd >= 0) ::close(fd);
   }
@@ -513,17 +514,25 @@ bool ReadSome(Conn& c, int64_t deadline_ms) { return WaitReadable(c.fd, deadline
 // waiting on the client: a whole head and a body of known length, or
 // something to refuse at once. A chunked body counts once its last chunk
 // and trailers are here (or its framing is wrong), so a client that
-// trickles chunks holds no worker either. "Expect: 100-continue" counts as
-// ready once its head is here: the client waits for the 100 before it
-// sends the body, which the worker then reads.
-bool RequestBuffered(std::string_view in, const Limits& limits) {
+// trickles chunks holds no worker either. A request with "Expect:
+// 100-continue" whose body is acceptable and not here yet sets
+// *send_continue: the client waits for a 100 before it sends its body.
+bool RequestBuffered(std::string_view in, const Limits& limits, bool* send_continue) {
   if (in.empty()) return false;
   Request probe;
   HeadResult head = ParseHead(in, limits, &probe);
   if (head.state == HeadResult::kIncomplete) return false;
   if (head.state == HeadResult::kError) return true;
   BodyFraming framing = FramingOf(probe);
-  if (probe.Has("Expect")) return true;
+  if (const std::string* expect = probe.Find("Expect")) {
+    if (!IEquals(*expect, "100-continue") || framing.kind == BodyFraming::kNone ||
+        framing.kind == BodyFraming::kError ||
+        (framing.kind == BodyFraming::kLength &&
+         framing.length > static_cast<uint64_t>(limits.max_body_bytes))) {
+      return true;  // the worker answers at once (417, 413, ...)
+    }
+    *send_continue = true;
+  }
   if (framing.kind == BodyFraming::kChunked) {
     ChunkedResult chunks = DecodeChunked(in.substr(head.consumed), limits.max_body_bytes, nullptr);
     return chunks.state != ChunkedResult::kIncomplete;
@@ -673,8 +682,15 @@ class Server::Impl {
           }
           if (c.request_deadline_ms == 0)
             c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
-          if (RequestBuffered(c.in.View(), opts_.limits)) {
+          // A client that expects a 100 gets it here, and its body is
+          // then collected like any other.
+          bool gone = false;
+          if (WholeRequest(c, &gone)) {
             Enqueue(std::move(parked[i]));
+            continue;
+          }
+          if (gone) {
+            parked[i].reset();
             continue;
           }
         }
@@ -789,8 +805,25 @@ class Server::Impl {
     cv_.Signal();
   }
 
+  // Whether a whole request is in `c` (RequestBuffered); sends "100
+  // Continue" first when its client waits for one. False too when that
+  // cannot be sent (*gone).
+  bool WholeRequest(Conn& c, bool* gone) {
+    bool send_continue = false;
+    if (RequestBuffered(c.in.View(), opts_.limits, &send_continue)) return true;
+    if (send_continue && !c.continued) {
+      static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
+      if (!WriteAll(c.fd, &v, 1)) *gone = true;
+      c.continued = true;
+    }
+    return false;
+  }
+
   void Park(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
-    if (RequestBuffered(c->in.View(), opts_.limits)) return Enqueue(std::move(c));  // e.g. pipelined
+    bool gone = false;
+    if (WholeRequest(*c, &gone)) return Enqueue(std::move(c));  // e.g. pipelined
+    if (gone) return;
     c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     {
       MutexLock lock(&mu_);
@@ -837,8 +870,8 @@ class Server::Impl {
       // connection up to the poller once its slice is over if others are
       // waiting for a worker: between requests, and also while a client
       // trickles one in.
-      while (!RequestBuffered(c.in.View(), opts_.limits)) {
-        if (stopping_.load()) return false;
+      for (bool gone = false; !WholeRequest(c, &gone);) {
+        if (gone || stopping_.load()) return false;
         int64_t now = NowMs();
         if (!c.in.Empty() && c.request_deadline_ms == 0) {
           c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
@@ -923,7 +956,7 @@ class Server::Impl {
     if (const std::string* expect = req.Find("Expect")) {
       if (!IEquals(*expect, "100-continue"))
         return Refuse(c, 417, "Expect '" + *expect + "' is not supported");
-      if (framing.kind != BodyFraming::kNone && c.in.Empty()) {
+      if (framing.kind != BodyFraming::kNone && c.in.Empty() && !c.continued) {
         static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
         iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
         if (!WriteAll(c.fd, &v, 1)) return Next::kClose;
@@ -960,6 +993,7 @@ class Server::Impl {
         }
       }
     }
+    c.continued = false;  // the next request on this connection is a new one
     Response res;
     try {
       handler_(req, res);

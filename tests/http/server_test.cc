@@ -260,19 +260,21 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   Server server(o, AnswerEmpty, PlainError);
   ASSERT_OK(server.Bind());
   std::thread serving([&] { server.Serve(); });
-  // Heads, bodies of a stated length, and chunked bodies, each trickled.
+  // Heads, bodies of a stated length and chunked bodies, each trickled, and
+  // clients that expect a 100 and then send nothing.
   std::vector<int> slow;
   std::vector<std::string> drip;
-  for (int i = 0; i < 6 * o.threads; ++i) {
+  for (int i = 0; i < 8 * o.threads; ++i) {
     int fd = aotid::testing::ConnectTcp(server.port());
     ASSERT_GE(fd, 0);
-    const char* starts[] = {"GET /slow HTTP/1.1\r\nHost: a\r\n",
-                            "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n",
-                            "POST /slow HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"};
-    std::string start = starts[i % 3];
+    const char* starts[] = {
+        "GET /slow HTTP/1.1\r\nHost: a\r\n", "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n",
+        "POST /slow HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "POST /slow HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"};
+    std::string start = starts[i % 4];
     ASSERT_GT(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), 0);
     slow.push_back(fd);
-    drip.push_back(i % 3 == 2 ? "1\r\nx\r\n" : "x");
+    drip.push_back(i % 4 == 2 ? "1\r\nx\r\n" : i % 4 == 3 ? "" : "x");
   }
   std::atomic<bool> done{false}, trickling{true};
   std::thread trickle([&] {
