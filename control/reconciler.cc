@@ -470,11 +470,25 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
   if (metrics_) metrics_->RecordRunnerCrash(v.model, v.version);
   Record(v, e.kind == runner::RunnerEvent::Kind::kCrashed ? "runner_crashed" : "runner_failed", e.message);
   if (e.kind != runner::RunnerEvent::Kind::kFailed || !IsCurrent(v)) return;
+  auto current = registry_->Find(v.model, v.version);
+  // A runner that no longer starts because its build left the cache (cache
+  // prune, a disk cleaner) or was damaged: build it again.
+  if (current && !stopping_) {
+    runtime::BuildKey key = KeyFor(v, current->device);
+    if (auto entry = cache_->Lookup(key); !entry.ok() && !in_flight_.count(WorkKey(v))) {
+      std::string why =
+          "its build is gone from the cache or damaged (" + entry.status().message() + "); rebuilding";
+      LOG_WARNING << Name(v) << ": " << why;
+      Record(v, "cache_invalid", why);
+      StartBuild(v, key);
+      return;
+    }
+  }
   // Its runner is not restarted any more: the version has failed, and says
   // so wherever its state is shown, until its settings change or it is
   // loaded again.
   failed_.insert(WorkKey(v));
-  if (auto current = registry_->Find(v.model, v.version)) {
+  if (current) {
     serving::ServedModel m = *current;
     m.state = serving::ServeState::kFailed;
     m.message = e.message;

@@ -428,6 +428,23 @@ TEST_F(ReconcilerTest, LoadOfABuildDamagedInPlaceRebuildsIt) {
   EXPECT_EQ(State("mlp", v), "ready");
 }
 
+// A runner that no longer starts because its build was pruned from the
+// cache while it served: the build is made again, not the version failed.
+TEST_F(ReconcilerTest, RunnerWhoseBuildLeftTheCacheIsRebuiltNotFailed) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  std::string dir = std::static_pointer_cast<InertModel>(Served("mlp", v)->model)->dir();
+  ASSERT_OK(fs::RemoveAll(dir));
+  loader_->requests.back().on_runner_event(
+      {runner::RunnerEvent::Kind::kFailed,
+       "mlp:1 is not restarted: open spec.json: No such file or directory"});
+  EXPECT_TRUE(HasEvent("mlp", v, "cache_invalid"));
+  ASSERT_EQ(builds_->submitted.size(), 2u);
+  BuildAndLoad();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
 // A served version's runner events go to the event log.
 TEST_F(ReconcilerTest, RunnerCrashesAreRecorded) {
   int64_t v = Add("mlp");
