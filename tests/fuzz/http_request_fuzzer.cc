@@ -5,17 +5,28 @@
 // and run by tests/fuzz/run.sh.
 //
 // Beyond no crash: what the parser says it consumed is within the input,
-// a finished head consumes something, and no body exceeds the limit.
+// a finished head consumes something, and no body exceeds the limit. Every
+// error the parser states (they quote the client's bytes) is built into
+// the JSON error body the API sends, which must not throw and must parse
+// back as JSON whatever bytes it quotes.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "http/server.h"
+#include "serving/http_api.h"
 
 namespace {
 
 using namespace aotid::http;
+
+void CheckErrorBody(const std::string& error) {
+  std::string body = aotid::serving::ErrorBody(error);
+  if (!nlohmann::json::accept(body)) __builtin_trap();
+}
 
 const Router& TheRouter() {
   static const Router* router = [] {
@@ -46,12 +57,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     HeadResult head = ParseHead(in, limits, &req);
     if (head.state != HeadResult::kDone) {
       if (head.state == HeadResult::kError && (head.status < 400 || head.error.empty())) __builtin_trap();
+      if (head.state == HeadResult::kError) CheckErrorBody(head.error);
       return 0;
     }
     if (head.consumed == 0 || head.consumed > in.size()) __builtin_trap();
     in.remove_prefix(head.consumed);
     BodyFraming framing = FramingOf(req);
-    if (framing.kind == BodyFraming::kError) return 0;
+    if (framing.kind == BodyFraming::kError) {
+      CheckErrorBody(framing.error);
+      return 0;
+    }
     if (framing.kind == BodyFraming::kLength) {
       if (framing.length > static_cast<uint64_t>(limits.max_body_bytes) || framing.length > in.size()) return 0;
       req.body.assign(in.substr(0, framing.length));
@@ -60,6 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ChunkedResult chunked = DecodeChunked(in, limits.max_body_bytes, &req.body);
       if (chunked.consumed > in.size()) __builtin_trap();
       if (req.body.size() > static_cast<size_t>(limits.max_body_bytes)) __builtin_trap();
+      if (chunked.state == ChunkedResult::kError) CheckErrorBody(chunked.error);
       if (chunked.state != ChunkedResult::kDone) return 0;
       in.remove_prefix(chunked.consumed);
     }
