@@ -112,11 +112,13 @@ TEST(Archive, ZipBombsAreRefusedBeforeExtraction) {
   auto bomb = Archive::Open(d / "bomb.pt2");
   ASSERT_FALSE(bomb.ok());
   EXPECT_EQ(bomb.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bomb.status().message().find("model.cpp expands from"), std::string::npos) << bomb.status().message();
+  EXPECT_NE(bomb.status().message().find("model.cpp expands from"), std::string::npos)
+      << bomb.status().message();
   EXPECT_NE(bomb.status().message().find("zip bomb"), std::string::npos) << bomb.status().message();
 
   std::string text;
-  for (int i = 0; text.size() < (size_t{20} << 20); ++i) text += "float tmp" + std::to_string(i) + " = x[i] * 2;\n";
+  for (int i = 0; text.size() < (size_t{20} << 20); ++i)
+    text += "float tmp" + std::to_string(i) + " = x[i] * 2;\n";
   WriteZip(d / "code.pt2", {{"root/model.cpp", text}});
   EXPECT_TRUE(Archive::Open(d / "code.pt2").ok());
 }
