@@ -4,19 +4,37 @@
 #include <netinet/in.h>
 
 #include <cstring>
+#include <string_view>
 
 namespace aotid::http {
 
+namespace {
+
+// A port as a Host header may carry it: 1 to 5 digits.
+bool IsPort(std::string_view p) {
+  if (p.empty() || p.size() > 5) return false;
+  for (char c : p) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string HostWithoutPort(const std::string& host_header) {
-  if (!host_header.empty() && host_header.front() == '[') {
-    size_t close = host_header.find(']');
-    return close == std::string::npos ? host_header : host_header.substr(1, close - 1);
+  std::string_view h = host_header;
+  if (!h.empty() && h.front() == '[') {
+    size_t close = h.find(']');
+    if (close == std::string_view::npos) return "";
+    std::string_view rest = h.substr(close + 1);
+    if (!rest.empty() && !(rest.front() == ':' && IsPort(rest.substr(1)))) return "";
+    return std::string(h.substr(1, close - 1));
   }
-  size_t colon = host_header.find(':');
-  if (colon != std::string::npos && host_header.find(':', colon + 1) == std::string::npos) {
-    return host_header.substr(0, colon);
-  }
-  return host_header;
+  size_t colon = h.find(':');
+  if (colon == std::string_view::npos) return host_header;
+  if (h.find(':', colon + 1) != std::string_view::npos) return host_header;  // a bare IPv6 address
+  if (!IsPort(h.substr(colon + 1))) return "";
+  return std::string(h.substr(0, colon));
 }
 
 bool IsLoopbackHost(const std::string& host) {

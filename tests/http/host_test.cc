@@ -17,6 +17,12 @@ TEST(Host, LoopbackHostsAreRecognised) {
   EXPECT_EQ(HostWithoutPort("[::1]:8765"), "::1");
   EXPECT_EQ(HostWithoutPort("[::1]"), "::1");
   EXPECT_EQ(HostWithoutPort("example.com"), "example.com");
+  // What follows the name must be a port, or the header names nothing.
+  for (const char* bad : {"localhost:evil.com", "localhost:80@evil.com", "[::1]evil.com",
+                          "localhost:8765 , evil.com", "localhost:", "[::1]:", "[::1", "localhost:123456"}) {
+    EXPECT_EQ(HostWithoutPort(bad), "") << bad;
+    EXPECT_FALSE(IsLoopbackHost(HostWithoutPort(bad))) << bad;
+  }
 }
 
 }  // namespace
