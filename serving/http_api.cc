@@ -188,7 +188,7 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
                                                         host) != opts.allowed_hosts.end();
       if (!ok) {
         SendError(res, 403,
-                  "Host '" + host +
+                  "Host '" + req.Get("Host").substr(0, 200) +
                       "' is not allowed: aotid listens on loopback and answers only "
                       "requests addressed to a loopback name (add the name to server.allowed_hosts to "
                       "allow it)");
