@@ -811,13 +811,17 @@ class Server::Impl {
   bool WholeRequest(Conn& c, bool* gone) {
     bool send_continue = false;
     if (RequestBuffered(c.in.View(), opts_.limits, &send_continue)) return true;
-    if (send_continue && !c.continued) {
-      static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
-      iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
-      if (!WriteAll(c.fd, &v, 1)) *gone = true;
-      c.continued = true;
-    }
+    if (send_continue && !c.continued && !SendContinue(c)) *gone = true;
     return false;
+  }
+
+  // Tells a client that waits for it to send its body; false when the
+  // client is gone.
+  static bool SendContinue(Conn& c) {
+    static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
+    c.continued = true;
+    return WriteAll(c.fd, &v, 1);
   }
 
   void Park(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
@@ -956,10 +960,8 @@ class Server::Impl {
     if (const std::string* expect = req.Find("Expect")) {
       if (!IEquals(*expect, "100-continue"))
         return Refuse(c, 417, "Expect '" + *expect + "' is not supported");
-      if (framing.kind != BodyFraming::kNone && c.in.Empty() && !c.continued) {
-        static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        iovec v{const_cast<char*>(kContinue), sizeof kContinue - 1};
-        if (!WriteAll(c.fd, &v, 1)) return Next::kClose;
+      if (framing.kind != BodyFraming::kNone && c.in.Empty() && !c.continued && !SendContinue(c)) {
+        return Next::kClose;
       }
     }
     if (framing.kind == BodyFraming::kLength) {

@@ -40,12 +40,6 @@ constexpr uint64_t kMaxName = 1024;
 
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -225,9 +219,9 @@ std::string ReadText(const Slot& slot, uint64_t payload_bytes) {
 uint32_t WaitWhile(std::atomic<uint32_t>* word, uint32_t from, int64_t spin_ns, int64_t timeout_ns) {
   uint32_t v = word->load(std::memory_order_acquire);
   if (v != from) return v;
-  const int64_t t0 = NowNs();
+  const int64_t t0 = MonotonicNs();
   // Spin: check the clock every 64 pauses (a pause is tens of ns).
-  while (NowNs() - t0 < spin_ns) {
+  while (MonotonicNs() - t0 < spin_ns) {
     for (int i = 0; i < 64; ++i) {
       CpuRelax();
       v = word->load(std::memory_order_acquire);
@@ -237,7 +231,7 @@ uint32_t WaitWhile(std::atomic<uint32_t>* word, uint32_t from, int64_t spin_ns, 
   for (;;) {
     int64_t left = -1;
     if (timeout_ns >= 0) {
-      left = timeout_ns - (NowNs() - t0);
+      left = timeout_ns - (MonotonicNs() - t0);
       if (left <= 0) return from;
     }
 #ifdef __linux__
@@ -257,6 +251,12 @@ uint32_t WaitWhile(std::atomic<uint32_t>* word, uint32_t from, int64_t spin_ns, 
     v = word->load(std::memory_order_acquire);
     if (v != from) return v;
   }
+}
+
+int64_t MonotonicNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 void Wake(std::atomic<uint32_t>* word) {

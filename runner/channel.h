@@ -105,4 +105,7 @@ uint32_t WaitWhile(std::atomic<uint32_t>* word, uint32_t from, int64_t spin_ns, 
 // Wakes every process sleeping on `word`.
 void Wake(std::atomic<uint32_t>* word);
 
+// Nanoseconds on the steady clock the waits above count with.
+int64_t MonotonicNs();
+
 }  // namespace aotid::runner

@@ -72,16 +72,11 @@ void Serve(runtime::LoadedModel* model, Slot* slot) {
   const size_t max_inputs = model->spec().inputs.size();
   // One spin per wait for a request, from the last response on (the wait
   // passes through "response not yet taken" and "idle").
-  auto now_ns = [] {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
-  int64_t spin_until = now_ns() + RunnerSpinNs();
+  int64_t spin_until = MonotonicNs() + RunnerSpinNs();
   for (;;) {
     uint32_t v = h->state.load(std::memory_order_acquire);
     if (v != kRequest) {  // idle, a response not yet taken, or reset by the daemon
-      WaitWhile(&h->state, v, std::max<int64_t>(0, spin_until - now_ns()), -1);
+      WaitWhile(&h->state, v, std::max<int64_t>(0, spin_until - MonotonicNs()), -1);
       continue;
     }
     StatusOr<uint64_t> done = Internal("unset");
@@ -94,7 +89,7 @@ void Serve(runtime::LoadedModel* model, Slot* slot) {
     h->payload_bytes = done.ok() ? *done : WriteText(*slot, WithoutBacktrace(done.status().message()));
     h->state.store(kResponse, std::memory_order_release);
     Wake(&h->state);
-    spin_until = now_ns() + RunnerSpinNs();
+    spin_until = MonotonicNs() + RunnerSpinNs();
   }
 }
 
