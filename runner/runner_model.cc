@@ -348,6 +348,8 @@ void RunnerModel::Died(int status) {
     kill_cause_.clear();
     down_cause_ = cause;
     up_ = false;
+    ended_.emplace_back(generation_, cause);
+    if (ended_.size() > 16) ended_.pop_front();
     ++generation_;
     for (Slot& s : slots_) {
       s.header()->state.store(kDead, std::memory_order_release);
@@ -428,8 +430,10 @@ bool RunnerModel::Pause(int64_t ms) {
 Status RunnerModel::DeadRun(uint64_t generation) {
   MutexLock lock(&mu_);
   if (failed_) return Unavailable(down_cause_);
-  std::string cause = down_cause_.empty() ? "the runner for " + options_.label + " ended" : down_cause_;
-  (void)generation;
+  std::string cause = "the runner for " + options_.label + " ended";
+  for (const auto& [g, why] : ended_) {
+    if (g == generation) cause = why;
+  }
   return Internal(cause + " (while running this request)");
 }
 

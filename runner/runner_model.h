@@ -32,6 +32,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/mutex.h"
@@ -145,6 +146,10 @@ class RunnerModel final : public runtime::LoadedModel {
   uint64_t generation_ GUARDED_BY(mu_) = 0;
   std::string down_cause_ GUARDED_BY(mu_);  // why the last runner ended
   std::string kill_cause_ GUARDED_BY(mu_);  // set when the daemon kills it
+  // Why each of the last few runners ended, by generation: a run learns
+  // the cause of the runner it was sent to even once the next one is up
+  // and down_cause_ is cleared.
+  std::deque<std::pair<uint64_t, std::string>> ended_ GUARDED_BY(mu_);
 };
 
 }  // namespace aotid::runner
