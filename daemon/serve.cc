@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <csignal>
 #include <thread>
 
@@ -100,6 +102,17 @@ int Serve(const Config& config) {
                 << " left by an earlier daemon's builds";
   }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
+
+  // Each connection is a descriptor: the soft limit (often 1024) would cap
+  // the connections below server.max_connections_per_address, so it is
+  // raised to the hard limit, as far as 65536.
+  if (struct rlimit nofile; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < 65536) {
+    rlim_t want = std::min<rlim_t>(nofile.rlim_max, 65536);
+    if (want > nofile.rlim_cur) {
+      nofile.rlim_cur = want;
+      ::setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+  }
 
   // libuv sizes its thread pool (where loads run) once, at first use.
   ::setenv("UV_THREADPOOL_SIZE", std::to_string(control::ThreadPoolLoader::kThreadPoolSize).c_str(),

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <unordered_map>
 
 #include "base/log.h"
 #include "base/mutex.h"
@@ -469,9 +470,38 @@ class Buffer {
   size_t begin_ = 0, end_ = 0;
 };
 
+// Open connections by the client's address, for
+// ServerOptions::max_connections_per_address.
+class PeerCounts {
+ public:
+  // Counts one more from `peer`; false (nothing counted) when that would
+  // pass `cap`.
+  bool Add(const std::string& peer, int cap) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    int& n = open_[peer];
+    if (n >= cap) {
+      if (n == 0) open_.erase(peer);
+      return false;
+    }
+    ++n;
+    return true;
+  }
+  void Remove(const std::string& peer) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    auto it = open_.find(peer);
+    if (it != open_.end() && --it->second <= 0) open_.erase(it);
+  }
+
+ private:
+  Mutex mu_;
+  std::unordered_map<std::string, int> open_ GUARDED_BY(mu_);
+};
+
 struct Conn {
   int fd = -1;
   bool tcp = true;
+  std::string peer;              // the client's address, when counted
+  PeerCounts* counts = nullptr;  // where it is counted
   Buffer in;
   int64_t idle_until_ms = 0;  // while parked
   // When the request whose first bytes are in `in` must have arrived whole;
@@ -480,8 +510,27 @@ struct Conn {
   bool continued = false;  // the poller sent "100 Continue" for the request under way
   ~Conn() {
     if (fd >= 0) ::close(fd);
+    if (counts) counts->Remove(peer);
   }
 };
+
+// The address of a TCP peer, as text (an IPv4 client on a dual-stack
+// socket as IPv4); empty for other kinds.
+std::string PeerAddress(const sockaddr_storage& peer) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (peer.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+  } else if (peer.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+      ::inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], text, sizeof text);
+    } else {
+      ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+    }
+  }
+  return text;
+}
 
 // Waits until `fd` is readable or `deadline_ms` passes; false then.
 bool WaitReadable(int fd, int64_t deadline_ms) {
@@ -783,6 +832,17 @@ class Server::Impl {
       auto c = std::make_unique<Conn>();
       c->fd = fd;
       c->tcp = peer.ss_family != AF_UNIX;
+      if (c->tcp && opts_.max_connections_per_address > 0) {
+        std::string address = PeerAddress(peer);
+        if (!peer_counts_.Add(address, opts_.max_connections_per_address)) {
+          RefuseAtOnce(*c, 503,
+                       "too many connections from " + address + " (server.max_connections_per_address is " +
+                           std::to_string(opts_.max_connections_per_address) + ")");
+          continue;
+        }
+        c->peer = std::move(address);
+        c->counts = &peer_counts_;
+      }
       int one = 1;
       if (c->tcp)
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies must not wait
@@ -794,6 +854,22 @@ class Server::Impl {
       Enqueue(std::move(c));
     }
     return true;
+  }
+
+  // Answers `status` on a connection just accepted, without waiting for
+  // it: the poller must not be held by the client it refuses. What the
+  // client sent already is read first, so that it gets the answer rather
+  // than a reset.
+  void RefuseAtOnce(Conn& c, int status, const std::string& message) {
+    char sink[16384];
+    while (::recv(c.fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    }
+    Response res;
+    res.status = status;
+    res.Set(error_body_(message), "application/json");
+    std::string all = ResponseHead(res, /*keep_alive=*/false) + res.body;
+    (void)!::send(c.fd, all.data(), all.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::shutdown(c.fd, SHUT_WR);
   }
 
   void Enqueue(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
@@ -1015,7 +1091,7 @@ class Server::Impl {
     return keep_alive ? Next::kKeep : Next::kClose;
   }
 
-  bool Send(Conn& c, const Response& res, bool keep_alive, bool head_only) {
+  static std::string ResponseHead(const Response& res, bool keep_alive) {
     std::string head;
     head.reserve(160);
     head += "HTTP/1.1 ";
@@ -1041,6 +1117,11 @@ class Server::Impl {
     }
     if (!keep_alive) head += "Connection: close\r\n";
     head += "\r\n";
+    return head;
+  }
+
+  bool Send(Conn& c, const Response& res, bool keep_alive, bool head_only) {
+    std::string head = ResponseHead(res, keep_alive);
     iovec v[2] = {{head.data(), head.size()}, {const_cast<char*>(res.body.data()), res.body.size()}};
     return WriteAll(c.fd, v, head_only || res.body.empty() ? 1 : 2);
   }
@@ -1053,6 +1134,7 @@ class Server::Impl {
   bool bound_ = false;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
+  PeerCounts peer_counts_;  // before the connections' owners: outlives them
   Mutex mu_;
   CondVar cv_;                                                  // workers wait here for ready_
   std::deque<std::unique_ptr<Conn>> ready_ GUARDED_BY(mu_);     // waiting for a worker

@@ -160,6 +160,10 @@ struct ServerOptions {
   int request_timeout_s = 60;  // the whole of one request: line, headers, body
   int idle_timeout_s = 30;     // a keep-alive connection between requests
   int write_timeout_s = 30;    // a reply the client does not read
+  // Open TCP connections one client address may hold; more are answered
+  // 503 and closed at once. 0: no cap. Unix-socket clients are not
+  // counted (the socket's mode already says who may connect).
+  int max_connections_per_address = 1024;
   Limits limits;
 
   bool operator==(const ServerOptions&) const = default;

@@ -34,8 +34,19 @@ inline std::string Exchange(int fd, const std::string& request, int timeout_ms =
   return reply;
 }
 
-inline int ConnectTcp(int port) {
+// Connects to 127.0.0.1:port; from `from` (another loopback address,
+// such as 127.0.0.2) when given.
+inline int ConnectTcp(int port, const char* from = nullptr) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (from) {
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, from, &local.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));

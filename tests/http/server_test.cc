@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "raw_http.h"
 #include "test_util.h"
@@ -299,6 +300,60 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply;
   EXPECT_TRUE(answered_while_they_trickled);
   for (int f : slow) ::close(f);
+  server.Stop();
+  serving.join();
+}
+
+// One client address holds at most max_connections_per_address open
+// connections: the next gets 503 naming its address and the setting, at
+// once; another address is served meanwhile, and a closed connection frees
+// its place.
+TEST(HttpServer, OneAddressCannotHoldMoreThanItsConnections) {
+  ServerOptions o;
+  o.threads = 2;
+  o.max_connections_per_address = 4;
+  Server server(o, AnswerEmpty, PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  const std::string get = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+  std::vector<int> held;
+  for (int i = 0; i < o.max_connections_per_address; ++i) {
+    int fd = aotid::testing::ConnectTcp(server.port(), "127.0.0.2");
+    ASSERT_GE(fd, 0);
+    // Each is served (so each is counted before the next is accepted).
+    EXPECT_EQ(aotid::testing::Exchange(fd, get).substr(0, 12), "HTTP/1.1 200");
+    held.push_back(fd);
+  }
+  int over = aotid::testing::ConnectTcp(server.port(), "127.0.0.2");
+  ASSERT_GE(over, 0);
+  std::string refused = aotid::testing::Exchange(over, get);
+  ::close(over);
+  EXPECT_EQ(refused.substr(0, 12), "HTTP/1.1 503") << refused;
+  EXPECT_NE(refused.find("too many connections from 127.0.0.2 (server.max_connections_per_address is 4)"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("Connection: close"), std::string::npos) << refused;
+
+  int other = aotid::testing::ConnectTcp(server.port(), "127.0.0.3");
+  ASSERT_GE(other, 0);
+  EXPECT_EQ(aotid::testing::Exchange(other, get).substr(0, 12), "HTTP/1.1 200");
+  ::close(other);
+
+  ::close(held.back());
+  held.pop_back();
+  // The server sees the close when it next reads that connection; within
+  // a bounded number of tries a new connection takes the freed place.
+  std::string again;
+  for (int tries = 0; tries < 100; ++tries) {
+    int fd = aotid::testing::ConnectTcp(server.port(), "127.0.0.2");
+    ASSERT_GE(fd, 0);
+    again = aotid::testing::Exchange(fd, get);
+    ::close(fd);
+    if (again.substr(0, 12) == "HTTP/1.1 200") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(again.substr(0, 12), "HTTP/1.1 200") << again;
+  for (int fd : held) ::close(fd);
   server.Stop();
   serving.join();
 }
