@@ -105,6 +105,11 @@ const char* const kMigrations[] = {
     DROP TABLE builds;
     ALTER TABLE builds4 RENAME TO builds;
     )sql",
+    // 4 -> 5: a version's own runner limits (0: the daemon's).
+    R"sql(
+    ALTER TABLE versions ADD COLUMN timeout_s INTEGER NOT NULL DEFAULT 0 CHECK(timeout_s >= 0);
+    ALTER TABLE versions ADD COLUMN memory_limit_mb INTEGER NOT NULL DEFAULT 0 CHECK(memory_limit_mb >= 0);
+    )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 

@@ -30,6 +30,10 @@ struct VersionSettings {
   int max_batch_size = 1;
   int max_batch_delay_us = 0;
   int threads = 0;
+  // Limits of its runner; 0: the daemon's [runner] timeout_s and
+  // memory_limit_mb.
+  int timeout_s = 0;
+  int memory_limit_mb = 0;
   // AOTInductor options for the build, as a JSON object with sorted keys
   // ("" = none). Part of the build's cache key.
   std::string inductor_options;

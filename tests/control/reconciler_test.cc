@@ -472,6 +472,24 @@ TEST_F(ReconcilerTest, RunnerCrashesAreRecorded) {
   EXPECT_EQ(loader_->pending(), 1u);
 }
 
+// A version's own timeout_s and memory_limit_mb reach its runner; at 0
+// the daemon's [runner] values do. Changing one starts a new runner.
+TEST_F(ReconcilerTest, RunnerLimitsAreTheVersionsOwnOrTheDaemons) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  ASSERT_FALSE(loader_->requests.empty());
+  ReconcilerOptions defaults;
+  EXPECT_EQ(loader_->requests.back().run_timeout_ms, defaults.run_timeout_ms);
+  EXPECT_EQ(loader_->requests.back().memory_limit_bytes, defaults.memory_limit_bytes);
+  size_t before = loader_->requests.size();
+  Set("mlp", v, {{"timeout_s", "7"}, {"memory_limit_mb", "300"}});
+  Reconcile();
+  ASSERT_EQ(loader_->requests.size(), before + 1);
+  EXPECT_EQ(loader_->requests.back().run_timeout_ms, 7000);
+  EXPECT_EQ(loader_->requests.back().memory_limit_bytes, uint64_t{300} << 20);
+}
+
 TEST_F(ReconcilerTest, BuildThatEndedTheDaemonTwiceWhileLoadingIsNotLoadedAgain) {
   int64_t v = Add("mlp");
   Reconcile();

@@ -49,7 +49,7 @@ TEST(VersionSettings, UnknownKeyErrorListsEveryKey) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
             "unknown setting 'colour'; known: device, fallback_cpu, num_runners, max_batch_size, "
-            "max_batch_delay_us, threads, inductor.<option>");
+            "max_batch_delay_us, threads, timeout_s, memory_limit_mb, inductor.<option>");
   EXPECT_EQ(s, VersionSettings{});
 }
 
@@ -74,7 +74,7 @@ TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
   EXPECT_TRUE(DiffSettings(base, base).empty());
   EXPECT_EQ(CanonicalText(base),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=0 "
-            "inductor_options={}");
+            "timeout_s=0 memory_limit_mb=0 inductor_options={}");
 }
 
 TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
@@ -118,6 +118,10 @@ TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
             "max_batch_delay_us must be between 0 and 1000000, got 1000001");
   EXPECT_EQ(invalid([](VersionSettings* v) { v->threads = 1025; }),
             "threads must be between 0 (one share of the cores per runner) and 1024, got 1025");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->timeout_s = 86401; }),
+            "timeout_s must be between 0 (the daemon's runner.timeout_s) and 86400, got 86401");
+  EXPECT_EQ(invalid([](VersionSettings* v) { v->memory_limit_mb = -1; }),
+            "memory_limit_mb must be between 0 (the daemon's runner.memory_limit_mb) and 1048576, got -1");
   EXPECT_EQ(invalid([](VersionSettings* v) { v->inductor_options = "[1]"; }),
             "inductor_options must be a JSON object, got '[1]'");
 }
@@ -125,12 +129,14 @@ TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
 TEST(VersionSettings, DisplayTextSaysAutoThreadsAndLeavesOutNoOptions) {
   VersionSettings s;
   EXPECT_EQ(DisplayText(s),
-            "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=auto");
+            "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=auto "
+            "timeout_s=default memory_limit_mb=default");
   s.threads = 2;
+  s.timeout_s = 5;
   s.inductor_options = R"({"cpp.simdlen":8})";
   EXPECT_EQ(DisplayText(s),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 "
-            R"(threads=2 inductor={"cpp.simdlen":8})");
+            R"(threads=2 timeout_s=5 memory_limit_mb=default inductor={"cpp.simdlen":8})");
 }
 
 // Each field has its column in a fresh store, with the struct's default as
