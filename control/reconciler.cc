@@ -413,9 +413,11 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
     req.choose_threads_at_batch = v.settings.max_batch_size > 1 ? v.settings.max_batch_size : 1;
   }
   req.label = Name(v);
-  req.run_timeout_ms = v.settings.timeout_s > 0 ? int64_t{v.settings.timeout_s} * 1000 : options_.run_timeout_ms;
-  req.memory_limit_bytes = v.settings.memory_limit_mb > 0 ? static_cast<uint64_t>(v.settings.memory_limit_mb) << 20
-                                                           : options_.memory_limit_bytes;
+  req.run_timeout_ms =
+      v.settings.timeout_s > 0 ? int64_t{v.settings.timeout_s} * 1000 : options_.run_timeout_ms;
+  req.memory_limit_bytes = v.settings.memory_limit_mb > 0
+                               ? static_cast<uint64_t>(v.settings.memory_limit_mb) << 20
+                               : options_.memory_limit_bytes;
   req.max_crashes = options_.runner_max_crashes;
   req.crash_window_ms = options_.runner_crash_window_ms;
   req.on_runner_event = [this, alive = alive_, v](const runner::RunnerEvent& e) {
