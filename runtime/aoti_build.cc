@@ -140,6 +140,7 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
   static const std::regex kDtype(R"re(_expected_dtype = aoti_torch_dtype_(\w+)\(\))re");
   static const std::regex kFixed(R"re(if \((\d+) != \w+_size\[(\d+)\]\))re");
   static const std::regex kMin(R"re(if \(\w+_size\[(\d+)\] < (\d+)\))re");
+  static const std::regex kMax(R"re(if \(\w+_size\[(\d+)\] > (\d+)\))re");
   static const std::regex kAnyDim(R"re(\w+_(?:size|stride)\[(\d+)\])re");
   for (const auto& [i, name] : in_names) {
     std::string head = "static void check_input_" + std::to_string(i) + "(";
@@ -174,10 +175,77 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
       int dim = std::stoi((*it)[1]);
       if (t.shape[dim] == -1) min_shape[dim] = std::max<int64_t>(1, std::stoll((*it)[2]));
     }
+    // An upper bound is kept as the dim's range, for the daemon to check:
+    // the kernels may index tables of that size. The lower bound is not:
+    // torch.export traces a dynamic dim as at least 2, and the kernels run
+    // 1 correctly.
+    for (std::sregex_iterator it(body.begin(), body.end(), kMax), end; it != end; ++it) {
+      int dim = std::stoi((*it)[1]);
+      if (t.shape[dim] != -1) continue;
+      if (t.dims.empty()) t.dims.resize(static_cast<size_t>(rank));
+      DimRange r;
+      r.min = 1;
+      r.max = std::stoll((*it)[2]);
+      t.dims[static_cast<size_t>(dim)] = r;
+    }
     d.inputs.push_back(std::move(t));
     d.min_shapes.push_back(std::move(min_shape));
   }
   return d;
+}
+
+Status CheckDeclaredAgainstChecks(const DerivedInputs& compiled, ModelSpec* declared,
+                                  std::vector<std::vector<int64_t>>* min_shapes, std::ostream& log) {
+  if (compiled.inputs.size() != declared->inputs.size()) {
+    return InvalidArgument("extra/aotid.json declares " + std::to_string(declared->inputs.size()) +
+                           " inputs but the model's C++ checks " + std::to_string(compiled.inputs.size()));
+  }
+  min_shapes->clear();
+  for (size_t i = 0; i < compiled.inputs.size(); ++i) {
+    const TensorSpec& c = compiled.inputs[i];
+    TensorSpec& t = declared->inputs[i];
+    const std::string who = "extra/aotid.json declares input '" + t.name + "'";
+    if (c.dtype != t.dtype) {
+      return InvalidArgument(who + " as " + std::string(DTypeName(t.dtype)) + " but the model's C++ takes " +
+                             std::string(DTypeName(c.dtype)));
+    }
+    // A scalar input's check names no dim; a rank of 0 there says nothing.
+    if (!c.shape.empty() && c.shape.size() != t.shape.size()) {
+      return InvalidArgument(who + " with shape " + ShapeString(t.shape) + " but the model's C++ takes " +
+                             ShapeString(c.shape));
+    }
+    std::vector<int64_t> run_shape = t.shape;
+    for (size_t d = 0; d < c.shape.size(); ++d) {
+      if (c.shape[d] >= 0 && t.shape[d] >= 0 && c.shape[d] != t.shape[d]) {
+        return InvalidArgument(who + " with shape " + ShapeString(t.shape) + " but the model's C++ takes " +
+                               ShapeString(c.shape) + " (dim " + std::to_string(d) + ")");
+      }
+      if (c.shape[d] >= 0 && t.shape[d] < 0) {
+        log << "input '" << t.name << "' dim " << d << " is declared dynamic; the model's C++ takes only "
+            << c.shape[d] << ", so only that is accepted\n";
+        t.shape[d] = c.shape[d];
+        if (!t.dims.empty()) t.dims[d].reset();
+      }
+      if (t.shape[d] < 0 && !c.dims.empty() && c.dims[d]) {
+        if (t.dims.empty()) t.dims.resize(t.shape.size());
+        DimRange r = t.dims[d].value_or(DimRange{});
+        r.min = std::max<int64_t>(r.min, 1);
+        r.max = std::min(r.max, c.dims[d]->max);
+        if (r.min > r.max) {
+          return InvalidArgument(who + " dim " + std::to_string(d) + " as at least " + std::to_string(r.min) +
+                                 " but the model's C++ takes at most " + std::to_string(c.dims[d]->max));
+        }
+        t.dims[d] = r;
+      }
+      run_shape[d] = t.shape[d];
+      if (run_shape[d] < 0) {
+        run_shape[d] = compiled.min_shapes[i][d];
+        if (!t.dims.empty() && t.dims[d]) run_shape[d] = std::min(run_shape[d], t.dims[d]->max);
+      }
+    }
+    min_shapes->push_back(std::move(run_shape));
+  }
+  return Status::OK();
 }
 
 StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req, const HardwareInfo& hw,
@@ -219,6 +287,19 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     if (!spec.ok()) return spec.status().WithContext("extra/aotid.json");
     result.spec = std::move(spec).value();
     result.outputs_declared = true;
+    // What the package declares must be what its compiled checks take: a
+    // declared shape the kernels were not compiled for would have them read
+    // past their inputs. (The daemon checks requests against the spec; the
+    // build child then runs the model under its own checks too, which holds
+    // for a compiled package whose C++ is not the .so's.)
+    if (!cpp_text.empty()) {
+      auto compiled = DeriveInputsFromSource(cpp_text);
+      if (compiled.ok()) {
+        RETURN_IF_ERROR(CheckDeclaredAgainstChecks(*compiled, &result.spec, &result.min_shapes, log));
+      } else {
+        log << "the package's C++ does not show its input checks (" << compiled.status().message() << ")\n";
+      }
+    }
   }
   if (!result.outputs_declared) {
     if (cpp_text.empty()) {

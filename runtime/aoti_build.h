@@ -41,6 +41,15 @@ struct DerivedInputs {
 };
 StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp);
 
+// Checks the inputs a package declares (extra/aotid.json) against those its
+// C++ checks (`compiled`): InvalidArgument naming the input when a datatype,
+// rank or fixed dim differs. A dim declared dynamic that the C++ fixes
+// becomes fixed, and a dynamic dim takes the C++'s upper bound. Sets the
+// shapes to run the model on once: the fixed dims, and the C++'s least
+// value for dynamic ones.
+Status CheckDeclaredAgainstChecks(const DerivedInputs& compiled, ModelSpec* declared,
+                                  std::vector<std::vector<int64_t>>* min_shapes, std::ostream& log);
+
 struct PackageBuildRequest {
   std::string artifact_path;
   std::string package_model = "model";

@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <csignal>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <streambuf>
 
 #include "base/fs.h"
 #include "package/package.h"
@@ -27,8 +30,72 @@ Status WriteJson(const std::string& path, const nlohmann::json& j) {
   return fs::WriteFileAtomic(path, j.dump(2));
 }
 
-// Runs the model on zeros of its smallest accepted shapes; the outputs'
-// datatypes and ranks complete a spec read from the package's C++.
+// Passes what is written to a stream on and keeps its last 64 KiB: a
+// compiled model's input checks say why they refused only on std::cerr.
+class KeepingBuf final : public std::streambuf {
+ public:
+  explicit KeepingBuf(std::ostream& stream) : stream_(stream), next_(stream.rdbuf(this)) {}
+  ~KeepingBuf() override { stream_.rdbuf(next_); }
+  // The last line naming an input that the model's checks refused, or "".
+  std::string LastInputRefusal() const {
+    size_t at = kept_.rfind("input_handles[");
+    if (at == std::string::npos) return "";
+    size_t end = kept_.find('\n', at);
+    return kept_.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  }
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    Keep(std::string(1, static_cast<char>(c)));
+    return next_->sputc(static_cast<char>(c));
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    Keep(std::string(s, static_cast<size_t>(n)));
+    return next_->sputn(s, n);
+  }
+  int sync() override { return next_->pubsync(); }
+
+ private:
+  void Keep(const std::string& text) {
+    kept_ += text;
+    if (kept_.size() > (64u << 10)) kept_.erase(0, kept_.size() - (32u << 10));
+  }
+  std::ostream& stream_;
+  std::streambuf* next_;
+  std::string kept_;
+};
+
+StatusOr<std::vector<HostTensor>> RunOnZeros(LoadedModel& model, const ModelSpec& spec,
+                                             const std::vector<std::vector<int64_t>>& shapes,
+                                             const KeepingBuf& errors) {
+  std::vector<HostTensor> inputs;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    HostTensor t;
+    t.name = spec.inputs[i].name;
+    t.dtype = spec.inputs[i].dtype;
+    t.shape = shapes[i];
+    t.data.assign(static_cast<size_t>(t.num_elements()) * DTypeSize(t.dtype), std::byte{0});
+    inputs.push_back(std::move(t));
+  }
+  auto outputs = model.Infer(inputs, {});
+  if (!outputs.ok()) {
+    if (std::string refused = errors.LastInputRefusal(); !refused.empty()) {
+      std::string shown;
+      for (const auto& s : shapes) shown += (shown.empty() ? "" : ", ") + ShapeString(s);
+      return InvalidArgument("the compiled model's own input checks refuse inputs of shape " + shown +
+                             ", which its declared inputs allow: " + refused);
+    }
+  }
+  return outputs;
+}
+
+// Runs the model on zeros of its smallest accepted shapes, under its own
+// input checks (AOTI_RUNTIME_CHECK_INPUTS, set by RunPackageBuild), and
+// again with each dynamic dim one larger: a dim the package declares
+// dynamic but its model was compiled for one value of is refused there.
+// The outputs' datatypes and ranks complete a spec read from the package's
+// C++.
 Status FirstRun(const PackageBuildResult& built, const std::string& dir, const std::string& device,
                 ModelSpec* spec) {
   ASSIGN_OR_RETURN(std::string plugin, LoadTorchPlugin());
@@ -42,38 +109,63 @@ Status FirstRun(const PackageBuildResult& built, const std::string& dir, const s
   opts.device = device;
   opts.threads = 1;
   ASSIGN_OR_RETURN(auto model, LoadCompiledModel(entry, opts));
-  std::vector<HostTensor> inputs;
-  for (size_t i = 0; i < spec->inputs.size(); ++i) {
-    HostTensor t;
-    t.name = spec->inputs[i].name;
-    t.dtype = spec->inputs[i].dtype;
-    t.shape = built.min_shapes[i];
-    t.data.assign(static_cast<size_t>(t.num_elements()) * DTypeSize(t.dtype), std::byte{0});
-    inputs.push_back(std::move(t));
+  KeepingBuf errors(std::cerr);
+  // Without the package's C++, a dynamic dim is first tried at 1; a model
+  // traced for at least N (torch.export says 2) is then run at N.
+  std::vector<std::vector<int64_t>> shapes = built.min_shapes;
+  StatusOr<std::vector<HostTensor>> outputs = Internal("not run");
+  for (int attempt = 0;; ++attempt) {
+    outputs = RunOnZeros(*model, *spec, shapes, errors);
+    if (outputs.ok() || attempt >= 8) break;
+    static const std::regex kTooSmall(
+        R"re(input_handles\[(\d+)\]: dim value is too small at (\d+), expected it to be >= (\d+))re");
+    std::smatch m;
+    std::string refused = errors.LastInputRefusal();
+    if (!std::regex_search(refused, m, kTooSmall)) break;
+    size_t i = std::stoul(m[1]), d = std::stoul(m[2]);
+    if (i >= shapes.size() || d >= shapes[i].size() || spec->inputs[i].shape[d] >= 0) break;
+    int64_t least = std::stoll(m[3]);
+    if (least <= shapes[i][d] || least > 64) break;
+    std::cout << "(that refusal is the model's least size for input " << i << " dim " << d << "; running at "
+              << least << ")" << std::endl;
+    shapes[i][d] = least;
   }
-  ASSIGN_OR_RETURN(auto outputs, model->Infer(inputs, {}));
-  if (built.outputs_declared) {
-    if (outputs.size() != spec->outputs.size()) {
-      return InvalidArgument("the package declares " + std::to_string(spec->outputs.size()) +
-                             " outputs but the model returns " + std::to_string(outputs.size()));
+  RETURN_IF_ERROR(outputs.status());
+  std::vector<std::vector<int64_t>> larger = shapes;
+  bool any_dynamic = false;
+  for (size_t i = 0; i < spec->inputs.size(); ++i) {
+    const TensorSpec& t = spec->inputs[i];
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (t.shape[d] >= 0) continue;
+      int64_t max = !t.dims.empty() && t.dims[d] ? t.dims[d]->max : std::numeric_limits<int64_t>::max();
+      if (larger[i][d] + 1 > max) continue;
+      ++larger[i][d];
+      any_dynamic = true;
     }
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].dtype != spec->outputs[i].dtype) {
+  }
+  if (any_dynamic) RETURN_IF_ERROR(RunOnZeros(*model, *spec, larger, errors).status());
+  if (built.outputs_declared) {
+    if (outputs->size() != spec->outputs.size()) {
+      return InvalidArgument("the package declares " + std::to_string(spec->outputs.size()) +
+                             " outputs but the model returns " + std::to_string(outputs->size()));
+    }
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      if ((*outputs)[i].dtype != spec->outputs[i].dtype) {
         return InvalidArgument("output '" + spec->outputs[i].name + "' is declared " +
                                std::string(DTypeName(spec->outputs[i].dtype)) + " but the model returns " +
-                               std::string(DTypeName(outputs[i].dtype)));
+                               std::string(DTypeName((*outputs)[i].dtype)));
       }
     }
     return Status::OK();
   }
-  for (size_t i = 0; i < outputs.size(); ++i) {
+  for (const HostTensor& o : *outputs) {
     TensorSpec t;
-    t.name = "output" + std::to_string(i);
-    t.dtype = outputs[i].dtype;
-    t.shape.assign(outputs[i].shape.size(), -1);  // which dims vary is not recorded in the package
+    t.name = "output" + std::to_string(spec->outputs.size());
+    t.dtype = o.dtype;
+    t.shape.assign(o.shape.size(), -1);  // which dims vary is not recorded in the package
     spec->outputs.push_back(std::move(t));
   }
-  std::cout << "first run on zeros: " << outputs.size() << " outputs" << std::endl;
+  std::cout << "first run on zeros: " << outputs->size() << " outputs" << std::endl;
   return Status::OK();
 }
 
@@ -114,6 +206,9 @@ StatusOr<PackageBuildArgs> ParsePackageBuildArgs(const std::vector<std::string>&
 std::string TorchDir() { return AOTID_TORCH_DIR; }
 
 int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>& before_load) {
+  // The model's own input checks, for the first runs: read once, at the
+  // first check.
+  ::setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/1);
 #ifdef __linux__
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the daemon
   if (::getppid() == 1) return kBuildExitMayPass;
@@ -151,7 +246,9 @@ int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>&
   Step(2, "loading the model and running it once on zeros");
   ModelSpec spec = built->spec;
   if (Status s = FirstRun(*built, args.out, args.device, &spec); !s.ok()) {
-    std::cout << "error: the model does not run on this machine: " << s.message() << std::endl;
+    std::cout << "error: "
+              << (s.code() == StatusCode::kInvalidArgument ? "" : "the model does not run on this machine: ")
+              << s.message() << std::endl;
     return s.code() == StatusCode::kInternal ? kBuildExitMayPass : kBuildExitPermanent;
   }
   Step(3, "writing the build");

@@ -485,5 +485,71 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   EXPECT_FALSE(fs::Exists(dir / "wrapped"));
 }
 
+// A compiled package whose extra/aotid.json states other shapes than its
+// model was compiled for (finding 7: x*2+1 compiled for [-1, 8], declared
+// [-1, 1], then read 7 values past each row) is refused at build with the
+// input named: by the C++ checks it carries, and without them by the
+// compiled model's own input checks on the first runs. The honest package
+// without its C++ still builds (its first run retried at the least size
+// the model takes).
+TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
+  TempDir dir;
+  std::string json = R"({"format": 1, "input_names": ["x"], "output_names": ["y"], "metadata": {},
+    "models": {"model": {"inputs": [{"name": "x", "datatype": "FP32", "shape": SHAPE}],
+                         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}}})";
+  auto declaring = [&](const std::string& shape) {
+    std::string j = json;
+    j.replace(j.find("SHAPE"), 5, shape);
+    return j;
+  };
+  RepackWith(TestData("mlp_so.pt2"), dir / "lie.pt2", "aotid.json", declaring("[-1, 1]"));
+  RepackWith(dir / "lie.pt2", dir / "lie_nocpp.pt2", ".cpp", "");
+  RepackWith(TestData("mlp_so.pt2"), dir / "dyn.pt2", "aotid.json", declaring("[-1, -1]"));
+  RepackWith(dir / "dyn.pt2", dir / "dyn_nocpp.pt2", ".cpp", "");
+  RepackWith(TestData("mlp_so.pt2"), dir / "honest_nocpp.pt2", ".cpp", "");
+  struct Case {
+    std::string package, want;
+  } cases[] = {
+      {"lie.pt2", "extra/aotid.json declares input 'x' with shape [-1, 1] but the model's C++ takes [-1, 8]"},
+      {"lie_nocpp.pt2",
+       "the compiled model's own input checks refuse inputs of shape [2, 1], which its declared "
+       "inputs allow: input_handles[0]: unmatched dim value at 1, expected: 8"},
+      {"dyn_nocpp.pt2", "input_handles[0]: unmatched dim value at 1, expected: 8, but got: 1"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.package);
+    std::string out;
+    int rc = RunAotid({"internal-build", "--artifact", dir / c.package, "--out",
+                       dir / ("b" + std::to_string(n++)), "--kind", "aoti_compiled"},
+                      &out);
+    EXPECT_EQ(rc, 2) << out;  // permanent: a retry will not help
+    EXPECT_NE(out.find(c.want), std::string::npos) << out;
+    EXPECT_FALSE(fs::Exists(dir / ("b" + std::to_string(n - 1)) + "/spec.json"));
+  }
+  // Declared dynamic where the C++ fixes the dim: fixed, and the C++'s
+  // upper bound taken (the daemon then refuses what the kernels were not
+  // compiled for).
+  std::string out;
+  ASSERT_EQ(RunAotid({"internal-build", "--artifact", dir / "dyn.pt2", "--out", dir / "dyn", "--kind",
+                      "aoti_compiled"},
+                     &out),
+            0)
+      << out;
+  auto spec = runtime::ModelSpec::FromJson(*fs::ReadFile(dir / "dyn/spec.json"));
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->inputs[0].shape, (std::vector<int64_t>{-1, 8}));
+  ASSERT_EQ(spec->inputs[0].dims.size(), 2u);
+  ASSERT_TRUE(spec->inputs[0].dims[0].has_value());
+  EXPECT_EQ(spec->inputs[0].dims[0]->min, 1);
+  EXPECT_EQ(spec->inputs[0].dims[0]->max, 65536);
+  ASSERT_EQ(RunAotid({"internal-build", "--artifact", dir / "honest_nocpp.pt2", "--out", dir / "honest",
+                      "--kind", "aoti_compiled"},
+                     &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("running at 2"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace aotid::testing
