@@ -48,8 +48,26 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
     Record(v, "batching_off", ok.message());
     return model;
   }
+  // A batch must stay within the rows the model was traced for: joined
+  // rows past an input's dim 0 range would run the kernels outside it.
+  int64_t rows = v.settings.max_batch_size;
+  std::string bounded_by;
+  for (const auto& in : model->spec().inputs) {
+    if (!in.dims.empty() && in.dims[0] && in.dims[0]->max < rows) {
+      rows = in.dims[0]->max;
+      bounded_by = in.name;
+    }
+  }
+  if (!bounded_by.empty()) {
+    std::string why = "max_batch_size " + std::to_string(v.settings.max_batch_size) + " lowered to " +
+                      std::to_string(rows) + ": input '" + bounded_by + "' takes at most " +
+                      std::to_string(rows) + " rows";
+    LOG_WARNING << Name(v) << ": " << why;
+    Record(v, rows > 1 ? "batching_capped" : "batching_off", why);
+    if (rows <= 1) return model;
+  }
   serving::BatchOptions opts;
-  opts.max_batch_size = v.settings.max_batch_size;
+  opts.max_batch_size = static_cast<int>(rows);
   opts.max_delay_us = v.settings.max_batch_delay_us;
   opts.max_queued = options_.max_queued_requests;
   opts.workers = v.settings.num_runners;
@@ -60,6 +78,14 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
       std::move(model), opts, [metrics, name, version](const serving::BatchReport& r) {
         if (metrics && r.rows > 0) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
       });
+}
+
+Status Reconciler::RetryFailed(const std::string& name) {
+  const std::string prefix = name + ":";
+  size_t forgotten = std::erase_if(failed_, [&](const std::string& k) { return k.starts_with(prefix); });
+  forgotten += std::erase_if(retries_, [&](const auto& r) { return r.first.starts_with(prefix); });
+  if (forgotten > 0) LOG_INFO << "load of " << name << ": trying its failed versions again";
+  return Reconcile();
 }
 
 Status Reconciler::Reconcile() {
@@ -458,7 +484,10 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
              << result.threads << " thread" << (result.threads == 1 ? "" : "s")
              << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
              << (dynamic_cast<serving::BatchingModel*>(model.get())
-                     ? ", batching up to " + std::to_string(v.settings.max_batch_size) + " rows"
+                     ? ", batching up to " +
+                           std::to_string(
+                               dynamic_cast<serving::BatchingModel*>(model.get())->options().max_batch_size) +
+                           " rows"
                      : std::string())
              << ")";
     Record(v, "loaded",

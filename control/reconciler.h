@@ -89,6 +89,10 @@ class Reconciler {
 
   // Brings the served set in line with the store.
   Status Reconcile();
+  // Forgets what failed for good or waits for a retry among the versions of
+  // `name`, and reconciles: they are tried again now (a repository load of
+  // a model that is loaded already).
+  Status RetryFailed(const std::string& name);
   // No new work after this; work in flight finishes (its outcome is still
   // recorded). Callbacks that arrive after the reconciler is destroyed do
   // nothing.

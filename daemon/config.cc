@@ -104,7 +104,7 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
         {"cxx", Text(&Config::cxx)}}},
       {"runner",
        {{"timeout_s", Int([](Config& c, int64_t v) { c.run_timeout_s = static_cast<int>(v); }, 1, 24 * 3600)},
-        {"memory_limit_mb", Int([](Config& c, int64_t v) { c.memory_limit_mb = v; }, 0, int64_t{1} << 30)},
+        {"memory_limit_mb", Int([](Config& c, int64_t v) { c.memory_limit_mb = v; }, 0, int64_t{1} << 20)},
         {"max_crashes", Int([](Config& c, int64_t v) { c.runner_max_crashes = static_cast<int>(v); }, 0, 1000)},
         {"crash_window_s",
          Int([](Config& c, int64_t v) { c.runner_crash_window_s = static_cast<int>(v); }, 1, 24 * 3600)}}},

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <csignal>
 #include <thread>
+#include <vector>
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "control/reconciler.h"
 #include "control/store_watch.h"
 #include "daemon/daemon_lock.h"
@@ -24,8 +26,38 @@
 namespace aotid::daemon {
 namespace {
 
+// Repository loads of models that are loaded already, handed from HTTP
+// workers to the loop thread, where the reconciler retries their failed
+// versions.
+struct LoadRetries {
+  uv_async_t async{};
+  control::Reconciler* reconciler = nullptr;
+  Mutex mu;
+  std::vector<std::string> names GUARDED_BY(mu);
+
+  void Post(const std::string& name) EXCLUDES(mu) {
+    {
+      MutexLock lock(&mu);
+      names.push_back(name);
+    }
+    uv_async_send(&async);
+  }
+  static void Run(uv_async_t* handle) {
+    auto* self = static_cast<LoadRetries*>(handle->data);
+    std::vector<std::string> now;
+    {
+      MutexLock lock(&self->mu);
+      now.swap(self->names);
+    }
+    for (const auto& name : now) {
+      if (Status s = self->reconciler->RetryFailed(name); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
+    }
+  }
+};
+
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
+  LoadRetries* load_retries = nullptr;
   control::UvLoop* timers = nullptr;
   control::StoreWatch* watch = nullptr;
   serving::HttpApi* http = nullptr;
@@ -46,6 +78,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->timers->Close();
   s->loader->Close();
   s->http->Stop();
+  uv_close(reinterpret_cast<uv_handle_t*>(&s->load_retries->async), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
 }
@@ -174,12 +207,18 @@ int Serve(const Config& config) {
   }
   serving::HttpApi http(&registry, &metrics, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
+  LoadRetries load_retries;
+  load_retries.reconciler = &reconciler;
+  load_retries.async.data = &load_retries;
+  uv_async_init(&loop, &load_retries.async, LoadRetries::Run);
+  http.OnLoadOfLoaded([&load_retries](const std::string& name) { load_retries.Post(name); });
 
   control::StoreWatch watch(store->get(), &timers, [&reconciler] {
     LOG_DEBUG << "store changed; reconciling";
     if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   });
   Shutdown shutdown;
+  shutdown.load_retries = &load_retries;
   shutdown.timers = &timers;
   shutdown.watch = &watch;
   shutdown.http = &http;

@@ -233,15 +233,29 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
     int code = std::atoi(rest.substr(0, space).c_str());
     if (code <= 0 || code > static_cast<int>(StatusCode::kDeadlineExceeded))
       code = static_cast<int>(StatusCode::kInternal);
-    return Status(static_cast<StatusCode>(code), space == std::string::npos ? rest : rest.substr(space + 1));
+    std::string message = space == std::string::npos ? rest : rest.substr(space + 1);
+    return Status(static_cast<StatusCode>(code), message + MemoryNote(message));
   }
   std::string why = replied ? "an unreadable reply"
                     : NowMs() >= deadline
                         ? "no reply within " + std::to_string(options_.start_timeout_ms / 1000) + " s"
                         : "it " + DescribeExit(status);
   std::string last = LastError();
-  return Internal("the runner for " + options_.label + " did not start: " + why +
-                  (last.empty() ? "" : ": " + last));
+  std::string message =
+      "the runner for " + options_.label + " did not start: " + why + (last.empty() ? "" : ": " + last);
+  return Internal(message + MemoryNote(message));
+}
+
+std::string RunnerModel::MemoryNote(const std::string& failure) const {
+  if (options_.memory_limit_bytes == 0) return "";
+  bool memory = false;
+  for (const char* sign :
+       {"bad_alloc", "cannot map", "failed to map", "Cannot allocate memory", "out of memory"}) {
+    memory = memory || failure.find(sign) != std::string::npos;
+  }
+  if (!memory) return "";
+  return " (the runner may allocate at most " + std::to_string(options_.memory_limit_bytes >> 20) +
+         " MiB: the version's memory_limit_mb setting, or runner.memory_limit_mb)";
 }
 
 void RunnerModel::Reap(Process* p, int* status) {

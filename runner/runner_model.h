@@ -115,6 +115,9 @@ class RunnerModel final : public runtime::LoadedModel {
   // was its.
   void Reap(Process* p, int* status);
   Status DeadRun(uint64_t generation);
+  // For a start that failed for want of memory: the limit it had, and where
+  // it is set; "" otherwise.
+  std::string MemoryNote(const std::string& failure) const;
   void KillForDeadline(uint64_t generation);
   // Waits up to `ms` unless the model is being destroyed; false when it is.
   bool Pause(int64_t ms);

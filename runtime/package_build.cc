@@ -79,6 +79,11 @@ StatusOr<std::vector<HostTensor>> RunOnZeros(LoadedModel& model, const ModelSpec
     inputs.push_back(std::move(t));
   }
   auto outputs = model.Infer(inputs, {});
+  if (!outputs.ok() && outputs.status().message().find("expected inputs vector size") != std::string::npos) {
+    return InvalidArgument("the package declares " + std::to_string(spec.inputs.size()) +
+                           " inputs, which its compiled model does not take (" + outputs.status().message() +
+                           ")");
+  }
   if (!outputs.ok()) {
     if (std::string refused = errors.LastInputRefusal(); !refused.empty()) {
       std::string shown;
@@ -122,8 +127,10 @@ Status FirstRun(const PackageBuildResult& built, const std::string& dir, const s
     std::smatch m;
     std::string refused = errors.LastInputRefusal();
     if (!std::regex_search(refused, m, kTooSmall)) break;
+    // A fixed dim too: a package declared for batch 1 of a model traced
+    // for at least 2 is checked at 2 (its kernels run 1 correctly).
     size_t i = std::stoul(m[1]), d = std::stoul(m[2]);
-    if (i >= shapes.size() || d >= shapes[i].size() || spec->inputs[i].shape[d] >= 0) break;
+    if (i >= shapes.size() || d >= shapes[i].size()) break;
     int64_t least = std::stoll(m[3]);
     if (least <= shapes[i][d] || least > 64) break;
     std::cout << "(that refusal is the model's least size for input " << i << " dim " << d << "; running at "
@@ -145,15 +152,35 @@ Status FirstRun(const PackageBuildResult& built, const std::string& dir, const s
   }
   if (any_dynamic) RETURN_IF_ERROR(RunOnZeros(*model, *spec, larger, errors).status());
   if (built.outputs_declared) {
+    // Fixed output dims are compared when the run was at the declared
+    // shapes (not when a fixed dim had to be raised to the model's least).
+    bool at_declared = true;
+    for (size_t i = 0; i < spec->inputs.size(); ++i) {
+      for (size_t d = 0; d < spec->inputs[i].shape.size(); ++d) {
+        int64_t want = spec->inputs[i].shape[d];
+        if (want >= 0 && shapes[i][d] != want) at_declared = false;
+      }
+    }
     if (outputs->size() != spec->outputs.size()) {
       return InvalidArgument("the package declares " + std::to_string(spec->outputs.size()) +
                              " outputs but the model returns " + std::to_string(outputs->size()));
     }
     for (size_t i = 0; i < outputs->size(); ++i) {
-      if ((*outputs)[i].dtype != spec->outputs[i].dtype) {
-        return InvalidArgument("output '" + spec->outputs[i].name + "' is declared " +
-                               std::string(DTypeName(spec->outputs[i].dtype)) + " but the model returns " +
-                               std::string(DTypeName((*outputs)[i].dtype)));
+      const TensorSpec& declared = spec->outputs[i];
+      const HostTensor& got = (*outputs)[i];
+      if (got.dtype != declared.dtype) {
+        return InvalidArgument("output '" + declared.name + "' is declared " +
+                               std::string(DTypeName(declared.dtype)) + " but the model returns " +
+                               std::string(DTypeName(got.dtype)));
+      }
+      bool fits = got.shape.size() == declared.shape.size();
+      for (size_t d = 0; fits && at_declared && d < got.shape.size(); ++d) {
+        fits = declared.shape[d] < 0 || declared.shape[d] == got.shape[d];
+      }
+      if (!fits) {
+        return InvalidArgument("output '" + declared.name + "' is declared " + ShapeString(declared.shape) +
+                               " but the model returns " + ShapeString(got.shape) + " for inputs of shape " +
+                               ShapeString(shapes[0]) + (shapes.size() > 1 ? ", ..." : ""));
       }
     }
     return Status::OK();
@@ -234,8 +261,12 @@ int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>&
   if (!built.ok()) {
     std::cout << "error: " << built.status().message() << std::endl;
     StatusCode c = built.status().code();
-    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ? kBuildExitPermanent
-                                                                                     : kBuildExitMayPass;
+    // A package that does not fit, does not compile or whose metadata does
+    // not parse will not build on a retry either.
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kFailedPrecondition ||
+                   c == StatusCode::kCorruption
+               ? kBuildExitPermanent
+               : kBuildExitMayPass;
   }
   if (before_load) {
     if (Status s = before_load(); !s.ok()) {

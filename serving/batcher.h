@@ -46,6 +46,7 @@ class BatchingModel final : public runtime::LoadedModel {
 
   const runtime::ModelSpec& spec() const override { return inner_->spec(); }
   const std::string& device() const override { return inner_->device(); }
+  const BatchOptions& options() const { return options_; }
   // Blocks until this request's rows are computed. ResourceExhausted when
   // the queue is full (the caller should retry shortly); Cancelled when
   // ctx.cancelled() is true as a batch is formed (its client left while it

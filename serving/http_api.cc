@@ -416,19 +416,33 @@ void HttpApi::Routes() {
     }
     res.Set(Dump(out), kJson);
   });
-  auto set_enabled = [reg, dir = options_.store_dir](bool enable) {
-    return [reg, dir, enable](const http::Request& req, http::Response& res) {
+  auto set_enabled = [reg, dir = options_.store_dir, hook = load_hook_](bool enable) {
+    return [reg, dir, hook, enable](const http::Request& req, http::Response& res) {
       std::string name = req.params[0];
       if (Status s = storage::ValidateModelName(name); !s.ok()) return SendStatus(res, s);
       auto store = storage::ModelStore::Open(dir, /*create=*/false);
       if (!store.ok()) return SendStatus(res, store.status());
       auto changed = (*store)->Set(name, std::nullopt, {{"enabled", enable ? "true" : "false"}});
       if (!changed.ok()) return SendStatus(res, changed.status());
+      // Loading a model that is loaded already tries its failed versions
+      // again (a runner that crashed too often, a load that failed), as
+      // unloading and loading it would, without unloading what serves.
+      bool retried = enable && changed->empty() && *hook;
+      if (retried) (*hook)(name);
       // The store watch sees the commit within milliseconds and the control
       // loop acts on it; wait (at most 5 s) until the registry shows that,
       // so the reply describes the result.
-      (void)reg->WaitFor([&](const ModelRegistry::Snapshot& s) { return (s.count(name) != 0) == enable; },
-                         std::chrono::seconds(5));
+      (void)reg->WaitFor(
+          [&](const ModelRegistry::Snapshot& s) {
+            auto it = s.find(name);
+            if ((it != s.end()) != enable) return false;
+            if (!retried) return true;
+            for (const auto& [v, m] : it->second) {
+              if (m->state != ServeState::kReady) return false;
+            }
+            return true;
+          },
+          std::chrono::seconds(5));
       auto sm = reg->Find(name);
       json j{{"name", name}, {"enabled", enable}};
       j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,10 @@ class HttpApi {
   void Serve();
   // Safe from any thread.
   void Stop();
+  // Called (on an HTTP worker) when POST .../NAME/load finds the model
+  // loaded already: the daemon then tries its failed versions again. Set
+  // before Serve().
+  void OnLoadOfLoaded(std::function<void(const std::string& name)> retry) { *load_hook_ = std::move(retry); }
 
  private:
   void Routes();
@@ -69,6 +74,8 @@ class HttpApi {
   http::Router router_;
   std::unique_ptr<http::Server> server_;
   int port_ = 0;
+  std::shared_ptr<std::function<void(const std::string&)>> load_hook_ =
+      std::make_shared<std::function<void(const std::string&)>>();
 };
 
 }  // namespace aotid::serving

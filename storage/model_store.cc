@@ -521,6 +521,11 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
     if (!row) return Internal("model row vanished during add");
     int64_t model_id = s.Int(0);
     version = req.version.value_or(s.Int(1) + 1);
+    if (!req.version && version > (int64_t{1} << 53)) {
+      return InvalidArgument("model '" + req.name +
+                             "' has version 2^53 already, the highest there is; give " +
+                             "--version to add one below it");
+    }
     static const auto* insert = new std::string(
         "INSERT INTO versions(model_id, version, artifact, package_model, created_at_ms, " +
         SettingColumns() + ") VALUES(" + Placeholders(5 + VersionSettingFields().size()) + ")");

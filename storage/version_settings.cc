@@ -200,9 +200,12 @@ Status ApplySetting(VersionSettings* s, std::string_view key, std::string_view v
     }
     case SettingType::kInt: {
       ASSIGN_OR_RETURN(int64_t v, ParseInt(key, value));
-      // Only what fits an int here; the range is ValidateSettings' to say.
+      // Only what fits an int here; ValidateSettings checks the range, and
+      // says it the same way for values too large for an int.
       if (v < 0 || v > 1'000'000'000) {
-        return InvalidArgument(std::string(key) + " " + std::string(value) + " is out of range");
+        return InvalidArgument(std::string(key) + " must be between " + std::to_string(f->min) +
+                               (f->min_note.empty() ? "" : " (" + std::string(f->min_note) + ")") + " and " +
+                               std::to_string(f->max) + ", got " + std::string(value));
       }
       s->*(f->number) = static_cast<int>(v);
       break;

@@ -472,6 +472,25 @@ TEST_F(ReconcilerTest, RunnerCrashesAreRecorded) {
   EXPECT_EQ(loader_->pending(), 1u);
 }
 
+// A repository load of a model that is loaded already tries its failed
+// version again, without an unload (its runner crashed too often).
+TEST_F(ReconcilerTest, RetryFailedLoadsAFailedVersionAgain) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  loader_->requests.back().on_runner_event({runner::RunnerEvent::Kind::kFailed, "mlp:1 is not restarted"});
+  EXPECT_EQ(State("mlp", v), "failed");
+  Reconcile();
+  EXPECT_EQ(loader_->pending(), 0u);
+  ASSERT_OK(reconciler_->RetryFailed("other"));  // another model's: nothing
+  EXPECT_EQ(loader_->pending(), 0u);
+  ASSERT_OK(reconciler_->RetryFailed("mlp"));
+  EXPECT_EQ(loader_->pending(), 1u);  // its build is in the cache: loaded again
+  EXPECT_EQ(builds_->live(), 0u);
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
 // A version's own timeout_s and memory_limit_mb reach its runner; at 0
 // the daemon's [runner] values do. Changing one starts a new runner.
 TEST_F(ReconcilerTest, RunnerLimitsAreTheVersionsOwnOrTheDaemons) {
@@ -523,6 +542,32 @@ TEST_F(ReconcilerTest, BatchingWrapsTheModelOnlyWhenItsShapesAllowIt) {
   BuildAndLoad();
   EXPECT_NE(dynamic_cast<const serving::BatchingModel*>(Served("mlp", v)->model.get()), nullptr);
   EXPECT_EQ(loader_->requests[0].choose_threads_at_batch, 8);  // auto threads timed at the batch it will see
+}
+
+// Joined rows never pass the range dim 0 was traced for: max_batch_size is
+// lowered to it (and batching is off when it is 1).
+TEST_F(ReconcilerTest, BatchesStayWithinTheTracedRowsOfDimZero) {
+  for (int64_t traced_max : {4, 1}) {
+    SCOPED_TRACE(traced_max);
+    std::string name = "m" + std::to_string(traced_max);
+    // Builds of their own (the options are part of the build's key).
+    int64_t v =
+        Add(name, {{"max_batch_size", "8"}, {"inductor.max_autotune", traced_max == 1 ? "true" : "false"}});
+    Reconcile();
+    runtime::ModelSpec spec = MlpSpec();
+    spec.inputs[0].dims = {runtime::DimRange{"batch", 1, traced_max}, std::nullopt};
+    builds_->Succeed(spec);
+    loader_->Succeed();
+    auto* batching = dynamic_cast<const serving::BatchingModel*>(Served(name, v)->model.get());
+    if (traced_max == 1) {
+      EXPECT_EQ(batching, nullptr);
+      EXPECT_TRUE(HasEvent(name, v, "batching_off"));
+    } else {
+      ASSERT_NE(batching, nullptr);
+      EXPECT_EQ(batching->options().max_batch_size, 4);
+      EXPECT_TRUE(HasEvent(name, v, "batching_capped"));
+    }
+  }
 }
 
 TEST_F(ReconcilerTest, LoadFinishingAfterTheReconcilerIsGoneDoesNothing) {

@@ -496,10 +496,11 @@ TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
   TempDir dir;
   std::string json = R"({"format": 1, "input_names": ["x"], "output_names": ["y"], "metadata": {},
     "models": {"model": {"inputs": [{"name": "x", "datatype": "FP32", "shape": SHAPE}],
-                         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}}})";
-  auto declaring = [&](const std::string& shape) {
+                         "outputs": [{"name": "y", "datatype": "FP32", "shape": OUT}]}}})";
+  auto declaring = [&](const std::string& shape, const std::string& out = "[-1, 4]") {
     std::string j = json;
     j.replace(j.find("SHAPE"), 5, shape);
+    j.replace(j.find("OUT"), 3, out);
     return j;
   };
   RepackWith(TestData("mlp_so.pt2"), dir / "lie.pt2", "aotid.json", declaring("[-1, 1]"));
@@ -507,6 +508,10 @@ TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
   RepackWith(TestData("mlp_so.pt2"), dir / "dyn.pt2", "aotid.json", declaring("[-1, -1]"));
   RepackWith(dir / "dyn.pt2", dir / "dyn_nocpp.pt2", ".cpp", "");
   RepackWith(TestData("mlp_so.pt2"), dir / "honest_nocpp.pt2", ".cpp", "");
+  RepackWith(TestData("mlp_so.pt2"), dir / "out.pt2", "aotid.json", declaring("[-1, 8]", "[-1, 2]"));
+  RepackWith(TestData("mlp_so.pt2"), dir / "one.pt2", "aotid.json", declaring("[1, 8]", "[1, 4]"));
+  RepackWith(dir / "one.pt2", dir / "one_nocpp.pt2", ".cpp", "");
+  RepackWith(TestData("mlp_so.pt2"), dir / "bad.pt2", "aotid.json", declaring("\"abc\""));
   struct Case {
     std::string package, want;
   } cases[] = {
@@ -515,6 +520,8 @@ TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
        "the compiled model's own input checks refuse inputs of shape [2, 1], which its declared "
        "inputs allow: input_handles[0]: unmatched dim value at 1, expected: 8"},
       {"dyn_nocpp.pt2", "input_handles[0]: unmatched dim value at 1, expected: 8, but got: 1"},
+      {"out.pt2", "output 'y' is declared [-1, 2] but the model returns [2, 4]"},
+      {"bad.pt2", "extra/aotid.json"},  // does not parse: permanent, not retried
   };
   int n = 0;
   for (const Case& c : cases) {
@@ -549,6 +556,16 @@ TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
             0)
       << out;
   EXPECT_NE(out.find("running at 2"), std::string::npos) << out;
+  // Declared for batch 1 alone, of a model traced for at least 2: served
+  // (checked at 2, which its checks take).
+  for (const char* one : {"one.pt2", "one_nocpp.pt2"}) {
+    ASSERT_EQ(RunAotid({"internal-build", "--artifact", dir / one, "--out", dir / (std::string(one) + ".out"),
+                        "--kind", "aoti_compiled"},
+                       &out),
+              0)
+        << one << "\n"
+        << out;
+  }
 }
 
 }  // namespace

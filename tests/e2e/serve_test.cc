@@ -256,6 +256,35 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("aotid_runner_crashes_total{model=\"embed\",version=\"1\"} 2"), std::string::npos)
       << metrics->body;
+
+  // Killed more than runner.max_crashes (5) times within
+  // runner.crash_window_s: not restarted, 503 with the reason. A repository
+  // load of the model, loaded already, tries it again.
+  Reply failed;
+  auto given_up = [&] { return failed.status == 503 && failed.body.dump().find("not restarted") != std::string::npos; };
+  for (int kills = 0; kills < 10 && !given_up(); ++kills) {
+    pid_t r = runner_of(embed);
+    ASSERT_GT(r, 0);
+    ASSERT_EQ(::kill(r, SIGKILL), 0);
+    // Served again by a new runner, or given up on (a request sent before
+    // the daemon saw the kill gets 500).
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          failed = Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5"));
+          return failed.status == 200 || given_up();
+        },
+        20))
+        << failed.body.dump();
+  }
+  EXPECT_EQ(failed.status, 503) << failed.body.dump();
+  EXPECT_NE(failed.body.dump().find("is not restarted"), std::string::npos) << failed.body.dump();
+  EXPECT_EQ(runner_of(embed), 0);
+  Reply load = Post(port(), "/v2/repository/models/embed/load", "");
+  EXPECT_EQ(load.status, 200) << load.body.dump();
+  EXPECT_EQ(load.body.value("state", ""), "ready") << load.body.dump();
+  Reply again = Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5"));
+  EXPECT_EQ(again.status, 200) << again.body.dump() << daemon_->Log();
+  EXPECT_EQ(runner_of("mlp:1"), mlp_runner);
 }
 
 // 32 clients at once, each with its own row: batched runs join them, and

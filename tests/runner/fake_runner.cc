@@ -8,7 +8,8 @@
 //   -3  exit(3)
 //   -4  answer InvalidArgument "fake: bad input"
 // Started with FAKE_RUNNER_START=fail it replies an error instead of ready;
-// with FAKE_RUNNER_START=die it exits before replying.
+// with FAKE_RUNNER_START=die it exits before replying; with
+// FAKE_RUNNER_START=oom it aborts as libtorch does when it cannot allocate.
 #include <unistd.h>
 
 #include <cstdio>
@@ -86,6 +87,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* start = std::getenv("FAKE_RUNNER_START");
+  if (start && std::string(start) == "oom") {
+    std::fprintf(
+        stderr,
+        "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n");
+    std::abort();
+  }
   if (start && std::string(start) == "die") {
     std::fprintf(stderr, "fake runner: dying before its reply\n");
     return 7;

@@ -215,6 +215,20 @@ TEST_F(RunnerModelTest, ARunnerThatCannotLoadSaysWhy) {
       << died.status().message();
   EXPECT_NE(died.status().message().find("dying before its reply"), std::string::npos)
       << died.status().message();
+  EXPECT_EQ(died.status().message().find("may allocate"), std::string::npos) << died.status().message();
+
+  // One that runs out of memory at start names its limit and where it is set.
+  ::setenv("FAKE_RUNNER_START", "oom", 1);
+  RunnerOptions small = Options();
+  small.memory_limit_bytes = uint64_t{24} << 20;
+  auto oom = RunnerModel::Start(entry_, small);
+  ASSERT_FALSE(oom.ok());
+  EXPECT_NE(oom.status().message().find("std::bad_alloc"), std::string::npos) << oom.status().message();
+  EXPECT_NE(
+      oom.status().message().find("the runner may allocate at most 24 MiB: the version's memory_limit_mb "
+                                  "setting, or runner.memory_limit_mb"),
+      std::string::npos)
+      << oom.status().message();
 }
 
 TEST_F(RunnerModelTest, UnloadingStopsTheRunnerAndRemovesItsScratch) {

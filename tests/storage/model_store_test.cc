@@ -61,6 +61,21 @@ TEST(ModelStore, AddSameVersionTwiceIsAlreadyExistsAndChangesNothing) {
   EXPECT_EQ(DirSnapshot(d.path()), before);
 }
 
+// Versions end at 2^53 (what a JSON number holds exactly): past it, an add
+// without --version is refused instead of making a version nothing can name.
+TEST(ModelStore, NoVersionIsNumberedPastTheHighest) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp", int64_t{1} << 53)).ok());
+  auto before = DirSnapshot(d.path());
+  auto next = (*store)->Add(Req(TestData("mlp.pt2"), "mlp"));
+  EXPECT_EQ(next.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(next.status().message().find("has version 2^53 already"), std::string::npos) << next.status().ToString();
+  EXPECT_EQ(DirSnapshot(d.path()), before);
+  EXPECT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp", 7)).ok());
+}
+
 TEST(ModelStore, BadFilesAndNamesAreRefusedAndStoreUnchanged) {
   TempDir d;
   auto store = ModelStore::Open(d.path());

@@ -92,7 +92,8 @@ TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
   EXPECT_EQ(s.inductor_options, R"({"cpp.simdlen":8})");
 
   EXPECT_EQ(ApplySetting(&s, "num_runners", "two").message(), "num_runners must be an integer, got 'two'");
-  EXPECT_EQ(ApplySetting(&s, "threads", "-1").message(), "threads -1 is out of range");
+  EXPECT_EQ(ApplySetting(&s, "threads", "-1").message(),
+            "threads must be between 0 (one share of the cores per runner) and 1024, got -1");
   EXPECT_EQ(ApplySetting(&s, "fallback_cpu", "maybe").message(),
             "fallback_cpu must be true or false, got 'maybe'");
   for (const char* other : {"yes", "no", "1", "0", "on"}) {  // only what the docs say

@@ -123,7 +123,9 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   ASSERT_EQ(Run({"set", "mlp:1", "inductor.max_autotune="}, &out), 0) << out;
   EXPECT_NE(out.find(R"(-> {"cpp.simdlen":8})"), std::string::npos) << out;
   ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
-  EXPECT_NE(out.find(R"(threads=1 inductor={"cpp.simdlen":8})"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"(threads=1 timeout_s=default memory_limit_mb=default inductor={"cpp.simdlen":8})"),
+            std::string::npos)
+      << out;
 
   EXPECT_EQ(Run({"set", "mlp:1", "enabled=false"}, &out), 5);
   EXPECT_NE(out.find("enabled belongs to the model"), std::string::npos) << out;
@@ -232,7 +234,8 @@ TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
   std::string settings =
       "settings        device=cpu fallback_cpu=false num_runners=2 max_batch_size=4 "
-      R"(max_batch_delay_us=50 threads=3 inductor={"cpp.simdlen":8,"freezing":true})";
+      R"(max_batch_delay_us=50 threads=3 timeout_s=default memory_limit_mb=default )"
+      R"(inductor={"cpp.simdlen":8,"freezing":true})";
   EXPECT_NE(out.find(settings), std::string::npos) << out;
   EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--inductor", "=1"}, &out), 5);
   EXPECT_NE(out.find("--inductor '=1' is not KEY=VALUE"), std::string::npos) << out;
