@@ -1,9 +1,13 @@
 #include "daemon/serve.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -18,6 +22,7 @@
 #include "control/reconciler.h"
 #include "control/store_watch.h"
 #include "daemon/daemon_lock.h"
+#include "daemon/service_manager.h"
 #include "http/host.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_version.h"
@@ -55,9 +60,86 @@ struct LoadRetries {
   }
 };
 
+// What a socket handed over is, in the terms of server.listen: a unix
+// socket's path, or a TCP address and port.
+Status DescribeSocket(int fd, http::ServerOptions* server) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return ErrnoError("getsockname of the socket handed over", errno);
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  switch (addr.ss_family) {
+    case AF_UNIX: {
+      const auto* un = reinterpret_cast<const sockaddr_un*>(&addr);
+      server->unix_path = un->sun_path[0] ? std::string(un->sun_path) : std::string("@abstract");
+      return Status::OK();
+    }
+    case AF_INET: {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+      ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+      server->host = text;
+      server->port = ntohs(in->sin_port);
+      return Status::OK();
+    }
+    case AF_INET6: {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+      ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+      server->host = text;
+      server->port = ntohs(in6->sin6_port);
+      return Status::OK();
+    }
+  }
+  return InvalidArgument("the socket handed over is neither a unix nor a TCP socket");
+}
+
+// One line for the service manager's status (`systemctl status`): how many
+// served versions are ready, and what the first that is not is doing.
+std::string StatusLine(const serving::ModelRegistry& registry) {
+  auto all = registry.All();
+  int total = 0, ready = 0;
+  std::string busy;
+  for (const auto& [name, versions] : *all) {
+    for (const auto& [version, m] : versions) {
+      ++total;
+      if (m->state == serving::ServeState::kReady) {
+        ++ready;
+      } else if (busy.empty() && m->state != serving::ServeState::kFailed) {
+        std::string what = m->message.substr(0, m->message.find('\n'));
+        busy = std::string(serving::ServeStateName(m->state)) + " " + name + ":" + std::to_string(version) +
+               (what.empty() ? "" : " (" + what.substr(0, 80) + ")");
+      }
+    }
+  }
+  std::string line = std::to_string(ready) + "/" + std::to_string(total) + " models ready";
+  if (!busy.empty()) line += ", " + busy;
+  return line;
+}
+
+// Keeps the service manager informed while serving: STATUS= when it
+// changes, and WATCHDOG=1 at half the interval it asked for (the loop
+// thread pings, so a loop that hangs is restarted).
+struct ServiceStatus {
+  uv_timer_t timer{};
+  ServiceManager* manager = nullptr;
+  const serving::ModelRegistry* registry = nullptr;
+  std::string last;
+
+  static void Tick(uv_timer_t* t) {
+    auto* self = static_cast<ServiceStatus*>(t->data);
+    std::string line = StatusLine(*self->registry);
+    std::string message;
+    if (line != self->last) message = "STATUS=" + line + "\n";
+    if (self->manager->watchdog_ping_ms() > 0) message += "WATCHDOG=1\n";
+    if (!message.empty()) self->manager->Notify(message);
+    self->last = line;
+  }
+};
+
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
   LoadRetries* load_retries = nullptr;
+  ServiceStatus* status = nullptr;
   control::UvLoop* timers = nullptr;
   control::StoreWatch* watch = nullptr;
   serving::HttpApi* http = nullptr;
@@ -72,6 +154,8 @@ void OnSignal(uv_signal_t* handle, int signum) {
   if (s->started) return;
   s->started = true;
   LOG_INFO << "received " << (signum == SIGTERM ? "SIGTERM" : "SIGINT") << "; shutting down";
+  s->status->manager->Notify("STOPPING=1\nSTATUS=stopping: finishing the requests in flight\n");
+  uv_close(reinterpret_cast<uv_handle_t*>(&s->status->timer), nullptr);
   s->reconciler->Stop();
   s->watch->Stop();
   s->builder->Shutdown();
@@ -114,8 +198,11 @@ int Serve(const Config& config) {
   if (log::ParseLevel(config.log_level, &level)) log::SetLevel(level);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto fail = [](const Status& s) {
+  // First, before anything is started that could inherit its variables.
+  ServiceManager service = ServiceManager::FromEnvironment();
+  auto fail = [&service](const Status& s) {
     LOG_ERROR << "aotid serve: " << s.message();
+    service.Notify("STATUS=cannot start: " + s.message().substr(0, 200) + "\n");
     return 1;
   };
   auto store = storage::ModelStore::Open(config.store_path, /*create=*/true);
@@ -190,6 +277,15 @@ int Serve(const Config& config) {
   control::Reconciler reconciler(parts, std::move(ropts));
 
   serving::HttpOptions hopts = config.api;
+  // A socket handed over by the service manager (aotid.socket) replaces
+  // server.listen; what it is decides the checks below.
+  auto activated = TakeActivatedSocket();
+  if (!activated.ok()) return fail(activated.status());
+  if (*activated) {
+    if (Status s = DescribeSocket(**activated, &hopts.server); !s.ok()) return fail(s);
+    hopts.server.inherited_fd = **activated;
+    LOG_INFO << "serving on the socket the service manager passed (" << FormatListen(hopts.server) << ")";
+  }
   bool on_unix = !hopts.server.unix_path.empty();
   // A unix socket is out of a browser's reach, so DNS rebinding cannot
   // reach it; its file mode (0660) guards it.
@@ -217,8 +313,14 @@ int Serve(const Config& config) {
     LOG_DEBUG << "store changed; reconciling";
     if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   });
+  ServiceStatus status;
+  status.manager = &service;
+  status.registry = &registry;
+  status.timer.data = &status;
+  uv_timer_init(&loop, &status.timer);
   Shutdown shutdown;
   shutdown.load_retries = &load_retries;
+  shutdown.status = &status;
   shutdown.timers = &timers;
   shutdown.watch = &watch;
   shutdown.http = &http;
@@ -238,6 +340,14 @@ int Serve(const Config& config) {
   LOG_INFO << "serving on " << http.Address();
   AnnounceAddress(*lock, http.Address());
   std::thread http_thread([&http] { http.Serve(); });
+  // The socket listens already, so a client that connects now is answered:
+  // ready for the service manager (models may still be building; their
+  // state is in STATUS= and /v2/health/ready).
+  status.last = StatusLine(registry);
+  service.Notify("READY=1\nSTATUS=" + status.last + "\nMAINPID=" + std::to_string(::getpid()) + "\n");
+  int64_t every = service.watchdog_ping_ms() > 0 ? std::min<int64_t>(1000, service.watchdog_ping_ms()) : 1000;
+  uv_timer_start(&status.timer, ServiceStatus::Tick, static_cast<uint64_t>(every),
+                 static_cast<uint64_t>(every));
 
   uv_run(&loop, UV_RUN_DEFAULT);
   http_thread.join();

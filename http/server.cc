@@ -657,6 +657,7 @@ class Server::Impl {
   }
 
   StatusOr<int> Bind() {
+    if (opts_.inherited_fd >= 0) return Adopt(opts_.inherited_fd);
     if (!opts_.unix_path.empty()) return BindUnix();
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -812,6 +813,22 @@ class Server::Impl {
     if (::chmod(path.c_str(), 0660) != 0) return ErrnoError("chmod 0660 " + path, errno);
     if (::listen(listen_fd_, SOMAXCONN) != 0) return ErrnoError("listen on unix:" + path, errno);
     ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    return 0;
+  }
+
+  // Serves on a socket someone else bound and listens on (and owns: its
+  // file, for a unix socket, is never removed here).
+  StatusOr<int> Adopt(int fd) {
+    listen_fd_ = fd;
+    ::fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
+    ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return ErrnoError("getsockname of the socket handed over", errno);
+    }
+    if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
     return 0;
   }
 

@@ -154,8 +154,11 @@ bool ClientGone(int connection_fd);
 // from them and the HTTP API passes them through.
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8765;             // 0: a free port, see Server::port()
-  std::string unix_path;       // when set: listen on this unix socket, mode 0660, instead of host:port
+  int port = 8765;        // 0: a free port, see Server::port()
+  std::string unix_path;  // when set: listen on this unix socket, mode 0660, instead of host:port
+  // A listening socket handed over (socket activation): served instead of
+  // binding one; host, port or unix_path then only say what it is.
+  int inherited_fd = -1;
   int threads = 8;             // workers
   int request_timeout_s = 60;  // the whole of one request: line, headers, body
   int idle_timeout_s = 30;     // a keep-alive connection between requests

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <regex>
 #include <thread>
 
@@ -39,6 +40,13 @@ StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& o
   env_strings.insert(env_strings.end(), opts.env.begin(), opts.env.end());
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
+  // LISTEN_PID is the child's own pid, written after fork into this buffer.
+  char listen_pid[32] = "LISTEN_PID=";
+  char listen_fds[] = "LISTEN_FDS=1";
+  if (opts.listen_fd >= 0) {
+    envp.push_back(listen_pid);
+    envp.push_back(listen_fds);
+  }
   envp.push_back(nullptr);
   int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (out < 0) return ErrnoError("open " + out_path, errno);
@@ -57,6 +65,14 @@ StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& o
 #endif
     ::dup2(out, 1);
     ::dup2(out, 2);
+    if (opts.listen_fd >= 0) {
+      if (opts.listen_fd == 3) {
+        ::fcntl(3, F_SETFD, 0);
+      } else {
+        ::dup2(opts.listen_fd, 3);  // without close-on-exec
+      }
+      std::snprintf(listen_pid + 11, sizeof listen_pid - 11, "%d", static_cast<int>(::getpid()));
+    }
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

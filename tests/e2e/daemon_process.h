@@ -16,6 +16,9 @@ struct RunOptions {
   // Drop the capabilities through which root ignores file modes, so that a
   // read-only directory is read-only even when the tests run as root.
   bool obey_file_modes = false;
+  // Socket activation: this listening socket is passed as fd 3, with
+  // LISTEN_FDS=1 and LISTEN_PID the child's pid, as systemd passes one.
+  int listen_fd = -1;
 };
 
 // Runs `aotid ARGS...` to completion; returns its exit code (128 + signal

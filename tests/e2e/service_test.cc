@@ -1,0 +1,177 @@
+// aotid under a service manager, as systemd runs it: the notify protocol
+// ($NOTIFY_SOCKET) and socket activation ($LISTEN_FDS), against the real
+// binary, with the test in the service manager's place.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/fs.h"
+#include "e2e/daemon_process.h"
+#include "e2e/http_util.h"
+#include "raw_http.h"
+#include "test_util.h"
+
+namespace aotid::testing {
+namespace {
+
+// A datagram socket bound where $NOTIFY_SOCKET will point: the messages the
+// daemon sends, in order.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+    bound_ = ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~NotifySocket() {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  bool bound() const { return bound_; }
+  // Reads messages until one contains `want` or `timeout_ms` passes; every
+  // message read is kept in all().
+  bool WaitFor(const std::string& want, int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      for (size_t i = seen_; i < messages_.size(); ++i) {
+        if (messages_[i].find(want) != std::string::npos) {
+          seen_ = i + 1;
+          return true;
+        }
+      }
+      seen_ = messages_.size();
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n > 0) messages_.emplace_back(buf, static_cast<size_t>(n));
+    }
+  }
+  std::string all() const {
+    std::string out;
+    for (const auto& m : messages_) out += "[" + m + "]\n";
+    return out;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool bound_ = false;
+  std::vector<std::string> messages_;
+  size_t seen_ = 0;
+};
+
+int PortInLog(const std::string& log) {
+  static const std::regex kServing(R"(serving on http://[^\s]*:(\d+)\n)");
+  std::smatch m;
+  return std::regex_search(log, m, kServing) ? std::stoi(m[1]) : 0;
+}
+
+// READY=1 comes once the API answers; STATUS= follows the models until they
+// are ready; STOPPING=1 on SIGTERM, and the exit is clean. The variables
+// are not passed on to the runners (they would speak for the daemon).
+TEST(ServiceManager, NotifiesReadyStatusAndStopping) {
+  TempDir dir;
+  std::string store = dir / "store";
+  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp_so.pt2"), "--name", "mlp"}), 0);
+  NotifySocket notify(dir / "notify.sock");
+  ASSERT_TRUE(notify.bound());
+  RunOptions opts;
+  opts.env = {"NOTIFY_SOCKET=" + (dir / "notify.sock"), "WATCHDOG_USEC=400000"};
+  std::string log = dir / "daemon.log";
+  auto pid = SpawnAotid({"--store", store, "serve", "--listen", "127.0.0.1:0"}, log, opts);
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+
+  ASSERT_TRUE(notify.WaitFor("READY=1", 60000)) << notify.all() << *fs::ReadFile(log);
+  int port = PortInLog(*fs::ReadFile(log));
+  ASSERT_GT(port, 0);
+  httplib::Client client("127.0.0.1", port);
+  auto live = client.Get("/v2/health/live");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+
+  EXPECT_TRUE(notify.WaitFor("STATUS=1/1 models ready", 60000)) << notify.all() << *fs::ReadFile(log);
+  // The watchdog asked for 0.4 s: pinged at least every 0.2 s.
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", 2000)) << notify.all();
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", 2000)) << notify.all();
+
+  auto runners = Pids("internal-runner --label mlp:1 --entry " + store + "/");
+  ASSERT_EQ(runners.size(), 1u) << *fs::ReadFile(log);
+  std::string env = *fs::ReadFile("/proc/" + std::to_string(runners[0]) + "/environ");
+  EXPECT_EQ(env.find("NOTIFY_SOCKET"), std::string::npos);
+  EXPECT_EQ(env.find("WATCHDOG_USEC"), std::string::npos);
+
+  ASSERT_EQ(::kill(*pid, SIGTERM), 0);
+  EXPECT_TRUE(notify.WaitFor("STOPPING=1", 10000)) << notify.all();
+  EXPECT_EQ(WaitExitFor(*pid, 30), 0) << *fs::ReadFile(log);
+}
+
+// Socket activation: the listening socket the service manager binds
+// (aotid.socket) is served, whatever server.listen says; a bad hand-over
+// is refused with the reason.
+TEST(ServiceManager, ServesOnTheSocketItIsHanded) {
+  TempDir dir;
+  std::string store = dir / "store";
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  RunOptions opts;
+  opts.listen_fd = listener;
+  std::string log = dir / "daemon.log";
+  // server.listen names another port: the socket handed over wins.
+  auto pid = SpawnAotid({"--store", store, "serve", "--listen", "127.0.0.1:1"}, log, opts);
+  ASSERT_TRUE(pid.ok());
+  std::string reply;
+  for (int tries = 0; tries < 600 && reply.empty(); ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (PortInLog(*fs::ReadFile(log)) == 0) continue;
+    int fd = ConnectTcp(port);
+    reply = Exchange(fd, "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    ::close(fd);
+  }
+  ::close(listener);  // the daemon holds its own copy
+  EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply << *fs::ReadFile(log);
+  EXPECT_NE(fs::ReadFile(log)->find(
+                "serving on the socket the service manager passed (127.0.0.1:" + std::to_string(port) + ")"),
+            std::string::npos)
+      << *fs::ReadFile(log);
+  ASSERT_EQ(::kill(*pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExitFor(*pid, 30), 0) << *fs::ReadFile(log);
+
+  // A socket that is not a listening stream socket: refused, naming why.
+  std::string out;
+  int dgram = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  RunOptions wrong;
+  wrong.listen_fd = dgram;
+  EXPECT_EQ(RunAotid({"--store", store, "serve"}, wrong, &out), 1) << out;
+  EXPECT_NE(out.find("socket activation passed fd 3, which is not a stream socket"), std::string::npos)
+      << out;
+  ::close(dgram);
+}
+
+}  // namespace
+}  // namespace aotid::testing
