@@ -73,6 +73,8 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
          Int([](Config& c, int64_t v) { c.api.server.request_timeout_s = static_cast<int>(v); }, 1, 3600)},
         {"idle_timeout_s",
          Int([](Config& c, int64_t v) { c.api.server.idle_timeout_s = static_cast<int>(v); }, 1, 3600)},
+        {"drain_timeout_s",
+         Int([](Config& c, int64_t v) { c.api.server.drain_timeout_s = static_cast<int>(v); }, 0, 3600)},
         {"max_connections_per_address",
          Int([](Config& c, int64_t v) { c.api.server.max_connections_per_address = static_cast<int>(v); }, 0,
              1000000)},

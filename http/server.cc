@@ -544,6 +544,12 @@ bool WaitReadable(int fd, int64_t deadline_ms) {
   }
 }
 
+// Whether `fd` has bytes (or its end) to read now.
+bool Readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 // Reads what is there (at least one byte; the socket is readable) into the
 // buffer; false when the peer closed or the read failed.
 bool RecvSome(Conn& c) {
@@ -695,15 +701,38 @@ class Server::Impl {
     std::vector<std::unique_ptr<Conn>> parked;
     std::vector<pollfd> fds;
     int64_t accept_paused_until = 0;
+    int64_t drain_until = -1;
     while (!stopping_.load()) {
       {
         MutexLock lock(&mu_);
         for (auto& c : to_park_) parked.push_back(std::move(c));
         to_park_.clear();
       }
+      if (draining_.load()) {
+        if (drain_until < 0) {
+          drain_until = NowMs() + int64_t{opts_.drain_timeout_s} * 1000;
+          // New connections are refused from here on; what the kernel
+          // accepted but nobody took is reset.
+          ::close(listen_fd_);
+          listen_fd_ = -1;
+        }
+        // Idle keep-alive connections have nothing to finish; one whose
+        // request is still in its socket, unread, does.
+        std::erase_if(parked,
+                      [](const std::unique_ptr<Conn>& c) { return c->in.Empty() && !Readable(c->fd); });
+        bool idle;
+        {
+          MutexLock lock(&mu_);
+          idle = parked.empty() && ready_.empty() && to_park_.empty() && busy_ == 0;
+        }
+        if (idle || NowMs() >= drain_until) {
+          if (!idle) LOG_WARNING << "server.drain_timeout_s passed; closing the connections still open";
+          break;
+        }
+      }
       fds.clear();
       fds.push_back({wake_[0], POLLIN, 0});
-      bool accepting = NowMs() >= accept_paused_until;
+      bool accepting = NowMs() >= accept_paused_until && listen_fd_ >= 0;
       fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
       for (const auto& c : parked) fds.push_back({c->fd, POLLIN, 0});
       int r = ::poll(fds.data(), fds.size(), 100);
@@ -756,6 +785,7 @@ class Server::Impl {
       }
       parked.swap(still);
     }
+    stopping_.store(true);
     cv_.SignalAll();
     for (auto& t : workers) t.join();
     MutexLock lock(&mu_);
@@ -763,8 +793,10 @@ class Server::Impl {
     to_park_.clear();
   }
 
+  // Stops taking connections and lets the requests that have arrived
+  // finish (bounded by drain_timeout_s); Serve() then returns.
   void Stop() {
-    stopping_.store(true);
+    draining_.store(true);
     cv_.SignalAll();
     Wake();
   }
@@ -944,8 +976,15 @@ class Server::Impl {
         c = std::move(ready_.front());
         ready_.pop_front();
         queued_.store(ready_.size());
+        ++busy_;
       }
       if (ServeConnection(*c)) Park(std::move(c));
+      c.reset();
+      {
+        MutexLock lock(&mu_);
+        --busy_;
+      }
+      if (draining_.load()) Wake();  // the poller may be done
     }
   }
 
@@ -969,6 +1008,7 @@ class Server::Impl {
       // trickles one in.
       for (bool gone = false; !WholeRequest(c, &gone);) {
         if (gone || stopping_.load()) return false;
+        if (draining_.load() && c.in.Empty() && !Readable(c.fd)) return false;  // idle: nothing to finish
         int64_t now = NowMs();
         if (!c.in.Empty() && c.request_deadline_ms == 0) {
           c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
@@ -1103,7 +1143,7 @@ class Server::Impl {
       res.status = 500;
       res.Set(error_body_("internal error"), "application/json");
     }
-    bool keep_alive = WantsKeepAlive(req) && !stopping_.load();
+    bool keep_alive = WantsKeepAlive(req) && !stopping_.load() && !draining_.load();
     if (!Send(c, res, keep_alive, req.method == "HEAD")) return Next::kClose;
     return keep_alive ? Next::kKeep : Next::kClose;
   }
@@ -1151,12 +1191,14 @@ class Server::Impl {
   bool bound_ = false;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
-  PeerCounts peer_counts_;  // before the connections' owners: outlives them
+  std::atomic<bool> draining_{false};  // Stop() was called: finishing what arrived
+  PeerCounts peer_counts_;             // before the connections' owners: outlives them
   Mutex mu_;
   CondVar cv_;                                                  // workers wait here for ready_
   std::deque<std::unique_ptr<Conn>> ready_ GUARDED_BY(mu_);     // waiting for a worker
   std::vector<std::unique_ptr<Conn>> to_park_ GUARDED_BY(mu_);  // handed to the poller
   std::atomic<size_t> queued_{0};                               // ready_.size(), read without the lock
+  int busy_ GUARDED_BY(mu_) = 0;                                // workers serving a connection
 
   friend class Server;
 };

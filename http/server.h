@@ -163,6 +163,7 @@ struct ServerOptions {
   int request_timeout_s = 60;  // the whole of one request: line, headers, body
   int idle_timeout_s = 30;     // a keep-alive connection between requests
   int write_timeout_s = 30;    // a reply the client does not read
+  int drain_timeout_s = 25;    // at Stop(), the most time the requests that arrived get to finish
   // Open TCP connections one client address may hold; more are answered
   // 503 and closed at once. 0: no cap. Unix-socket clients are not
   // counted (the socket's mode already says who may connect).
@@ -185,6 +186,9 @@ class Server {
   int port() const { return port_; }
   // Serves until Stop(), on the calling thread (the poller) and the workers.
   void Serve();
+  // Stops accepting connections and returns Serve() once the requests that
+  // have arrived are answered (idle keep-alive connections are closed, the
+  // others answered with Connection: close), or after drain_timeout_s.
   // Safe from any thread and from a signal-driven loop.
   void Stop();
 

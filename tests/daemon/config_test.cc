@@ -34,7 +34,7 @@ TEST(Config, ServerKeysSetTheHttpOptions) {
   auto c = ParseConfig(
       "[server]\nlisten = \"0.0.0.0:9001\"\nthreads = 3\nmax_body_bytes = 2048\n"
       "max_header_bytes = 4096\nrequest_timeout_s = 7\nidle_timeout_s = 9\n"
-      "max_connections_per_address = 12\ntoken_scope = \"repository\"\n",
+      "max_connections_per_address = 12\ndrain_timeout_s = 4\ntoken_scope = \"repository\"\n",
       "x.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const http::ServerOptions& s = c->api.server;
@@ -47,6 +47,7 @@ TEST(Config, ServerKeysSetTheHttpOptions) {
   EXPECT_EQ(s.request_timeout_s, 7);
   EXPECT_EQ(s.idle_timeout_s, 9);
   EXPECT_EQ(s.max_connections_per_address, 12);
+  EXPECT_EQ(s.drain_timeout_s, 4);
   EXPECT_FALSE(c->api.token_for_all);
   auto bad = ParseConfig("[server]\ntoken_scope = \"some\"\n", "x.toml");
   EXPECT_EQ(bad.status().message(), "x.toml: 'server.token_scope' must be all or repository, got 'some'");

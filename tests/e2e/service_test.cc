@@ -173,5 +173,48 @@ TEST(ServiceManager, ServesOnTheSocketItIsHanded) {
   ::close(dgram);
 }
 
+// SIGTERM while requests are in flight: two held by the two workers (each
+// waiting up to 1 s for its batch to fill) and three that arrived but wait
+// for a worker. Every one is answered 200 with its eager output, and the
+// daemon exits 0 within its drain timeout.
+TEST(ServiceManager, StopFinishesTheRequestsInFlight) {
+  TempDir dir;
+  std::string store = dir / "store";
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp_so.pt2"), "--name", "mlp", "--max-batch-size",
+                      "8", "--max-batch-delay-us", "1000000"},
+                     &out),
+            0)
+      << out;
+  ASSERT_OK(fs::WriteFileAtomic(dir / "aotid.toml", "[server]\nthreads = 2\n"));
+  RunOptions config;
+  config.env = {"AOTID_CONFIG=" + (dir / "aotid.toml")};
+  auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log", config);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(WaitReady((*d)->port(), "mlp", 120)) << (*d)->Log();
+  ASSERT_NE((*d)->Log().find("config " + (dir / "aotid.toml")), std::string::npos) << (*d)->Log();
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  const json& rows = cases["mlp_rows"];
+  const int n = 5;
+  std::vector<Reply> replies(n);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) {
+    clients.emplace_back([&, i] {
+      replies[i] = Post((*d)->port(), "/v2/models/mlp/infer", json{{"inputs", rows[i]["inputs"]}}.dump());
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // two in their batch, three queued
+  auto t0 = std::chrono::steady_clock::now();
+  int code = (*d)->Stop(30);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(code, 0) << (*d)->Log();
+  EXPECT_LT(took, 20) << (*d)->Log();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(replies[i].status, 200) << replies[i].body.dump() << (*d)->Log();
+    EXPECT_TRUE(OutputsMatch(replies[i].body["outputs"], rows[i]["outputs"])) << replies[i].body.dump();
+  }
+}
+
 }  // namespace
 }  // namespace aotid::testing
