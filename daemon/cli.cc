@@ -802,7 +802,7 @@ int RunCli(int argc, char** argv) {
   auto* doctor =
       app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
 
-  std::string listen;
+  std::string listen, log_file;
   bool cache_json = false, cache_dry_run = false, cache_all = false;
   auto* cache = app.add_subcommand("cache", "List or prune the builds cached for this machine");
   cache->require_subcommand(1);
@@ -816,6 +816,7 @@ int RunCli(int argc, char** argv) {
 
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
+  serve->add_option("--log-file", log_file, "Log to this file, rotated by size (overrides log.file)");
 
   try {
     app.parse(argc, argv);
@@ -864,6 +865,7 @@ int RunCli(int argc, char** argv) {
     if (!listen.empty()) {
       if (Status s = SetListen(listen, &cfg->api.server); !s.ok()) return FailUsage("serve", s);
     }
+    if (!log_file.empty()) cfg->log_file = log_file;
     return Serve(*cfg);
   }
   return kExitUsage;

@@ -110,7 +110,11 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
         {"max_crashes", Int([](Config& c, int64_t v) { c.runner_max_crashes = static_cast<int>(v); }, 0, 1000)},
         {"crash_window_s",
          Int([](Config& c, int64_t v) { c.runner_crash_window_s = static_cast<int>(v); }, 1, 24 * 3600)}}},
-      {"log", {{"level", Text(&Config::log_level)}}},
+      {"log",
+       {{"level", Text(&Config::log_level)},
+        {"file", Text(&Config::log_file)},
+        {"max_size_mb", Int([](Config& c, int64_t v) { c.log_max_size_mb = static_cast<int>(v); }, 1, 1 << 20)},
+        {"keep", Int([](Config& c, int64_t v) { c.log_keep = static_cast<int>(v); }, 0, 100)}}},
   };
   return *schema;
 }

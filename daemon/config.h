@@ -37,6 +37,9 @@ struct Config {
   int runner_crash_window_s = 60;
   // [log]
   std::string log_level = "info";
+  std::string log_file;      // "": stderr (the journal under systemd)
+  int log_max_size_mb = 10;  // the file rotates past this
+  int log_keep = 3;          // rotated files kept: FILE.1 .. FILE.3
 
   std::string source;  // the file it came from, or "built-in defaults"
 };

@@ -198,6 +198,12 @@ int Serve(const Config& config) {
   if (log::ParseLevel(config.log_level, &level)) log::SetLevel(level);
   std::signal(SIGPIPE, SIG_IGN);
 
+  if (!config.log_file.empty()) {
+    if (Status s = log::SetFile(config.log_file, int64_t{config.log_max_size_mb} << 20, config.log_keep);
+        !s.ok()) {
+      LOG_ERROR << "aotid serve: " << s.message() << " (log.file); logging to stderr";
+    }
+  }
   // First, before anything is started that could inherit its variables.
   ServiceManager service = ServiceManager::FromEnvironment();
   auto fail = [&service](const Status& s) {

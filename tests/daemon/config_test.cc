@@ -26,6 +26,9 @@ TEST(Config, ShippedConfigFileParsesToTheDefaults) {
   EXPECT_EQ(c->build_max_attempts, defaults.build_max_attempts);
   EXPECT_EQ(c->cxx, defaults.cxx);
   EXPECT_EQ(c->log_level, defaults.log_level);
+  EXPECT_EQ(c->log_file, defaults.log_file);
+  EXPECT_EQ(c->log_max_size_mb, defaults.log_max_size_mb);
+  EXPECT_EQ(c->log_keep, defaults.log_keep);
 }
 
 // The [server] keys land in the options the HTTP API is given, unchanged

@@ -173,6 +173,33 @@ TEST(ServiceManager, ServesOnTheSocketItIsHanded) {
   ::close(dgram);
 }
 
+// --log-file (log.file): the daemon's lines go to that file, not stderr,
+// and its runners' lines with them.
+TEST(ServiceManager, LogFileTakesTheDaemonsLog) {
+  TempDir dir;
+  std::string store = dir / "store";
+  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp_so.pt2"), "--name", "mlp"}), 0);
+  std::string file = dir / "aotid.log";
+  auto pid = SpawnAotid({"--store", store, "serve", "--listen", "127.0.0.1:0", "--log-file", file},
+                        dir / "stderr.log");
+  ASSERT_TRUE(pid.ok());
+  bool ready = WaitFor(
+      [&] {
+        auto text = fs::ReadFile(file);
+        return text.ok() && text->find("startup complete") != std::string::npos;
+      },
+      60);
+  ASSERT_EQ(::kill(*pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExitFor(*pid, 30), 0);
+  std::string text = fs::ReadFile(file).value_or("");
+  EXPECT_TRUE(ready) << text << *fs::ReadFile(dir / "stderr.log");
+  for (const char* want :
+       {"serving on http://127.0.0.1:", "runner mlp:1: aotid runner", "serving mlp:1", "stopped"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  EXPECT_EQ(fs::ReadFile(dir / "stderr.log").value_or("x"), "");
+}
+
 // SIGTERM while requests are in flight: two held by the two workers (each
 // waiting up to 1 s for its batch to fill) and three that arrived but wait
 // for a worker. Every one is answered 200 with its eager output, and the

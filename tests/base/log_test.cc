@@ -1,0 +1,77 @@
+// The logger's sinks: a file that rotates by size, and the journal's
+// priority prefixes when stderr is the journal's stream.
+#include "base/log.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "base/fs.h"
+#include "test_util.h"
+
+namespace aotid::log {
+namespace {
+
+using aotid::testing::TempDir;
+
+TEST(Log, FileRotatesBySizeKeepingAFew) {
+  TempDir dir;
+  std::string path = dir / "aotid.log";
+  ASSERT_TRUE(SetFile(path, 1000, 2).ok());
+  const std::string message(90, 'x');  // about 120 bytes a line with its stamp
+  for (int i = 0; i < 100; ++i) Write(Level::kWarning, message + " " + std::to_string(i));
+  ResetToStderr();
+  // The newest line is in FILE; FILE.1 and FILE.2 hold the lines before;
+  // older ones are gone, and no file passes its bound by more than a line.
+  auto now = fs::ReadFile(path);
+  auto first = fs::ReadFile(path + ".1");
+  auto second = fs::ReadFile(path + ".2");
+  ASSERT_TRUE(now.ok() && first.ok() && second.ok());
+  EXPECT_FALSE(fs::Exists(path + ".3"));
+  EXPECT_NE(now->find(message + " 99\n"), std::string::npos) << *now;
+  EXPECT_NE(now->find(" warning " + message), std::string::npos) << *now;
+  EXPECT_EQ(now->find(message + " 0\n"), std::string::npos);
+  for (const std::string* f : {&*now, &*first, &*second}) EXPECT_LT(f->size(), 1000u + 130u);
+  EXPECT_GE(first->size(), 1000u);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+
+  EXPECT_FALSE(SetFile(dir / "no/such/dir/aotid.log", 1000, 2).ok());
+}
+
+// When stderr is the stream $JOURNAL_STREAM names, each line carries its
+// syslog priority and no time stamp (journald keeps both).
+TEST(Log, JournalStreamGetsPriorityPrefixes) {
+  TempDir dir;
+  std::string path = dir / "stderr";
+  int saved = ::dup(STDERR_FILENO);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ::dup2(fd, STDERR_FILENO);
+  struct stat st;
+  ::fstat(fd, &st);
+  ::setenv("JOURNAL_STREAM", (std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)).c_str(), 1);
+  DetectJournal();
+  Write(Level::kError, "the journal reads this");
+  Write(Level::kInfo, "and this");
+  ::setenv("JOURNAL_STREAM", "1:2", 1);  // another stream: plain lines
+  DetectJournal();
+  Write(Level::kInfo, "plain again");
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(fd);
+  ::unsetenv("JOURNAL_STREAM");
+  DetectJournal();
+  auto text = fs::ReadFile(path);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("<3>error the journal reads this\n<6>info and this\n"), std::string::npos) << *text;
+  EXPECT_NE(text->find("Z info plain again\n"), std::string::npos) << *text;
+}
+
+}  // namespace
+}  // namespace aotid::log
