@@ -60,6 +60,32 @@ struct LoadRetries {
   }
 };
 
+// The daemon's own events (no model): start, stop, and a start after a
+// daemon that never said it stopped. A store that cannot take them (a full
+// disk) costs a log line, not the start.
+void RecordDaemonEvent(storage::ModelStore* store, const std::string& kind, const std::string& message) {
+  if (Status s = store->AppendEvent("", 0, kind, message); !s.ok()) {
+    LOG_WARNING << "cannot record " << kind << " in the store: " << s.message();
+  }
+}
+
+void RecordRecovery(storage::ModelStore* store) {
+  auto recent = store->RecentEvents(500);
+  if (!recent.ok()) return;
+  for (auto it = recent->rbegin(); it != recent->rend(); ++it) {
+    if (!it->model.empty() || !it->kind.starts_with("daemon_")) continue;
+    if (it->kind == "daemon_started") {
+      std::string was = it->message.substr(0, it->message.find(" serving on"));
+      LOG_WARNING << "the daemon before this one (" << was << ") ended without stopping";
+      RecordDaemonEvent(store, "daemon_recovered",
+                        "the daemon before this one (" + was +
+                            ") ended without stopping: killed, crashed or the machine went down; builds it "
+                            "had in flight are made again");
+    }
+    return;  // the newest daemon event decides
+  }
+}
+
 // What a socket handed over is, in the terms of server.listen: a unix
 // socket's path, or a TCP address and port.
 Status DescribeSocket(int fd, http::ServerOptions* server) {
@@ -215,6 +241,7 @@ int Serve(const Config& config) {
   if (!store.ok()) return fail(store.status());
   auto lock = LockStore(config.store_path);
   if (!lock.ok()) return fail(lock.status());
+  RecordRecovery(store->get());
 
   runtime::HardwareInfo hw = runtime::ProbeHardware(config.cxx);
   std::string fingerprint = runtime::Fingerprint(hw);
@@ -343,6 +370,9 @@ int Serve(const Config& config) {
   // anything, so an early request gets 503 "building", never 404.
   watch.Start(&loop);
   if (Status s = reconciler.Reconcile(); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
+  RecordDaemonEvent(
+      store->get(), "daemon_started",
+      "aotid " AOTID_VERSION " (pid " + std::to_string(::getpid()) + ") serving on " + http.Address());
   LOG_INFO << "serving on " << http.Address();
   AnnounceAddress(*lock, http.Address());
   std::thread http_thread([&http] { http.Serve(); });
@@ -358,6 +388,7 @@ int Serve(const Config& config) {
   uv_run(&loop, UV_RUN_DEFAULT);
   http_thread.join();
   uv_loop_close(&loop);
+  RecordDaemonEvent(store->get(), "daemon_stopped", "stopped (pid " + std::to_string(::getpid()) + ")");
   LOG_INFO << "stopped";
   ::close(*lock);
   return 0;

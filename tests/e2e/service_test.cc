@@ -200,6 +200,39 @@ TEST(ServiceManager, LogFileTakesTheDaemonsLog) {
   EXPECT_EQ(fs::ReadFile(dir / "stderr.log").value_or("x"), "");
 }
 
+// The daemon's start and stop go into the store's event log, and a start
+// after a daemon that was killed says so.
+TEST(ServiceManager, StartStopAndAKilledDaemonAreInTheEventLog) {
+  TempDir dir;
+  std::string store = dir / "store";
+  int starts = 0;
+  auto start = [&] {
+    // A log of its own each: Start() waits for the "serving on" line.
+    auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"},
+                                  dir / ("daemon" + std::to_string(++starts) + ".log"));
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? std::move(d).value() : nullptr;
+  };
+  auto d = start();
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->Stop(), 0);
+  EXPECT_EQ(CountEvents(store, "daemon_started"), 1);
+  EXPECT_EQ(CountEvents(store, "daemon_stopped"), 1);
+  EXPECT_EQ(CountEvents(store, "daemon_recovered"), 0);  // it had stopped
+
+  d = start();
+  ASSERT_NE(d, nullptr);
+  d->Kill();
+  d = start();
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(CountEvents(store, "daemon_recovered", "ended without stopping"), 1);
+  EXPECT_EQ(d->Stop(), 0);
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store, "events"}, &out), 0);
+  EXPECT_NE(out.find("daemon_recovered"), std::string::npos) << out;
+  EXPECT_EQ(CountEvents(store, "daemon_started"), 3);
+}
+
 // SIGTERM while requests are in flight: two held by the two workers (each
 // waiting up to 1 s for its batch to fill) and three that arrived but wait
 // for a worker. Every one is answered 200 with its eager output, and the
