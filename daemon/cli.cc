@@ -860,13 +860,16 @@ int RunCli(int argc, char** argv) {
   }
   if (cache->parsed()) return CmdCache(g, cache_prune->parsed(), cache_json, cache_dry_run, cache_all);
   if (serve->parsed()) {
-    auto cfg = Resolve(g);
+    // The file and the flags, as at start and again at each SIGHUP.
+    auto load = [&]() -> StatusOr<Config> {
+      ASSIGN_OR_RETURN(Config cfg, Resolve(g));
+      if (!listen.empty()) RETURN_IF_ERROR(SetListen(listen, &cfg.api.server));
+      if (!log_file.empty()) cfg.log_file = log_file;
+      return cfg;
+    };
+    auto cfg = load();
     if (!cfg.ok()) return FailUsage("serve", cfg.status());
-    if (!listen.empty()) {
-      if (Status s = SetListen(listen, &cfg->api.server); !s.ok()) return FailUsage("serve", s);
-    }
-    if (!log_file.empty()) cfg->log_file = log_file;
-    return Serve(*cfg);
+    return Serve(*cfg, load);
   }
   return kExitUsage;
 }

@@ -42,6 +42,8 @@ struct Config {
   int log_keep = 3;          // rotated files kept: FILE.1 .. FILE.3
 
   std::string source;  // the file it came from, or "built-in defaults"
+
+  bool operator==(const Config&) const = default;
 };
 
 // Parses TOML text. Errors read "FILE:LINE:COL: what is wrong with KEY".

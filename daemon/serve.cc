@@ -162,8 +162,79 @@ struct ServiceStatus {
   }
 };
 
+// SIGHUP: the configuration read again; what can change live is applied.
+struct Reload {
+  uv_signal_t sighup{};
+  std::function<StatusOr<Config>()> load;
+  Config current;
+  ServiceManager* manager = nullptr;
+  storage::ModelStore* store = nullptr;
+
+  static void OnSignal(uv_signal_t* handle, int) {
+    auto* self = static_cast<Reload*>(handle->data);
+    self->Run();
+  }
+  void Run() {
+    if (!load) return;
+    manager->Notify("RELOADING=1\nSTATUS=reloading the configuration\n");
+    auto fresh = load();
+    if (!fresh.ok()) {
+      LOG_ERROR << "reload refused, the running configuration is kept: " << fresh.status().message();
+      manager->Notify("READY=1\nSTATUS=reload refused: " + fresh.status().message().substr(0, 200) + "\n");
+      return;
+    }
+    std::vector<std::string> applied, later;
+    if (fresh->log_level != current.log_level) {
+      log::Level level;
+      if (log::ParseLevel(fresh->log_level, &level)) {
+        log::SetLevel(level);
+        applied.push_back("log.level " + fresh->log_level);
+      }
+    }
+    if (fresh->log_file != current.log_file || fresh->log_max_size_mb != current.log_max_size_mb ||
+        fresh->log_keep != current.log_keep) {
+      if (fresh->log_file.empty()) {
+        log::ResetToStderr();
+        applied.push_back("log to stderr");
+      } else if (Status s =
+                     log::SetFile(fresh->log_file, int64_t{fresh->log_max_size_mb} << 20, fresh->log_keep);
+                 s.ok()) {
+        applied.push_back("log.file " + fresh->log_file);
+      } else {
+        LOG_ERROR << "reload: " << s.message() << " (log.file); keeping the log where it was";
+        fresh->log_file = current.log_file;
+      }
+    }
+    // What the running daemon cannot change: the rest, compared with the
+    // log settings set equal.
+    Config rest = *fresh;
+    rest.log_level = current.log_level;
+    rest.log_file = current.log_file;
+    rest.log_max_size_mb = current.log_max_size_mb;
+    rest.log_keep = current.log_keep;
+    if (!(rest == current)) later.push_back("the other changed keys take effect at the next start");
+    std::string said = applied.empty() ? "nothing to apply" : "applied " + Join(applied);
+    if (!later.empty()) said += "; " + Join(later);
+    LOG_INFO << "reloaded " << fresh->source << ": " << said;
+    if (store) RecordDaemonEvent(store, "daemon_reloaded", "reloaded " + fresh->source + ": " + said);
+    // Kept as applied: a key that waits for a restart is named again at
+    // the next reload.
+    current.log_level = fresh->log_level;
+    current.log_file = fresh->log_file;
+    current.log_max_size_mb = fresh->log_max_size_mb;
+    current.log_keep = fresh->log_keep;
+    manager->Notify("READY=1\nSTATUS=reloaded\n");
+  }
+  static std::string Join(const std::vector<std::string>& parts) {
+    std::string out;
+    for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+    return out;
+  }
+};
+
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
+  Reload* reload = nullptr;
   LoadRetries* load_retries = nullptr;
   ServiceStatus* status = nullptr;
   control::UvLoop* timers = nullptr;
@@ -189,6 +260,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->loader->Close();
   s->http->Stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&s->load_retries->async), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&s->reload->sighup), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
 }
@@ -219,7 +291,7 @@ StatusOr<std::string> ReadToken(const std::string& path) {
 
 }  // namespace
 
-int Serve(const Config& config) {
+int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config) {
   log::Level level;
   if (log::ParseLevel(config.log_level, &level)) log::SetLevel(level);
   std::signal(SIGPIPE, SIG_IGN);
@@ -351,7 +423,16 @@ int Serve(const Config& config) {
   status.registry = &registry;
   status.timer.data = &status;
   uv_timer_init(&loop, &status.timer);
+  Reload reload;
+  reload.load = std::move(reload_config);
+  reload.current = config;
+  reload.manager = &service;
+  reload.store = store->get();
+  reload.sighup.data = &reload;
+  uv_signal_init(&loop, &reload.sighup);
+  uv_signal_start(&reload.sighup, Reload::OnSignal, SIGHUP);
   Shutdown shutdown;
+  shutdown.reload = &reload;
   shutdown.load_retries = &load_retries;
   shutdown.status = &status;
   shutdown.timers = &timers;

@@ -44,6 +44,7 @@ class DaemonProcess {
   ~DaemonProcess();
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string Log() const;
   bool Alive();
   // SIGTERM, then waits up to `grace_s` before SIGKILL. Returns the exit code

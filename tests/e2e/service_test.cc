@@ -233,6 +233,40 @@ TEST(ServiceManager, StartStopAndAKilledDaemonAreInTheEventLog) {
   EXPECT_EQ(CountEvents(store, "daemon_started"), 3);
 }
 
+// SIGHUP reads the configuration again: the log level applies at once,
+// other keys are named as waiting for a restart, and a broken file is
+// refused while the daemon keeps serving with what it had.
+TEST(ServiceManager, SighupReloadsWhatCanChangeAndRefusesABrokenConfig) {
+  TempDir dir;
+  std::string store = dir / "store";
+  std::string config = dir / "aotid.toml";
+  ASSERT_OK(fs::WriteFileAtomic(config, "[log]\nlevel = \"info\"\n"));
+  RunOptions opts;
+  opts.env = {"AOTID_CONFIG=" + config};
+  auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log", opts);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const pid_t pid = (*d)->pid();
+  auto log_has = [&](const std::string& text) {
+    return WaitFor([&] { return (*d)->Log().find(text) != std::string::npos; }, 10);
+  };
+
+  ASSERT_OK(fs::WriteFileAtomic(config, "[log]\nlevel = \"debug\"\n[server]\nthreads = 3\n"));
+  ASSERT_EQ(::kill(pid, SIGHUP), 0);
+  EXPECT_TRUE(log_has("reloaded " + config +
+                      ": applied log.level debug; the other changed keys take effect at the next start"))
+      << (*d)->Log();
+  // Debug lines now: a store change is reconciled with one.
+  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp_so.pt2"), "--name", "mlp"}), 0);
+  EXPECT_TRUE(log_has("debug store changed; reconciling")) << (*d)->Log();
+
+  ASSERT_OK(fs::WriteFileAtomic(config, "[log]\nlevel = \"loud\"\n[server\n"));
+  ASSERT_EQ(::kill(pid, SIGHUP), 0);
+  EXPECT_TRUE(log_has("reload refused, the running configuration is kept: ")) << (*d)->Log();
+  EXPECT_TRUE(WaitReady((*d)->port(), "mlp", 60)) << (*d)->Log();
+  EXPECT_EQ(CountEvents(store, "daemon_reloaded"), 1);
+  EXPECT_EQ((*d)->Stop(), 0);
+}
+
 // SIGTERM while requests are in flight: two held by the two workers (each
 // waiting up to 1 s for its batch to fill) and three that arrived but wait
 // for a worker. Every one is answered 200 with its eager output, and the
