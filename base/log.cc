@@ -136,8 +136,14 @@ void Write(Level level, std::string_view message) {
     to_file = f.fd >= 0;
   }
   if (!to_file && g_journal.load() == 1) {
-    std::string line = "<" + std::to_string(Priority(level)) + ">" + LevelName(level) + " ";
-    line += message;
+    // Each line of a message carries the priority: journald reads one line
+    // as one entry (a build's compiler output spans many).
+    const std::string prefix = "<" + std::to_string(Priority(level)) + ">";
+    std::string line = prefix + LevelName(level) + " ";
+    for (char ch : message) {
+      line += ch;
+      if (ch == '\n') line += prefix;
+    }
     line += '\n';
     ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());
     (void)unused;

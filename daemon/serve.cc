@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -76,10 +77,10 @@ void RecordRecovery(storage::ModelStore* store) {
     if (!it->model.empty() || !it->kind.starts_with("daemon_")) continue;
     if (it->kind == "daemon_started") {
       std::string was = it->message.substr(0, it->message.find(" serving on"));
-      LOG_WARNING << "the daemon before this one (" << was << ") ended without stopping";
+      LOG_WARNING << "the daemon before this one, " << was << ", ended without stopping";
       RecordDaemonEvent(store, "daemon_recovered",
-                        "the daemon before this one (" + was +
-                            ") ended without stopping: killed, crashed or the machine went down; builds it "
+                        "the daemon before this one, " + was +
+                            ", ended without stopping: killed, crashed or the machine went down; builds it "
                             "had in flight are made again");
     }
     return;  // the newest daemon event decides
@@ -123,21 +124,25 @@ Status DescribeSocket(int fd, http::ServerOptions* server) {
 // served versions are ready, and what the first that is not is doing.
 std::string StatusLine(const serving::ModelRegistry& registry) {
   auto all = registry.All();
-  int total = 0, ready = 0;
+  int total = 0, ready = 0, failed = 0;
   std::string busy;
   for (const auto& [name, versions] : *all) {
     for (const auto& [version, m] : versions) {
       ++total;
       if (m->state == serving::ServeState::kReady) {
         ++ready;
-      } else if (busy.empty() && m->state != serving::ServeState::kFailed) {
+      } else if (m->state == serving::ServeState::kFailed) {
+        ++failed;
+      } else if (busy.empty()) {
         std::string what = m->message.substr(0, m->message.find('\n'));
+        while (!what.empty() && what.back() == ' ') what.pop_back();
         busy = std::string(serving::ServeStateName(m->state)) + " " + name + ":" + std::to_string(version) +
                (what.empty() ? "" : " (" + what.substr(0, 80) + ")");
       }
     }
   }
   std::string line = std::to_string(ready) + "/" + std::to_string(total) + " models ready";
+  if (failed > 0) line += ", " + std::to_string(failed) + " failed";
   if (!busy.empty()) line += ", " + busy;
   return line;
 }
@@ -176,7 +181,12 @@ struct Reload {
   }
   void Run() {
     if (!load) return;
-    manager->Notify("RELOADING=1\nSTATUS=reloading the configuration\n");
+    // MONOTONIC_USEC: systemd's notify-reload wants the moment the reload began.
+    struct timespec now {};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    manager->Notify(
+        "RELOADING=1\nMONOTONIC_USEC=" + std::to_string(int64_t{now.tv_sec} * 1000000 + now.tv_nsec / 1000) +
+        "\nSTATUS=reloading the configuration\n");
     auto fresh = load();
     if (!fresh.ok()) {
       LOG_ERROR << "reload refused, the running configuration is kept: " << fresh.status().message();

@@ -38,7 +38,11 @@ ServiceManager ServiceManager::FromEnvironment() {
   if (!watchdog_pid || *watchdog_pid == ::getpid()) {
     if (auto usec = EnvNumber("WATCHDOG_USEC"); usec && *usec > 0) m.watchdog_usec_ = *usec;
   }
-  for (const char* name : {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}) ::unsetenv(name);
+  // The journal's stream is the daemon's stderr alone: runners and builds
+  // write to pipes the daemon reads (and logs with priorities).
+  log::DetectJournal();
+  for (const char* name : {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"})
+    ::unsetenv(name);
   return m;
 }
 

@@ -1143,7 +1143,14 @@ class Server::Impl {
       res.status = 500;
       res.Set(error_body_("internal error"), "application/json");
     }
-    bool keep_alive = WantsKeepAlive(req) && !stopping_.load() && !draining_.load();
+    // While draining, a connection stays open only for the requests it has
+    // sent already (pipelined): they arrived, so they are answered.
+    bool more_here = false;
+    if (draining_.load()) {
+      bool unused = false;
+      more_here = !c.in.Empty() && RequestBuffered(c.in.View(), opts_.limits, &unused);
+    }
+    bool keep_alive = WantsKeepAlive(req) && !stopping_.load() && (!draining_.load() || more_here);
     if (!Send(c, res, keep_alive, req.method == "HEAD")) return Next::kClose;
     return keep_alive ? Next::kKeep : Next::kClose;
   }

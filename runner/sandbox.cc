@@ -168,6 +168,12 @@ StatusOr<int> LandlockSelf(const SandboxOptions& options) {
   for (const std::string& path : options.write_paths) {
     if (s.ok()) s = AddPathRule(ruleset, path, handled, handled);
   }
+  // Without CAP_SYS_ADMIN the kernel takes a ruleset only from a process
+  // that can gain no privileges (a daemon run by a user in a shell, not by
+  // systemd with NoNewPrivileges=yes). Its children inherit this too.
+  if (s.ok() && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    s = Internal(std::string("landlock: cannot set no_new_privs: ") + std::strerror(errno));
+  }
   if (s.ok() && ::syscall(SYS_landlock_restrict_self, ruleset, 0) != 0) {
     s = Internal(std::string("landlock: cannot restrict the runner: ") + std::strerror(errno));
   }

@@ -18,6 +18,12 @@ extern char** environ;
 namespace aotid::runtime {
 namespace {
 
+// Kills a build child and what it started (it leads its own process group).
+void KillGroup(uv_process_t* process) {
+  if (process->pid > 0) ::kill(-process->pid, SIGKILL);
+  uv_process_kill(process, SIGKILL);
+}
+
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -126,7 +132,7 @@ void Builder::Shutdown() {
   queue_.clear();
   for (Running* r : live_) {
     if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&r->process))) {
-      uv_process_kill(&r->process, SIGKILL);
+      KillGroup(&r->process);
     }
   }
 }
@@ -173,7 +179,7 @@ bool Builder::Cancel(const BuildKey& key) {
   for (Running* r : live_) {
     if (r->job.key != key || r->cancelled) continue;
     r->cancelled = true;
-    uv_process_kill(&r->process, SIGKILL);
+    KillGroup(&r->process);
     return true;
   }
   return false;
@@ -252,6 +258,9 @@ void Builder::Start(BuildJob job) {
   opts.env = envp.data();
   opts.stdio = stdio;
   opts.stdio_count = 3;
+  // Its own process group (setsid): a kill reaches the compiler and Python
+  // it runs too, not the build child alone (KillGroup).
+  opts.flags = UV_PROCESS_DETACHED;
   opts.exit_cb = [](uv_process_t* p, int64_t exit_status, int term_signal) {
     auto* run = static_cast<Running*>(p->data);
     run->owner->Finish(run, exit_status, term_signal);
@@ -299,7 +308,7 @@ void Builder::Start(BuildJob job) {
       [](uv_timer_t* t) {
         auto* run = static_cast<Running*>(t->data);
         run->timed_out = true;
-        uv_process_kill(&run->process, SIGKILL);
+        KillGroup(&run->process);
       },
       static_cast<uint64_t>(options_.timeout_s) * 1000, 0);
   LOG_INFO << "build started: " << r->job.key.artifact.substr(0, 12) << " " << r->job.key.package_model

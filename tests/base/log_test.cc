@@ -59,6 +59,7 @@ TEST(Log, JournalStreamGetsPriorityPrefixes) {
   DetectJournal();
   Write(Level::kError, "the journal reads this");
   Write(Level::kInfo, "and this");
+  Write(Level::kError, "a build failed:\n  compiler line");
   ::setenv("JOURNAL_STREAM", "1:2", 1);  // another stream: plain lines
   DetectJournal();
   Write(Level::kInfo, "plain again");
@@ -70,6 +71,7 @@ TEST(Log, JournalStreamGetsPriorityPrefixes) {
   auto text = fs::ReadFile(path);
   ASSERT_TRUE(text.ok());
   EXPECT_NE(text->find("<3>error the journal reads this\n<6>info and this\n"), std::string::npos) << *text;
+  EXPECT_NE(text->find("<3>error a build failed:\n<3>  compiler line\n"), std::string::npos) << *text;
   EXPECT_NE(text->find("Z info plain again\n"), std::string::npos) << *text;
 }
 

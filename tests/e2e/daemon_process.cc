@@ -62,6 +62,7 @@ StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& o
       // from the bounding set keeps them from coming back at exec.
       for (int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}) ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
     }
+    if (opts.without_sys_admin) ::prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0);
 #endif
     ::dup2(out, 1);
     ::dup2(out, 2);

@@ -16,6 +16,9 @@ struct RunOptions {
   // Drop the capabilities through which root ignores file modes, so that a
   // read-only directory is read-only even when the tests run as root.
   bool obey_file_modes = false;
+  // Without CAP_SYS_ADMIN, as any user but root runs it (the tests run as
+  // root): what the kernel then refuses shows.
+  bool without_sys_admin = false;
   // Socket activation: this listening socket is passed as fd 3, with
   // LISTEN_FDS=1 and LISTEN_PID the child's pid, as systemd passes one.
   int listen_fd = -1;

@@ -556,6 +556,16 @@ TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
             0)
       << out;
   EXPECT_NE(out.find("running at 2"), std::string::npos) << out;
+  // The same build without CAP_SYS_ADMIN (any user but root): Landlock
+  // then needs no_new_privs first, which the build child sets.
+  RunOptions user;
+  user.without_sys_admin = true;
+  ASSERT_EQ(RunAotid({"internal-build", "--artifact", TestData("mlp_so.pt2"), "--out", dir / "as_user",
+                      "--kind", "aoti_compiled"},
+                     user, &out),
+            0)
+      << out;
+  EXPECT_EQ(out.find("cannot restrict"), std::string::npos) << out;
   // Declared for batch 1 alone, of a model traced for at least 2: served
   // (checked at 2, which its checks take).
   for (const char* one : {"one.pt2", "one_nocpp.pt2"}) {

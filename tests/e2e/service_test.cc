@@ -267,6 +267,28 @@ TEST(ServiceManager, SighupReloadsWhatCanChangeAndRefusesABrokenConfig) {
   EXPECT_EQ((*d)->Stop(), 0);
 }
 
+// SIGTERM during a build stops what the build runs too: the compiler of a
+// source package does not outlive the daemon.
+TEST(ServiceManager, StopEndsTheBuildsCompilerToo) {
+  TempDir dir;
+  std::string store = dir / "store";
+  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp_src.pt2"), "--name", "src"}), 0);
+  auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  // The compiler runs in the build's staging directory, under the store.
+  const std::string staging = store + "/cache/.staging/";
+  auto compiling = [&] {
+    for (pid_t p : Pids(staging)) {
+      std::string exe = fs::ReadFile("/proc/" + std::to_string(p) + "/cmdline").value_or("");
+      if (exe.find("internal-build") == std::string::npos) return true;  // a child of the build child
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitFor(compiling, 60)) << (*d)->Log();
+  EXPECT_EQ((*d)->Stop(), 0);
+  EXPECT_TRUE(WaitFor([&] { return Pids(staging).empty(); }, 5)) << "left running: " << Pids(staging).size();
+}
+
 // SIGTERM while requests are in flight: two held by the two workers (each
 // waiting up to 1 s for its batch to fill) and three that arrived but wait
 // for a worker. Every one is answered 200 with its eager output, and the

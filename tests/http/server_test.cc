@@ -358,6 +358,41 @@ TEST(HttpServer, OneAddressCannotHoldMoreThanItsConnections) {
   serving.join();
 }
 
+// Stop() while a request runs: requests the client had already sent on the
+// same connection (pipelined) are answered too, and the last reply closes.
+TEST(HttpServer, StopAnswersPipelinedRequestsThatArrived) {
+  ServerOptions o;
+  o.threads = 1;
+  Server server(
+      o,
+      [](Request& req, Response& res) {
+        if (req.path == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        res.Set("{\"path\":\"" + req.path + "\"}", "application/json");
+      },
+      PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  int fd = aotid::testing::ConnectTcp(server.port());
+  ASSERT_GE(fd, 0);
+  std::string both = "GET /slow HTTP/1.1\r\nHost: a\r\n\r\nGET /next HTTP/1.1\r\nHost: a\r\n\r\n";
+  ASSERT_EQ(::send(fd, both.data(), both.size(), MSG_NOSIGNAL), static_cast<ssize_t>(both.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // /slow is running
+  server.Stop();
+  // Everything until the server closes: Exchange stops at the first whole
+  // reply, so read on while bytes come.
+  std::string replies;
+  for (int i = 0; i < 50; ++i) {
+    std::string more = aotid::testing::Exchange(fd, "", 200);
+    replies += more;
+    if (replies.find("/next") != std::string::npos) break;
+  }
+  ::close(fd);
+  serving.join();
+  EXPECT_NE(replies.find("{\"path\":\"/slow\"}"), std::string::npos) << replies;
+  EXPECT_NE(replies.find("{\"path\":\"/next\"}"), std::string::npos) << replies;
+  EXPECT_NE(replies.find("Connection: close"), std::string::npos) << replies;
+}
+
 // A second server on the same unix socket (another store's daemon) is
 // refused while the first lives, and its exit removes nothing of the first's.
 TEST(HttpServer, UnixSocketIsNeverTakenOverOrRemovedByAnotherServer) {
