@@ -168,6 +168,12 @@ HttpApi::~HttpApi() = default;
 
 void HttpApi::Handle(http::Request& req, http::Response& res) const {
   if (Admit(req, res)) router_.Dispatch(req, res);
+  // Refusals are the client's business, but an operator chasing one turns
+  // on log.level = "debug" and sees each with its reason.
+  if (res.status >= 400) {
+    LOG_DEBUG << "answered " << res.status << " to " << req.method << " " << req.path.substr(0, 200) << ": "
+              << res.body.substr(0, 300);
+  }
   if (!options_.cors_origins.empty()) {
     std::string origin = req.Get("Origin");
     if (!origin.empty() && OriginAllowed(options_.cors_origins, origin)) {

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "base/fs.h"
+#include "base/log.h"
 #include "raw_http.h"
 #include "test_util.h"
 
@@ -74,6 +76,23 @@ TEST_F(HttpApiTest, HostileBytesInHeadersGetAClearErrorAndTheServerStaysUp) {
   }
   std::string live = Send("GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(StatusOf(live), 200) << live;
+}
+
+// At log.level debug each refusal is logged with its status and reason.
+TEST_F(HttpApiTest, RefusalsAreLoggedAtDebugLevel) {
+  aotid::testing::TempDir dir;
+  ASSERT_OK(log::SetFile(dir / "log", 1 << 20, 1));
+  log::Level before = log::GetLevel();
+  log::SetLevel(log::Level::kDebug);
+  std::string reply = Send("GET /v2/models/nope HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+  log::SetLevel(log::Level::kInfo);
+  Send("GET /v2/models/quiet HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+  log::SetLevel(before);
+  log::ResetToStderr();
+  EXPECT_EQ(StatusOf(reply), 404) << reply;
+  std::string text = fs::ReadFile(dir / "log").value_or("");
+  EXPECT_NE(text.find("debug answered 404 to GET /v2/models/nope: {\"error\":"), std::string::npos) << text;
+  EXPECT_EQ(text.find("/v2/models/quiet"), std::string::npos) << text;  // not at info
 }
 
 std::string PostIndex(const std::string& body) {
