@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "base/mutex.h"
@@ -26,6 +27,7 @@ struct File {
   int64_t max_bytes GUARDED_BY(mu) = 0;
   int keep GUARDED_BY(mu) = 0;
   int64_t size GUARDED_BY(mu) = 0;
+  bool rotate_failed GUARDED_BY(mu) = false;
 };
 File& TheFile() {
   static File* f = new File;
@@ -49,11 +51,19 @@ void Rotate(File& f) REQUIRES(f.mu) {
     std::string from = f.path + "." + std::to_string(k), to = f.path + "." + std::to_string(k + 1);
     ::rename(from.c_str(), to.c_str());
   }
-  if (f.keep >= 1) {
-    ::rename(f.path.c_str(), (f.path + ".1").c_str());
-  } else {
-    ::unlink(f.path.c_str());
+  int moved = f.keep >= 1 ? ::rename(f.path.c_str(), (f.path + ".1").c_str()) : ::unlink(f.path.c_str());
+  if (moved != 0) {
+    // The file stays and grows; said once on stderr, not on every line.
+    if (!f.rotate_failed) {
+      std::string say = "aotid: cannot rotate log.file " + f.path + ": " + std::strerror(errno) +
+                        " (its directory must be writable); it grows past log.max_size_mb\n";
+      (void)!::write(STDERR_FILENO, say.data(), say.size());
+    }
+    f.rotate_failed = true;
+    f.size = 0;  // tried again after another max_bytes
+    return;
   }
+  f.rotate_failed = false;
   int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
   if (fd >= 0) {
     ::close(f.fd);
@@ -170,9 +180,13 @@ void Write(Level level, std::string_view message) {
     MutexLock lock(&f.mu);
     if (f.fd >= 0) {
       ssize_t n = ::write(f.fd, line.data(), line.size());
-      if (n > 0) f.size += n;
-      if (f.max_bytes > 0 && f.size >= f.max_bytes) Rotate(f);
-      return;
+      if (n == static_cast<ssize_t>(line.size())) {
+        f.size += n;
+        if (f.max_bytes > 0 && f.size >= f.max_bytes) Rotate(f);
+        return;
+      }
+      // The file takes no more (a full disk, /dev/full): the line goes to
+      // stderr rather than nowhere.
     }
   }
   ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());

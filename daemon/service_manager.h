@@ -6,6 +6,7 @@
 // (no such variables) every call does nothing.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,7 +27,9 @@ class ServiceManager {
   // lines at once). Errors are logged once, never fatal.
   void Notify(const std::string& state);
   // Half the watchdog interval the manager asked for, in ms; 0 without one.
-  int64_t watchdog_ping_ms() const { return watchdog_usec_ / 2000; }
+  int64_t watchdog_ping_ms() const {
+    return watchdog_usec_ > 0 ? std::max<int64_t>(1, watchdog_usec_ / 2000) : 0;
+  }
 
  private:
   std::string socket_path_;  // '@' first for the abstract namespace

@@ -44,6 +44,26 @@ TEST(Log, FileRotatesBySizeKeepingAFew) {
   EXPECT_FALSE(SetFile(dir / "no/such/dir/aotid.log", 1000, 2).ok());
 }
 
+// A log file that takes no more (a full disk; /dev/full here) loses no
+// line: it goes to stderr instead.
+TEST(Log, LinesTheFileRefusesGoToStderr) {
+  TempDir dir;
+  std::string path = dir / "stderr";
+  int saved = ::dup(STDERR_FILENO);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ::dup2(fd, STDERR_FILENO);
+  ASSERT_TRUE(SetFile("/dev/full", 1 << 20, 1).ok());
+  Write(Level::kError, "kept although the disk is full");
+  ResetToStderr();
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(fd);
+  auto text = fs::ReadFile(path);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("error kept although the disk is full\n"), std::string::npos) << *text;
+}
+
 // When stderr is the stream $JOURNAL_STREAM names, each line carries its
 // syslog priority and no time stamp (journald keeps both).
 TEST(Log, JournalStreamGetsPriorityPrefixes) {
