@@ -18,6 +18,24 @@ namespace {
 
 using aotid::testing::TempDir;
 
+// Points this process's stderr at a file until destroyed.
+class StderrToFile {
+ public:
+  explicit StderrToFile(const std::string& path)
+      : saved_(::dup(STDERR_FILENO)), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600)) {
+    if (fd_ >= 0) ::dup2(fd_, STDERR_FILENO);
+  }
+  ~StderrToFile() {
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int saved_, fd_;
+};
+
 TEST(Log, FileRotatesBySizeKeepingAFew) {
   TempDir dir;
   std::string path = dir / "aotid.log";
@@ -49,16 +67,13 @@ TEST(Log, FileRotatesBySizeKeepingAFew) {
 TEST(Log, LinesTheFileRefusesGoToStderr) {
   TempDir dir;
   std::string path = dir / "stderr";
-  int saved = ::dup(STDERR_FILENO);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  ASSERT_GE(fd, 0);
-  ::dup2(fd, STDERR_FILENO);
-  ASSERT_TRUE(SetFile("/dev/full", 1 << 20, 1).ok());
-  Write(Level::kError, "kept although the disk is full");
-  ResetToStderr();
-  ::dup2(saved, STDERR_FILENO);
-  ::close(saved);
-  ::close(fd);
+  {
+    StderrToFile to(path);
+    ASSERT_GE(to.fd(), 0);
+    ASSERT_TRUE(SetFile("/dev/full", 1 << 20, 1).ok());
+    Write(Level::kError, "kept although the disk is full");
+    ResetToStderr();
+  }
   auto text = fs::ReadFile(path);
   ASSERT_TRUE(text.ok());
   EXPECT_NE(text->find("error kept although the disk is full\n"), std::string::npos) << *text;
@@ -69,23 +84,20 @@ TEST(Log, LinesTheFileRefusesGoToStderr) {
 TEST(Log, JournalStreamGetsPriorityPrefixes) {
   TempDir dir;
   std::string path = dir / "stderr";
-  int saved = ::dup(STDERR_FILENO);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  ASSERT_GE(fd, 0);
-  ::dup2(fd, STDERR_FILENO);
-  struct stat st;
-  ::fstat(fd, &st);
-  ::setenv("JOURNAL_STREAM", (std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)).c_str(), 1);
-  DetectJournal();
-  Write(Level::kError, "the journal reads this");
-  Write(Level::kInfo, "and this");
-  Write(Level::kError, "a build failed:\n  compiler line");
-  ::setenv("JOURNAL_STREAM", "1:2", 1);  // another stream: plain lines
-  DetectJournal();
-  Write(Level::kInfo, "plain again");
-  ::dup2(saved, STDERR_FILENO);
-  ::close(saved);
-  ::close(fd);
+  {
+    StderrToFile to(path);
+    ASSERT_GE(to.fd(), 0);
+    struct stat st;
+    ::fstat(to.fd(), &st);
+    ::setenv("JOURNAL_STREAM", (std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)).c_str(), 1);
+    DetectJournal();
+    Write(Level::kError, "the journal reads this");
+    Write(Level::kInfo, "and this");
+    Write(Level::kError, "a build failed:\n  compiler line");
+    ::setenv("JOURNAL_STREAM", "1:2", 1);  // another stream: plain lines
+    DetectJournal();
+    Write(Level::kInfo, "plain again");
+  }
   ::unsetenv("JOURNAL_STREAM");
   DetectJournal();
   auto text = fs::ReadFile(path);
