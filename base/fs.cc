@@ -209,6 +209,11 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 std::string ExpandHome(const std::string& path) {
   if (path == "~" || path.rfind("~/", 0) == 0) {
     const char* home = std::getenv("HOME");

@@ -49,6 +49,7 @@ StatusOr<std::string> MakeTempDir(const std::string& parent, std::string_view pr
 Status RemoveAll(const std::string& path);
 
 bool Exists(const std::string& path);
+bool IsDirectory(const std::string& path);
 
 // The default store directory: $AOTID_HOME, else $XDG_DATA_HOME/aotid, else
 // ~/.local/share/aotid.

@@ -27,6 +27,7 @@
 #include "runtime/build_cache.h"
 #include "runtime/cache_policy.h"
 #include "runtime/hardware.h"
+#include "runtime/install_layout.h"
 #include "runtime/package_build.h"
 #include "runtime/torch_plugin.h"
 #include "storage/model_store.h"
@@ -683,7 +684,15 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
 int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   runner::SandboxOptions box;
   std::string exe = fs::ExecutablePath();
-  box.read_paths = {args.artifact, runtime::TorchDir(), exe.substr(0, exe.rfind('/'))};
+  // libtorch is loaded before Landlock: the torch it found is the one the
+  // compiler reads headers and libraries from.
+  auto plugin = runtime::LoadTorchPlugin();
+  if (!plugin.ok()) {
+    std::cout << "error: " << plugin.status().message() << std::endl;
+    return runtime::kBuildExitMayPass;
+  }
+  box.read_paths = {args.artifact, runtime::LoadedTorchDir(), exe.substr(0, exe.rfind('/')),
+                    plugin->substr(0, plugin->rfind('/'))};
   box.write_paths = {args.out};
   box.gpu = args.device != "cpu";
   std::string tmp = args.out + "/tmp";

@@ -12,6 +12,7 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "runtime/install_layout.h"
 
 namespace aotid::daemon {
 namespace {
@@ -122,8 +123,8 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
 void ResolveDefaults(Config* c) {
   if (c->store_path.empty()) c->store_path = fs::DefaultStoreDir();
   c->store_path = fs::ExpandHome(c->store_path);
-  if (c->python.empty()) c->python = AOTID_DEFAULT_PYTHON;
-  if (c->worker_dir.empty()) c->worker_dir = AOTID_DEFAULT_WORKER_DIR;
+  if (c->python.empty()) c->python = runtime::DefaultPython();
+  if (c->worker_dir.empty()) c->worker_dir = runtime::DefaultWorkerDir();
   if (!c->token_file.empty()) c->token_file = fs::ExpandHome(c->token_file);
 }
 

@@ -117,6 +117,14 @@ int RunDoctor(const Config& config) {
         }
       }
     }
+  } else if (store.status().code() == StatusCode::kNotFound && fs::IsDirectory(config.store_path)) {
+    // An empty directory made for it, as systemd's StateDirectory= does.
+    if (::access(config.store_path.c_str(), W_OK) == 0) {
+      r.Ok("store", config.store_path + " (empty; 'aotid add' or 'aotid serve' creates the store in it)");
+    } else {
+      r.Fail("store", config.store_path + " is not writable by this user",
+             "set store.path (or --store) to a directory this user can write, or give it to this user");
+    }
   } else if (store.status().code() == StatusCode::kNotFound) {
     std::string parent = config.store_path.substr(0, config.store_path.find_last_of('/'));
     if (parent.empty()) parent = ".";

@@ -16,6 +16,7 @@
 #include "base/fs.h"
 #include "package/package.h"
 #include "runtime/aoti_build.h"
+#include "runtime/install_layout.h"
 #include "runtime/loaded_model.h"
 #include "runtime/torch_plugin.h"
 
@@ -230,8 +231,6 @@ StatusOr<PackageBuildArgs> ParsePackageBuildArgs(const std::vector<std::string>&
   return a;
 }
 
-std::string TorchDir() { return AOTID_TORCH_DIR; }
-
 int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>& before_load) {
   // The model's own input checks, for the first runs: read once, at the
   // first check.
@@ -253,7 +252,13 @@ int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>&
   req.device = args.device;
   req.out_dir = args.out;
   req.cxx = args.cxx;
-  req.torch_dir = AOTID_TORCH_DIR;
+  // Its headers and libraries compile a package's C++: the torch this
+  // process links, wherever it is installed.
+  if (auto plugin = LoadTorchPlugin(); !plugin.ok()) {
+    std::cout << "error: " << plugin.status().message() << std::endl;
+    return kBuildExitMayPass;
+  }
+  req.torch_dir = LoadedTorchDir();
   Step(1, req.kind == package::PackageKind::kAotiSource
               ? "checking the package and compiling its C++ with " + args.cxx
               : "checking the package and copying its compiled model");

@@ -40,10 +40,6 @@ struct PackageBuildArgs {
   std::string cxx = "c++";  // compiler for source packages
 };
 
-// The torch this aotid was built against: its headers and libraries
-// compile and link source packages.
-std::string TorchDir();
-
 // `self_exe internal-build --artifact ... --out ...`.
 std::vector<std::string> PackageBuildArgv(const std::string& self_exe, const PackageBuildArgs& args);
 // Parses what follows the subcommand; InvalidArgument naming an unknown,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "runtime/install_layout.h"
 
 namespace aotid::runtime {
 namespace {
@@ -17,21 +18,12 @@ namespace {
 std::atomic<bool> g_loaded{false};
 std::string g_path;  // set once, before g_loaded
 
-std::string ExecutableDir() {
-  std::string path = fs::ExecutablePath();
-  return path.empty() ? "" : path.substr(0, path.rfind('/'));
-}
-
 StatusOr<LoadCompiledModelFn> Resolve() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("AOTID_TORCH_PLUGIN"); env && *env) {
     candidates.push_back(env);
   } else {
-    if (std::string dir = ExecutableDir(); !dir.empty()) {
-      candidates.push_back(dir + "/" + AOTID_TORCH_PLUGIN_NAME);                // the build tree
-      candidates.push_back(dir + "/../lib/aotid/" + AOTID_TORCH_PLUGIN_NAME);  // an install
-    }
-    candidates.push_back(AOTID_TORCH_PLUGIN_BUILD_PATH);
+    candidates = PluginCandidates();
   }
   std::string tried;
   for (const auto& path : candidates) {

@@ -4,8 +4,8 @@
 // a CLI command's time (about 0.2 s of static initialisation).
 //
 // The plugin is found, in order: $AOTID_TORCH_PLUGIN alone when set; else
-// next to the running executable, in ../lib/aotid/ from it, and at the path
-// the build put it.
+// in ../lib/aotid/ from the running executable (an install), beside it, and
+// at the top of the build tree it lies in (runtime/install_layout.h).
 #pragma once
 
 #include <memory>
