@@ -2,13 +2,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <toml++/toml.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
-#include <toml++/toml.h>
 
 #include "base/fs.h"
 #include "base/log.h"

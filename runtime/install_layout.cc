@@ -45,7 +45,7 @@ std::vector<std::string> PluginCandidates() {
   std::vector<std::string> out;
   if (std::string dir = ExecutableDir(); !dir.empty()) {
     out.push_back(Parent(dir) + "/lib/aotid/" + AOTID_TORCH_PLUGIN_NAME);  // an install
-    out.push_back(dir + "/" + AOTID_TORCH_PLUGIN_NAME);                // the build tree
+    out.push_back(dir + "/" + AOTID_TORCH_PLUGIN_NAME);                    // the build tree
     // A test or benchmark binary in a folder of the build tree.
     for (std::string up = dir; up != "/" && up != "."; up = Parent(up)) {
       if (fs::Exists(up + "/CMakeCache.txt")) {
