@@ -19,6 +19,7 @@
 #include "daemon/daemon_lock.h"
 #include "daemon/doctor.h"
 #include "daemon/serve.h"
+#include "daemon/service.h"
 #include "package/aoti_metadata.h"
 #include "package/package.h"
 #include "runner/runner_main.h"
@@ -717,6 +718,44 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
 
 }  // namespace
 
+// `aotid service install|uninstall|status` (daemon/service.h).
+int CmdService(const GlobalFlags& g, const std::string& action, ServiceScope scope,
+               const std::string& platform, bool dry_run) {
+  const bool system = scope == ServiceScope::kSystem;
+  // The system service reads /etc/aotid/aotid.toml; the user's, the usual
+  // places (--config for either).
+  GlobalFlags flags = g;
+  if (system && flags.config.empty() && fs::Exists("/etc/aotid/aotid.toml"))
+    flags.config = "/etc/aotid/aotid.toml";
+  auto cfg = Resolve(flags);
+  if (!cfg.ok()) return FailUsage("service " + action, cfg.status());
+  ServiceHost host = ServiceHost::Detect(*cfg);
+  if (platform == "systemd") host.platform = ServicePlatform::kSystemd;
+  if (platform == "launchd") host.platform = ServicePlatform::kLaunchd;
+  std::string what = std::string(host.platform == ServicePlatform::kSystemd ? "systemd" : "launchd") +
+                     (system ? " system service" : " user service");
+  if (action == "status") return ServiceStatus(host, scope, *cfg);
+  StatusOr<ServicePlan> plan =
+      action == "install" ? PlanServiceInstall(host, scope)
+                          : StatusOr<ServicePlan>(PlanServiceUninstall(host, scope, cfg->store_path));
+  if (!plan.ok()) return Fail("service " + action, plan.status());
+  if (dry_run) {
+    std::printf("%s of the aotid %s (dry run: nothing is changed)\n%s", action.c_str(), what.c_str(),
+                DescribePlan(*plan).c_str());
+  } else {
+    if (system && ::geteuid() != 0) {
+      return Fail(
+          "service " + action,
+          FailedPrecondition("the system service needs root: sudo " + fs::ExecutablePath() + " service " +
+                             action + " --system (or --user for this user's own service)"));
+    }
+    std::printf("%s of the aotid %s\n", action.c_str(), what.c_str());
+    if (Status s = ApplyPlan(*plan); !s.ok()) return Fail("service " + action, s);
+  }
+  for (const auto& n : plan->notes) std::printf("%s%s\n", dry_run ? "then: " : "", n.c_str());
+  return 0;
+}
+
 int RunCli(int argc, char** argv) {
   // The build child the daemon runs (runtime/package_build.h); not for people.
   if (argc >= 2 && std::string_view(argv[1]) == runtime::kPackageBuildCommand) {
@@ -823,6 +862,28 @@ int RunCli(int argc, char** argv) {
   cache_prune->add_flag("--dry-run", cache_dry_run, "Only say what would be removed");
   cache_prune->add_flag("--all", cache_all, "Remove every build (each is rebuilt when next needed)");
 
+  bool svc_user = false, svc_system = false, svc_dry_run = false;
+  std::string svc_platform;
+  auto* service =
+      app.add_subcommand("service", "Run aotid as a service of systemd (Linux) or launchd (macOS)");
+  service->require_subcommand(1);
+  auto* svc_install = service->add_subcommand(
+      "install", "Write the service's files with this installation's paths, then enable and start it");
+  auto* svc_uninstall = service->add_subcommand(
+      "uninstall", "Stop and disable the service and remove its files (not the store)");
+  auto* svc_status = service->add_subcommand(
+      "status", "The service manager's view of the service, and whether its API is ready");
+  for (auto* sub : {svc_install, svc_uninstall, svc_status}) {
+    auto* u = sub->add_flag("--user", svc_user, "This user's service (the default unless run as root)");
+    auto* s = sub->add_flag("--system", svc_system, "The machine's service (the default as root)");
+    u->excludes(s);
+    sub->add_option("--platform", svc_platform, "systemd or launchd (default: this machine's)")
+        ->check(CLI::IsMember({"systemd", "launchd"}));
+  }
+  for (auto* sub : {svc_install, svc_uninstall}) {
+    sub->add_flag("--dry-run", svc_dry_run, "Print the files and commands, change nothing");
+  }
+
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
   serve->add_option("--log-file", log_file, "Log to this file, rotated by size (overrides log.file)");
@@ -866,6 +927,17 @@ int RunCli(int argc, char** argv) {
     auto cfg = Resolve(g);
     if (!cfg.ok()) return FailUsage("doctor", cfg.status());
     return RunDoctor(*cfg);
+  }
+  if (service->parsed()) {
+    ServiceScope scope = svc_system         ? ServiceScope::kSystem
+                         : svc_user         ? ServiceScope::kUser
+                         : ::geteuid() == 0 ? ServiceScope::kSystem
+                                            : ServiceScope::kUser;
+    return CmdService(g,
+                      svc_install->parsed()     ? "install"
+                      : svc_uninstall->parsed() ? "uninstall"
+                                                : "status",
+                      scope, svc_platform, svc_dry_run);
   }
   if (cache->parsed()) return CmdCache(g, cache_prune->parsed(), cache_json, cache_dry_run, cache_all);
   if (serve->parsed()) {

@@ -9,7 +9,9 @@
 #   the exporter, imported from the install, exports the demo model;
 #   aotid add, then aotid serve, from another working directory, build
 #   that program and a package of C++ source with the installed torch;
-#   answers over HTTP equal eager PyTorch on the same inputs.
+#   answers over HTTP equal eager PyTorch on the same inputs;
+# and `aotid service install --dry-run` writes units and plists with the
+# install's paths that pass their checks (service_files_test.sh).
 #
 #   wheel_test.sh CHECKOUT DEV_PYTHON TESTDATA
 set -euo pipefail
@@ -18,7 +20,11 @@ dev_python="$2"
 testdata="$3"
 say() { printf '[wheel] %s\n' "$*"; }
 
-work="$(mktemp -d /tmp/aotid-wheel.XXXXXX)"
+# Under /opt as root: where a system service can read an install (the
+# service files test below asks for one).
+parent=/tmp
+if [[ $(id -u) -eq 0 ]]; then parent=/opt; fi
+work="$(mktemp -d "$parent/aotid-wheel-test.XXXXXX")"
 chmod 0755 "$work"
 pid_file="$work/cwd/serve.pid"
 cleanup() {
@@ -108,4 +114,6 @@ print(\"[wheel] demo and mlp (C++ source) answer as eager PyTorch does\")
 PY
 "
 '
+# 4. The service files this install writes (as root: the system's too).
+"$(dirname "$0")/service_files_test.sh" "$work/venv/bin/aotid" "$(dirname "$0")/.." "$dev_python"
 say "ok"

@@ -1,0 +1,481 @@
+#include "daemon/service.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pwd.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "base/fs.h"
+#include "runtime/install_layout.h"
+#include "runtime/torch_plugin.h"
+
+extern char** environ;
+
+namespace aotid::daemon {
+namespace {
+
+constexpr char kUnit[] = "aotid.service";
+constexpr char kSocket[] = "aotid.socket";
+constexpr char kLabel[] = "dev.aotid";
+constexpr char kTemplateBinary[] = "/usr/local/bin/aotid";
+
+std::string Replace(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+std::string RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+}
+
+// `name` as the shell would run it: a path, or found on PATH.
+std::string Which(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string candidate = dirs.substr(start, end - start) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return name;
+}
+
+bool Under(const std::string& path, const std::string& dir) {
+  return path == dir || path.compare(0, dir.size() + 1, dir + "/") == 0;
+}
+
+// Why the system service, running as a user of its own, with /home, /root
+// and /tmp out of its sight, could not read `path`; "" when it can.
+std::string WhyUnreachable(const std::string& path) {
+  std::string real = RealPath(path);
+  for (const char* hidden : {"/home", "/root", "/run/user"}) {
+    if (Under(real, hidden)) return real + " lies under " + hidden + ", which systemd's ProtectHome= hides";
+  }
+  for (const char* hidden : {"/tmp", "/var/tmp"}) {
+    if (Under(real, hidden))
+      return real + " lies under " + hidden + ", which the service's PrivateTmp= replaces";
+  }
+  struct stat st;
+  if (::stat(real.c_str(), &st) != 0) return real + " does not exist";
+  if ((st.st_mode & S_IROTH) == 0)
+    return real + " cannot be read by other users (the service runs as its own)";
+  for (std::string dir = real; dir.size() > 1;) {
+    dir = dir.substr(0, std::max<size_t>(1, dir.rfind('/')));
+    if (::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IXOTH) == 0) {
+      return dir + " cannot be entered by other users (the service runs as its own)";
+    }
+  }
+  return "";
+}
+
+std::string Quote(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) {
+    bool plain = !a.empty() && a.find_first_of(" \t'\"$\\") == std::string::npos;
+    out += (out.empty() ? "" : " ") + (plain ? a : "'" + Replace(a, "'", "'\\''") + "'");
+  }
+  return out;
+}
+
+// Runs argv with this process's stdout and stderr; its exit status, or -1.
+int Run(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  if (::posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& contents, unsigned mode) {
+  std::string tmp = path + ".aotid-new";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return ErrnoError("create " + tmp, errno);
+  ::fchmod(fd, mode);  // not narrowed by the umask
+  size_t done = 0;
+  while (done < contents.size()) {
+    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoError("write " + tmp, e);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("write " + tmp, e);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("rename " + tmp + " to " + path, e);
+  }
+  return Status::OK();
+}
+
+std::string UnitDir(const ServiceHost& host, ServiceScope scope) {
+  return scope == ServiceScope::kSystem ? "/etc/systemd/system" : host.home + "/.config/systemd/user";
+}
+
+std::vector<std::string> Systemctl(ServiceScope scope, std::vector<std::string> args) {
+  std::vector<std::string> argv{"systemctl"};
+  if (scope == ServiceScope::kUser) argv.push_back("--user");
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::string LaunchdDomain(const ServiceHost& host, ServiceScope scope) {
+  return scope == ServiceScope::kSystem ? "system" : "gui/" + std::to_string(host.uid);
+}
+
+std::string PlistPath(const ServiceHost& host, ServiceScope scope) {
+  return scope == ServiceScope::kSystem ? std::string("/Library/LaunchDaemons/") + kLabel + ".plist"
+                                        : host.home + "/Library/LaunchAgents/" + kLabel + ".plist";
+}
+
+}  // namespace
+
+const std::string& ServiceTemplate(const std::string& name) {
+  static const std::map<std::string, std::string> templates = {
+#include "daemon/service_templates.inc"
+  };
+  static const std::string none;
+  auto it = templates.find(name);
+  return it == templates.end() ? none : it->second;
+}
+
+ServiceHost ServiceHost::Detect(const Config& config) {
+  ServiceHost h;
+#ifdef __APPLE__
+  h.platform = ServicePlatform::kLaunchd;
+#endif
+  h.executable = fs::ExecutablePath();
+  const char* home = std::getenv("HOME");
+  h.uid = ::getuid();
+  if (const passwd* pw = ::getpwuid(h.uid)) {
+    h.user = pw->pw_name;
+    if (home == nullptr || *home == '\0') home = pw->pw_dir;
+  }
+  h.home = home ? home : "";
+  // Under sudo, a launch daemon runs as the user who asked for it.
+  if (const char* sudo_user = std::getenv("SUDO_USER"); h.uid == 0 && sudo_user && *sudo_user)
+    h.user = sudo_user;
+  for (const auto& p : runtime::PluginCandidates()) {
+    if (fs::Exists(p)) {
+      h.reads.push_back(p);
+      break;
+    }
+  }
+  if (!config.worker_dir.empty()) h.reads.push_back(config.worker_dir);
+  h.reads.push_back(Which(config.python));
+  // torch, where the plugin finds it (its start-up, once).
+  if (runtime::LoadTorchPlugin().ok()) {
+    if (std::string torch = runtime::LoadedTorchDir(); !torch.empty()) h.reads.push_back(torch);
+  }
+  return h;
+}
+
+StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope scope) {
+  if (host.executable.empty()) return FailedPrecondition("cannot tell where this aotid executable is");
+  ServicePlan plan;
+  const bool system = scope == ServiceScope::kSystem;
+  if (host.platform == ServicePlatform::kSystemd) {
+    if (system) {
+      std::vector<std::string> unreachable;
+      std::vector<std::string> paths{host.executable};
+      paths.insert(paths.end(), host.reads.begin(), host.reads.end());
+      for (const auto& p : paths) {
+        if (std::string why = WhyUnreachable(p); !why.empty()) unreachable.push_back(why);
+      }
+      if (!unreachable.empty()) {
+        std::string list;
+        for (const auto& u : unreachable) list += "\n  " + u;
+        return FailedPrecondition(
+            "the system service could not run this installation:" + list +
+            "\ninstall aotid where every user can read it, e.g. `python3 -m venv /opt/aotid && "
+            "/opt/aotid/bin/pip install AOTID_CHECKOUT_OR_WHEEL`, and run `sudo /opt/aotid/bin/aotid service "
+            "install --system`; "
+            "or install it for your user alone: `aotid service install --user`");
+      }
+    }
+    std::string dir = UnitDir(host, scope);
+    plan.dirs.push_back({dir, ""});
+    if (system) {
+      plan.dirs.push_back({"/etc/aotid", ""});
+      plan.files.push_back({"/etc/aotid/aotid.toml", ServiceTemplate("configs/aotid.toml"), 0644, true});
+    }
+    std::string unit = ServiceTemplate(system ? "systemd/aotid.service" : "systemd/aotid-user.service");
+    plan.files.push_back({dir + "/" + kUnit, Replace(unit, kTemplateBinary, host.executable), 0644, false});
+    plan.files.push_back({dir + "/" + kSocket, ServiceTemplate("systemd/aotid.socket"), 0644, false});
+    plan.commands.push_back(Systemctl(scope, {"daemon-reload"}));
+    plan.commands.push_back(Systemctl(scope, {"enable", kUnit}));
+    plan.commands.push_back(Systemctl(scope, {"restart", kUnit}));
+    std::string sudo = system ? "sudo " : "";
+    std::string flag = system ? " --system" : " --user";
+    if (system) {
+      plan.notes.push_back("the store is /var/lib/aotid: systemd makes it, for the service's own user");
+      plan.notes.push_back("add a model: sudo " + host.executable +
+                           " --store /var/lib/aotid add FILE.pt2 --name NAME (the service serves it)");
+      plan.notes.push_back(
+          "its configuration: /etc/aotid/aotid.toml (`sudo systemctl reload aotid` rereads it)");
+      plan.notes.push_back("its log: journalctl -u aotid");
+    } else {
+      plan.notes.push_back("add a model: " + host.executable +
+                           " add FILE.pt2 --name NAME (the service serves it)");
+      plan.notes.push_back("its log: journalctl --user -u aotid");
+      plan.notes.push_back("to keep it running when you are logged out: loginctl enable-linger " + host.user);
+    }
+    plan.notes.push_back("is it ready: " + sudo + host.executable + " service status" + flag);
+    return plan;
+  }
+
+  // launchd
+  std::string plist_path = PlistPath(host, scope);
+  std::string plist;
+  if (system) {
+    if (host.user.empty() || host.user == "root") {
+      return FailedPrecondition(
+          "a launch daemon runs aotid as a user, never as root: run `sudo aotid service install --system` "
+          "from that user's account");
+    }
+    plist = Replace(ServiceTemplate("launchd/dev.aotid.daemon.plist"), ">USER<", ">" + host.user + "<");
+    plan.dirs.push_back({"/Library/LaunchDaemons", ""});
+    plan.dirs.push_back({"/usr/local/var/aotid", host.user});
+    plan.dirs.push_back({"/Library/Logs/aotid", host.user});
+    plan.notes.push_back("the store is /usr/local/var/aotid; add a model: " + host.executable +
+                         " --store /usr/local/var/aotid add FILE.pt2 --name NAME");
+    plan.notes.push_back("its log: /Library/Logs/aotid/aotid.log");
+  } else {
+    plist = Replace(ServiceTemplate("launchd/dev.aotid.plist"), "/Users/USER", host.home);
+    plan.dirs.push_back({host.home + "/Library/LaunchAgents", ""});
+    plan.dirs.push_back({host.home + "/Library/Logs/aotid", ""});
+    plan.notes.push_back("add a model: " + host.executable +
+                         " add FILE.pt2 --name NAME (the service serves it)");
+    plan.notes.push_back("its log: " + host.home + "/Library/Logs/aotid/aotid.log");
+  }
+  plan.files.push_back({plist_path, Replace(plist, kTemplateBinary, host.executable), 0644, false});
+  std::string domain = LaunchdDomain(host, scope);
+  plan.commands_may_fail.push_back({"launchctl", "bootout", domain + "/" + kLabel});
+  plan.commands.push_back({"launchctl", "bootstrap", domain, plist_path});
+  plan.notes.push_back(std::string("is it ready: ") + (system ? "sudo " : "") + host.executable +
+                       " service status" + (system ? " --system" : " --user"));
+  return plan;
+}
+
+ServicePlan PlanServiceUninstall(const ServiceHost& host, ServiceScope scope, const std::string& store) {
+  ServicePlan plan;
+  const bool system = scope == ServiceScope::kSystem;
+  if (host.platform == ServicePlatform::kSystemd) {
+    plan.commands_may_fail.push_back(Systemctl(scope, {"disable", "--now", kUnit, kSocket}));
+    std::string dir = UnitDir(host, scope);
+    plan.removes = {dir + "/" + kUnit, dir + "/" + kSocket};
+    plan.commands.push_back(Systemctl(scope, {"daemon-reload"}));
+    plan.notes.push_back(
+        system ? "the store stays in /var/lib/aotid (/var/lib/private/aotid), and "
+                 "/etc/aotid/aotid.toml stays: remove them yourself if you no longer want them"
+               : "the store stays in " + store + ": remove it yourself if you no longer want it");
+    return plan;
+  }
+  plan.commands_may_fail.push_back({"launchctl", "bootout", LaunchdDomain(host, scope) + "/" + kLabel});
+  plan.removes = {PlistPath(host, scope)};
+  plan.notes.push_back(std::string("the store stays in ") + (system ? "/usr/local/var/aotid" : store) +
+                       ": remove it yourself if you no longer want it");
+  return plan;
+}
+
+std::string DescribePlan(const ServicePlan& plan) {
+  std::string out;
+  for (const auto& d : plan.dirs) {
+    out += "would create the directory " + d.path + (d.owner.empty() ? "" : ", owned by " + d.owner) + "\n";
+  }
+  for (const auto& f : plan.files) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", f.mode);
+    out +=
+        "would write " + f.path + " (mode " + mode + (f.keep_existing ? ", unless it exists" : "") + "):\n";
+    out += "--- " + f.path + "\n" + f.contents + (f.contents.ends_with('\n') ? "" : "\n") + "--- end\n";
+  }
+  for (const auto& c : plan.commands_may_fail) out += "would run " + Quote(c) + " (failing is fine)\n";
+  for (const auto& r : plan.removes) out += "would remove " + r + "\n";
+  for (const auto& c : plan.commands) out += "would run " + Quote(c) + "\n";
+  return out;
+}
+
+Status ApplyPlan(const ServicePlan& plan) {
+  for (const auto& d : plan.dirs) {
+    RETURN_IF_ERROR(fs::MakeDirs(d.path));
+    if (!d.owner.empty()) {
+      const passwd* pw = ::getpwnam(d.owner.c_str());
+      if (pw == nullptr) return NotFound("no user " + d.owner);
+      if (::chown(d.path.c_str(), pw->pw_uid, pw->pw_gid) != 0) return ErrnoError("chown " + d.path, errno);
+    }
+    std::printf("made %s\n", d.path.c_str());
+  }
+  for (const auto& f : plan.files) {
+    if (f.keep_existing && fs::Exists(f.path)) {
+      std::printf("kept %s (it exists)\n", f.path.c_str());
+      continue;
+    }
+    RETURN_IF_ERROR(WriteFileAtomically(f.path, f.contents, f.mode));
+    std::printf("wrote %s\n", f.path.c_str());
+  }
+  std::fflush(stdout);
+  for (const auto& c : plan.commands_may_fail) {
+    std::printf("+ %s\n", Quote(c).c_str());
+    std::fflush(stdout);
+    (void)Run(c);
+  }
+  for (const auto& r : plan.removes) {
+    if (::unlink(r.c_str()) == 0) {
+      std::printf("removed %s\n", r.c_str());
+    } else if (errno != ENOENT) {
+      return ErrnoError("remove " + r, errno);
+    }
+  }
+  for (const auto& c : plan.commands) {
+    std::printf("+ %s\n", Quote(c).c_str());
+    std::fflush(stdout);
+    if (int rc = Run(c); rc != 0) {
+      return Unavailable(Quote(c) +
+                         (rc < 0 ? " could not run" : " failed with exit status " + std::to_string(rc)));
+    }
+  }
+  return Status::OK();
+}
+
+namespace {
+
+struct HttpAnswer {
+  int status = 0;  // 0: no answer
+  std::string body;
+  std::string error;
+};
+
+// One GET over loopback or a unix socket, bounded by `timeout_ms`.
+HttpAnswer Get(const http::ServerOptions& where, const std::string& path, const std::string& token,
+               int timeout_ms) {
+  HttpAnswer a;
+  int fd = -1;
+  if (!where.unix_path.empty()) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (where.unix_path.size() >= sizeof addr.sun_path) return {0, "", "socket path too long"};
+    std::memcpy(addr.sun_path, where.unix_path.c_str(), where.unix_path.size());
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      a.error = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      return a;
+    }
+  } else {
+    std::string host = where.host.empty() || where.host == "0.0.0.0" ? "127.0.0.1"
+                       : where.host == "::"                          ? "::1"
+                                                                     : where.host;
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (int rc = ::getaddrinfo(host.c_str(), std::to_string(where.port).c_str(), &hints, &res); rc != 0) {
+      return {0, "", ::gai_strerror(rc)};
+    }
+    fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd < 0 ? -1 : ::connect(fd, res->ai_addr, res->ai_addrlen);
+    int e = errno;
+    ::freeaddrinfo(res);
+    if (rc != 0) {
+      if (fd >= 0) ::close(fd);
+      return {0, "", std::strerror(e)};
+    }
+  }
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n";
+  if (!token.empty()) req += "Authorization: Bearer " + token + "\r\n";
+  req += "\r\n";
+  (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string in;
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) {
+      a.error = "no answer within " + std::to_string(timeout_ms / 1000) + " s";
+      break;
+    }
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    in.append(buf, static_cast<size_t>(n));
+    if (in.size() > (1 << 20)) break;
+  }
+  ::close(fd);
+  if (in.compare(0, 5, "HTTP/") == 0 && in.size() > 12) {
+    a.status = std::atoi(in.c_str() + 9);
+    if (size_t body = in.find("\r\n\r\n"); body != std::string::npos) a.body = in.substr(body + 4);
+  } else if (a.error.empty()) {
+    a.error = "not an HTTP answer";
+  }
+  return a;
+}
+
+}  // namespace
+
+int ServiceStatus(const ServiceHost& host, ServiceScope scope, const Config& config) {
+  bool running = false;
+  std::fflush(stdout);
+  if (host.platform == ServicePlatform::kSystemd) {
+    (void)Run(Systemctl(scope, {"--no-pager", "--lines=5", "status", kUnit}));
+    running = Run(Systemctl(scope, {"--quiet", "is-active", kUnit})) == 0;
+  } else {
+    running = Run({"launchctl", "print", LaunchdDomain(host, scope) + "/" + kLabel}) == 0;
+  }
+  std::string token;
+  if (!config.token_file.empty()) {
+    if (auto t = fs::ReadFile(config.token_file); t.ok()) {
+      token = *t;
+      while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+    }
+  }
+  std::string where = FormatListen(config.api.server);
+  HttpAnswer live = Get(config.api.server, "/v2/health/live", token, 3000);
+  std::printf("\naotid API at %s:\n", where.c_str());
+  if (live.status == 0) {
+    std::printf("  not answering (%s)%s\n", live.error.c_str(),
+                running ? "; the service runs: it may still be starting, or listen elsewhere" : "");
+    return 3;
+  }
+  if (live.status == 401 || live.status == 403) {
+    std::printf("  answers, but refuses this request (%d): server.token_file %s\n", live.status,
+                token.empty() ? "is not set in this config" : "holds another token");
+    return 1;
+  }
+  HttpAnswer ready = Get(config.api.server, "/v2/health/ready", token, 3000);
+  std::printf(
+      "  live: %s\n  ready: %s\n",
+      live.status == 200 ? "yes" : ("no (" + std::to_string(live.status) + ")").c_str(),
+      ready.status == 200 ? "yes" : ("no: " + (ready.body.empty() ? ready.error : ready.body)).c_str());
+  return ready.status == 200 ? 0 : 1;
+}
+
+}  // namespace aotid::daemon
