@@ -58,13 +58,15 @@ TEST(ServiceInstall, UserAndSystemUnitsRunThisExecutable) {
   ASSERT_NE(unit, nullptr);
   EXPECT_NE(unit->contents.find("\nExecStart=/usr/bin/true serve\n"), std::string::npos);
   EXPECT_EQ(unit->contents.find("/usr/local/bin/aotid"), std::string::npos);
-  EXPECT_EQ(user->commands.back(), (std::vector<std::string>{"systemctl", "--user", "restart", "aotid.service"}));
+  EXPECT_EQ(user->commands.back(),
+            (std::vector<std::string>{"systemctl", "--user", "restart", "aotid.service"}));
 
   auto system = PlanServiceInstall(h, ServiceScope::kSystem);
   ASSERT_TRUE(system.ok()) << system.status().message();
   unit = FindFile(*system, "/etc/systemd/system/aotid.service");
   ASSERT_NE(unit, nullptr);
-  EXPECT_NE(unit->contents.find("\nExecStart=/usr/bin/true --config /etc/aotid/aotid.toml"), std::string::npos);
+  EXPECT_NE(unit->contents.find("\nExecStart=/usr/bin/true --config /etc/aotid/aotid.toml"),
+            std::string::npos);
   EXPECT_NE(unit->contents.find("\nDynamicUser=yes\n"), std::string::npos);
   const auto* config = FindFile(*system, "/etc/aotid/aotid.toml");
   ASSERT_NE(config, nullptr);
@@ -85,12 +87,13 @@ TEST(ServiceInstall, LaunchDaemonNeverRunsAsRoot) {
   const auto* plist = FindFile(*plan, "/Library/LaunchDaemons/dev.aotid.plist");
   ASSERT_NE(plist, nullptr);
   EXPECT_NE(plist->contents.find("<key>UserName</key>\n  <string>ada</string>"), std::string::npos);
-  EXPECT_EQ(plan->commands.back(),
-            (std::vector<std::string>{"launchctl", "bootstrap", "system", "/Library/LaunchDaemons/dev.aotid.plist"}));
+  EXPECT_EQ(plan->commands.back(), (std::vector<std::string>{"launchctl", "bootstrap", "system",
+                                                             "/Library/LaunchDaemons/dev.aotid.plist"}));
 }
 
 TEST(ServiceInstall, UninstallLeavesTheStoreAndSaysWhere) {
-  ServicePlan plan = PlanServiceUninstall(Host(ServicePlatform::kSystemd), ServiceScope::kUser, "/srv/models");
+  ServicePlan plan =
+      PlanServiceUninstall(Host(ServicePlatform::kSystemd), ServiceScope::kUser, "/srv/models");
   EXPECT_EQ(plan.removes, (std::vector<std::string>{"/home/ada/.config/systemd/user/aotid.service",
                                                     "/home/ada/.config/systemd/user/aotid.socket"}));
   ASSERT_FALSE(plan.notes.empty());
