@@ -259,10 +259,33 @@ void HttpApi::Routes() {
 
   r.Add("GET", "/v2/health/live",
         [](const http::Request&, http::Response& res) { res.Set(R"({"live":true})", kJson); });
+  // Ready: the start-up is done and every version that should be served
+  // (enabled, and its model's version policy wants it) answers requests. A
+  // version building, waiting for a retry or failed is not ready, and the
+  // answer names it (the first 20).
   r.Add("GET", "/v2/health/ready", [reg](const http::Request&, http::Response& res) {
-    bool ready = reg->startup_done();
+    json waiting = json::array();
+    size_t count = 0;
+    for (const auto& e : *reg->GetCatalog()) {
+      if (!e.enabled || !e.wanted) continue;
+      auto sm = reg->Find(e.name, e.version);
+      if (sm && sm->state == ServeState::kReady) continue;
+      if (++count > 20) continue;
+      json item{{"name", e.name},
+                {"version", std::to_string(e.version)},
+                {"state", sm ? std::string(ServeStateName(sm->state)) : std::string("queued")}};
+      if (sm && !sm->message.empty()) item["reason"] = sm->message;
+      waiting.push_back(std::move(item));
+    }
+    bool ready = reg->startup_done() && count == 0;
     res.status = ready ? 200 : 503;
-    res.Set(Dump(json{{"ready", ready}}), kJson);
+    json body{{"ready", ready}};
+    if (!reg->startup_done()) body["reason"] = "starting";
+    if (count > 0) {
+      body["not_ready"] = std::move(waiting);
+      body["not_ready_count"] = count;
+    }
+    res.Set(Dump(body), kJson);
   });
   r.Add("GET", "/v2", [](const http::Request&, http::Response& res) {
     res.Set(Dump(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}), kJson);

@@ -43,7 +43,12 @@ TEST(BuildFailure, MissingWorkerPythonFailsVersionWithReasonAndDaemonServes) {
   ASSERT_TRUE(infer);
   EXPECT_EQ(infer->status, 503);
   EXPECT_EQ(c.Get("/v2/health/live")->status, 200);
-  EXPECT_EQ(c.Get("/v2/health/ready")->status, 200);  // a failed model does not hold readiness back
+  // A model that should be served and is not holds readiness back, named.
+  auto health = c.Get("/v2/health/ready");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_NE(health->body.find(R"("name":"mlp")"), std::string::npos) << health->body;
+  EXPECT_NE(health->body.find(R"("state":"failed")"), std::string::npos) << health->body;
   EXPECT_TRUE((*d)->Alive());
 
   // The failure is recorded in the store, where `aotid ls` shows it.

@@ -178,6 +178,44 @@ TEST_F(HttpApiTest, UnloadedModelIsUnavailableWithTheWayBackNotUnknown) {
   EXPECT_EQ(StatusOf(unknown), 404) << unknown;
 }
 
+// Ready means every version that should be served answers: one building or
+// failed holds it back and is named; an unloaded one or one its model's
+// policy no longer serves does not.
+TEST_F(HttpApiTest, ReadyOnlyWhenEveryWantedVersionIsReady) {
+  auto ready = [this] {
+    std::string reply = Send("GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    return std::make_pair(StatusOf(reply), BodyOf(reply));
+  };
+  EXPECT_EQ(ready().first, 503);  // the start-up is not done
+  EXPECT_EQ(ready().second["reason"], "starting");
+  registry_.SetStartupDone();
+  EXPECT_EQ(ready().first, 200);  // nothing to serve
+
+  registry_.SetCatalog({{"a", 1, true, true, "latest"},
+                        {"b", 1, true, false, "latest"},  // an older version of b
+                        {"b", 2, true, true, "latest"},
+                        {"c", 1, /*enabled=*/false, false, "latest"}});
+  ServedModel a{"a", 1, ServeState::kBuilding};
+  registry_.Put(a);
+  ServedModel b2{"b", 2, ServeState::kFailed};
+  b2.message = "the build failed: out of memory";
+  registry_.Put(b2);
+  auto [status, body] = ready();
+  EXPECT_EQ(status, 503);
+  EXPECT_EQ(body["not_ready_count"], 2);
+  EXPECT_EQ(body["not_ready"], nlohmann::json::parse(R"([{"name":"a","version":"1","state":"building"},
+      {"name":"b","version":"2","state":"failed","reason":"the build failed: out of memory"}])"));
+
+  a.state = ServeState::kReady;
+  registry_.Put(a);
+  b2.state = ServeState::kReady;
+  registry_.Put(b2);
+  EXPECT_EQ(ready().first, 200) << ready().second.dump();
+  ServedModel b1{"b", 1, ServeState::kFailed};  // not wanted: does not count
+  registry_.Put(b1);
+  EXPECT_EQ(ready().first, 200) << ready().second.dump();
+}
+
 TEST(ErrorBody, InvalidUtf8BecomesReplacementCharacters) {
   auto body = nlohmann::json::parse(ErrorBody("bad \xff\xfe byte"), nullptr, false);
   ASSERT_TRUE(body.is_object());
