@@ -80,6 +80,16 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
       });
 }
 
+void Reconciler::SetLimits(const ReconcilerOptions& fresh) {
+  options_.max_queued_requests = fresh.max_queued_requests;
+  options_.retry_initial_ms = fresh.retry_initial_ms;
+  options_.max_attempts = fresh.max_attempts;
+  options_.run_timeout_ms = fresh.run_timeout_ms;
+  options_.memory_limit_bytes = fresh.memory_limit_bytes;
+  options_.runner_max_crashes = fresh.runner_max_crashes;
+  options_.runner_crash_window_ms = fresh.runner_crash_window_ms;
+}
+
 Status Reconciler::RetryFailed(const std::string& name) {
   const std::string prefix = name + ":";
   size_t forgotten = std::erase_if(failed_, [&](const std::string& k) { return k.starts_with(prefix); });

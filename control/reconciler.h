@@ -93,6 +93,9 @@ class Reconciler {
   // `name`, and reconciles: they are tried again now (a repository load of
   // a model that is loaded already).
   Status RetryFailed(const std::string& name);
+  // A reload's limits (max_attempts, retry_initial_ms, the runner limits,
+  // max_queued_requests): for builds and loads from now on. Loop thread.
+  void SetLimits(const ReconcilerOptions& fresh);
   // No new work after this; work in flight finishes (its outcome is still
   // recorded). Callbacks that arrive after the reconciler is destroyed do
   // nothing.

@@ -130,6 +130,46 @@ void ResolveDefaults(Config* c) {
 
 }  // namespace
 
+std::vector<std::string> ChangedKeys(const Config& a, const Config& b) {
+  const http::ServerOptions &sa = a.api.server, &sb = b.api.server;
+  const std::pair<const char*, bool> keys[] = {
+      {"store.path", a.store_path != b.store_path},
+      {"server.listen", sa.host != sb.host || sa.port != sb.port || sa.unix_path != sb.unix_path},
+      {"server.threads", sa.threads != sb.threads},
+      {"server.max_body_bytes", sa.limits.max_body_bytes != sb.limits.max_body_bytes},
+      {"server.max_header_bytes", sa.limits.max_header_bytes != sb.limits.max_header_bytes},
+      {"server.request_timeout_s", sa.request_timeout_s != sb.request_timeout_s},
+      {"server.idle_timeout_s", sa.idle_timeout_s != sb.idle_timeout_s},
+      {"server.drain_timeout_s", sa.drain_timeout_s != sb.drain_timeout_s},
+      {"server.max_connections_per_address", sa.max_connections_per_address != sb.max_connections_per_address},
+      {"server.max_queued_requests", a.max_queued_requests != b.max_queued_requests},
+      {"server.token_file", a.token_file != b.token_file},
+      {"server.token_scope", a.api.token_for_all != b.api.token_for_all},
+      {"server.allowed_hosts", a.api.allowed_hosts != b.api.allowed_hosts},
+      {"server.cors_origins", a.api.cors_origins != b.api.cors_origins},
+      {"build.python", a.python != b.python},
+      {"build.worker_dir", a.worker_dir != b.worker_dir},
+      {"build.jobs", a.build_jobs != b.build_jobs},
+      {"build.timeout_s", a.build_timeout_s != b.build_timeout_s},
+      {"build.retry_initial_s", a.build_retry_initial_s != b.build_retry_initial_s},
+      {"build.max_attempts", a.build_max_attempts != b.build_max_attempts},
+      {"build.cxx", a.cxx != b.cxx},
+      {"runner.timeout_s", a.run_timeout_s != b.run_timeout_s},
+      {"runner.memory_limit_mb", a.memory_limit_mb != b.memory_limit_mb},
+      {"runner.max_crashes", a.runner_max_crashes != b.runner_max_crashes},
+      {"runner.crash_window_s", a.runner_crash_window_s != b.runner_crash_window_s},
+      {"log.level", a.log_level != b.log_level},
+      {"log.file", a.log_file != b.log_file},
+      {"log.max_size_mb", a.log_max_size_mb != b.log_max_size_mb},
+      {"log.keep", a.log_keep != b.log_keep},
+  };
+  std::vector<std::string> out;
+  for (const auto& [name, changed] : keys) {
+    if (changed) out.emplace_back(name);
+  }
+  return out;
+}
+
 StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name) {
   toml::table root;
   try {

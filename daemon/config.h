@@ -46,6 +46,10 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
+// The keys whose values differ ("server.listen", "log.level", ...), in the
+// order configs/aotid.toml lists them.
+std::vector<std::string> ChangedKeys(const Config& a, const Config& b);
+
 // Parses TOML text. Errors read "FILE:LINE:COL: what is wrong with KEY".
 StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name);
 

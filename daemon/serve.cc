@@ -167,13 +167,57 @@ struct ServiceStatus {
   }
 };
 
+StatusOr<std::string> ReadToken(const std::string& path);
+
+// The reconciler's limits from the config (at start and at each reload).
+void SetLimits(const Config& config, const runtime::HardwareInfo& hw, control::ReconcilerOptions* o) {
+  o->max_queued_requests = config.max_queued_requests;
+  o->retry_initial_ms = config.build_retry_initial_s * 1000;
+  o->max_attempts = config.build_max_attempts;
+  o->run_timeout_ms = int64_t{config.run_timeout_s} * 1000;
+  o->memory_limit_bytes = config.memory_limit_mb > 0 ? static_cast<uint64_t>(config.memory_limit_mb) << 20
+                                                     : static_cast<uint64_t>(hw.memory_bytes) / 4 * 3;
+  o->runner_max_crashes = config.runner_max_crashes;
+  o->runner_crash_window_ms = int64_t{config.runner_crash_window_s} * 1000;
+}
+
 // SIGHUP: the configuration read again; what can change live is applied.
 struct Reload {
   uv_signal_t sighup{};
   std::function<StatusOr<Config>()> load;
   Config current;
+  std::string current_token;
+  runtime::HardwareInfo hw;
   ServiceManager* manager = nullptr;
   storage::ModelStore* store = nullptr;
+  serving::HttpApi* http = nullptr;
+  runtime::Builder* builder = nullptr;
+  control::Reconciler* reconciler = nullptr;
+
+  // The keys that wait for a restart keep their running values in
+  // `current`, so that the next reload names them again.
+  static void RestoreKeys(const Config& running, const std::vector<std::string>& keys, Config* next) {
+    for (const auto& k : keys) {
+      if (k == "store.path") next->store_path = running.store_path;
+      if (k == "server.listen") {
+        next->api.server.host = running.api.server.host;
+        next->api.server.port = running.api.server.port;
+        next->api.server.unix_path = running.api.server.unix_path;
+      }
+      if (k == "server.threads") next->api.server.threads = running.api.server.threads;
+      if (k == "server.max_body_bytes") next->api.server.limits = running.api.server.limits;
+      if (k == "server.max_header_bytes") next->api.server.limits = running.api.server.limits;
+      if (k == "server.request_timeout_s") next->api.server.request_timeout_s = running.api.server.request_timeout_s;
+      if (k == "server.idle_timeout_s") next->api.server.idle_timeout_s = running.api.server.idle_timeout_s;
+      if (k == "server.drain_timeout_s") next->api.server.drain_timeout_s = running.api.server.drain_timeout_s;
+      if (k == "server.max_connections_per_address") {
+        next->api.server.max_connections_per_address = running.api.server.max_connections_per_address;
+      }
+      if (k == "build.python") next->python = running.python;
+      if (k == "build.worker_dir") next->worker_dir = running.worker_dir;
+      if (k == "build.cxx") next->cxx = running.cxx;
+    }
+  }
 
   static void OnSignal(uv_signal_t* handle, int) {
     auto* self = static_cast<Reload*>(handle->data);
@@ -188,51 +232,85 @@ struct Reload {
         "RELOADING=1\nMONOTONIC_USEC=" + std::to_string(int64_t{now.tv_sec} * 1000000 + now.tv_nsec / 1000) +
         "\nSTATUS=reloading the configuration\n");
     auto fresh = load();
+    // The token file is read again at every reload (a new token in the
+    // same file is the usual rotation); one that cannot be read refuses
+    // the reload as a broken file would.
+    std::string token;
+    if (fresh.ok() && !fresh->token_file.empty()) {
+      auto t = ReadToken(fresh->token_file);
+      if (t.ok()) {
+        token = *t;
+      } else {
+        fresh = t.status();
+      }
+    }
     if (!fresh.ok()) {
       LOG_ERROR << "reload refused, the running configuration is kept: " << fresh.status().message();
       manager->Notify("READY=1\nSTATUS=reload refused: " + fresh.status().message().substr(0, 200) + "\n");
       return;
     }
-    std::vector<std::string> applied, later;
+    std::vector<std::string> changed = ChangedKeys(current, *fresh);
+    auto has = [&changed](std::string_view prefix) {
+      return std::any_of(changed.begin(), changed.end(),
+                         [prefix](const std::string& k) { return k.rfind(prefix, 0) == 0; });
+    };
+    std::vector<std::string> applied, from_now, later;
     if (fresh->log_level != current.log_level) {
       log::Level level;
-      if (log::ParseLevel(fresh->log_level, &level)) {
-        log::SetLevel(level);
-        applied.push_back("log.level " + fresh->log_level);
-      }
+      if (log::ParseLevel(fresh->log_level, &level)) log::SetLevel(level);
     }
-    if (fresh->log_file != current.log_file || fresh->log_max_size_mb != current.log_max_size_mb ||
-        fresh->log_keep != current.log_keep) {
+    if (has("log.file") || has("log.max_size_mb") || has("log.keep")) {
       if (fresh->log_file.empty()) {
         log::ResetToStderr();
-        applied.push_back("log to stderr");
       } else if (Status s =
                      log::SetFile(fresh->log_file, int64_t{fresh->log_max_size_mb} << 20, fresh->log_keep);
-                 s.ok()) {
-        applied.push_back("log.file " + fresh->log_file);
-      } else {
+                 !s.ok()) {
         LOG_ERROR << "reload: " << s.message() << " (log.file); keeping the log where it was";
         fresh->log_file = current.log_file;
+        fresh->log_max_size_mb = current.log_max_size_mb;
+        fresh->log_keep = current.log_keep;
       }
     }
-    // What the running daemon cannot change: the rest, compared with the
-    // log settings set equal.
-    Config rest = *fresh;
-    rest.log_level = current.log_level;
-    rest.log_file = current.log_file;
-    rest.log_max_size_mb = current.log_max_size_mb;
-    rest.log_keep = current.log_keep;
-    if (!(rest == current)) later.push_back("the other changed keys take effect at the next start");
+    bool token_changed = token != current_token;
+    if (http != nullptr && (token_changed || has("server.token_scope") || has("server.allowed_hosts") ||
+                            has("server.cors_origins"))) {
+      serving::HttpOptions access = fresh->api;
+      access.token = token;
+      http->UpdateAccess(access);
+      if (token_changed && !has("server.token_file")) applied.push_back("the token in " + fresh->token_file);
+      current_token = token;
+    }
+    if (builder != nullptr && (has("build.jobs") || has("build.timeout_s"))) {
+      builder->SetLimits(fresh->build_jobs, fresh->build_timeout_s);
+    }
+    if (reconciler != nullptr) {
+      control::ReconcilerOptions limits;
+      SetLimits(*fresh, hw, &limits);
+      reconciler->SetLimits(limits);
+    }
+    // What each changed key became.
+    for (const auto& key : ChangedKeys(current, *fresh)) {
+      if (key.rfind("log.", 0) == 0 || key == "server.token_file" || key == "server.token_scope" ||
+          key == "server.allowed_hosts" || key == "server.cors_origins" || key == "build.jobs" ||
+          key == "build.timeout_s" || key == "build.retry_initial_s" || key == "build.max_attempts") {
+        applied.push_back(key);
+      } else if (key.rfind("runner.", 0) == 0 || key == "server.max_queued_requests") {
+        from_now.push_back(key);
+      } else {
+        later.push_back(key);
+      }
+    }
     std::string said = applied.empty() ? "nothing to apply" : "applied " + Join(applied);
-    if (!later.empty()) said += "; " + Join(later);
+    if (!from_now.empty()) said += "; " + Join(from_now) + " apply to model versions loaded from now on";
+    if (!later.empty()) said += "; waiting for the next start: " + Join(later);
     LOG_INFO << "reloaded " << fresh->source << ": " << said;
     if (store) RecordDaemonEvent(store, "daemon_reloaded", "reloaded " + fresh->source + ": " + said);
     // Kept as applied: a key that waits for a restart is named again at
     // the next reload.
-    current.log_level = fresh->log_level;
-    current.log_file = fresh->log_file;
-    current.log_max_size_mb = fresh->log_max_size_mb;
-    current.log_keep = fresh->log_keep;
+    std::vector<std::string> keep(later);
+    Config next = *fresh;
+    if (!keep.empty()) RestoreKeys(current, keep, &next);
+    current = next;
     manager->Notify("READY=1\nSTATUS=reloaded\n");
   }
   static std::string Join(const std::vector<std::string>& parts) {
@@ -369,14 +447,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   control::ReconcilerOptions ropts;
   ropts.fingerprint = fingerprint;
   ropts.hardware = hw;
-  ropts.max_queued_requests = config.max_queued_requests;
-  ropts.retry_initial_ms = config.build_retry_initial_s * 1000;
-  ropts.max_attempts = config.build_max_attempts;
-  ropts.run_timeout_ms = int64_t{config.run_timeout_s} * 1000;
-  ropts.memory_limit_bytes = config.memory_limit_mb > 0 ? static_cast<uint64_t>(config.memory_limit_mb) << 20
-                                                        : static_cast<uint64_t>(hw.memory_bytes) / 4 * 3;
-  ropts.runner_max_crashes = config.runner_max_crashes;
-  ropts.runner_crash_window_ms = int64_t{config.runner_crash_window_s} * 1000;
+  SetLimits(config, hw, &ropts);
   control::UvLoop timers(&loop);
   // Runners write only in their own scratch directories, beneath the
   // staging directory that every start clears.
@@ -436,6 +507,11 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   Reload reload;
   reload.load = std::move(reload_config);
   reload.current = config;
+  reload.current_token = hopts.token;
+  reload.hw = hw;
+  reload.http = &http;
+  reload.builder = &builder;
+  reload.reconciler = &reconciler;
   reload.manager = &service;
   reload.store = store->get();
   reload.sighup.data = &reload;

@@ -369,4 +369,10 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   StartNext();
 }
 
+void Builder::SetLimits(int jobs, int timeout_s) {
+  options_.jobs = std::max(1, jobs);
+  options_.timeout_s = timeout_s;
+  StartNext();
+}
+
 }  // namespace aotid::runtime

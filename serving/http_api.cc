@@ -161,22 +161,39 @@ int HttpStatusFor(const Status& s) {
 
 HttpApi::HttpApi(const ModelRegistry* registry, Metrics* metrics, HttpOptions options)
     : registry_(registry), metrics_(metrics), options_(std::move(options)), router_(ErrorBody) {
+  access_ = std::make_shared<const HttpOptions>(options_);
   Routes();
+}
+
+std::shared_ptr<const HttpOptions> HttpApi::Access() const {
+  MutexLock lock(&access_mu_);
+  return access_;
+}
+
+void HttpApi::UpdateAccess(const HttpOptions& fresh) {
+  auto next = std::make_shared<HttpOptions>(options_);
+  next->token = fresh.token;
+  next->token_for_all = fresh.token_for_all;
+  next->allowed_hosts = fresh.allowed_hosts;
+  next->cors_origins = fresh.cors_origins;
+  MutexLock lock(&access_mu_);
+  access_ = std::move(next);
 }
 
 HttpApi::~HttpApi() = default;
 
 void HttpApi::Handle(http::Request& req, http::Response& res) const {
-  if (Admit(req, res)) router_.Dispatch(req, res);
+  std::shared_ptr<const HttpOptions> access = Access();  // one request, one policy
+  if (Admit(req, res, *access)) router_.Dispatch(req, res);
   // Refusals are the client's business, but an operator chasing one turns
   // on log.level = "debug" and sees each with its reason.
   if (res.status >= 400) {
     LOG_DEBUG << "answered " << res.status << " to " << req.method << " " << req.path.substr(0, 200) << ": "
               << res.body.substr(0, 300);
   }
-  if (!options_.cors_origins.empty()) {
+  if (!access->cors_origins.empty()) {
     std::string origin = req.Get("Origin");
-    if (!origin.empty() && OriginAllowed(options_.cors_origins, origin)) {
+    if (!origin.empty() && OriginAllowed(access->cors_origins, origin)) {
       res.SetHeader("Access-Control-Allow-Origin", origin);
       res.SetHeader("Vary", "Origin");
     }
@@ -185,8 +202,7 @@ void HttpApi::Handle(http::Request& req, http::Response& res) const {
 
 // Before any route: the Host check, CORS preflights and the bearer token.
 // False when it has answered the request itself.
-bool HttpApi::Admit(const http::Request& req, http::Response& res) const {
-  const HttpOptions& opts = options_;
+bool HttpApi::Admit(const http::Request& req, http::Response& res, const HttpOptions& opts) const {
   {
     if (opts.check_host && req.Has("Host")) {
       std::string host = http::HostWithoutPort(req.Get("Host"));

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "http/server.h"
 #include "serving/metrics.h"
@@ -63,14 +64,20 @@ class HttpApi {
   // loaded already: the daemon then tries its failed versions again. Set
   // before Serve().
   void OnLoadOfLoaded(std::function<void(const std::string& name)> retry) { *load_hook_ = std::move(retry); }
+  // A reload's token, token scope, allowed hosts and CORS origins: every
+  // request that starts after it is admitted by them. Safe from any thread.
+  void UpdateAccess(const HttpOptions& fresh) EXCLUDES(access_mu_);
 
  private:
   void Routes();
   void Handle(http::Request& req, http::Response& res) const;
-  bool Admit(const http::Request& req, http::Response& res) const;
+  bool Admit(const http::Request& req, http::Response& res, const HttpOptions& opts) const;
+  std::shared_ptr<const HttpOptions> Access() const EXCLUDES(access_mu_);
   const ModelRegistry* registry_;
   Metrics* metrics_;
-  HttpOptions options_;
+  HttpOptions options_;  // as started; the access fields as of Access()
+  mutable Mutex access_mu_;
+  std::shared_ptr<const HttpOptions> access_ GUARDED_BY(access_mu_);
   http::Router router_;
   std::unique_ptr<http::Server> server_;
   int port_ = 0;

@@ -240,7 +240,10 @@ TEST(ServiceManager, SighupReloadsWhatCanChangeAndRefusesABrokenConfig) {
   TempDir dir;
   std::string store = dir / "store";
   std::string config = dir / "aotid.toml";
+  std::string token_file = dir / "token";
   ASSERT_OK(fs::WriteFileAtomic(config, "[log]\nlevel = \"info\"\n"));
+  ASSERT_OK(fs::WriteFileAtomic(token_file, "first-token\n"));
+  ::chmod(token_file.c_str(), 0600);
   RunOptions opts;
   opts.env = {"AOTID_CONFIG=" + config};
   auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log", opts);
@@ -249,21 +252,62 @@ TEST(ServiceManager, SighupReloadsWhatCanChangeAndRefusesABrokenConfig) {
   auto log_has = [&](const std::string& text) {
     return WaitFor([&] { return (*d)->Log().find(text) != std::string::npos; }, 10);
   };
+  httplib::Client c("127.0.0.1", (*d)->port());
+  auto index_status = [&](const std::string& token, const std::string& origin = "") {
+    httplib::Headers h;
+    if (!token.empty()) h.emplace("Authorization", "Bearer " + token);
+    if (!origin.empty()) h.emplace("Origin", origin);
+    auto r = c.Post("/v2/repository/index", h, "{}", "application/json");
+    return r ? r->status : 0;
+  };
+  EXPECT_EQ(index_status(""), 200);  // no token yet
+  EXPECT_EQ(index_status("", "http://app.local"), 403);
 
-  ASSERT_OK(fs::WriteFileAtomic(config, "[log]\nlevel = \"debug\"\n[server]\nthreads = 3\n"));
+  // A token, CORS, a runner limit and a key that waits for a restart.
+  ASSERT_OK(fs::WriteFileAtomic(
+      config, "[log]\nlevel = \"debug\"\n[server]\nthreads = 3\ntoken_file = \"" + token_file +
+                  "\"\ntoken_scope = \"repository\"\ncors_origins = [\"http://app.local\"]\n"
+                  "[runner]\nmemory_limit_mb = 3000\n"));
   ASSERT_EQ(::kill(pid, SIGHUP), 0);
   EXPECT_TRUE(log_has("reloaded " + config +
-                      ": applied log.level debug; the other changed keys take effect at the next start"))
+                      ": applied server.token_file, server.token_scope, server.cors_origins, log.level; "
+                      "runner.memory_limit_mb apply to model versions loaded from now on; "
+                      "waiting for the next start: server.threads"))
       << (*d)->Log();
+  EXPECT_EQ(index_status(""), 401);
+  EXPECT_EQ(index_status("first-token"), 200);
+  EXPECT_EQ(index_status("first-token", "http://app.local"), 200);
+  EXPECT_EQ(Get((*d)->port(), "/v2/health/live").status, 200);  // scope: the repository routes alone
   // Debug lines now: a store change is reconciled with one.
   ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp_so.pt2"), "--name", "mlp"}), 0);
   EXPECT_TRUE(log_has("debug store changed; reconciling")) << (*d)->Log();
+  ASSERT_TRUE(WaitReady((*d)->port(), "mlp", 60)) << (*d)->Log();
+  // The version loaded after the reload runs under the new memory limit.
+  auto runners = Pids("internal-runner --label mlp:1 ");
+  ASSERT_EQ(runners.size(), 1u);
+  std::string limits = fs::ReadFile("/proc/" + std::to_string(runners[0]) + "/limits").value_or("");
+  EXPECT_NE(limits.find(std::to_string(int64_t{3000} << 20)), std::string::npos) << limits;
 
+  // The token rotates in its file: a reload reads it again.
+  ASSERT_OK(fs::WriteFileAtomic(token_file, "second-token\n"));
+  ASSERT_EQ(::kill(pid, SIGHUP), 0);
+  EXPECT_TRUE(log_has("applied the token in " + token_file + "; waiting for the next start: server.threads"))
+      << (*d)->Log();
+  EXPECT_EQ(index_status("first-token"), 403);
+  EXPECT_EQ(index_status("second-token"), 200);
+
+  // A broken file, and a token file that cannot be read, are refused: the
+  // daemon goes on with what it had.
   ASSERT_OK(fs::WriteFileAtomic(config, "[log]\nlevel = \"loud\"\n[server\n"));
   ASSERT_EQ(::kill(pid, SIGHUP), 0);
   EXPECT_TRUE(log_has("reload refused, the running configuration is kept: ")) << (*d)->Log();
-  EXPECT_TRUE(WaitReady((*d)->port(), "mlp", 60)) << (*d)->Log();
-  EXPECT_EQ(CountEvents(store, "daemon_reloaded"), 1);
+  ASSERT_OK(fs::WriteFileAtomic(config, "[server]\ntoken_file = \"" + dir / "missing" + "\"\n"));
+  ASSERT_EQ(::kill(pid, SIGHUP), 0);
+  EXPECT_TRUE(log_has("reload refused, the running configuration is kept: server.token_file")) << (*d)->Log();
+  EXPECT_EQ(index_status("second-token"), 200);
+  EXPECT_EQ(Post((*d)->port(), "/v2/models/mlp/infer", "{\"inputs\":[]}").status, 400);  // still serving
+  EXPECT_TRUE(WaitReady((*d)->port(), "mlp", 5)) << (*d)->Log();
+  EXPECT_EQ(CountEvents(store, "daemon_reloaded"), 2);
   EXPECT_EQ((*d)->Stop(), 0);
 }
 
