@@ -207,9 +207,11 @@ struct Reload {
       if (k == "server.threads") next->api.server.threads = running.api.server.threads;
       if (k == "server.max_body_bytes") next->api.server.limits = running.api.server.limits;
       if (k == "server.max_header_bytes") next->api.server.limits = running.api.server.limits;
-      if (k == "server.request_timeout_s") next->api.server.request_timeout_s = running.api.server.request_timeout_s;
+      if (k == "server.request_timeout_s")
+        next->api.server.request_timeout_s = running.api.server.request_timeout_s;
       if (k == "server.idle_timeout_s") next->api.server.idle_timeout_s = running.api.server.idle_timeout_s;
-      if (k == "server.drain_timeout_s") next->api.server.drain_timeout_s = running.api.server.drain_timeout_s;
+      if (k == "server.drain_timeout_s")
+        next->api.server.drain_timeout_s = running.api.server.drain_timeout_s;
       if (k == "server.max_connections_per_address") {
         next->api.server.max_connections_per_address = running.api.server.max_connections_per_address;
       }

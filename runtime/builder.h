@@ -87,7 +87,7 @@ class Builder final : public BuildRunner {
   // drops queued ones.
   void Shutdown();
 
- // A reload's build.jobs and build.timeout_s: for builds started from now
+  // A reload's build.jobs and build.timeout_s: for builds started from now
   // on (more jobs start queued builds at once). Loop thread.
   void SetLimits(int jobs, int timeout_s);
 
