@@ -1,5 +1,8 @@
 #include "daemon/config.h"
 
+#include <map>
+#include <sstream>
+
 #include "base/fs.h"
 #include "test_util.h"
 
@@ -29,6 +32,41 @@ TEST(Config, ShippedConfigFileParsesToTheDefaults) {
   EXPECT_EQ(c->log_file, defaults.log_file);
   EXPECT_EQ(c->log_max_size_mb, defaults.log_max_size_mb);
   EXPECT_EQ(c->log_keep, defaults.log_keep);
+}
+
+// A reload names what changed: each key of the shipped file, set alone to
+// another value, is named, and only it (a key added to the file but not to
+// ChangedKeys fails here).
+TEST(Config, ChangedKeysNamesEachKeyOfTheShippedFile) {
+  auto text = fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/configs/aotid.toml");
+  ASSERT_TRUE(text.ok());
+  auto base = ParseConfig(*text, "aotid.toml");
+  ASSERT_TRUE(base.ok());
+  const std::map<std::string, std::string> other = {{"server.listen", "\"127.0.0.1:8766\""},
+                                                    {"server.token_scope", "\"repository\""},
+                                                    {"log.level", "\"debug\""},
+                                                    {"server.cors_origins", "[\"http://a.local\"]"}};
+  std::string section;
+  int keys = 0;
+  std::istringstream lines(*text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("[")) section = line.substr(1, line.find(']') - 1);
+    size_t eq = line.find(" = ");
+    if (line.empty() || line[0] == '#' || line[0] == '[' || eq == std::string::npos) continue;
+    std::string key = section + "." + line.substr(0, eq), value = line.substr(eq + 3);
+    std::string changed = other.count(key)  ? other.at(key)
+                          : value == "\"\"" ? "\"/x\""
+                          : value == "[]"   ? "[\"a\"]"
+                          : value[0] == '"' ? "\"x\""
+                                            : std::to_string(std::stoll(value) + 1);
+    auto c = ParseConfig("[" + section + "]\n" + line.substr(0, eq) + " = " + changed + "\n", "x.toml");
+    ASSERT_TRUE(c.ok()) << key << ": " << c.status().ToString();
+    Config defaults;
+    EXPECT_EQ(ChangedKeys(defaults, *c), std::vector<std::string>{key}) << line;
+    EXPECT_TRUE(ChangedKeys(*base, *base).empty());
+    ++keys;
+  }
+  EXPECT_GE(keys, 25);
 }
 
 // The [server] keys land in the options the HTTP API is given, unchanged
@@ -78,8 +116,9 @@ TEST(Config, ListenAddressesRoundTripThroughTheServerOptions) {
 }
 
 TEST(Config, GoodFileSetsValues) {
-  auto c = ParseConfig("[server]\nlisten = \"[::1]:9000\"\nthreads = 3\n[build]\njobs = 2\n[log]\nlevel = \"debug\"\n",
-                       "x.toml");
+  auto c = ParseConfig(
+      "[server]\nlisten = \"[::1]:9000\"\nthreads = 3\n[build]\njobs = 2\n[log]\nlevel = \"debug\"\n",
+      "x.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(FormatListen(c->api.server), "[::1]:9000");
   EXPECT_EQ(c->api.server.threads, 3);
@@ -88,8 +127,8 @@ TEST(Config, GoodFileSetsValues) {
 }
 
 TEST(Config, RunnerSectionSetsTheRunnersLimits) {
-  auto c = ParseConfig("[runner]\ntimeout_s = 7\nmemory_limit_mb = 2048\nmax_crashes = 2\ncrash_window_s = 30\n",
-                       "x.toml");
+  auto c = ParseConfig(
+      "[runner]\ntimeout_s = 7\nmemory_limit_mb = 2048\nmax_crashes = 2\ncrash_window_s = 30\n", "x.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->run_timeout_s, 7);
   EXPECT_EQ(c->memory_limit_mb, 2048);
@@ -155,14 +194,16 @@ TEST(Config, ParseListenAcceptsV4AndBracketedV6) {
   ASSERT_OK(ParseListen("unix:/run/aotid/aotid.sock", &host, &port));
   EXPECT_EQ(host, "unix:/run/aotid/aotid.sock");
   Status relative = ParseListen("unix:aotid.sock", &host, &port);
-  EXPECT_NE(relative.message().find("needs an absolute socket path"), std::string::npos) << relative.message();
+  EXPECT_NE(relative.message().find("needs an absolute socket path"), std::string::npos)
+      << relative.message();
   EXPECT_FALSE(ParseListen("unix:/" + std::string(200, 'x'), &host, &port).ok());
 }
 
 TEST(Config, SecurityKeysParseAndAreChecked) {
-  auto c = ParseConfig("[server]\ntoken_file = \"/etc/aotid/token\"\nallowed_hosts = [\"mybox.local\"]\n"
-                       "cors_origins = [\"http://localhost:3000\", \"*\"]\n",
-                       "x.toml");
+  auto c = ParseConfig(
+      "[server]\ntoken_file = \"/etc/aotid/token\"\nallowed_hosts = [\"mybox.local\"]\n"
+      "cors_origins = [\"http://localhost:3000\", \"*\"]\n",
+      "x.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->token_file, "/etc/aotid/token");
   EXPECT_EQ(c->api.allowed_hosts, std::vector<std::string>{"mybox.local"});
@@ -172,7 +213,8 @@ TEST(Config, SecurityKeysParseAndAreChecked) {
   auto mixed = ParseConfig("[server]\ncors_origins = [\"http://a\", 3]\n", "x.toml");
   EXPECT_NE(mixed.status().message().find("must be a list of strings"), std::string::npos);
   auto bare = ParseConfig("[server]\ncors_origins = [\"localhost:3000\"]\n", "x.toml");
-  EXPECT_NE(bare.status().message().find("entries are origins like"), std::string::npos) << bare.status().message();
+  EXPECT_NE(bare.status().message().find("entries are origins like"), std::string::npos)
+      << bare.status().message();
 }
 
 }  // namespace
