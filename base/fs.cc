@@ -3,14 +3,14 @@
 #ifdef __APPLE__
 #include <mach-o/dyld.h>
 #endif
-#include <climits>
-
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -217,7 +217,13 @@ bool IsDirectory(const std::string& path) {
 std::string ExpandHome(const std::string& path) {
   if (path == "~" || path.rfind("~/", 0) == 0) {
     const char* home = std::getenv("HOME");
-    if (home != nullptr) return std::string(home) + path.substr(1);
+    // Without $HOME (a service, `env -i`), the user's home from the
+    // password database: never a folder named "~" in the working directory.
+    if (home == nullptr || *home == '\0') {
+      const passwd* pw = ::getpwuid(::getuid());
+      home = pw != nullptr ? pw->pw_dir : nullptr;
+    }
+    if (home != nullptr && *home != '\0') return std::string(home) + path.substr(1);
   }
   return path;
 }

@@ -1,12 +1,16 @@
 #include "daemon/cli.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <climits>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -137,9 +141,20 @@ bool Interrupted(const storage::BuildRecord& b, bool daemon_running) {
          (b.state == storage::BuildState::kQueued || b.state == storage::BuildState::kBuilding);
 }
 
-json BuildJson(const storage::BuildRecord& b, bool daemon_running) {
+// The build's log: a finished build's in its cache entry, a failed one's
+// beside it; "" when there is none (yet).
+std::string BuildLogPath(const runtime::BuildCache& cache, const storage::BuildRecord& b) {
+  runtime::BuildKey key{b.artifact, b.package_model, b.device, b.fingerprint, b.options};
+  std::string path = b.state == storage::BuildState::kReady    ? cache.EntryDir(key) + "/build.log"
+                     : b.state == storage::BuildState::kFailed ? cache.FailedLogPath(key)
+                                                               : "";
+  return !path.empty() && fs::Exists(path) ? path : "";
+}
+
+json BuildJson(const storage::BuildRecord& b, bool daemon_running, const runtime::BuildCache& cache) {
   bool interrupted = Interrupted(b, daemon_running);
-  return {{"fingerprint", b.fingerprint},
+  return {{"log", BuildLogPath(cache, b)},
+          {"fingerprint", b.fingerprint},
           {"device", b.device},
           {"inductor_options", b.options.empty() ? json::object() : json::parse(b.options, nullptr, false)},
           {"state", interrupted ? std::string(kInterrupted) : std::string(storage::BuildStateName(b.state))},
@@ -365,6 +380,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
   if (!events.ok()) return Fail("show", events.status());
 
   bool daemon_running = FindDaemon(cfg->store_path).has_value();
+  runtime::BuildCache cache(cfg->store_path + "/cache");
   std::set<int64_t> want = storage::WantedVersions(*model);
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
@@ -378,7 +394,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     json here = json::array(), elsewhere = json::array();
     for (const auto& b : *builds) {
       if (b.package_model != v->package_model) continue;
-      (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b, daemon_running));
+      (b.fingerprint == fp ? here : elsewhere).push_back(BuildJson(b, daemon_running, cache));
     }
     j["versions"].push_back({{"version", v->version},
                              {"served_by_policy", want.count(v->version) > 0},
@@ -432,6 +448,9 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
       }
       if (!b["error"].get<std::string>().empty()) {
         std::printf("  build error     %s\n", b["error"].get<std::string>().c_str());
+      }
+      if (!b["log"].get<std::string>().empty()) {
+        std::printf("  build log       %s\n", b["log"].get<std::string>().c_str());
       }
     }
     for (const auto& o : v["builds_elsewhere"]) {
@@ -548,6 +567,12 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   int64_t freed = r->bytes_freed;
   Status pruned = PruneCache(verdicts, cache.root(), dry_run, "cached build cache/", &cache_entries, &freed);
   if (!pruned.ok()) return Fail("gc", pruned);
+  std::set<std::string> used;
+  for (const auto& u : *users) used.insert(u.artifact);
+  if (int logs = cache.RemoveFailedLogs(used, dry_run); logs > 0) {
+    std::cout << verb << " " << logs << " failed build log" << (logs == 1 ? "" : "s")
+              << " of removed artifacts\n";
+  }
   if (r->events_trimmed) std::cout << verb << " " << r->events_trimmed << " old events\n";
   std::cout << verb << " " << r->artifacts.size() + r->orphan_blobs.size() << " blobs, " << cache_entries
             << " cache entries, " << r->tmp_files.size() << " partial copies; " << HumanSize(freed)
@@ -718,6 +743,31 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
 
 }  // namespace
 
+// Root changing a store another user owns (`sudo aotid --store
+// /var/lib/aotid add ...` for the system service, which runs as its own
+// user): every file root made in it is given to the store's owner, so that
+// the service can still write its store (its database's journal, blobs/,
+// the lock) and remove what root added.
+void GiveStoreToItsOwner(const std::string& store_path) {
+  if (::geteuid() != 0) return;
+  char resolved[PATH_MAX];
+  if (::realpath(store_path.c_str(), resolved) == nullptr) return;
+  struct stat root_st;
+  if (::stat(resolved, &root_st) != 0 || root_st.st_uid == 0) return;
+  std::error_code ec;
+  auto give = [&](const std::string& path) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && st.st_uid == 0) {
+      (void)::lchown(path.c_str(), root_st.st_uid, root_st.st_gid);
+    }
+  };
+  for (auto it = std::filesystem::recursive_directory_iterator(
+           resolved, std::filesystem::directory_options::skip_permission_denied, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    give(it->path().string());
+  }
+}
+
 // `aotid service install|uninstall|status` (daemon/service.h).
 int CmdService(const GlobalFlags& g, const std::string& action, ServiceScope scope,
                const std::string& platform, bool dry_run) {
@@ -742,6 +792,9 @@ int CmdService(const GlobalFlags& g, const std::string& action, ServiceScope sco
   if (dry_run) {
     std::printf("%s of the aotid %s (dry run: nothing is changed)\n%s", action.c_str(), what.c_str(),
                 DescribePlan(*plan).c_str());
+    if (system && ::geteuid() != 0) std::printf("then: run it as root (sudo) to carry it out\n");
+    if (Status s = ServiceManagerRuns(host, scope); !s.ok())
+      std::printf("then: note: %s\n", s.message().c_str());
   } else {
     if (system && ::geteuid() != 0) {
       return Fail(
@@ -749,8 +802,20 @@ int CmdService(const GlobalFlags& g, const std::string& action, ServiceScope sco
           FailedPrecondition("the system service needs root: sudo " + fs::ExecutablePath() + " service " +
                              action + " --system (or --user for this user's own service)"));
     }
+    if (Status s = ServiceManagerRuns(host, scope); !s.ok() && action == "install") {
+      return Fail("service install",
+                  Status(s.code(), s.message() + "; nothing was written (--dry-run shows the files)"));
+    }
     std::printf("%s of the aotid %s\n", action.c_str(), what.c_str());
-    if (Status s = ApplyPlan(*plan); !s.ok()) return Fail("service " + action, s);
+    if (Status s = ApplyPlan(*plan); !s.ok()) {
+      return Fail("service " + action,
+                  Status(s.code(), s.message() + (action == "install"
+                                                      ? "; the files written so far stay (`aotid service "
+                                                        "uninstall" +
+                                                            std::string(system ? " --system" : " --user") +
+                                                            "` removes them)"
+                                                      : "")));
+    }
   }
   for (const auto& n : plan->notes) std::printf("%s%s\n", dry_run ? "then: " : "", n.c_str());
   return 0;
@@ -901,6 +966,17 @@ int RunCli(int argc, char** argv) {
     return kExitUsage;
   }
 
+  // Commands that write the store hand root's new files to its owner.
+  struct StoreOwner {
+    std::string path;
+    ~StoreOwner() {
+      if (!path.empty()) GiveStoreToItsOwner(path);
+    }
+  } store_owner;
+  if (::geteuid() == 0 &&
+      (add->parsed() || set->parsed() || rm->parsed() || gc->parsed() || cache->parsed())) {
+    if (auto cfg = Resolve(g); cfg.ok()) store_owner.path = cfg->store_path;
+  }
   if (add->parsed()) {
     if (add->count("--version")) add_req.version = add_version;
     for (const auto& [field, assignments] : add_options) {

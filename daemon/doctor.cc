@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 #include <string>
 
@@ -64,9 +65,18 @@ int RunDoctor(const Config& config) {
 
   auto [rc, torch] = RunShell(ShellQuote(config.python) + " -c 'import torch; print(torch.__version__)'");
   if (rc != 0) {
-    r.Fail("python", config.python + " cannot import torch",
+    // Why: not there, not runnable by this user (a venv's python3 links to
+    // the Python it was made from), or no torch.
+    std::string real = config.python;
+    if (char resolved[PATH_MAX]; ::realpath(config.python.c_str(), resolved) != nullptr) real = resolved;
+    std::string why = config.python.find('/') != std::string::npos && !fs::Exists(config.python)
+                          ? config.python + " does not exist (a link to " + real + "?)"
+                      : config.python.find('/') != std::string::npos && ::access(real.c_str(), X_OK) != 0
+                          ? config.python + " cannot be run by this user: " + real + " is closed to it"
+                          : config.python + " cannot import torch";
+    r.Fail("python", why,
            "set build.python to a Python with torch==" + std::string(runtime::kTorchVersion) +
-               " (./dev creates one under ~/.cache/aotid-dev)");
+               " that this user can run (the venv aotid was installed into has one)");
   } else if (torch != runtime::kTorchVersion) {
     r.Fail("python",
            config.python + " has torch " + torch + ", aotid was built against " + runtime::kTorchVersion,
@@ -126,10 +136,13 @@ int RunDoctor(const Config& config) {
              "set store.path (or --store) to a directory this user can write, or give it to this user");
     }
   } else if (store.status().code() == StatusCode::kNotFound) {
-    std::string parent = config.store_path.substr(0, config.store_path.find_last_of('/'));
-    if (parent.empty()) parent = ".";
-    std::string probe = fs::Exists(parent) ? parent : "/";
-    if (::access(probe.c_str(), W_OK) == 0 || !fs::Exists(parent)) {
+    // The nearest folder above it that exists must be writable.
+    std::string parent = config.store_path;
+    do {
+      size_t slash = parent.find_last_of('/');
+      parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
+    } while (parent != "/" && parent != "." && !fs::Exists(parent));
+    if (::access(parent.c_str(), W_OK) == 0) {
       r.Ok("store", config.store_path + " (not created yet; 'aotid add' creates it)");
     } else {
       r.Fail("store", config.store_path + " cannot be created: " + parent + " is not writable",

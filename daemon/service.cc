@@ -12,9 +12,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "base/fs.h"
@@ -84,6 +86,43 @@ std::string WhyUnreachable(const std::string& path) {
     }
   }
   return "";
+}
+
+// A path as one word of a unit file's command line: % and $ escaped (unit
+// specifiers and variables), quoted when it holds a space or a quote.
+std::string SystemdWord(const std::string& path) {
+  std::string out;
+  bool quote = false;
+  for (char c : path) {
+    if (c == '%') {
+      out += "%%";
+    } else if (c == '$') {
+      out += "$$";
+    } else if (c == '"' || c == '\\') {
+      out += std::string("\\") + c;
+      quote = true;
+    } else {
+      out += c;
+    }
+    if (c == ' ' || c == '\t' || c == '\'') quote = true;
+  }
+  return quote ? "\"" + out + "\"" : out;
+}
+
+std::string XmlText(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') {
+      out += "&amp;";
+    } else if (c == '<') {
+      out += "&lt;";
+    } else if (c == '>') {
+      out += "&gt;";
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 std::string Quote(const std::vector<std::string>& argv) {
@@ -161,6 +200,29 @@ std::string PlistPath(const ServiceHost& host, ServiceScope scope) {
 
 }  // namespace
 
+Status ServiceManagerRuns(const ServiceHost& host, ServiceScope scope) {
+  if (host.platform == ServicePlatform::kLaunchd) {
+    return Which("launchctl") == "launchctl"
+               ? FailedPrecondition("launchctl is not on this machine (not macOS?)")
+               : Status::OK();
+  }
+  if (scope == ServiceScope::kSystem) {
+    if (!fs::IsDirectory("/run/systemd/system")) {
+      return FailedPrecondition(
+          "systemd does not run this machine (no /run/systemd/system: a container, or another init)");
+    }
+    return Status::OK();
+  }
+  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir = runtime_dir && *runtime_dir ? runtime_dir : "/run/user/" + std::to_string(host.uid);
+  if (!fs::Exists(dir + "/systemd/private") && !fs::Exists(dir + "/bus")) {
+    return FailedPrecondition("no systemd user manager runs for this user (nothing at " + dir +
+                              "/systemd/private): log in to a session, or as root `loginctl enable-linger " +
+                              host.user + "`, or install the system service (--system)");
+  }
+  return Status::OK();
+}
+
 const std::string& ServiceTemplate(const std::string& name) {
   static const std::map<std::string, std::string> templates = {
 #include "daemon/service_templates.inc"
@@ -196,7 +258,15 @@ ServiceHost ServiceHost::Detect(const Config& config) {
   h.reads.push_back(Which(config.python));
   // torch, where the plugin finds it (its start-up, once).
   if (runtime::LoadTorchPlugin().ok()) {
-    if (std::string torch = runtime::LoadedTorchDir(); !torch.empty()) h.reads.push_back(torch);
+    if (std::string torch = runtime::LoadedTorchDir(); !torch.empty()) {
+      h.reads.push_back(torch);
+      // The libraries the runners and builds load, each readable.
+      std::error_code ec;
+      for (const auto& f : std::filesystem::directory_iterator(torch + "/lib", ec)) {
+        if (f.path().filename().string().find(".so") != std::string::npos)
+          h.reads.push_back(f.path().string());
+      }
+    }
   }
   return h;
 }
@@ -204,6 +274,7 @@ ServiceHost ServiceHost::Detect(const Config& config) {
 StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope scope) {
   if (host.executable.empty()) return FailedPrecondition("cannot tell where this aotid executable is");
   ServicePlan plan;
+  const std::string exe = Quote({host.executable});  // for the lines printed
   const bool system = scope == ServiceScope::kSystem;
   if (host.platform == ServicePlatform::kSystemd) {
     if (system) {
@@ -211,17 +282,21 @@ StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope s
       std::vector<std::string> paths{host.executable};
       paths.insert(paths.end(), host.reads.begin(), host.reads.end());
       for (const auto& p : paths) {
-        if (std::string why = WhyUnreachable(p); !why.empty()) unreachable.push_back(why);
+        std::string why = WhyUnreachable(p);
+        if (!why.empty() && std::find(unreachable.begin(), unreachable.end(), why) == unreachable.end()) {
+          unreachable.push_back(why);
+        }
       }
       if (!unreachable.empty()) {
         std::string list;
         for (const auto& u : unreachable) list += "\n  " + u;
         return FailedPrecondition(
             "the system service could not run this installation:" + list +
-            "\ninstall aotid where every user can read it, e.g. `python3 -m venv /opt/aotid && "
-            "/opt/aotid/bin/pip install AOTID_CHECKOUT_OR_WHEEL`, and run `sudo /opt/aotid/bin/aotid service "
-            "install --system`; "
-            "or install it for your user alone: `aotid service install --user`");
+            "\ninstall aotid into a venv every user can read, made from a Python outside /home and /root "
+            "(`sudo /usr/bin/python3 -m venv /opt/aotid`, then the README's Install steps with "
+            "/opt/aotid/bin/pip), "
+            "and run `sudo /opt/aotid/bin/aotid service install --system`; or install this one as your "
+            "user's service: `aotid service install --user`");
       }
     }
     std::string dir = UnitDir(host, scope);
@@ -231,7 +306,16 @@ StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope s
       plan.files.push_back({"/etc/aotid/aotid.toml", ServiceTemplate("configs/aotid.toml"), 0644, true});
     }
     std::string unit = ServiceTemplate(system ? "systemd/aotid.service" : "systemd/aotid-user.service");
-    plan.files.push_back({dir + "/" + kUnit, Replace(unit, kTemplateBinary, host.executable), 0644, false});
+    unit = Replace(unit, std::string("ExecStart=") + kTemplateBinary,
+                   "ExecStart=" + SystemdWord(host.executable));
+    // The README installed beside this aotid, when there is one.
+    std::string readme =
+        RealPath(host.executable.substr(0, host.executable.rfind('/')) + "/..") + "/share/aotid/README.md";
+    unit = Replace(unit, "Documentation=file:///usr/local/share/doc/aotid/README.md\n",
+                   fs::Exists(readme) && readme.find_first_of(" %$\"\\") == std::string::npos
+                       ? "Documentation=file://" + readme + "\n"
+                       : "");
+    plan.files.push_back({dir + "/" + kUnit, unit, 0644, false});
     plan.files.push_back({dir + "/" + kSocket, ServiceTemplate("systemd/aotid.socket"), 0644, false});
     plan.commands.push_back(Systemctl(scope, {"daemon-reload"}));
     plan.commands.push_back(Systemctl(scope, {"enable", kUnit}));
@@ -240,18 +324,17 @@ StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope s
     std::string flag = system ? " --system" : " --user";
     if (system) {
       plan.notes.push_back("the store is /var/lib/aotid: systemd makes it, for the service's own user");
-      plan.notes.push_back("add a model: sudo " + host.executable +
+      plan.notes.push_back("add a model: sudo " + exe +
                            " --store /var/lib/aotid add FILE.pt2 --name NAME (the service serves it)");
       plan.notes.push_back(
           "its configuration: /etc/aotid/aotid.toml (`sudo systemctl reload aotid` rereads it)");
       plan.notes.push_back("its log: journalctl -u aotid");
     } else {
-      plan.notes.push_back("add a model: " + host.executable +
-                           " add FILE.pt2 --name NAME (the service serves it)");
+      plan.notes.push_back("add a model: " + exe + " add FILE.pt2 --name NAME (the service serves it)");
       plan.notes.push_back("its log: journalctl --user -u aotid");
       plan.notes.push_back("to keep it running when you are logged out: loginctl enable-linger " + host.user);
     }
-    plan.notes.push_back("is it ready: " + sudo + host.executable + " service status" + flag);
+    plan.notes.push_back("is it ready: " + sudo + exe + " service status" + flag);
     return plan;
   }
 
@@ -264,27 +347,30 @@ StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope s
           "a launch daemon runs aotid as a user, never as root: run `sudo aotid service install --system` "
           "from that user's account");
     }
-    plist = Replace(ServiceTemplate("launchd/dev.aotid.daemon.plist"), ">USER<", ">" + host.user + "<");
+    plist =
+        Replace(ServiceTemplate("launchd/dev.aotid.daemon.plist"), ">USER<", ">" + XmlText(host.user) + "<");
     plan.dirs.push_back({"/Library/LaunchDaemons", ""});
     plan.dirs.push_back({"/usr/local/var/aotid", host.user});
     plan.dirs.push_back({"/Library/Logs/aotid", host.user});
-    plan.notes.push_back("the store is /usr/local/var/aotid; add a model: " + host.executable +
+    plan.notes.push_back("the store is /usr/local/var/aotid; add a model: " + exe +
                          " --store /usr/local/var/aotid add FILE.pt2 --name NAME");
     plan.notes.push_back("its log: /Library/Logs/aotid/aotid.log");
   } else {
-    plist = Replace(ServiceTemplate("launchd/dev.aotid.plist"), "/Users/USER", host.home);
+    plist = Replace(ServiceTemplate("launchd/dev.aotid.plist"), "<string>/Users/USER/",
+                    "<string>" + XmlText(host.home) + "/");
     plan.dirs.push_back({host.home + "/Library/LaunchAgents", ""});
     plan.dirs.push_back({host.home + "/Library/Logs/aotid", ""});
-    plan.notes.push_back("add a model: " + host.executable +
-                         " add FILE.pt2 --name NAME (the service serves it)");
+    plan.notes.push_back("add a model: " + exe + " add FILE.pt2 --name NAME (the service serves it)");
     plan.notes.push_back("its log: " + host.home + "/Library/Logs/aotid/aotid.log");
   }
-  plan.files.push_back({plist_path, Replace(plist, kTemplateBinary, host.executable), 0644, false});
+  plist = Replace(plist, std::string("<string>") + kTemplateBinary + "</string>",
+                  "<string>" + XmlText(host.executable) + "</string>");
+  plan.files.push_back({plist_path, plist, 0644, false});
   std::string domain = LaunchdDomain(host, scope);
   plan.commands_may_fail.push_back({"launchctl", "bootout", domain + "/" + kLabel});
   plan.commands.push_back({"launchctl", "bootstrap", domain, plist_path});
-  plan.notes.push_back(std::string("is it ready: ") + (system ? "sudo " : "") + host.executable +
-                       " service status" + (system ? " --system" : " --user"));
+  plan.notes.push_back(std::string("is it ready: ") + (system ? "sudo " : "") + exe + " service status" +
+                       (system ? " --system" : " --user"));
   return plan;
 }
 
@@ -312,6 +398,7 @@ ServicePlan PlanServiceUninstall(const ServiceHost& host, ServiceScope scope, co
 std::string DescribePlan(const ServicePlan& plan) {
   std::string out;
   for (const auto& d : plan.dirs) {
+    if (fs::IsDirectory(d.path) && d.owner.empty()) continue;
     out += "would create the directory " + d.path + (d.owner.empty() ? "" : ", owned by " + d.owner) + "\n";
   }
   for (const auto& f : plan.files) {
@@ -329,13 +416,14 @@ std::string DescribePlan(const ServicePlan& plan) {
 
 Status ApplyPlan(const ServicePlan& plan) {
   for (const auto& d : plan.dirs) {
+    bool existed = fs::IsDirectory(d.path);
     RETURN_IF_ERROR(fs::MakeDirs(d.path));
     if (!d.owner.empty()) {
       const passwd* pw = ::getpwnam(d.owner.c_str());
       if (pw == nullptr) return NotFound("no user " + d.owner);
       if (::chown(d.path.c_str(), pw->pw_uid, pw->pw_gid) != 0) return ErrnoError("chown " + d.path, errno);
     }
-    std::printf("made %s\n", d.path.c_str());
+    if (!existed) std::printf("made %s\n", d.path.c_str());
   }
   for (const auto& f : plan.files) {
     if (f.keep_existing && fs::Exists(f.path)) {
@@ -443,12 +531,22 @@ HttpAnswer Get(const http::ServerOptions& where, const std::string& path, const 
 
 int ServiceStatus(const ServiceHost& host, ServiceScope scope, const Config& config) {
   bool running = false;
-  std::fflush(stdout);
-  if (host.platform == ServicePlatform::kSystemd) {
-    (void)Run(Systemctl(scope, {"--no-pager", "--lines=5", "status", kUnit}));
-    running = Run(Systemctl(scope, {"--quiet", "is-active", kUnit})) == 0;
-  } else {
-    running = Run({"launchctl", "print", LaunchdDomain(host, scope) + "/" + kLabel}) == 0;
+  const bool systemd = host.platform == ServicePlatform::kSystemd;
+  std::string file = systemd ? UnitDir(host, scope) + "/" + kUnit : PlistPath(host, scope);
+  bool installed = fs::Exists(file);
+  std::printf("service file: %s%s\n", file.c_str(), installed ? "" : " (not installed)");
+  Status manager = ServiceManagerRuns(host, scope);
+  if (!manager.ok()) {
+    std::printf("service manager: %s\n", manager.message().c_str());
+  } else if (installed) {
+    std::fflush(stdout);
+    if (systemd) {
+      (void)Run(Systemctl(scope, {"--no-pager", "--lines=5", "status", kUnit}));
+      running = Run(Systemctl(scope, {"--quiet", "is-active", kUnit})) == 0;
+    } else {
+      running = Run({"launchctl", "print", LaunchdDomain(host, scope) + "/" + kLabel}) == 0;
+    }
+    std::printf("service: %s\n", running ? "running" : "not running");
   }
   std::string token;
   if (!config.token_file.empty()) {
@@ -459,7 +557,7 @@ int ServiceStatus(const ServiceHost& host, ServiceScope scope, const Config& con
   }
   std::string where = FormatListen(config.api.server);
   HttpAnswer live = Get(config.api.server, "/v2/health/live", token, 3000);
-  std::printf("\naotid API at %s:\n", where.c_str());
+  std::printf("aotid API at %s:\n", where.c_str());
   if (live.status == 0) {
     std::printf("  not answering (%s)%s\n", live.error.c_str(),
                 running ? "; the service runs: it may still be starting, or listen elsewhere" : "");

@@ -63,6 +63,11 @@ const std::string& ServiceTemplate(const std::string& name);
 StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope scope);
 ServicePlan PlanServiceUninstall(const ServiceHost& host, ServiceScope scope, const std::string& store);
 
+// Whether the service manager the plan needs runs here (systemd as the
+// machine's init, or the user's systemd manager; launchctl): checked before
+// anything is written.
+Status ServiceManagerRuns(const ServiceHost& host, ServiceScope scope);
+
 // --dry-run: the plan as text (each file between "--- PATH" and "--- end").
 std::string DescribePlan(const ServicePlan& plan);
 // Carries the plan out, printing each step; stops at the first that fails.

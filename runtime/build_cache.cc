@@ -263,4 +263,21 @@ Status BuildCache::ClearStaging() const {
   return fs::MakeDirs(root_ + "/.staging");
 }
 
+int BuildCache::RemoveFailedLogs(const std::set<std::string>& used, bool dry_run) const {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& a : std::filesystem::directory_iterator(root_, ec)) {
+    std::string artifact = a.path().filename().string();
+    if (!a.is_directory() || !fs::IsSha256Hex(artifact) || used.count(artifact)) continue;
+    std::error_code inner;
+    for (const auto& f : std::filesystem::directory_iterator(a.path(), inner)) {
+      if (!f.is_regular_file() || !f.path().filename().string().ends_with(".failed.log")) continue;
+      ++removed;
+      if (!dry_run) ::unlink(f.path().c_str());
+    }
+    if (!dry_run) ::rmdir(a.path().c_str());  // only when empty
+  }
+  return removed;
+}
+
 }  // namespace aotid::runtime

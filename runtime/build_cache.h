@@ -6,6 +6,8 @@
 //       package.json  the package's metadata (AOTInductor's and the author's)
 //       build.log     the build's output
 //       manifest.json what the entry holds, with file sizes; written last
+//   <artifact sha256>/<entry>.failed.log   the log of the last build of that
+//       entry that failed (removed when one succeeds)
 //   .staging/         entries being built; never read, cleared at start
 //
 // An entry appears by rename of a complete staging directory, so a crash
@@ -14,6 +16,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 
 #include "base/status.h"
@@ -95,6 +98,12 @@ class BuildCache {
   std::vector<CacheListing> List() const;
 
   std::string EntryDir(const BuildKey& key) const;
+  // Where the log of the last failed build of `key` is kept.
+  std::string FailedLogPath(const BuildKey& key) const { return EntryDir(key) + ".failed.log"; }
+  // Removes the failed builds' logs of every artifact not in `used`, and
+  // the artifact folders they leave empty; how many logs (with `dry_run`:
+  // would be removed).
+  int RemoveFailedLogs(const std::set<std::string>& used, bool dry_run) const;
   const std::string& root() const { return root_; }
 
  private:

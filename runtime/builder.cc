@@ -334,7 +334,10 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   if (exit_status == 0 && term_signal == 0) {
     auto entry = cache_->Commit(r->staging, r->job.key);
     res.status = entry.status();
-    if (entry.ok()) res.entry = std::move(entry).value();
+    if (entry.ok()) {
+      res.entry = std::move(entry).value();
+      ::unlink(cache_->FailedLogPath(r->job.key).c_str());
+    }
   } else {
     std::string tail = LogTail(r->staging + "/build.log");
     std::string why;
@@ -356,6 +359,14 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
       }
     }
     res.status = Internal(tail.empty() ? why : why + ":\n" + tail);
+    // The whole log outlives the staging directory (`aotid show` gives
+    // its path); a cancelled build's is of no interest.
+    if (!r->cancelled) {
+      std::string kept = cache_->FailedLogPath(r->job.key);
+      if (fs::MakeDirs(kept.substr(0, kept.rfind('/'))).ok()) {
+        (void)::rename((r->staging + "/build.log").c_str(), kept.c_str());
+      }
+    }
     (void)fs::RemoveAll(r->staging);
   }
   --running_;

@@ -8,6 +8,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -75,7 +76,11 @@ std::string DefaultPython() {
       // The directory is resolved, not python3 itself: a venv's python3 is
       // a link out of the venv, and only called through the venv is it the
       // venv's.
-      if (::access(candidate.c_str(), X_OK) == 0) return RealPath(Parent(candidate)) + "/python3";
+      // One that exists but this user cannot run (a venv made from a Python
+      // under /root) is still the one meant: doctor then says why it fails.
+      if (struct stat st; ::lstat(candidate.c_str(), &st) == 0) {
+        return RealPath(Parent(candidate)) + "/python3";
+      }
     }
   }
   return "python3";

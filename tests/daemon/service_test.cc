@@ -73,6 +73,31 @@ TEST(ServiceInstall, UserAndSystemUnitsRunThisExecutable) {
   EXPECT_TRUE(config->keep_existing);  // a config the admin changed is never overwritten
 }
 
+// An install path with a space, %, $ or & is one word of ExecStart (unit
+// quoting and escapes) and well-formed XML in a plist.
+TEST(ServiceInstall, OddInstallPathsAreQuoted) {
+  ServiceHost h = Host(ServicePlatform::kSystemd);
+  h.executable = "/opt/my venv/100%/$x/aotid";
+  auto plan = PlanServiceInstall(h, ServiceScope::kUser);
+  ASSERT_TRUE(plan.ok());
+  const auto* unit = FindFile(*plan, "/home/ada/.config/systemd/user/aotid.service");
+  ASSERT_NE(unit, nullptr);
+  EXPECT_NE(unit->contents.find("\nExecStart=\"/opt/my venv/100%%/$$x/aotid\" serve\n"), std::string::npos)
+      << unit->contents;
+  EXPECT_NE(plan->notes[0].find("'/opt/my venv/100%/$x/aotid' add"), std::string::npos) << plan->notes[0];
+
+  h = Host(ServicePlatform::kLaunchd);
+  h.executable = "/Applications/R&D <tools>/aotid";
+  plan = PlanServiceInstall(h, ServiceScope::kUser);
+  ASSERT_TRUE(plan.ok());
+  const auto* plist = FindFile(*plan, "/home/ada/Library/LaunchAgents/dev.aotid.plist");
+  ASSERT_NE(plist, nullptr);
+  EXPECT_NE(plist->contents.find("<string>/Applications/R&amp;D &lt;tools&gt;/aotid</string>"),
+            std::string::npos);
+  EXPECT_NE(plist->contents.find("<string>/home/ada/Library/Logs/aotid/aotid.log</string>"),
+            std::string::npos);
+}
+
 TEST(ServiceInstall, LaunchDaemonNeverRunsAsRoot) {
   ServiceHost h = Host(ServicePlatform::kLaunchd);
   h.user = "root";

@@ -1,6 +1,7 @@
 #include "e2e/daemon_process.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #ifdef __linux__
 #include <linux/capability.h>
@@ -64,6 +65,10 @@ StatusOr<pid_t> Spawn(const std::vector<std::string>& args, const std::string& o
     }
     if (opts.without_sys_admin) ::prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0);
 #endif
+    if (opts.uid >= 0 &&
+        (::setgroups(0, nullptr) != 0 || ::setgid(opts.uid) != 0 || ::setuid(opts.uid) != 0)) {
+      ::_exit(126);
+    }
     ::dup2(out, 1);
     ::dup2(out, 2);
     if (opts.listen_fd >= 0) {

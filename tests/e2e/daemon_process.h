@@ -22,6 +22,8 @@ struct RunOptions {
   // Socket activation: this listening socket is passed as fd 3, with
   // LISTEN_FDS=1 and LISTEN_PID the child's pid, as systemd passes one.
   int listen_fd = -1;
+  // Run as this user (uid and gid alike, no supplementary groups) when >= 0.
+  int uid = -1;
 };
 
 // Runs `aotid ARGS...` to completion; returns its exit code (128 + signal

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "base/fs.h"
@@ -32,7 +33,9 @@ std::vector<std::string> Entries(const std::string& store, const std::string& pa
   std::vector<std::string> out;
   std::string dir = store + "/cache/" + *fs::Sha256File(package);
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.push_back(e.path().string());
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.is_directory()) out.push_back(e.path().string());  // not a failed build's log
+  }
   return out;
 }
 
@@ -148,6 +151,14 @@ TEST(Packages, AotiPackagesBuildWithoutPython) {
   ASSERT_EQ(RunAotid({"--config", config, "--store", store, "show", "broken"}, &out), 0) << out;
   EXPECT_NE(out.find("this package is broken on purpose"), std::string::npos) << out;
   EXPECT_TRUE(Entries(store, TestData("broken_src.pt2")).empty());
+  // show gives the failed build's whole log, and a built one's.
+  std::smatch log;
+  ASSERT_TRUE(std::regex_search(out, log, std::regex("build log       (\\S+)"))) << out;
+  EXPECT_NE(fs::ReadFile(log[1]).value_or("").find("this package is broken on purpose"), std::string::npos)
+      << log[1];
+  ASSERT_EQ(RunAotid({"--config", config, "--store", store, "show", "src"}, &out), 0) << out;
+  ASSERT_TRUE(std::regex_search(out, log, std::regex("build log       (\\S+)"))) << out;
+  EXPECT_EQ(std::string(log[1]), Entries(store, TestData("mlp_src.pt2")).at(0) + "/build.log");
   ExpectCasesMatchEager(port, "src", "mlp");
   // Built by aotid itself: the entries' logs are the internal build's.
   for (const char* file : {"mlp_so.pt2", "mlp_src.pt2"}) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -424,6 +425,34 @@ TEST_F(StoreCli, ReadOnlyStoreDirectoryIsRefusedAndUnchanged) {
   EXPECT_NE(rm, 0) << rm_out;
   EXPECT_NE(rm_out.find("readonly database"), std::string::npos) << rm_out;
   EXPECT_EQ(DirSnapshot(store_), before);
+  ExpectStoreConsistent(store_);
+}
+
+// Root adding to a store another user owns (the system service's, run as
+// its own user): every file root made is handed to that user, who can then
+// add and remove as before.
+TEST_F(StoreCli, RootsChangesToAnotherUsersStoreStayThatUsers) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: it adds as root to a store of another user";
+  ASSERT_EQ(::mkdir(store_.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(dir_.path().c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::chown(store_.c_str(), 65534, 65534), 0);
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_EQ(Run({"set", "mlp", "max_batch_size=4"}, &out), 0) << out;
+  int files = 0;
+  for (auto& e : stdfs::recursive_directory_iterator(store_)) {
+    struct stat st;
+    ASSERT_EQ(::lstat(e.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 65534u) << e.path() << " is owned by " << st.st_uid;
+    ++files;
+  }
+  EXPECT_GE(files, 4) << "aotid.db, blobs/, the blob, the lock";
+  // The owner goes on using it.
+  RunOptions as_owner;
+  as_owner.uid = 65534;
+  EXPECT_EQ(RunAotid(Args({"add", TestData("embed.pt2"), "--name", "embed"}), as_owner, &out), 0) << out;
+  EXPECT_EQ(RunAotid(Args({"rm", "mlp"}), as_owner, &out), 0) << out;
+  EXPECT_EQ(RunAotid(Args({"gc"}), as_owner, &out), 0) << out;
   ExpectStoreConsistent(store_);
 }
 
