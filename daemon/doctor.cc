@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
@@ -69,8 +70,11 @@ int RunDoctor(const Config& config) {
     // the Python it was made from), or no torch.
     std::string real = config.python;
     if (char resolved[PATH_MAX]; ::realpath(config.python.c_str(), resolved) != nullptr) real = resolved;
-    std::string why = config.python.find('/') != std::string::npos && !fs::Exists(config.python)
-                          ? config.python + " does not exist (a link to " + real + "?)"
+    struct stat link;
+    bool is_path = config.python.find('/') != std::string::npos;
+    std::string why = is_path && ::lstat(config.python.c_str(), &link) != 0 ? config.python + " does not exist"
+                      : is_path && !fs::Exists(config.python)
+                          ? config.python + " is a link to " + real + ", which does not exist or this user cannot reach"
                       : config.python.find('/') != std::string::npos && ::access(real.c_str(), X_OK) != 0
                           ? config.python + " cannot be run by this user: " + real + " is closed to it"
                           : config.python + " cannot import torch";

@@ -11,7 +11,9 @@
 #   that program and a package of C++ source with the installed torch;
 #   answers over HTTP equal eager PyTorch on the same inputs;
 # and `aotid service install --dry-run` writes units and plists with the
-# install's paths that pass their checks (service_files_test.sh).
+# install's paths that pass their checks (service_files_test.sh), and the
+# user service installs, serves and stops under a real systemd user manager
+# (user_service_test.sh).
 #
 #   wheel_test.sh CHECKOUT DEV_PYTHON TESTDATA
 set -euo pipefail
@@ -112,8 +114,19 @@ got = call(\"/v2/models/mlp/infer\", {\"inputs\": case[\"inputs\"]})
 torch.testing.assert_close(torch.tensor(got[\"outputs\"][0][\"data\"]), torch.tensor(case[\"outputs\"][0][\"data\"]), rtol=1e-4, atol=1e-5)
 print(\"[wheel] demo and mlp (C++ source) answer as eager PyTorch does\")
 PY
+  kill \$(cat \"\$pid_file\")
+  for i in \$(seq 100); do kill -0 \$(cat \"\$pid_file\") 2>/dev/null || break; sleep 0.1; done
 "
 '
 # 4. The service files this install writes (as root: the system's too).
 "$(dirname "$0")/service_files_test.sh" "$work/venv/bin/aotid" "$(dirname "$0")/.." "$dev_python"
+
+# 5. The user service for real, from this install, on the store above
+#    (its models are built already), under a systemd user manager.
+if [[ $(id -u) -eq 0 ]]; then
+  "$(dirname "$0")/user_service_test.sh" "$work/venv/bin/aotid" "$work/state" "$port" "$work/venv/bin/python"
+else
+  echo "[wheel] FAIL: the user service under a real systemd needs root here (to start the user manager in a mount namespace)"
+  exit 1
+fi
 say "ok"
