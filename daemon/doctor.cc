@@ -72,12 +72,13 @@ int RunDoctor(const Config& config) {
     if (char resolved[PATH_MAX]; ::realpath(config.python.c_str(), resolved) != nullptr) real = resolved;
     struct stat link;
     bool is_path = config.python.find('/') != std::string::npos;
-    std::string why = is_path && ::lstat(config.python.c_str(), &link) != 0 ? config.python + " does not exist"
-                      : is_path && !fs::Exists(config.python)
-                          ? config.python + " is a link to " + real + ", which does not exist or this user cannot reach"
-                      : config.python.find('/') != std::string::npos && ::access(real.c_str(), X_OK) != 0
-                          ? config.python + " cannot be run by this user: " + real + " is closed to it"
-                          : config.python + " cannot import torch";
+    std::string why =
+        is_path && ::lstat(config.python.c_str(), &link) != 0 ? config.python + " does not exist"
+        : is_path && !fs::Exists(config.python)
+            ? config.python + " is a link to " + real + ", which does not exist or this user cannot reach"
+        : config.python.find('/') != std::string::npos && ::access(real.c_str(), X_OK) != 0
+            ? config.python + " cannot be run by this user: " + real + " is closed to it"
+            : config.python + " cannot import torch";
     r.Fail("python", why,
            "set build.python to a Python with torch==" + std::string(runtime::kTorchVersion) +
                " that this user can run (the venv aotid was installed into has one)");
