@@ -261,7 +261,9 @@ struct Reload {
       log::Level level;
       if (log::ParseLevel(fresh->log_level, &level)) log::SetLevel(level);
     }
-    if (has("log.file") || has("log.max_size_mb") || has("log.keep")) {
+    // The log file is opened again at every reload, changed or not: one
+    // that logrotate (or a person) moved away is made anew at its path.
+    if (has("log.file") || has("log.max_size_mb") || has("log.keep") || !fresh->log_file.empty()) {
       if (fresh->log_file.empty()) {
         log::ResetToStderr();
       } else if (Status s =

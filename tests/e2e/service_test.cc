@@ -189,9 +189,15 @@ TEST(ServiceManager, LogFileTakesTheDaemonsLog) {
         return text.ok() && text->find("startup complete") != std::string::npos;
       },
       60);
+  // logrotate's way: the file is moved away and SIGHUP makes a new one.
+  ASSERT_EQ(::rename(file.c_str(), (file + ".moved").c_str()), 0);
+  ASSERT_EQ(::kill(*pid, SIGHUP), 0);
+  bool reopened =
+      WaitFor([&] { return fs::ReadFile(file).value_or("").find("reloaded") != std::string::npos; }, 10);
   ASSERT_EQ(::kill(*pid, SIGTERM), 0);
   EXPECT_EQ(WaitExitFor(*pid, 30), 0);
-  std::string text = fs::ReadFile(file).value_or("");
+  EXPECT_TRUE(reopened) << fs::ReadFile(file + ".moved").value_or("");
+  std::string text = fs::ReadFile(file + ".moved").value_or("") + fs::ReadFile(file).value_or("");
   EXPECT_TRUE(ready) << text << *fs::ReadFile(dir / "stderr.log");
   for (const char* want :
        {"serving on http://127.0.0.1:", "runner mlp:1: aotid runner", "serving mlp:1", "stopped"}) {
