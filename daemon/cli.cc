@@ -278,6 +278,16 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   std::cout << "added " << added->model << ":" << added->version << " ("
             << package::PackageKindName(added->kind) << ", sha256:" << added->artifact.substr(0, 12) << ", "
             << HumanSize(added->size) << ") to " << cfg->store_path << "\n";
+  // The same file again is a new version, but say so: it is often a slip.
+  if (auto versions = (*store)->ListVersions(); versions.ok()) {
+    std::string same;
+    for (const auto& v : *versions) {
+      if (v.artifact == added->artifact && !(v.model == added->model && v.version == added->version)) {
+        same += (same.empty() ? "" : ", ") + v.model + ":" + std::to_string(v.version);
+      }
+    }
+    if (!same.empty()) std::cout << "note: the same file as " << same << " (stored once)\n";
+  }
   if (plan->kind != package::PackageKind::kExportedProgram) {
     // The store may feed other machines, so the package is kept; say now
     // whether this one can run it.

@@ -304,7 +304,12 @@ void HttpApi::Routes() {
     res.Set(Dump(body), kJson);
   });
   r.Add("GET", "/v2", [](const http::Request&, http::Response& res) {
-    res.Set(Dump(json{{"name", "aotid"}, {"version", AOTID_VERSION}, {"extensions", json::array()}}), kJson);
+    // The binary tensor extension (Triton's name for it) and the model
+    // repository routes.
+    res.Set(Dump(json{{"name", "aotid"},
+                      {"version", AOTID_VERSION},
+                      {"extensions", json::array({"binary_tensor_data", "model_repository"})}}),
+            kJson);
   });
 
   auto metadata = [reg](const http::Request& req, http::Response& res) {
@@ -373,7 +378,12 @@ void HttpApi::Routes() {
                              std::chrono::duration<double>(Clock::now() - start).count(), compute_s);
       }
     } done{metrics, *sm, res, start, compute_s};
-    if (sm->state != ServeState::kReady || !sm->model) return SendStatus(res, NotReady(*sm));
+    if (sm->state != ServeState::kReady || !sm->model) {
+      // On its way (queued, building, loading): ask the client back; a
+      // failed version is not retried by waiting.
+      if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
+      return SendStatus(res, NotReady(*sm));
+    }
     std::optional<size_t> json_length;
     if (req.Has(kHeaderLength)) {
       std::string v = req.Get(kHeaderLength);

@@ -303,6 +303,9 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
     binary = body.substr(*json_length);
     body = body.substr(0, *json_length);
   }
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    return InvalidArgument("the request body is empty: send a JSON object with \"inputs\"");
+  }
   Tape tape;
   if (!tape.Parse(body, limits.max_depth)) {
     if (tape.too_deep()) {

@@ -216,6 +216,27 @@ TEST_F(HttpApiTest, ReadyOnlyWhenEveryWantedVersionIsReady) {
   EXPECT_EQ(ready().first, 200) << ready().second.dump();
 }
 
+// GET /v2 names the extensions that work; a model on its way asks the
+// client back (Retry-After), a failed one does not.
+TEST_F(HttpApiTest, ServerMetadataNamesItsExtensionsAndA503SaysWhenToRetry) {
+  std::string meta = Send("GET /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  EXPECT_EQ(BodyOf(meta)["extensions"],
+            nlohmann::json::parse(R"(["binary_tensor_data","model_repository"])"));
+
+  registry_.SetCatalog({{"a", 1, true, true, "latest"}, {"b", 1, true, true, "latest"}});
+  registry_.Put(ServedModel{"a", 1, ServeState::kBuilding});
+  registry_.Put(ServedModel{"b", 1, ServeState::kFailed});
+  const std::string infer =
+      " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+      "Content-Length: 2\r\n\r\n{}";
+  std::string building = Send("POST /v2/models/a/infer" + infer);
+  EXPECT_EQ(StatusOf(building), 503) << building;
+  EXPECT_NE(building.find("Retry-After: 5\r\n"), std::string::npos) << building;
+  std::string failed = Send("POST /v2/models/b/infer" + infer);
+  EXPECT_EQ(StatusOf(failed), 503) << failed;
+  EXPECT_EQ(failed.find("Retry-After"), std::string::npos) << failed;
+}
+
 TEST(ErrorBody, InvalidUtf8BecomesReplacementCharacters) {
   auto body = nlohmann::json::parse(ErrorBody("bad \xff\xfe byte"), nullptr, false);
   ASSERT_TRUE(body.is_object());

@@ -47,6 +47,8 @@ TEST(TensorCodec, ErrorsNameTheInputAndTheExpectation) {
     const char* needle;
   } cases[] = {
       {"not json", "not valid JSON"},
+      {"", "the request body is empty"},
+      {" \r\n", "the request body is empty"},
       {"[]", "must be a JSON object"},
       {R"({"inputs":[]})", "missing input 'x' (FP32 [-1, 2])"},
       {R"({"inputs":[{"name":"q","datatype":"FP32","shape":[1],"data":[1]}]})", "unknown input 'q'"},

@@ -71,8 +71,10 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
             0)
       << out;
   EXPECT_NE(out.find("added mlp:1"), std::string::npos) << out;
+  EXPECT_EQ(out.find("note: the same file"), std::string::npos) << out;
   ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "mlp"}, &out), 0) << out;
   EXPECT_NE(out.find("added mlp:2"), std::string::npos) << out;
+  EXPECT_EQ(out.find("note: the same file"), std::string::npos) << out;
 
   ASSERT_EQ(Run({"show", "mlp:1", "--json"}, &out), 0) << out;
   json shown = json::parse(out);
@@ -193,6 +195,19 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
 
 // The help of `set` and the flags of `add` come from the settings table:
 // every key is listed, and each has its flag.
+// The same file added again is a version of its own, and add says so: it
+// is often a slip.
+TEST_F(StoreCli, AddingTheSameFileAgainSaysSo) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  EXPECT_EQ(out.find("note: the same file"), std::string::npos) << out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "twin"}, &out), 0) << out;
+  EXPECT_NE(out.find("added twin:1"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: the same file as mlp:1 (stored once)"), std::string::npos) << out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  EXPECT_NE(out.find("note: the same file as mlp:1, twin:1 (stored once)"), std::string::npos) << out;
+}
+
 TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   std::string set_help, add_help;
   ASSERT_EQ(Run({"set", "--help"}, &set_help), 0) << set_help;
@@ -515,8 +530,7 @@ TEST_F(StoreCli, DoctorChecksTheToolchainAndSaysWhatToFix) {
   ASSERT_OK(fs::WriteFileAtomic(dir_ / "broken.toml",
                                 "[build]\npython = \"/nonexistent/python3\"\ncxx = \"/nonexistent/c++\"\n"));
   EXPECT_EQ(RunAotid({"--config", dir_ / "broken.toml", "--store", store_, "doctor"}, &out), 1) << out;
-  EXPECT_NE(out.find("FAIL  python           /nonexistent/python3 does not exist"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("FAIL  python           /nonexistent/python3 does not exist"), std::string::npos) << out;
   EXPECT_NE(out.find("fix: set build.python"), std::string::npos) << out;
   EXPECT_NE(out.find("FAIL  compiler"), std::string::npos) << out;
   EXPECT_NE(out.find("2 check(s) failed"), std::string::npos) << out;
@@ -548,25 +562,38 @@ TEST_F(StoreCli, ReadRmAndGcWorkOnAFullDisk) {
   ASSERT_OK(fs::MakeDirs(mnt));
   std::string a = AOTID_BINARY, s = mnt + "/store";
   ASSERT_OK(fs::WriteFileAtomic(script,
-      "set -u\n"
-      "mount -t tmpfs -o size=64M tmpfs " + mnt + " || { echo 'cannot mount'; exit 9; }\n"
-      "A=" + a + "; S=" + s + "\n"
-      "$A --store $S add " + TestData("mlp.pt2") + " --name a >/dev/null || exit 8\n"
-      "$A --store $S add " + TestData("mlp2.pt2") + " --name b >/dev/null || exit 8\n"
-      "test -f $S/reserve && echo 'reserve set aside'\n"
-      "dd if=/dev/zero of=" + mnt + "/filler bs=1M count=100 2>/dev/null\n"
-      "echo \"free: $(df --output=avail -B1 " + mnt + " | tail -1 | tr -d ' ')\"\n"
-      "$A --store $S ls; echo \"ls: $?\"\n"
-      "$A --store $S show a >/dev/null; echo \"show: $?\"\n"
-      "$A --store $S rm b; echo \"rm: $?\"\n"
-      "$A --store $S gc; echo \"gc: $?\"\n"
-      "$A --store $S ls; echo \"ls again: $?\"\n"));
+                                "set -u\n"
+                                "mount -t tmpfs -o size=64M tmpfs " +
+                                    mnt +
+                                    " || { echo 'cannot mount'; exit 9; }\n"
+                                    "A=" +
+                                    a + "; S=" + s +
+                                    "\n"
+                                    "$A --store $S add " +
+                                    TestData("mlp.pt2") +
+                                    " --name a >/dev/null || exit 8\n"
+                                    "$A --store $S add " +
+                                    TestData("mlp2.pt2") +
+                                    " --name b >/dev/null || exit 8\n"
+                                    "test -f $S/reserve && echo 'reserve set aside'\n"
+                                    "dd if=/dev/zero of=" +
+                                    mnt +
+                                    "/filler bs=1M count=100 2>/dev/null\n"
+                                    "echo \"free: $(df --output=avail -B1 " +
+                                    mnt +
+                                    " | tail -1 | tr -d ' ')\"\n"
+                                    "$A --store $S ls; echo \"ls: $?\"\n"
+                                    "$A --store $S show a >/dev/null; echo \"show: $?\"\n"
+                                    "$A --store $S rm b; echo \"rm: $?\"\n"
+                                    "$A --store $S gc; echo \"gc: $?\"\n"
+                                    "$A --store $S ls; echo \"ls again: $?\"\n"));
   std::string cmd = "unshare --user --map-root-user --mount bash " + script + " >" + out_path + " 2>&1";
   int rc = std::system(cmd.c_str());
   std::string out = fs::ReadFile(out_path).value_or("");
   ASSERT_EQ(rc, 0) << out;
-  for (const char* want : {"reserve set aside", "free: 0\n", "gave back the store's 8 MiB reserve", "ls: 0",
-                           "show: 0", "removed b (1 version)", "rm: 0", "removed 1 blobs", "gc: 0", "ls again: 0"}) {
+  for (const char* want :
+       {"reserve set aside", "free: 0\n", "gave back the store's 8 MiB reserve", "ls: 0", "show: 0",
+        "removed b (1 version)", "rm: 0", "removed 1 blobs", "gc: 0", "ls again: 0"}) {
     EXPECT_NE(out.find(want), std::string::npos) << want << " missing from:\n" << out;
   }
   EXPECT_EQ(out.find("disk I/O error"), std::string::npos) << out;
