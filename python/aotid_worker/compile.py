@@ -265,7 +265,10 @@ def load_program(path: str, package_model: str):
     from torch.export.pt2_archive._package import load_pt2
 
     try:
-        contents = load_pt2(path)
+        # Opened here: given a path, torch warns about any name not ending
+        # in .pt2, and blobs are named by their digest alone.
+        with open(path, "rb") as f:
+            contents = load_pt2(f)
     except Exception as e:  # a damaged or foreign archive
         raise BuildError(f"cannot load exported program: {e}") from e
     programs = contents.exported_programs

@@ -458,6 +458,11 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
   const json& build = show["versions"][0]["builds"][0];
   EXPECT_EQ(build["state"], "failed") << out;
   EXPECT_FALSE(build["error"].get<std::string>().empty()) << out;
+  // Its own reason, without torch's warning about the blob's name.
+  EXPECT_EQ(build["error"].get<std::string>().find("Unable to load package"), std::string::npos) << out;
+  std::string whole_log = fs::ReadFile(build["log"].get<std::string>()).value_or("");
+  EXPECT_NE(whole_log.find("cannot load exported program"), std::string::npos) << whole_log;
+  EXPECT_EQ(whole_log.find("Unable to load package"), std::string::npos) << whole_log;
   EXPECT_NE(build["started_at"], "-") << out;  // the build's timings are kept
   EXPECT_NE(build["finished_at"], "-") << out;
 
