@@ -99,6 +99,11 @@ struct Builder::Running {
       std::string_view line(partial_line.data() + start, nl - start);
       if (size_t pos = line.find("] step "); pos != std::string_view::npos && line.front() == '[') {
         step = std::string(line.substr(pos + 2));
+        // Each step in the daemon's log too, with the time so far: a build
+        // of a real model takes minutes.
+        LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
+                 << job.key.device << ": " << step.substr(0, 200) << " (" << (SteadyMs() - started_ms) / 1000
+                 << " s)";
       }
     }
     partial_line.erase(0, start);

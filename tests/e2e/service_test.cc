@@ -199,8 +199,8 @@ TEST(ServiceManager, LogFileTakesTheDaemonsLog) {
   EXPECT_TRUE(reopened) << fs::ReadFile(file + ".moved").value_or("");
   std::string text = fs::ReadFile(file + ".moved").value_or("") + fs::ReadFile(file).value_or("");
   EXPECT_TRUE(ready) << text << *fs::ReadFile(dir / "stderr.log");
-  for (const char* want :
-       {"serving on http://127.0.0.1:", "runner mlp:1: aotid runner", "serving mlp:1", "stopped"}) {
+  for (const char* want : {"serving on http://127.0.0.1:", "for cpu: step 3/3: writing the build (",
+                           "runner mlp:1: aotid runner", "serving mlp:1", "stopped"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
   EXPECT_EQ(fs::ReadFile(dir / "stderr.log").value_or("x"), "");
