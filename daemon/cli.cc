@@ -19,6 +19,7 @@
 #include "base/fs.h"
 #include "base/log.h"
 #include "control/store_watch.h"
+#include "daemon/api_client.h"
 #include "daemon/config.h"
 #include "daemon/daemon_lock.h"
 #include "daemon/doctor.h"
@@ -300,6 +301,30 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   return 0;
 }
 
+// What the daemon on this store serves, by "name:version": its state in
+// the repository index ("READY", "LOADING", "UNAVAILABLE"). Empty when no
+// daemon runs or it does not answer.
+std::map<std::string, std::string> ServedStates(const Config& config) {
+  std::map<std::string, std::string> out;
+  auto d = FindDaemon(config.store_path);
+  if (!d || d->address.empty()) return out;
+  http::ServerOptions where;
+  std::string address = d->address;
+  if (address.rfind("http://", 0) == 0) address = address.substr(7);
+  if (!SetListen(address, &where).ok()) return out;
+  HttpAnswer a =
+      ApiCall(where, "POST", "/v2/repository/index", ReadTokenQuietly(config.token_file), 3000, "{}");
+  json index = a.status == 200 ? json::parse(a.body, nullptr, false) : json();
+  if (!index.is_array()) return out;
+  for (const auto& e : index) {
+    if (e.is_object() && e.contains("name") && e.contains("version") && e.contains("state")) {
+      out[e["name"].get<std::string>() + ":" + e["version"].get<std::string>()] =
+          e["state"].get<std::string>();
+    }
+  }
+  return out;
+}
+
 int CmdLs(const GlobalFlags& g, bool as_json) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("ls", cfg.status());
@@ -319,10 +344,14 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
   auto models = (*store)->ListModels();
   if (!models.ok()) return Fail("ls", models.status());
   std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
+  // Served and built are told apart: a version whose newest build failed
+  // may still answer with the build it had.
+  std::map<std::string, std::string> served =
+      daemon_running ? ServedStates(*cfg) : std::map<std::string, std::string>{};
   json out = json::array();
   if (!as_json) {
-    std::printf("%-24s %-8s %-9s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "POLICY", "BUILD", "DEVICE",
-                "SIZE", "ARTIFACT");
+    std::printf("%-24s %-8s %-9s %-8s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "POLICY", "SERVING", "BUILD",
+                "DEVICE", "SIZE", "ARTIFACT");
   }
   for (const auto& m : *models) {
     std::set<int64_t> want = storage::WantedVersions(m);
@@ -342,12 +371,16 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
       }
       bool wanted = want.count(v.version) > 0;
       std::string policy = !m.enabled ? "off" : wanted ? "serve" : "-";
+      auto it = served.find(v.model + ":" + std::to_string(v.version));
+      // "-" when no daemon answers: nothing here can say.
+      std::string serving = served.empty() ? "-" : it != served.end() && it->second == "READY" ? "yes" : "no";
       if (as_json) {
         out.push_back({{"name", v.model},
                        {"version", v.version},
                        {"served_by_policy", wanted},
                        {"version_policy", storage::FormatVersionPolicy(m.policy)},
                        {"enabled", m.enabled},
+                       {"serving", served.empty() ? json(nullptr) : json(serving == "yes")},
                        {"build", state},
                        {"build_progress", progress},
                        {"device", device},
@@ -355,9 +388,9 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
                        {"artifact", v.artifact}});
         continue;
       }
-      std::printf("%-24s %-8lld %-9s %-9s %-7s %-10s sha256:%s%s\n", v.model.c_str(),
-                  static_cast<long long>(v.version), policy.c_str(), state.c_str(), device.c_str(),
-                  HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str(),
+      std::printf("%-24s %-8lld %-9s %-8s %-9s %-7s %-10s sha256:%s%s\n", v.model.c_str(),
+                  static_cast<long long>(v.version), policy.c_str(), serving.c_str(), state.c_str(),
+                  device.c_str(), HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str(),
                   progress.empty() ? "" : ("  " + progress).c_str());
     }
   }

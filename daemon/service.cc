@@ -20,6 +20,7 @@
 #include <map>
 
 #include "base/fs.h"
+#include "daemon/api_client.h"
 #include "runtime/install_layout.h"
 #include "runtime/torch_plugin.h"
 
@@ -457,78 +458,6 @@ Status ApplyPlan(const ServicePlan& plan) {
   return Status::OK();
 }
 
-namespace {
-
-struct HttpAnswer {
-  int status = 0;  // 0: no answer
-  std::string body;
-  std::string error;
-};
-
-// One GET over loopback or a unix socket, bounded by `timeout_ms`.
-HttpAnswer Get(const http::ServerOptions& where, const std::string& path, const std::string& token,
-               int timeout_ms) {
-  HttpAnswer a;
-  int fd = -1;
-  if (!where.unix_path.empty()) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (where.unix_path.size() >= sizeof addr.sun_path) return {0, "", "socket path too long"};
-    std::memcpy(addr.sun_path, where.unix_path.c_str(), where.unix_path.size());
-    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      a.error = std::strerror(errno);
-      if (fd >= 0) ::close(fd);
-      return a;
-    }
-  } else {
-    std::string host = where.host.empty() || where.host == "0.0.0.0" ? "127.0.0.1"
-                       : where.host == "::"                          ? "::1"
-                                                                     : where.host;
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (int rc = ::getaddrinfo(host.c_str(), std::to_string(where.port).c_str(), &hints, &res); rc != 0) {
-      return {0, "", ::gai_strerror(rc)};
-    }
-    fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int rc = fd < 0 ? -1 : ::connect(fd, res->ai_addr, res->ai_addrlen);
-    int e = errno;
-    ::freeaddrinfo(res);
-    if (rc != 0) {
-      if (fd >= 0) ::close(fd);
-      return {0, "", std::strerror(e)};
-    }
-  }
-  std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n";
-  if (!token.empty()) req += "Authorization: Bearer " + token + "\r\n";
-  req += "\r\n";
-  (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string in;
-  char buf[4096];
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) <= 0) {
-      a.error = "no answer within " + std::to_string(timeout_ms / 1000) + " s";
-      break;
-    }
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    in.append(buf, static_cast<size_t>(n));
-    if (in.size() > (1 << 20)) break;
-  }
-  ::close(fd);
-  if (in.compare(0, 5, "HTTP/") == 0 && in.size() > 12) {
-    a.status = std::atoi(in.c_str() + 9);
-    if (size_t body = in.find("\r\n\r\n"); body != std::string::npos) a.body = in.substr(body + 4);
-  } else if (a.error.empty()) {
-    a.error = "not an HTTP answer";
-  }
-  return a;
-}
-
-}  // namespace
-
 int ServiceStatus(const ServiceHost& host, ServiceScope scope, const Config& config) {
   bool running = false;
   const bool systemd = host.platform == ServicePlatform::kSystemd;
@@ -548,15 +477,9 @@ int ServiceStatus(const ServiceHost& host, ServiceScope scope, const Config& con
     }
     std::printf("service: %s\n", running ? "running" : "not running");
   }
-  std::string token;
-  if (!config.token_file.empty()) {
-    if (auto t = fs::ReadFile(config.token_file); t.ok()) {
-      token = *t;
-      while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-    }
-  }
+  std::string token = ReadTokenQuietly(config.token_file);
   std::string where = FormatListen(config.api.server);
-  HttpAnswer live = Get(config.api.server, "/v2/health/live", token, 3000);
+  HttpAnswer live = ApiCall(config.api.server, "GET", "/v2/health/live", token, 3000);
   std::printf("aotid API at %s:\n", where.c_str());
   if (live.status == 0) {
     std::printf("  not answering (%s)%s\n", live.error.c_str(),
@@ -568,7 +491,7 @@ int ServiceStatus(const ServiceHost& host, ServiceScope scope, const Config& con
                 token.empty() ? "is not set in this config" : "holds another token");
     return 1;
   }
-  HttpAnswer ready = Get(config.api.server, "/v2/health/ready", token, 3000);
+  HttpAnswer ready = ApiCall(config.api.server, "GET", "/v2/health/ready", token, 3000);
   std::printf(
       "  live: %s\n  ready: %s\n",
       live.status == 200 ? "yes" : ("no (" + std::to_string(live.status) + ")").c_str(),

@@ -8,6 +8,7 @@
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
+#include "e2e/http_util.h"
 #include "test_util.h"
 
 namespace aotid::testing {
@@ -20,7 +21,8 @@ TEST(BuildFailure, MissingWorkerPythonFailsVersionWithReasonAndDaemonServes) {
   std::string store = dir / "store", config = dir / "aotid.toml";
   ASSERT_OK(fs::WriteFileAtomic(config, "[build]\npython = \"/nonexistent/bin/python3\"\n"));
   std::string out;
-  ASSERT_EQ(RunAotid({"--config", config, "--store", store, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0)
+  ASSERT_EQ(
+      RunAotid({"--config", config, "--store", store, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0)
       << out;
   auto d = DaemonProcess::Start({"--config", config, "--store", store, "--listen", "127.0.0.1:0"},
                                 dir / "daemon.log");
@@ -57,6 +59,44 @@ TEST(BuildFailure, MissingWorkerPythonFailsVersionWithReasonAndDaemonServes) {
   EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
   // Nothing was left in the cache.
   EXPECT_FALSE(fs::Exists(store + "/cache/" + (*fs::Sha256File(TestData("mlp.pt2")))));
+}
+
+// New settings whose build fails leave the version answering with the
+// build it had: `ls` tells what is served apart from how its newest build
+// went (it once said only "failed" while the model answered).
+TEST(BuildFailure, LsTellsServingFromAFailedRebuild) {
+  TempDir dir;
+  std::string store = dir / "store";
+  std::string out;
+  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_EQ(RunAotid({"--store", store, "ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+  EXPECT_NE(out.find("mlp                      1        serve     -        none"), std::string::npos)
+      << out;  // no daemon: nothing can say what is served
+  auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(WaitReady((*d)->port(), "mlp", 300)) << (*d)->Log();
+  ASSERT_EQ(RunAotid({"--store", store, "set", "mlp", "inductor.no_such_option=1"}, &out), 0) << out;
+  bool failed = WaitFor(
+      [&] {
+        RunAotid({"--store", store, "ls", "--json"}, &out);
+        json ls = json::parse(out, nullptr, false);
+        return ls.is_array() && !ls.empty() && ls[0].value("build", "") == "failed";
+      },
+      300);
+  ASSERT_TRUE(failed) << out << (*d)->Log();
+  json ls = json::parse(out);
+  EXPECT_EQ(ls[0]["serving"], true) << out;
+  ASSERT_EQ(RunAotid({"--store", store, "ls"}, &out), 0) << out;
+  EXPECT_NE(out.find("mlp                      1        serve     yes      failed"), std::string::npos)
+      << out;
+  json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
+  Reply r = Post((*d)->port(), "/v2/models/mlp/infer", json{{"inputs", cases["mlp"][0]["inputs"]}}.dump());
+  EXPECT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+  // With the daemon gone, ls no longer claims to know.
+  ASSERT_EQ(RunAotid({"--store", store, "ls", "--json"}, &out), 0) << out;
+  EXPECT_TRUE(json::parse(out)[0]["serving"].is_null()) << out;
 }
 
 }  // namespace
