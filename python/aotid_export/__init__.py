@@ -58,15 +58,30 @@ def _input_names(model: torch.nn.Module, n: int, given: Sequence[str] | None) ->
     return params[:n] if len(params) >= n else [f"input{i}" for i in range(n)]
 
 
-def _export_program(model, example_inputs, input_names, output_names, dynamic_batch):
+def _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes=None):
     """The exported program and the names aotid will show."""
     example_inputs = tuple(example_inputs)
     for i, t in enumerate(example_inputs):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"example input {i} is a {type(t).__name__}; aotid serves tensor inputs only")
     names = _input_names(model, len(example_inputs), input_names)
-    dynamic_shapes = None
-    if dynamic_batch:
+    if dynamic_shapes is not None and dynamic_batch:
+        raise ValueError("give dynamic_batch or dynamic_shapes, not both (dynamic_shapes can say dim 0 too)")
+    if dynamic_shapes is not None:
+        # torch.export's own form: per input (in order, or by input name) a
+        # {dim: torch.export.Dim} mapping; one Dim object shared between
+        # inputs makes those dims equal, and its min/max are the range aotid
+        # serves.
+        if isinstance(dynamic_shapes, Mapping):
+            unknown = set(dynamic_shapes) - set(names)
+            if unknown:
+                raise ValueError(f"dynamic_shapes names {sorted(unknown)}, the inputs are {names}")
+            dynamic_shapes = tuple(dynamic_shapes.get(n) for n in names)
+        elif len(dynamic_shapes) != len(example_inputs):
+            raise ValueError(f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(example_inputs)} inputs")
+        else:
+            dynamic_shapes = tuple(dynamic_shapes)
+    elif dynamic_batch:
         # torch.export specializes a dim of size 1, so trace a batch of 2.
         example_inputs = tuple(
             torch.cat([t, t]) if t.dim() > 0 and t.shape[0] == 1 else t for t in example_inputs)
@@ -92,17 +107,24 @@ def export(
     metadata: Mapping[str, Any] | None = None,
     format: str = "exported_program",
     inductor_configs: Mapping[str, Any] | None = None,
+    dynamic_shapes: Sequence[Any] | Mapping[str, Any] | None = None,
 ) -> torch.export.ExportedProgram:
     """Exports ``model`` called on ``example_inputs`` to ``path``.
 
     Every input must be a tensor and the model must return a tensor or a
     tuple/list of tensors. With ``dynamic_batch``, dim 0 of every input is
     dynamic (1 to 65536), so the served model takes any batch size.
+    ``dynamic_shapes`` says more, in torch.export's own form: per input, by
+    position or by input name, ``{dim: torch.export.Dim(name, min=, max=)}``.
+    One Dim shared by several inputs makes those dims equal (a batch, a
+    sequence length), and its range is what aotid serves and refuses
+    outside of. Example sizes of 1 are specialized by torch.export: trace a
+    dynamic dim at 2 or more.
     ``inductor_configs`` applies to the two AOTInductor formats.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-    ep, names = _export_program(model, example_inputs, input_names, output_names, dynamic_batch)
+    ep, names = _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes)
     extra = {"format": 1, **names, "metadata": dict(metadata or {})}
     if format == "exported_program":
         torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})

@@ -17,32 +17,56 @@ import torch
 
 from . import FORMATS, export
 
-_INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]+)\[([0-9, ]*)\]$")
+_INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]+)\[([^\]]*)\]$")
+# A dynamic dim: NAME:MIN..MAX (NAME alone: 1..65536). The same NAME in
+# several inputs is one dim: their sizes must be equal.
+_DIM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::([0-9]+)\.\.([0-9]+))?$")
 
 
-def _example(spec: str) -> tuple[str, torch.Tensor]:
+def _example(spec: str, dims: dict) -> tuple[str, torch.Tensor, dict]:
+    """The input's name, an example tensor, and its dynamic dims ({index: Dim})."""
     m = _INPUT.match(spec)
     if not m:
-        raise SystemExit(f"--input {spec!r}: expected NAME=DTYPE[D0,D1,...], e.g. x=float32[1,4]")
-    name, dtype_name, dims = m.groups()
+        raise SystemExit(f"--input {spec!r}: expected NAME=DTYPE[D0,D1,...], e.g. x=float32[1,4] or "
+                         "ids=int64[batch:1..64,seq:1..512]")
+    name, dtype_name, body = m.groups()
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype):
         raise SystemExit(f"--input {spec!r}: unknown dtype {dtype_name!r}")
-    shape = [int(d) for d in dims.replace(" ", "").split(",") if d]
+    shape, dynamic = [], {}
+    for i, d in enumerate(x.strip() for x in body.split(",") if x.strip()):
+        if d.isdigit():
+            shape.append(int(d))
+            continue
+        dm = _DIM.match(d)
+        if not dm:
+            raise SystemExit(f"--input {spec!r}: dim {i} is {d!r}; expected a size, or NAME:MIN..MAX")
+        dim_name, lo, hi = dm.group(1), int(dm.group(2) or 1), int(dm.group(3) or 65536)
+        if lo > hi:
+            raise SystemExit(f"--input {spec!r}: dim {dim_name!r} has min {lo} above max {hi}")
+        if dim_name in dims and (dims[dim_name].min, dims[dim_name].max) != (lo, hi):
+            raise SystemExit(f"--input {spec!r}: dim {dim_name!r} is {lo}..{hi} here but "
+                             f"{dims[dim_name].min}..{dims[dim_name].max} in an earlier input")
+        dims.setdefault(dim_name, torch.export.Dim(dim_name, min=lo, max=hi))
+        dynamic[i] = dims[dim_name]
+        # torch.export specializes a size of 1: trace at 2 where the range allows.
+        shape.append(min(hi, max(lo, 2)))
     if dtype.is_floating_point:
         t = torch.randn(shape).to(dtype)
     elif dtype == torch.bool:
         t = torch.zeros(shape, dtype=torch.bool)
     else:
         t = torch.zeros(shape, dtype=dtype)
-    return name, t
+    return name, t, dynamic
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m aotid_export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("factory", help="MODULE:CALLABLE returning an nn.Module")
-    p.add_argument("--input", action="append", default=[], required=True, metavar="NAME=DTYPE[SHAPE]")
+    p.add_argument("--input", action="append", default=[], required=True, metavar="NAME=DTYPE[SHAPE]",
+                   help="an example input; a dim may be NAME:MIN..MAX (dynamic, and equal wherever NAME "
+                        "appears), e.g. ids=int64[batch:1..64,seq:1..512]")
     p.add_argument("--output-name", action="append", default=None, metavar="NAME")
     p.add_argument("--dynamic-batch", action="store_true", help="make dim 0 of every input dynamic")
     p.add_argument("--metadata", default="{}", help="JSON object stored with the model")
@@ -57,9 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.factory!r}: expected MODULE:CALLABLE")
     factory = getattr(importlib.import_module(module_name), attr)
     model = factory()
-    names, inputs = zip(*(_example(s) for s in args.input))
+    dims: dict = {}
+    names, inputs, dynamic = zip(*(_example(s, dims) for s in args.input))
+    if dims and args.dynamic_batch:
+        raise SystemExit("--dynamic-batch and named dims (NAME:MIN..MAX) do not mix: name dim 0 too")
     export(model, inputs, args.out, input_names=names, output_names=args.output_name,
-           dynamic_batch=args.dynamic_batch, metadata=json.loads(args.metadata), format=args.format)
+           dynamic_batch=args.dynamic_batch, metadata=json.loads(args.metadata), format=args.format,
+           dynamic_shapes=[d or None for d in dynamic] if dims else None)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
