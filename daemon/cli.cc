@@ -832,6 +832,11 @@ int CmdService(const GlobalFlags& g, const std::string& action, ServiceScope sco
       action == "install" ? PlanServiceInstall(host, scope)
                           : StatusOr<ServicePlan>(PlanServiceUninstall(host, scope, cfg->store_path));
   if (!plan.ok()) return Fail("service " + action, plan.status());
+  if (action == "uninstall" && !ServiceManagerRuns(host, scope).ok()) {
+    // Nothing can be running: the files alone are removed.
+    plan->commands.clear();
+    plan->commands_may_fail.clear();
+  }
   if (dry_run) {
     std::printf("%s of the aotid %s (dry run: nothing is changed)\n%s", action.c_str(), what.c_str(),
                 DescribePlan(*plan).c_str());

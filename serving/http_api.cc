@@ -191,7 +191,9 @@ void HttpApi::Handle(http::Request& req, http::Response& res) const {
     LOG_DEBUG << "answered " << res.status << " to " << req.method << " " << req.path.substr(0, 200) << ": "
               << res.body.substr(0, 300);
   }
-  if (!access->cors_origins.empty()) {
+  // A preflight (OPTIONS) has its CORS headers from Admit already: twice
+  // would make a browser refuse it.
+  if (!access->cors_origins.empty() && req.method != "OPTIONS") {
     std::string origin = req.Get("Origin");
     if (!origin.empty() && OriginAllowed(access->cors_origins, origin)) {
       res.SetHeader("Access-Control-Allow-Origin", origin);

@@ -137,6 +137,17 @@ TEST_F(HttpApiTest, CrossSiteRequestsAreRefusedUnlessTheirOriginIsConfigured) {
       Send(Post("/v2/models/m/infer", "Origin: http://localhost:3000\r\nContent-Type: application/json\r\n"));
   EXPECT_EQ(StatusOf(allowed), 404) << allowed;  // reached the route: no model m
   EXPECT_NE(allowed.find("Access-Control-Allow-Origin: http://localhost:3000"), std::string::npos) << allowed;
+  // A preflight carries each CORS header once: a browser refuses two.
+  std::string preflight = Send(
+      "OPTIONS /v2/models/m/infer HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost:3000\r\n"
+      "Access-Control-Request-Method: POST\r\n\r\n");
+  EXPECT_EQ(StatusOf(preflight), 204) << preflight;
+  for (const char* header : {"Access-Control-Allow-Origin: ", "Vary: "}) {
+    size_t first = preflight.find(header);
+    ASSERT_NE(first, std::string::npos) << header << preflight;
+    EXPECT_EQ(preflight.find(header, first + 1), std::string::npos) << "twice: " << header << "\n"
+                                                                    << preflight;
+  }
 }
 
 TEST_F(HttpApiTest, PostBodiesOfFormAndTextTypesAreRefusedWith415) {
