@@ -67,14 +67,10 @@ bool Under(const std::string& path, const std::string& dir) {
 
 // Why the system service, running as a user of its own, with /home, /root
 // and /tmp out of its sight, could not read `path`; "" when it can.
-std::string WhyUnreachable(const std::string& path) {
+std::string WhyUnreachable(const std::string& path, const std::vector<ServiceHost::Hidden>& hidden_trees) {
   std::string real = RealPath(path);
-  for (const char* hidden : {"/home", "/root", "/run/user"}) {
-    if (Under(real, hidden)) return real + " lies under " + hidden + ", which systemd's ProtectHome= hides";
-  }
-  for (const char* hidden : {"/tmp", "/var/tmp"}) {
-    if (Under(real, hidden))
-      return real + " lies under " + hidden + ", which the service's PrivateTmp= replaces";
+  for (const auto& [tree, why] : hidden_trees) {
+    if (Under(real, tree)) return real + " lies under " + tree + ", which " + why;
   }
   struct stat st;
   if (::stat(real.c_str(), &st) != 0) return real + " does not exist";
@@ -283,7 +279,7 @@ StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope s
       std::vector<std::string> paths{host.executable};
       paths.insert(paths.end(), host.reads.begin(), host.reads.end());
       for (const auto& p : paths) {
-        std::string why = WhyUnreachable(p);
+        std::string why = WhyUnreachable(p, host.hidden_trees);
         if (!why.empty() && std::find(unreachable.begin(), unreachable.end(), why) == unreachable.end()) {
           unreachable.push_back(why);
         }

@@ -33,6 +33,17 @@ struct ServiceHost {
   // Everything the service reads besides the executable: the torch plugin,
   // the compile worker, the Python (resolved) and torch.
   std::vector<std::string> reads;
+  // What the system unit hides from the service, and by which setting.
+  struct Hidden {
+    std::string tree;
+    std::string why;
+  };
+  std::vector<Hidden> hidden_trees = {{"/home", "systemd's ProtectHome= hides"},
+                                      {"/root", "systemd's ProtectHome= hides"},
+                                      {"/run/user", "systemd's ProtectHome= hides"},
+                                      {"/tmp", "the service's PrivateTmp= replaces"},
+                                      {"/var/tmp", "the service's PrivateTmp= replaces"},
+                                      {"/dev/shm", "the service's PrivateDevices= replaces"}};
 
   static ServiceHost Detect(const Config& config);
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "base/fs.h"
+#include "test_util.h"
 
 namespace aotid::daemon {
 namespace {
@@ -35,12 +36,15 @@ TEST(ServiceInstall, SystemServiceRefusesAnInstallItCannotRead) {
     ASSERT_FALSE(plan.ok()) << hidden;
     EXPECT_NE(plan.status().message().find(hidden), std::string::npos) << plan.status().message();
   }
-  // A file other users may not read is refused too (made in the build
-  // tree: a temporary folder lies under /tmp, refused first).
-  std::string closed = std::string(AOTID_TESTDATA) + "/service-test-closed";
+  // A file other users may not read is refused too. (It is made in a
+  // temporary folder, itself under /tmp: that check is left out here.)
+  aotid::testing::TempDir dir;
+  ::chmod(dir.path().c_str(), 0755);
+  std::string closed = dir / "closed";
   ASSERT_TRUE(fs::WriteFileAtomic(closed, "x").ok());
   ::chmod(closed.c_str(), 0600);
   ServiceHost h = Host(ServicePlatform::kSystemd);
+  h.hidden_trees.clear();
   h.executable = closed;
   auto plan = PlanServiceInstall(h, ServiceScope::kSystem);
   ::unlink(closed.c_str());
