@@ -18,6 +18,7 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "base/shell.h"
 #include "control/store_watch.h"
 #include "daemon/api_client.h"
 #include "daemon/config.h"
@@ -266,12 +267,35 @@ void AddSettingFlag(CLI::App* add, const storage::SettingField& f, storage::Vers
   }
 }
 
+// Inductor options are checked against the torch that will build them,
+// before they are stored: an unknown option, or a value of the wrong type,
+// is refused now instead of failing a build minutes later. When that Python
+// cannot be run here, the build checks them.
+Status CheckInductorOptions(const Config& config, const std::string& options_json) {
+  if (options_json.empty() || options_json == "{}") return Status::OK();
+  // Its stderr into what RunShell reads (RunShell drops the group's own).
+  std::string cmd = "{ PYTHONPATH=" + ShellQuote(config.worker_dir) + " " + ShellQuote(config.python) +
+                    " -m aotid_worker.compile --check-options " + ShellQuote(options_json) + " 2>&1; }";
+  auto [rc, out] = RunShell(cmd);
+  // torch may print warnings first: the reason is the line after "error: ".
+  if (size_t at = out.rfind("error: "); rc == 2 && at != std::string::npos) {
+    std::string why = out.substr(at + 7);
+    return InvalidArgument(why.substr(0, why.find('\n')));
+  }
+  if (rc != 0) {
+    std::cerr << "warning: the inductor options were not checked (" << config.python
+              << " could not check them); the build will\n";
+  }
+  return Status::OK();
+}
+
 int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("add", cfg.status());
   // Check everything about the request before the store is created or opened.
   auto plan = storage::ModelStore::CheckAddRequest(req);
   if (!plan.ok()) return Fail("add", plan.status());
+  if (Status s = CheckInductorOptions(*cfg, req.settings.inductor_options); !s.ok()) return Fail("add", s);
   auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
   if (!store.ok()) return Fail("add", store.status());
   auto added = (*store)->Add(req);
@@ -529,6 +553,13 @@ int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::
     }
     kv.emplace_back(a.substr(0, eq), a.substr(eq + 1));
   }
+  // The inductor options named here, alone, through the store's own parser.
+  storage::VersionSettings named;
+  named.inductor_options = "";
+  for (const auto& [key, value] : kv) {
+    if (key.rfind("inductor.", 0) == 0 && storage::ApplySetting(&named, key, value).ok()) continue;
+  }
+  if (Status s = CheckInductorOptions(*cfg, named.inductor_options); !s.ok()) return Fail("set", s);
   auto store = OpenExisting(*cfg);
   if (!store.ok()) return Fail("set", store.status());
   auto changes = (*store)->Set(name, version, kv);

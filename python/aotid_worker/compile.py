@@ -225,14 +225,34 @@ def inductor_configs(text: str) -> dict:
     # threads per runner when it loads the model, not the build machine.
     opts = {"cpp.dynamic_threads": True}
     user = json.loads(text) if text else {}
-    for name in user:
+    for name, value in user.items():
         obj = config
         for part in name.split(".")[:-1]:
             obj = getattr(obj, part, None)
-        if obj is None or not hasattr(obj, name.split(".")[-1]):
+        leaf = name.split(".")[-1]
+        if obj is None or not hasattr(obj, leaf):
             raise BuildError(f"unknown inductor option '{name}' (torch {torch_version()})")
+        # A value of another type than the option's default is a slip
+        # (max_autotune=notabool): said now, not found in a slow build.
+        default = getattr(obj, leaf)
+        wanted = (bool,) if isinstance(default, bool) else (int,) if isinstance(default, int) else \
+            (int, float) if isinstance(default, float) else (str,) if isinstance(default, str) else None
+        if wanted is not None and (not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted)):
+            kind = ("an " if wanted[-1] is int else "a ") + wanted[-1].__name__
+            raise BuildError(f"inductor option '{name}' takes {kind} (its default is {default!r}), not {value!r}")
     opts.update(user)
     return opts
+
+
+def check_options(argv: list[str] | None = None) -> int:
+    """`python -m aotid_worker.compile --check-options JSON`: 0 when this
+    torch accepts them, else the reason and 2 (aotid set and add ask)."""
+    try:
+        inductor_configs(argv[0] if argv else "")
+    except (BuildError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def torch_version() -> str:
@@ -338,6 +358,9 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--check-options"]:
+        return check_options(argv[1:])
     die_with_parent()
     p = argparse.ArgumentParser(prog="python -m aotid_worker.compile")
     p.add_argument("--artifact", required=True)

@@ -208,6 +208,30 @@ TEST_F(StoreCli, AddingTheSameFileAgainSaysSo) {
   EXPECT_NE(out.find("note: the same file as mlp:1, twin:1 (stored once)"), std::string::npos) << out;
 }
 
+// Inductor options are checked against this installation's torch before
+// they are stored: an unknown one, or a value of the wrong type, is refused
+// with the reason and changes nothing.
+TEST_F(StoreCli, InductorOptionsAreCheckedBeforeTheyAreStored) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  auto before = DirSnapshot(store_);
+  EXPECT_NE(Run({"set", "mlp", "inductor.no_such_option=1"}, &out), 0) << out;
+  EXPECT_NE(out.find("unknown inductor option 'no_such_option'"), std::string::npos) << out;
+  EXPECT_NE(Run({"set", "mlp", "inductor.max_autotune=notabool"}, &out), 0) << out;
+  EXPECT_NE(out.find("inductor option 'max_autotune' takes a bool (its default is False), not 'notabool'"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(Run({"add", TestData("embed.pt2"), "--name", "embed", "--inductor", "cpp.threads=2.5"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("'cpp.threads' takes an int"), std::string::npos) << out;
+  EXPECT_EQ(DirSnapshot(store_), before);
+  ASSERT_EQ(Run({"set", "mlp", "inductor.max_autotune=true"}, &out), 0) << out;
+  ASSERT_EQ(Run({"show", "mlp", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out)["versions"][0]["settings"]["inductor_options"],
+            json::parse(R"({"max_autotune":true})"))
+      << out;
+}
+
 TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   std::string set_help, add_help;
   ASSERT_EQ(Run({"set", "--help"}, &set_help), 0) << set_help;
