@@ -685,8 +685,8 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
   }
   json rows = json::array();
   if (!as_json) {
-    std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", "ARTIFACT", "MODEL", "DEVICE", "SIZE", "STATE",
-                "USED BY");
+    std::printf("%-14s %-10s %-6s %-10s %-10s %-16s %s\n", "ARTIFACT", "MODEL", "DEVICE", "SIZE", "STATE",
+                "USED BY", "INDUCTOR OPTIONS");
   }
   for (const auto& v : verdicts) {
     const runtime::CacheListing& e = v.entry;
@@ -706,9 +706,11 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
                       {"used_by", used_by}});
       continue;
     }
-    std::printf("%-14s %-10s %-6s %-10s %-10s %s\n", e.key.artifact.substr(0, 12).c_str(),
+    // Builds of one artifact with two option sets are two rows: the options
+    // tell them apart.
+    std::printf("%-14s %-10s %-6s %-10s %-10s %-16s %s\n", e.key.artifact.substr(0, 12).c_str(),
                 e.key.package_model.c_str(), e.key.device.c_str(), HumanSize(e.bytes).c_str(), state.c_str(),
-                used_by.empty() ? "-" : used_by.c_str());
+                used_by.empty() ? "-" : used_by.c_str(), e.key.options.empty() ? "-" : e.key.options.c_str());
   }
   if (as_json) std::cout << rows.dump(2) << "\n";
   return 0;
