@@ -153,6 +153,32 @@ std::string BuildLogPath(const runtime::BuildCache& cache, const storage::BuildR
   return !path.empty() && fs::Exists(path) ? path : "";
 }
 
+// The inputs and outputs of the build that serves a version here, from its
+// spec.json ({} when there is none yet).
+json Interface(const runtime::BuildCache& cache, const std::vector<storage::BuildRecord>& builds,
+               const storage::ModelVersion& v, const std::string& fp);
+
+// A tensor's shape as `show` prints it: fixed dims as numbers, dynamic
+// ones as SYMBOL:MIN..MAX (one symbol in two places is one size).
+std::string ShapeText(const json& t) {
+  std::string out = "[";
+  const json& shape = t.value("shape", json::array());
+  const json& dims = t.value("dims", json::array());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    const json& d = i < dims.size() ? dims[i] : json();
+    if (shape[i].is_number_integer() && shape[i].get<int64_t>() >= 0) {
+      out += std::to_string(shape[i].get<int64_t>());
+    } else if (d.is_object()) {
+      out += d.value("symbol", std::string("?")) + ":" + std::to_string(d.value("min", int64_t{0})) + ".." +
+             std::to_string(d.value("max", int64_t{0}));
+    } else {
+      out += "-1";
+    }
+  }
+  return out + "]";
+}
+
 json BuildJson(const storage::BuildRecord& b, bool daemon_running, const runtime::BuildCache& cache) {
   bool interrupted = Interrupted(b, daemon_running);
   return {{"log", BuildLogPath(cache, b)},
@@ -190,6 +216,16 @@ std::optional<storage::BuildRecord> BuildHere(const std::vector<storage::BuildRe
     }
   }
   return best;
+}
+
+json Interface(const runtime::BuildCache& cache, const std::vector<storage::BuildRecord>& builds,
+               const storage::ModelVersion& v, const std::string& fp) {
+  auto b = BuildHere(builds, v, fp);
+  if (!b || b->state != storage::BuildState::kReady) return json::object();
+  runtime::BuildKey key{b->artifact, b->package_model, b->device, b->fingerprint, b->options};
+  auto text = fs::ReadFile(cache.EntryDir(key) + "/spec.json");
+  json spec = text.ok() ? json::parse(*text, nullptr, false) : json();
+  return spec.is_object() ? spec : json::object();
 }
 
 json EventJson(const storage::Event& e) {
@@ -474,6 +510,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                              {"settings", SettingsJson(v->settings)},
                              {"builds", here},
                              {"builds_elsewhere", elsewhere},
+                             {"interface", Interface(cache, *builds, *v, fp)},
                              {"package_metadata", PackageMetadata(**store, *v, *builds, fp)}});
   }
   for (const auto& e : *events) {
@@ -523,6 +560,13 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     for (const auto& o : v["builds_elsewhere"]) {
       std::printf("  built elsewhere %s: %s\n", o["fingerprint"].get<std::string>().c_str(),
                   o["state"].get<std::string>().c_str());
+    }
+    for (const char* side : {"inputs", "outputs"}) {
+      for (const auto& t : v["interface"].value(side, json::array())) {
+        std::printf("  %-15s %s %s %s\n", side == std::string("inputs") ? "input" : "output",
+                    t.value("name", std::string("?")).c_str(), t.value("datatype", std::string("?")).c_str(),
+                    ShapeText(t).c_str());
+      }
     }
     const json& pm = v["package_metadata"];
     if (!pm["author"].empty()) std::printf("  author meta     %s\n", pm["author"].dump().c_str());

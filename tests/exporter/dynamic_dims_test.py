@@ -85,6 +85,13 @@ def main():
         else:
             raise SystemExit("not ready within 600 s:\n" + open(log_path).read())
 
+        # show gives each input's dims with their ranges; the shared ones by one name.
+        shown = subprocess.run([AOTID, "--store", store, "show", "pooler"], check=True, capture_output=True,
+                               text=True).stdout
+        ids = re.search(r"input +ids INT64 \[(\w+):1\.\.8, (\w+):1\.\.16\]", shown)
+        mask = re.search(r"input +mask FP32 \[(\w+):1\.\.8, (\w+):1\.\.16\]", shown)
+        assert ids and mask and ids.groups() == mask.groups(), shown
+        assert re.search(r"output +pooled FP32 \[", shown), shown
         status, meta = call(port, "/v2/models/pooler")
         assert status == 200, meta
         assert [i["shape"] for i in meta["inputs"]] == [[-1, -1], [-1, -1]], meta
