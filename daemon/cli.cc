@@ -290,10 +290,17 @@ void AddSettingFlag(CLI::App* add, const storage::SettingField& f, storage::Vers
       add->add_option("--" + name, s->*f.text, help + ": " + choices)->capture_default_str();
       break;
     }
-    case storage::SettingType::kBool:
-      add->add_flag("--" + name + ",!--no-" + name, s->*f.flag,
-                    help + " (default: " + (s->*f.flag ? "on" : "off") + ")");
+    case storage::SettingType::kBool: {
+      // Two flags of their own: CLI11's "--x,!--no-x" prints "{false}"
+      // beside them, which reads as the default.
+      bool on = s->*f.flag;
+      add->add_flag_callback(
+          "--" + name, [s, field = f.flag] { s->*field = true; },
+          help + (on ? " (default: on)" : " (default: off)"));
+      add->add_flag_callback(
+          "--no-" + name, [s, field = f.flag] { s->*field = false; }, "Turn --" + name + " off");
       break;
+    }
     case storage::SettingType::kInt:
       add->add_option("--" + name, s->*f.number, help)->capture_default_str();
       break;

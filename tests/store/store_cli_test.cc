@@ -236,6 +236,12 @@ TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   std::string set_help, add_help;
   ASSERT_EQ(Run({"set", "--help"}, &set_help), 0) << set_help;
   ASSERT_EQ(Run({"add", "--help"}, &add_help), 0) << add_help;
+  // A boolean's two flags say its default plainly (CLI11 once printed
+  // "--fallback-cpu,--no-fallback-cpu{false}", read as "default false").
+  EXPECT_NE(add_help.find("--fallback-cpu              Run on the CPU when the device cannot (default: on)"),
+            std::string::npos)
+      << add_help;
+  EXPECT_EQ(add_help.find("{false}"), std::string::npos) << add_help;
   for (const auto& f : storage::VersionSettingFields()) {
     bool options = f.type == storage::SettingType::kOptions;
     std::string key = options ? std::string(f.prefix) + "<option>=" : std::string(f.key) + "=";
