@@ -349,7 +349,9 @@ void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& 
     if (r.status.ok()) {
       retries_.erase(work);
       Record(w, "build_ready", "built in " + std::to_string(r.duration_ms) + " ms");
-      if (!stopping_ && IsCurrent(w)) {
+      // A version superseded meanwhile (a newer one is what its policy
+      // serves) is not loaded: it would never answer.
+      if (!stopping_ && IsCurrent(w) && IsDesired(w.model, w.version)) {
         auto plan = PlanDevice(w);
         StartLoad(w, r.entry, /*built_now=*/true, plan.ok() ? *plan : DevicePlan{rec->device, ""});
       }
@@ -486,6 +488,8 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
     }
   } else if (!IsCurrent(v)) {
     LOG_INFO << "dropping the load of " << Name(v) << ": the store changed it meanwhile";
+  } else if (!IsDesired(v.model, v.version)) {
+    LOG_INFO << "dropping the load of " << Name(v) << ": its version policy no longer serves it";
   } else {
     std::shared_ptr<runtime::LoadedModel> model = MaybeBatch(v, std::move(result.model).value());
     std::string how = built_now ? "after build" : "from cache";

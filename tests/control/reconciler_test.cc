@@ -223,6 +223,35 @@ TEST_F(ReconcilerTest, FailedBuildOfANewVersionKeepsTheOldServing) {
   EXPECT_EQ(State("mlp", v1), "absent");
 }
 
+// A version superseded while it builds or loads (the same file added again:
+// one build serves both) is not loaded, logged or recorded as serving: its
+// route would answer 404 at once.
+TEST_F(ReconcilerTest, AVersionSupersededWhileItBuildsIsNotLoaded) {
+  int64_t v1 = Add("twin");
+  Reconcile();
+  int64_t v2 = Add("twin");  // same artifact: the build under way is v2's too
+  Reconcile();
+  ASSERT_EQ(builds_->live(), 1u);
+  builds_->Succeed(MlpSpec());
+  ASSERT_EQ(loader_->pending(), 1u);  // v2's load only
+  loader_->SucceedAll();
+  EXPECT_EQ(State("twin", v2), "ready");
+  EXPECT_EQ(State("twin", v1), "absent");
+  auto v1_events = Events("twin", v1);
+  EXPECT_EQ(std::count(v1_events.begin(), v1_events.end(), "loaded"), 0);
+
+  // Superseded while its load runs: the finished load is dropped.
+  int64_t v3 = Add("twin");
+  Reconcile();  // cached: v3's load starts
+  ASSERT_EQ(loader_->pending(), 1u);
+  Add("twin");  // v4, before v3's load finishes
+  Reconcile();
+  loader_->SucceedAll();
+  EXPECT_EQ(State("twin", v3), "absent");
+  auto v3_events = Events("twin", v3);
+  EXPECT_EQ(std::count(v3_events.begin(), v3_events.end(), "loaded"), 0);
+}
+
 TEST_F(ReconcilerTest, SettingsChangeReloadsWhileTheOldInstanceServes) {
   int64_t v = Add("mlp");
   Reconcile();
