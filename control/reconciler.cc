@@ -1,5 +1,8 @@
 #include "control/reconciler.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "base/log.h"
 #include "package/aoti_metadata.h"
 #include "serving/batcher.h"
@@ -78,6 +81,24 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
       std::move(model), opts, [metrics, name, version](const serving::BatchReport& r) {
         if (metrics && r.rows > 0) metrics->RecordBatch(name, version, r.rows, r.queue_seconds);
       });
+}
+
+int64_t EstimateBuildMs(const std::vector<storage::ModelStore::BuildTime>& past, int64_t size,
+                        const std::string& kind) {
+  const storage::ModelStore::BuildTime* nearest = nullptr;
+  double best = 0;
+  for (const auto& b : past) {
+    if (b.kind != kind || b.ms <= 0 || b.artifact_size <= 0) continue;
+    double apart = std::abs(std::log(static_cast<double>(std::max<int64_t>(size, 1)) / b.artifact_size));
+    if (nearest == nullptr || apart < best) {
+      nearest = &b;
+      best = apart;
+    }
+  }
+  if (nearest == nullptr) return 0;
+  double ratio =
+      std::clamp(static_cast<double>(std::max<int64_t>(size, 1)) / nearest->artifact_size, 0.5, 2.0);
+  return static_cast<int64_t>(nearest->ms * ratio);
 }
 
 void Reconciler::SetLimits(const ReconcilerOptions& fresh) {
@@ -300,6 +321,9 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
   runtime::BuildJob job;
   job.key = key;
   job.kind = v.kind;
+  if (auto past = store_->ReadyBuildTimes(fingerprint_, key.device); past.ok()) {
+    job.estimate_ms = EstimateBuildMs(*past, v.size, std::string(package::PackageKindName(v.kind)));
+  }
   job.artifact_path = store_->BlobPath(v.artifact);
   job.on_start = [this, alive = alive_, rec, bkey]() {
     if (!*alive) return;

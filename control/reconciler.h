@@ -80,6 +80,13 @@ struct ReconcilerParts {
   serving::Metrics* metrics = nullptr;  // optional
 };
 
+// How long a build of an artifact of `size` bytes and `kind` may take, from
+// the builds that finished here: the one of that kind nearest in size,
+// scaled by the size ratio (within half to twice its time). 0 when none is
+// of that kind.
+int64_t EstimateBuildMs(const std::vector<storage::ModelStore::BuildTime>& past, int64_t size,
+                        const std::string& kind);
+
 class Reconciler {
  public:
   Reconciler(ReconcilerParts parts, ReconcilerOptions options);

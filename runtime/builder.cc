@@ -103,7 +103,11 @@ struct Builder::Running {
         // of a real model takes minutes.
         LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
                  << job.key.device << ": " << step.substr(0, 200) << " (" << (SteadyMs() - started_ms) / 1000
-                 << " s)";
+                 << " s"
+                 << (job.estimate_ms > 0
+                         ? " of about " + std::to_string((job.estimate_ms + 999) / 1000) + " s"
+                         : std::string())
+                 << ")";
       }
     }
     partial_line.erase(0, start);
@@ -194,7 +198,10 @@ std::string Builder::Progress(const BuildKey& key) const {
   for (const Running* r : live_) {
     if (r->job.key != key) continue;
     int64_t s = (SteadyMs() - r->started_ms) / 1000;
-    return (r->step.empty() ? std::string("started") : r->step) + " (" + std::to_string(s) + " s)";
+    return (r->step.empty() ? std::string("started") : r->step) + " (" + std::to_string(s) + " s" +
+           (r->job.estimate_ms > 0 ? " of about " + std::to_string((r->job.estimate_ms + 999) / 1000) + " s"
+                                   : "") +
+           ")";
   }
   return "";
 }

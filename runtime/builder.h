@@ -31,10 +31,10 @@ struct BuilderOptions {
 };
 
 struct BuildResult {
-  Status status;      // ok, or why the build failed with the log's last lines
+  Status status;           // ok, or why the build failed with the log's last lines
   bool permanent = false;  // the artifact cannot be built; a retry will not help
   bool cancelled = false;  // Cancel() stopped it
-  CacheEntry entry;   // when ok
+  CacheEntry entry;        // when ok
   int64_t duration_ms = 0;
 };
 
@@ -42,6 +42,7 @@ struct BuildJob {
   BuildKey key;
   std::string artifact_path;
   package::PackageKind kind = package::PackageKind::kExportedProgram;
+  int64_t estimate_ms = 0;         // how long it may take (past builds here); 0: no idea
   std::function<void()> on_start;  // when the child process starts
   std::function<void(const BuildResult&)> on_done;
 };

@@ -902,6 +902,17 @@ StatusOr<std::vector<BuildRecord>> ModelStore::ListBuilds(const std::string& art
   return s.Collect<BuildRecord>(ReadBuild);
 }
 
+StatusOr<std::vector<ModelStore::BuildTime>> ModelStore::ReadyBuildTimes(const std::string& fingerprint,
+                                                                         const std::string& device) {
+  ASSIGN_OR_RETURN(
+      Stmt s, db_->Prepare("SELECT a.size, a.kind, b.finished_at_ms - b.started_at_ms FROM builds b "
+                           "JOIN artifacts a ON a.sha256 = b.artifact WHERE b.state = ? AND "
+                           "b.fingerprint = ? AND b.device = ? AND b.started_at_ms > 0 AND "
+                           "b.finished_at_ms > b.started_at_ms ORDER BY b.finished_at_ms DESC LIMIT 200"));
+  s.Bind(1, BuildStateName(BuildState::kReady)).Bind(2, fingerprint).Bind(3, device);
+  return s.Collect<BuildTime>([](const Stmt& row) { return BuildTime{row.Int(0), row.Text(1), row.Int(2)}; });
+}
+
 Status ModelStore::AppendEvent(const std::string& model, int64_t version, const std::string& kind,
                                const std::string& message) {
   ASSIGN_OR_RETURN(

@@ -192,6 +192,15 @@ class ModelStore {
                                                 const std::string& options = "");
   // Every build row of an artifact, any machine.
   StatusOr<std::vector<BuildRecord>> ListBuilds(const std::string& artifact);
+  // How long the finished builds on this machine and device took, newest
+  // first (at most 200), with their artifact's size and kind: what an
+  // estimate of the next build's time is made from.
+  struct BuildTime {
+    int64_t artifact_size = 0;
+    std::string kind;
+    int64_t ms = 0;
+  };
+  StatusOr<std::vector<BuildTime>> ReadyBuildTimes(const std::string& fingerprint, const std::string& device);
 
   Status AppendEvent(const std::string& model, int64_t version, const std::string& kind,
                      const std::string& message);

@@ -81,6 +81,7 @@ class FakeBuilds final : public runtime::BuildRunner {
 
   void Submit(runtime::BuildJob job) override {
     submitted.push_back(job.key);
+    estimates.push_back(job.estimate_ms);
     jobs_.push_back({std::move(job), false});
   }
   bool Cancel(const runtime::BuildKey& key) override {
@@ -142,6 +143,7 @@ class FakeBuilds final : public runtime::BuildRunner {
   }
 
   std::vector<runtime::BuildKey> submitted;
+  std::vector<int64_t> estimates;  // each submitted job's estimate_ms
   std::vector<runtime::BuildKey> cancelled;
   std::string progress = "step 2/4: compiling (3 s)";
 

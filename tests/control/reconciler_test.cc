@@ -223,6 +223,41 @@ TEST_F(ReconcilerTest, FailedBuildOfANewVersionKeepsTheOldServing) {
   EXPECT_EQ(State("mlp", v1), "absent");
 }
 
+// A build's time is estimated from the builds that finished here: the one of
+// its kind nearest in size, scaled by the size ratio within half to twice.
+TEST(EstimateBuildMs, NearestOfItsKindScaledBySize) {
+  using T = storage::ModelStore::BuildTime;
+  std::vector<T> past = {
+      {1000, "exported_program", 20000}, {100000, "exported_program", 90000}, {1000, "aoti_source", 5000}};
+  EXPECT_EQ(EstimateBuildMs(past, 1000, "exported_program"), 20000);
+  EXPECT_EQ(EstimateBuildMs(past, 1500, "exported_program"), 30000);     // nearest 1000, x1.5
+  EXPECT_EQ(EstimateBuildMs(past, 400000, "exported_program"), 180000);  // nearest 100000, at most x2
+  EXPECT_EQ(EstimateBuildMs(past, 100, "exported_program"), 10000);      // at least half
+  EXPECT_EQ(EstimateBuildMs(past, 1000, "aoti_source"), 5000);
+  EXPECT_EQ(EstimateBuildMs(past, 1000, "aoti_compiled"), 0);  // nothing of that kind yet
+  EXPECT_EQ(EstimateBuildMs({}, 1000, "exported_program"), 0);
+}
+
+// The next build of that kind is given an estimate from the store's record
+// of a finished one on this machine.
+TEST_F(ReconcilerTest, ABuildIsGivenAnEstimateFromTheBuildsBeforeIt) {
+  int64_t v1 = Add("mlp");
+  Reconcile();
+  ASSERT_EQ(builds_->estimates.back(), 0);  // the first build here: no idea
+  BuildAndLoad();
+  // As if it had taken 40 s.
+  auto rec = store_->GetBuild(builds_->submitted.back().artifact, "model",
+                              builds_->submitted.back().fingerprint, "cpu");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  storage::BuildRecord b = **rec;
+  b.finished_at_ms = b.started_at_ms + 40000;
+  ASSERT_OK(store_->PutBuild(b));
+  Set("mlp", v1, {{"inductor.max_autotune", "true"}});  // another build key, the same artifact
+  Reconcile();
+  ASSERT_EQ(builds_->estimates.size(), 2u);
+  EXPECT_EQ(builds_->estimates.back(), 40000);
+}
+
 // A version superseded while it builds or loads (the same file added again:
 // one build serves both) is not loaded, logged or recorded as serving: its
 // route would answer 404 at once.
