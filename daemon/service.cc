@@ -1,14 +1,9 @@
 #include "daemon/service.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
 #include <pwd.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,36 +138,6 @@ int Run(const std::vector<std::string>& argv) {
     if (errno != EINTR) return -1;
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-Status WriteFileAtomically(const std::string& path, const std::string& contents, unsigned mode) {
-  std::string tmp = path + ".aotid-new";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return ErrnoError("create " + tmp, errno);
-  ::fchmod(fd, mode);  // not narrowed by the umask
-  size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return ErrnoError("write " + tmp, e);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("write " + tmp, e);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("rename " + tmp + " to " + path, e);
-  }
-  return Status::OK();
 }
 
 std::string UnitDir(const ServiceHost& host, ServiceScope scope) {
@@ -427,7 +392,9 @@ Status ApplyPlan(const ServicePlan& plan) {
       std::printf("kept %s (it exists)\n", f.path.c_str());
       continue;
     }
-    RETURN_IF_ERROR(WriteFileAtomically(f.path, f.contents, f.mode));
+    RETURN_IF_ERROR(fs::WriteFileAtomic(f.path, f.contents));
+    // Its mode whatever the umask (sudo's may be 077).
+    if (::chmod(f.path.c_str(), f.mode) != 0) return ErrnoError("chmod " + f.path, errno);
     std::printf("wrote %s\n", f.path.c_str());
   }
   std::fflush(stdout);
