@@ -236,6 +236,11 @@ std::string DefaultStoreDir() {
   return ExpandHome("~/.local/share/aotid");
 }
 
+std::string RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+}
+
 std::string ExecutablePath() {
 #ifdef __APPLE__
   uint32_t size = 0;

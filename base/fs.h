@@ -39,6 +39,10 @@ std::string Sha256Hex(std::string_view data);
 // path is ever derived.
 bool IsSha256Hex(std::string_view s);
 
+// `path` with every link and "." or ".." resolved; `path` unchanged when
+// it cannot be (it does not exist, or a folder on the way is closed).
+std::string RealPath(const std::string& path);
+
 // The running executable's absolute path ("" when the OS will not say).
 std::string ExecutablePath();
 

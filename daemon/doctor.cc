@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstdio>
 #include <string>
 
@@ -68,8 +67,7 @@ int RunDoctor(const Config& config) {
   if (rc != 0) {
     // Why: not there, not runnable by this user (a venv's python3 links to
     // the Python it was made from), or no torch.
-    std::string real = config.python;
-    if (char resolved[PATH_MAX]; ::realpath(config.python.c_str(), resolved) != nullptr) real = resolved;
+    std::string real = fs::RealPath(config.python);
     struct stat link;
     bool is_path = config.python.find('/') != std::string::npos;
     std::string why =

@@ -36,11 +36,6 @@ std::string Replace(std::string text, const std::string& from, const std::string
   return text;
 }
 
-std::string RealPath(const std::string& path) {
-  char resolved[PATH_MAX];
-  return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
-}
-
 // `name` as the shell would run it: a path, or found on PATH.
 std::string Which(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
@@ -63,7 +58,7 @@ bool Under(const std::string& path, const std::string& dir) {
 // Why the system service, running as a user of its own, with /home, /root
 // and /tmp out of its sight, could not read `path`; "" when it can.
 std::string WhyUnreachable(const std::string& path, const std::vector<ServiceHost::Hidden>& hidden_trees) {
-  std::string real = RealPath(path);
+  std::string real = fs::RealPath(path);
   for (const auto& [tree, why] : hidden_trees) {
     if (Under(real, tree)) return real + " lies under " + tree + ", which " + why;
   }
@@ -271,8 +266,8 @@ StatusOr<ServicePlan> PlanServiceInstall(const ServiceHost& host, ServiceScope s
     unit = Replace(unit, std::string("ExecStart=") + kTemplateBinary,
                    "ExecStart=" + SystemdWord(host.executable));
     // The README installed beside this aotid, when there is one.
-    std::string readme =
-        RealPath(host.executable.substr(0, host.executable.rfind('/')) + "/..") + "/share/aotid/README.md";
+    std::string readme = fs::RealPath(host.executable.substr(0, host.executable.rfind('/')) + "/..") +
+                         "/share/aotid/README.md";
     unit = Replace(unit, "Documentation=file:///usr/local/share/doc/aotid/README.md\n",
                    fs::Exists(readme) && readme.find_first_of(" %$\"\\") == std::string::npos
                        ? "Documentation=file://" + readme + "\n"

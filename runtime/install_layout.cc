@@ -6,8 +6,6 @@
 #include <link.h>
 #endif
 
-#include <limits.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,11 +20,6 @@ std::string Parent(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-std::string RealPath(const std::string& path) {
-  char resolved[PATH_MAX];
-  return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
 }
 
 bool IsLibc10(const char* path) {
@@ -63,7 +56,7 @@ std::string DefaultWorkerDir() {
   if (dir.empty()) return "";
   for (const char* rel : {"/lib/aotid/python", "/python", "/../python"}) {
     std::string candidate = Parent(dir) + rel;
-    if (fs::Exists(candidate + "/aotid_worker/compile.py")) return RealPath(candidate);
+    if (fs::Exists(candidate + "/aotid_worker/compile.py")) return fs::RealPath(candidate);
   }
   return "";
 }
@@ -79,7 +72,7 @@ std::string DefaultPython() {
       // One that exists but this user cannot run (a venv made from a Python
       // under /root) is still the one meant: doctor then says why it fails.
       if (struct stat st; ::lstat(candidate.c_str(), &st) == 0) {
-        return RealPath(Parent(candidate)) + "/python3";
+        return fs::RealPath(Parent(candidate)) + "/python3";
       }
     }
   }
@@ -106,7 +99,7 @@ std::string LoadedTorchDir() {
       &lib);
 #endif
   if (lib.empty()) return "";
-  return Parent(Parent(RealPath(lib)));  // torch/lib/libc10.so -> torch
+  return Parent(Parent(fs::RealPath(lib)));  // torch/lib/libc10.so -> torch
 }
 
 }  // namespace aotid::runtime
