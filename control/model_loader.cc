@@ -2,6 +2,8 @@
 
 #include <deque>
 
+#include "storage/model_store.h"
+
 namespace aotid::control {
 
 // Outlives the loader while runner models hold it; posts after Close are
@@ -82,6 +84,20 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         ro.label = r.label.empty() ? r.entry.dir : r.label;
         ro.load = r.options;
         ro.choose_threads_at_batch = r.options.threads > 1 ? r.choose_threads_at_batch : 0;
+        // A choice recorded for this machine, setting and batch is used
+        // as it is; one made for another is timed again.
+        runtime::RecordedThreads recorded;
+        bool from_record = false;
+        if (ro.choose_threads_at_batch > 0) {
+          if (auto rec = work->cache->ReadThreads(r.entry.dir);
+              rec && rec->key == r.threads_key && rec->threads <= r.options.threads) {
+            recorded = *rec;
+            from_record = true;
+            ro.load.threads = recorded.threads;
+            ro.choose_threads_at_batch = 0;
+          }
+        }
+        const bool timing = ro.choose_threads_at_batch > 0;
         ro.run_timeout_ms = r.run_timeout_ms;
         ro.memory_limit_bytes = r.memory_limit_bytes;
         ro.max_crashes = r.max_crashes;
@@ -104,6 +120,15 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         }
         work->result.threads = (*started)->threads();
         work->result.threads_note = (*started)->threads_note();
+        if (from_record) {
+          work->result.threads_note =
+              "timed " + storage::FormatTimestamp(recorded.at_ms) + ": " + recorded.note;
+          work->result.threads_recorded = true;
+        } else if (timing && (*started)->threads_settled()) {
+          runtime::RecordedThreads now{r.threads_key, (*started)->threads(), (*started)->threads_note(),
+                                       storage::NowMs()};
+          work->result.threads_recorded = work->cache->RecordThreads(r.entry.dir, now).ok();
+        }
         work->result.model = std::shared_ptr<runtime::LoadedModel>(std::move(started).value());
       },
       [](uv_work_t* req, int status) {  // the loop thread

@@ -26,6 +26,10 @@ struct LoadRequest {
   // options.threads threads at this batch and keep the faster
   // (runtime/thread_choice.h). 0: keep options.threads.
   int64_t choose_threads_at_batch = 0;
+  // What such a timing depends on besides the build (the machine, the most
+  // threads, the batch). A choice recorded in the build's entry under this
+  // key is used without timing; a settled new one is recorded under it.
+  std::string threads_key;
   // The runner process it runs in (runner/runner_model.h).
   std::string label;           // "demo:1"
   int64_t run_timeout_ms = 0;  // 0: none
@@ -42,6 +46,9 @@ struct LoadResult {
   StatusOr<std::shared_ptr<runtime::LoadedModel>> model{Internal("not loaded")};
   int threads = 0;           // threads per run it serves with
   std::string threads_note;  // how auto threads were chosen; empty when they were not
+  // The choice is recorded in the build's entry (read from it, or written
+  // now): removing the record asks for a new timing.
+  bool threads_recorded = false;
 };
 
 class ModelLoader {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/fs.h"
 #include "base/log.h"
 #include "package/aoti_metadata.h"
 #include "serving/batcher.h"
@@ -142,6 +143,21 @@ Status Reconciler::Reconcile() {
     }
   }
 
+  // A recorded thread choice removed since its version loaded: time it again.
+  std::set<std::string> current;
+  for (const auto& [name, versions] : stored_) {
+    for (const auto& [n, v] : versions) current.insert(WorkKey(v));
+  }
+  for (auto it = threads_records_.begin(); it != threads_records_.end();) {
+    if (current.count(it->first) && !fs::Exists(it->second + "/threads.json")) retime_.insert(it->first);
+    if (!current.count(it->first) || retime_.count(it->first)) {
+      it = threads_records_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(retime_, [&](const std::string& k) { return !current.count(k); });
+
   serving::ModelRegistry::Catalog catalog;
   for (const auto& m : models) {
     for (const auto& v : m.versions) {
@@ -236,17 +252,22 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
   auto current = registry_->Find(v.model, v.version);
   // Serving as the store says. Anything else (in flight, failed, waiting
   // for a retry) is told apart by the work sets below.
-  if (current && current->artifact == v.artifact && current->settings == v.settings &&
-      current->state == serving::ServeState::kReady) {
-    return;
-  }
   std::string work = WorkKey(v);
+  const bool same = current && current->artifact == v.artifact && current->settings == v.settings;
+  if (same && current->state == serving::ServeState::kReady && !retime_.count(work)) return;
   if (in_flight_.count(work) || failed_.count(work)) return;
   if (auto r = retries_.find(work); r != retries_.end() && r->second.at_ms > loop_->NowMs()) return;
   if (current && current->state == serving::ServeState::kReady) {
-    LOG_INFO << "reloading " << Name(v) << " with its new settings";
-    Record(v, "reloading", "settings changed; the loaded model serves until the new one is ready");
+    if (same) {
+      LOG_INFO << "reloading " << Name(v) << " to time its threads again";
+      Record(v, "reloading",
+             "its recorded thread choice was removed; the loaded model serves until it is timed again");
+    } else {
+      LOG_INFO << "reloading " << Name(v) << " with its new settings";
+      Record(v, "reloading", "settings changed; the loaded model serves until the new one is ready");
+    }
   }
+  retime_.erase(work);
 
   auto plan = PlanDevice(v);
   if (!plan.ok()) {
@@ -473,6 +494,10 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
   // threads = 0 (auto) on the CPU: the loader times the model both ways.
   if (v.settings.threads == 0 && plan.device == "cpu") {
     req.choose_threads_at_batch = v.settings.max_batch_size > 1 ? v.settings.max_batch_size : 1;
+    const runtime::HardwareInfo& hw = options_.hardware;
+    req.threads_key = hw.cpu_model + "; " + std::to_string(hw.cores) + " cores; up to " +
+                      std::to_string(req.options.threads) + " threads; batch " +
+                      std::to_string(req.choose_threads_at_batch);
   }
   req.label = Name(v);
   req.run_timeout_ms =
@@ -530,6 +555,7 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
              << ")";
     Record(v, "loaded",
            "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
+    if (result.threads_recorded) threads_records_[WorkKey(v)] = entry.dir;
     Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json);
   }
   MaybeStartupDone();

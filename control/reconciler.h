@@ -189,6 +189,11 @@ class Reconciler {
   std::map<std::string, std::string> fell_back_;
   // Builds in flight by build key.
   std::map<std::string, PendingBuild> builds_;
+  // Loaded versions whose auto threads are recorded in their build's entry
+  // (work key -> entry dir). When the record goes (`aotid set NAME
+  // threads=...` removes it) the version is loaded again and timed anew.
+  std::map<std::string, std::string> threads_records_;
+  std::set<std::string> retime_;
   bool startup_pass_done_ = false;
 };
 

@@ -92,16 +92,7 @@ std::string HumanSize(int64_t bytes) {
 }
 
 // 2026-12-02T16:06:04.123Z
-std::string Timestamp(int64_t ms) {
-  if (ms <= 0) return "-";
-  std::time_t t = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
-  return buf;
-}
+std::string Timestamp(int64_t ms) { return storage::FormatTimestamp(ms); }
 
 std::string Ref(const std::string& name, int64_t version) {
   return version > 0 ? name + ":" + std::to_string(version) : name;
@@ -181,7 +172,15 @@ std::string ShapeText(const json& t) {
 
 json BuildJson(const storage::BuildRecord& b, bool daemon_running, const runtime::BuildCache& cache) {
   bool interrupted = Interrupted(b, daemon_running);
+  json threads = nullptr;  // auto threads as timed on this machine and recorded with the build
+  if (b.state == storage::BuildState::kReady) {
+    if (auto r = cache.ReadThreads(
+            cache.EntryDir({b.artifact, b.package_model, b.device, b.fingerprint, b.options}))) {
+      threads = {{"threads", r->threads}, {"note", r->note}, {"timed_at", Timestamp(r->at_ms)}};
+    }
+  }
   return {{"log", BuildLogPath(cache, b)},
+          {"threads", threads},
           {"fingerprint", b.fingerprint},
           {"device", b.device},
           {"inductor_options", b.options.empty() ? json::object() : json::parse(b.options, nullptr, false)},
@@ -563,6 +562,11 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
       if (!b["log"].get<std::string>().empty()) {
         std::printf("  build log       %s\n", b["log"].get<std::string>().c_str());
       }
+      if (b["threads"].is_object()) {
+        std::printf("  auto threads    %d per run, timed %s: %s\n", b["threads"]["threads"].get<int>(),
+                    b["threads"]["timed_at"].get<std::string>().c_str(),
+                    b["threads"]["note"].get<std::string>().c_str());
+      }
     }
     for (const auto& o : v["builds_elsewhere"]) {
       std::printf("  built elsewhere %s: %s\n", o["fingerprint"].get<std::string>().c_str(),
@@ -615,8 +619,39 @@ int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::
   if (!store.ok()) return Fail("set", store.status());
   auto changes = (*store)->Set(name, version, kv);
   if (!changes.ok()) return Fail("set", changes.status());
-  if (changes->empty()) std::cout << "nothing changed: " << ref << " already has those settings\n";
+  // Setting threads, even to what it was, asks for a new timing of auto
+  // threads: the choice recorded with each build goes, and the daemon, told
+  // by the event, loads the version again and times it.
+  int forgotten = 0;
+  if (std::any_of(kv.begin(), kv.end(), [](const auto& p) { return p.first == "threads"; })) {
+    auto versions = (*store)->ListVersions();
+    if (!versions.ok()) return Fail("set", versions.status());
+    runtime::BuildCache cache((*store)->CacheDir());
+    std::vector<runtime::CacheListing> entries = cache.List();
+    for (const auto& v : *versions) {
+      if (v.model != name || (version && v.version != *version)) continue;
+      for (const auto& e : entries) {
+        if (e.key.artifact == v.artifact && e.key.package_model == v.package_model &&
+            cache.ForgetThreads(e.dir)) {
+          ++forgotten;
+        }
+      }
+    }
+    if (forgotten > 0) {
+      (void)(*store)->AppendEvent(
+          name, version.value_or(0), "threads_retime",
+          "the recorded thread timing was removed by 'aotid set'; auto threads are timed "
+          "again at the next load");
+    }
+  }
+  if (changes->empty() && forgotten == 0)
+    std::cout << "nothing changed: " << ref << " already has those settings\n";
   for (const auto& c : *changes) std::cout << "set " << c << "\n";
+  if (forgotten > 0) {
+    std::cout << "removed the recorded thread timing of " << forgotten << " build"
+              << (forgotten == 1 ? "" : "s") << ": a daemon serving " << ref
+              << " with threads=auto loads it again and times it\n";
+  }
   return 0;
 }
 

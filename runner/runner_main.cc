@@ -179,6 +179,10 @@ int RunRunner(const RunnerArgs& args) {
   auto spec = runtime::ModelSpec::FromJson(*spec_text);
   if (!spec.ok()) return FailStart(spec.status().WithContext(args.entry_dir + "/spec.json"));
 
+  // The machine's load, watched while the threads are timed: /proc is
+  // closed once the sandbox is in place, so it is opened now.
+  std::unique_ptr<runtime::BusyMeter> meter =
+      args.choose_threads_at_batch > 0 ? runtime::OpenSystemBusyMeter() : nullptr;
   // libtorch before the sandbox (its start-up reads what it likes); the
   // package's code after.
   if (auto plugin = runtime::LoadTorchPlugin(); !plugin.ok()) return FailStart(plugin.status());
@@ -199,15 +203,21 @@ int RunRunner(const RunnerArgs& args) {
 
   int threads = args.threads;
   std::string note = "-";
+  bool settled = false;
   if (args.choose_threads_at_batch > 0 && args.threads > 1) {
-    runtime::ThreadChoice choice = runtime::ChooseThreads(*model, args.threads, args.choose_threads_at_batch);
+    runtime::ChooseOptions how;
+    how.meter = meter.get();
+    runtime::ThreadChoice choice =
+        runtime::ChooseThreads(*model, args.threads, args.choose_threads_at_batch, how);
     threads = choice.threads;
-    note = choice.note;
+    note = choice.note.empty() ? "-" : choice.note;
+    settled = choice.settled;
   }
+  meter.reset();
   std::cerr << "aotid runner " << ::getpid() << ": serving " << args.label << " from " << entry.so_path
             << " on " << args.device << " (" << args.slots << " slot" << (args.slots == 1 ? "" : "s") << ", "
             << report->Describe() << ")" << std::endl;
-  Reply("ready " + std::to_string(threads) + " " + note);
+  Reply("ready " + std::to_string(threads) + (settled ? " 1 " : " 0 ") + note);
 
   std::vector<std::thread> servers;
   for (size_t i = 1; i < slots.size(); ++i) servers.emplace_back(Serve, model.get(), &slots[i]);

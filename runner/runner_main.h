@@ -7,7 +7,9 @@
 //   0        /dev/null
 //   1, 2     a pipe the daemon reads (its log; the last lines name a crash)
 //   3        the start-up reply, one line, then closed:
-//              "ready <threads> <how threads were chosen>\n"
+//              "ready <threads> <settled> <how threads were chosen>\n"
+//              (settled: 1 when a timing on a quiet machine chose them,
+//              runtime/thread_choice.h; the note is "-" when not chosen)
 //              "error <StatusCode number> <message>\n"
 //   4 ..     one shared-memory slot per run that may be in flight
 //            (runner/channel.h), `--slots` of them

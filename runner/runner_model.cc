@@ -83,6 +83,7 @@ StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const runtime::CacheEn
   ASSIGN_OR_RETURN(m->proc_, m->Spawn(m->options_.load.threads, m->options_.choose_threads_at_batch));
   m->threads_ = m->proc_.threads;
   m->threads_note_ = m->proc_.threads_note;
+  m->threads_settled_ = m->proc_.threads_settled;
   {
     MutexLock lock(&m->mu_);
     for (int i = slots - 1; i >= 0; --i) m->free_.push_back(i);
@@ -215,9 +216,12 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
   ::close(ready_fd);
   if (replied && reply.starts_with("ready ")) {
     std::string rest = reply.substr(6, reply.find('\n') - 6);
+    // "<threads> <settled> <note>"
     size_t space = rest.find(' ');
     p.threads = std::atoi(rest.substr(0, space).c_str());
-    std::string note = space == std::string::npos ? "" : rest.substr(space + 1);
+    std::string more = space == std::string::npos ? "" : rest.substr(space + 1);
+    p.threads_settled = more.starts_with("1 ");
+    std::string note = more.size() > 2 ? more.substr(2) : "";
     p.threads_note = note == "-" ? "" : note;
     err_tail_.clear();  // a crash's cause is what it says from now on
     return p;

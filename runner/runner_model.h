@@ -85,6 +85,8 @@ class RunnerModel final : public runtime::LoadedModel {
   // Threads per run, as the runner chose them, and how ("" when not chosen).
   int threads() const { return threads_; }
   const std::string& threads_note() const { return threads_note_; }
+  // Chosen by a timing on a quiet machine: worth recording with the build.
+  bool threads_settled() const { return threads_settled_; }
   // The runner's process id now; 0 while none runs.
   pid_t pid() const { return pid_.load(); }
   // Runners started after the first.
@@ -98,6 +100,7 @@ class RunnerModel final : public runtime::LoadedModel {
     std::string scratch;
     int threads = 0;  // as its reply said
     std::string threads_note;
+    bool threads_settled = false;
   };
 
   RunnerModel(const runtime::CacheEntry& entry, RunnerOptions options);
@@ -128,6 +131,7 @@ class RunnerModel final : public runtime::LoadedModel {
   std::vector<Slot> slots_;  // fixed after Start
   int threads_ = 0;
   std::string threads_note_;
+  bool threads_settled_ = false;
   int stop_fd_[2] = {-1, -1};  // written once at destruction
   std::thread supervisor_;
   std::atomic<pid_t> pid_{0};

@@ -40,7 +40,8 @@ std::string BuildKey::ToString() const {
 }
 
 std::string BuildCache::EntryDir(const BuildKey& key) const {
-  std::string dir = root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
+  std::string dir =
+      root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
   // The options text can be long; its full sha256 names it. Lookup also
   // compares the manifest's key, so even a collision cannot load the wrong build.
   if (!key.options.empty()) dir += "." + fs::Sha256Hex(key.options);
@@ -142,6 +143,33 @@ Status BuildCache::BeginLoad(const CacheEntry& e) const {
 }
 
 void BuildCache::EndLoad(const CacheEntry& e) const { ::unlink(LoadMarker(e).c_str()); }
+
+std::optional<RecordedThreads> BuildCache::ReadThreads(const std::string& entry_dir) const {
+  auto text = fs::ReadFile(entry_dir + "/threads.json");
+  if (!text.ok()) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("key") || !j["key"].is_string() || !j.contains("threads") ||
+      !j["threads"].is_number_integer() || j["threads"].get<int64_t>() < 1 ||
+      j["threads"].get<int64_t>() > 4096) {
+    return std::nullopt;
+  }
+  RecordedThreads r;
+  r.key = j["key"].get<std::string>();
+  r.threads = j["threads"].get<int>();
+  if (j.contains("note") && j["note"].is_string()) r.note = j["note"].get<std::string>();
+  if (j.contains("at_ms") && j["at_ms"].is_number_integer()) r.at_ms = j["at_ms"].get<int64_t>();
+  return r;
+}
+
+Status BuildCache::RecordThreads(const std::string& entry_dir, const RecordedThreads& r) const {
+  nlohmann::json j = {{"key", r.key}, {"threads", r.threads}, {"note", r.note}, {"at_ms", r.at_ms}};
+  return fs::WriteFileAtomic(entry_dir + "/threads.json",
+                             j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+bool BuildCache::ForgetThreads(const std::string& entry_dir) const {
+  return ::unlink((entry_dir + "/threads.json").c_str()) == 0;
+}
 
 std::optional<BuildCache::UnfinishedLoad> BuildCache::LoadCrashed(const CacheEntry& e) const {
   auto text = fs::ReadFile(LoadMarker(e));
@@ -248,7 +276,7 @@ std::vector<CacheListing> BuildCache::List() const {
         l.key.fingerprint = m.value("fingerprint", "");
         l.key.options = m.value("options", "");
         auto found = Lookup(l.key);
-        l.status = found.ok() ? Status::OK()
+        l.status = found.ok()                 ? Status::OK()
                    : EntryDir(l.key) != l.dir ? Corruption("its manifest describes another entry")
                                               : found.status();
       }

@@ -43,6 +43,16 @@ struct CacheEntry {
   std::string package_json;  // package.json as written by the build
 };
 
+// Threads per run that timing this build on this machine chose
+// (runtime/thread_choice.h), kept in its entry (threads.json) so that later
+// loads use them rather than time it again.
+struct RecordedThreads {
+  std::string key;  // what the timing depended on (machine, most threads, batch); reused only on a match
+  int threads = 0;
+  std::string note;  // as the timing said it
+  int64_t at_ms = 0;
+};
+
 // One entry as `aotid cache ls` shows it.
 struct CacheListing {
   std::string dir;
@@ -96,6 +106,14 @@ class BuildCache {
 
   // Every entry (complete or not) under the root.
   std::vector<CacheListing> List() const;
+
+  // The entry's recorded threads; nullopt when none (or unreadable: it is
+  // only a shortcut, and timing again replaces it).
+  std::optional<RecordedThreads> ReadThreads(const std::string& entry_dir) const;
+  Status RecordThreads(const std::string& entry_dir, const RecordedThreads& r) const;
+  // Removes the record, so the next load times the build again; true when
+  // there was one.
+  bool ForgetThreads(const std::string& entry_dir) const;
 
   std::string EntryDir(const BuildKey& key) const;
   // Where the log of the last failed build of `key` is kept.

@@ -12,9 +12,9 @@ struct DTypeInfo {
   size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kBool, "BOOL", 1},     {DType::kUInt8, "UINT8", 1},   {DType::kInt8, "INT8", 1},
-    {DType::kInt16, "INT16", 2},   {DType::kInt32, "INT32", 4},   {DType::kInt64, "INT64", 8},
-    {DType::kFloat16, "FP16", 2},  {DType::kBFloat16, "BF16", 2}, {DType::kFloat32, "FP32", 4},
+    {DType::kBool, "BOOL", 1},    {DType::kUInt8, "UINT8", 1},   {DType::kInt8, "INT8", 1},
+    {DType::kInt16, "INT16", 2},  {DType::kInt32, "INT32", 4},   {DType::kInt64, "INT64", 8},
+    {DType::kFloat16, "FP16", 2}, {DType::kBFloat16, "BF16", 2}, {DType::kFloat32, "FP32", 4},
     {DType::kFloat64, "FP64", 8},
 };
 }  // namespace
@@ -89,7 +89,7 @@ Status ParseContract(const nlohmann::json& t, TensorSpec* ts) {
       }
       DimRange r;
       if (!d.is_object() || !OptionalInt(d, "min", &r.min) || !OptionalInt(d, "max", &r.max) ||
-          r.min > r.max) {
+          !OptionalInt(d, "typical", &r.typical) || r.min > r.max) {
         return Corruption(who + " has a malformed dim range");
       }
       if (auto sym = d.find("symbol"); sym != d.end()) {
@@ -187,6 +187,7 @@ std::string ModelSpec::ToJson() const {
           nlohmann::json r = {{"min", d->min}};
           if (d->max != std::numeric_limits<int64_t>::max()) r["max"] = d->max;
           if (!d->symbol.empty()) r["symbol"] = d->symbol;
+          if (d->typical > 0) r["typical"] = d->typical;
           dims.push_back(std::move(r));
         }
         e["dims"] = std::move(dims);

@@ -34,6 +34,9 @@ struct DimRange {
   std::string symbol;  // empty: shares with nothing
   int64_t min = 0;
   int64_t max = std::numeric_limits<int64_t>::max();  // the largest int64: unbounded
+  // A size requests usually have: the exporter's example for the dim
+  // (0: none recorded). Load-time timing runs the model at it.
+  int64_t typical = 0;
 };
 
 // The values an integer input may hold, inclusive: a token id that indexes

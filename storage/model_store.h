@@ -233,5 +233,7 @@ class ModelStore {
 
 // Milliseconds since the Unix epoch.
 int64_t NowMs();
+// `ms` as UTC, "2026-12-03T20:10:05.123Z"; "-" for 0 or less.
+std::string FormatTimestamp(int64_t ms);
 
 }  // namespace aotid::storage

@@ -54,7 +54,8 @@ const std::vector<SettingField>& Table() {
        .max = 1024,
        .min_note = "one share of the cores per runner",
        .zero_text = "auto",
-       .help = "CPU threads per runner (0: the cores shared among runners)"},
+       .help = "CPU threads per runner (auto or 0: up to the cores shared among runners, timed once per "
+               "build and machine; setting it again times it anew)"},
       {.key = "timeout_s",
        .column = "timeout_s",
        .type = SettingType::kInt,
@@ -110,7 +111,9 @@ std::string SettingField::Syntax() const {
   switch (type) {
     case SettingType::kChoice: return std::string(key) + "=" + Join(choices, "|");
     case SettingType::kBool: return std::string(key) + "=true|false";
-    case SettingType::kInt: return std::string(key) + "=" + std::to_string(min) + ".." + std::to_string(max);
+    case SettingType::kInt:
+      return std::string(key) + "=" + (zero_text.empty() ? "" : std::string(zero_text) + "|") +
+             std::to_string(min) + ".." + std::to_string(max);
     case SettingType::kOptions: return std::string(prefix) + "<option>=VALUE";
   }
   return "";
@@ -199,6 +202,11 @@ Status ApplySetting(VersionSettings* s, std::string_view key, std::string_view v
       break;
     }
     case SettingType::kInt: {
+      // What `show` prints for 0 ("auto", "default") is taken back as 0.
+      if (!f->zero_text.empty() && value == f->zero_text) {
+        s->*(f->number) = 0;
+        break;
+      }
       ASSIGN_OR_RETURN(int64_t v, ParseInt(key, value));
       // Only what fits an int here; ValidateSettings checks the range, and
       // says it the same way for values too large for an int.
@@ -266,7 +274,9 @@ std::string SetHelp() {
     if (f.type == SettingType::kOptions) {
       help += "; an empty VALUE removes it";
     } else {
-      help += "; default " + f.DefaultText();
+      // 0 by its word ("auto") where it has one.
+      std::string def = f.DefaultText();
+      help += "; default " + (def == "0" && !f.zero_text.empty() ? std::string(f.zero_text) : def);
     }
     out += "  " + syntax + std::string(width - syntax.size() + 2, ' ') + help + "\n";
   }

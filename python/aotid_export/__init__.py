@@ -58,7 +58,33 @@ def _input_names(model: torch.nn.Module, n: int, given: Sequence[str] | None) ->
     return params[:n] if len(params) >= n else [f"input{i}" for i in range(n)]
 
 
-def _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes=None):
+def _declared_dims(example_inputs, dynamic_shapes, record_typical):
+    """Per input, per dim: None, or the dynamic dim as declared (its name, its
+    range, and the example's size as a typical one). The compile worker
+    prefers these to what tracing recorded: torch.export raises a declared
+    minimum of 0 or 1 to 2, and names dims s0, s1, ..."""
+    out = []
+    for t, spec in zip(example_inputs, dynamic_shapes):
+        dims = [None] * t.dim()
+        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
+        for i, d in items:
+            name, lo, hi = getattr(d, "__name__", None), getattr(d, "min", None), getattr(d, "max", None)
+            if not isinstance(i, int) or not 0 <= i < t.dim() or not isinstance(name, str):
+                continue  # Dim.AUTO and the like: nothing declared to record
+            entry = {"name": name}
+            if isinstance(lo, int):
+                entry["min"] = lo
+            if isinstance(hi, int) and hi < 2**62:
+                entry["max"] = hi
+            if record_typical:
+                entry["typical"] = int(t.shape[i])
+            dims[i] = entry
+        out.append(dims if any(dims) else None)
+    return out if any(out) else None
+
+
+def _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes=None,
+                    record_typical=True):
     """The exported program and the names aotid will show."""
     example_inputs = tuple(example_inputs)
     for i, t in enumerate(example_inputs):
@@ -87,13 +113,18 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
             torch.cat([t, t]) if t.dim() > 0 and t.shape[0] == 1 else t for t in example_inputs)
         batch = torch.export.Dim("batch", min=1, max=MAX_DYNAMIC_BATCH)
         dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in example_inputs)
+        record_typical = False  # the batch was doubled to trace it
     model = model.eval()
     with torch.no_grad():
         ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     n_out = len(ep.graph_signature.user_outputs)
     if output_names is not None and len(output_names) != n_out:
         raise ValueError(f"output_names has {len(output_names)} names; the model returns {n_out} outputs")
-    return ep, {"input_names": names, "output_names": list(output_names) if output_names is not None else None}
+    described = {"input_names": names, "output_names": list(output_names) if output_names is not None else None}
+    declared = _declared_dims(example_inputs, dynamic_shapes, record_typical) if dynamic_shapes else None
+    if declared:
+        described["input_dims"] = declared
+    return ep, described
 
 
 def export(
@@ -122,9 +153,19 @@ def export(
     dynamic dim at 2 or more.
     ``inductor_configs`` applies to the two AOTInductor formats.
     """
+    return _export(model, example_inputs, path, input_names=input_names, output_names=output_names,
+                   dynamic_batch=dynamic_batch, metadata=metadata, format=format, inductor_configs=inductor_configs,
+                   dynamic_shapes=dynamic_shapes)
+
+
+def _export(model, example_inputs, path, *, input_names, output_names, dynamic_batch, metadata, format,
+            inductor_configs, dynamic_shapes, record_typical=True):
+    """``export``; ``record_typical`` False when the example sizes were made
+    up (the command line's) and say nothing of what requests will hold."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-    ep, names = _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes)
+    ep, names = _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes,
+                                record_typical)
     extra = {"format": 1, **names, "metadata": dict(metadata or {})}
     if format == "exported_program":
         torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})

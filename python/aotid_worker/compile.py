@@ -127,15 +127,17 @@ def value_range(node) -> dict | None:
     return {"min": lo, "max": hi}
 
 
-def dim_ranges(ep, val) -> list | None:
+def dim_ranges(ep, val, declared=None) -> list | None:
     """Per dim of an input, None for a static dim, else the symbol it was
     traced as (inputs whose dims share a symbol must agree on its size) and
     the sizes it was traced for (range_constraints). None when no dim is
-    dynamic, or one is an expression rather than a plain symbol."""
+    dynamic, or one is an expression rather than a plain symbol. `declared`
+    is the exporter's record of the dims (aotid.json "input_dims"): their
+    declared minimum and a typical size."""
     import sympy
 
     dims, dynamic = [], False
-    for d in val.shape:
+    for i, d in enumerate(val.shape):
         if isinstance(d, int):
             dims.append(None)
             continue
@@ -146,26 +148,52 @@ def dim_ranges(ep, val) -> list | None:
         if not vr.lower.is_Integer:
             return None
         entry = {"symbol": str(expr), "min": int(vr.lower)}
+        said = declared[i] if isinstance(declared, list) and i < len(declared) else None
+        said = said if isinstance(said, dict) else {}
         # torch.export specializes sizes 0 and 1, so a dynamic dim declared
         # from 1 (or with no minimum) is traced with a minimum of 2, yet the
         # kernels compiled for it run size 1 correctly (a batch of one row is
-        # the common case). A traced minimum of 2 is recorded as 1.
-        if entry["min"] == 2:
+        # the common case). A traced minimum of 2 is served from 1 unless
+        # the exporter recorded a declared minimum of 2.
+        if entry["min"] == 2 and said.get("min") != 2:
             entry["min"] = 1
         if vr.upper.is_Integer:  # else unbounded (int_oo): no max recorded
             entry["max"] = int(vr.upper)
+        typical = said.get("typical")
+        if isinstance(typical, int) and entry["min"] <= typical <= entry.get("max", typical):
+            entry["typical"] = typical
+        if isinstance(said.get("name"), str) and said["name"]:
+            entry["name"] = said["name"]
         dims.append(entry)
         dynamic = True
     return dims if dynamic else None
 
 
-def input_contract(ep, node) -> dict:
+def name_symbols(inputs: list) -> None:
+    """Shows each traced symbol (s0, s1) by the name the exporter declared
+    for it (batch, seq), where every dim of the symbol has one declared name
+    and no two symbols share it; else the traced symbols stay."""
+    names: dict = {}
+    for spec in inputs:
+        for d in spec.get("dims") or []:
+            if d is not None:
+                names.setdefault(d["symbol"], set()).add(d.pop("name", None))
+    chosen = {sym: next(iter(n)) for sym, n in names.items() if len(n) == 1 and None not in n}
+    if len(set(chosen.values())) != len(chosen) or len(chosen) != len(names):
+        return
+    for spec in inputs:
+        for d in spec.get("dims") or []:
+            if d is not None:
+                d["symbol"] = chosen[d["symbol"]]
+
+
+def input_contract(ep, node, declared=None) -> dict:
     """What a request must hold beyond the declared shape, for one input.
     Empty when the analysis fails: nothing recorded is better than a wrong
     range that would refuse valid requests."""
     extra = {}
     try:
-        dims = dim_ranges(ep, node.meta["val"])
+        dims = dim_ranges(ep, node.meta["val"], declared)
         if dims is not None:
             extra["dims"] = dims
     except Exception as e:
@@ -188,12 +216,16 @@ def model_spec(ep, extra: dict) -> dict:
     in_names = extra.get("input_names") or user_inputs
     if len(in_names) != len(user_inputs):
         raise BuildError(f"aotid.json names {len(in_names)} inputs, the program takes {len(user_inputs)}")
+    declared = extra.get("input_dims")
+    declared = declared if isinstance(declared, list) and len(declared) == len(user_inputs) else [None] * len(
+        user_inputs)
     inputs = []
-    for shown, graph_name in zip(in_names, user_inputs):
+    for shown, graph_name, said in zip(in_names, user_inputs, declared):
         node = nodes.get(graph_name)
         if node is None:
             raise BuildError(f"input '{graph_name}' is not a tensor placeholder")
-        inputs.append({**tensor_spec(shown, node.meta.get("val")), **input_contract(ep, node)})
+        inputs.append({**tensor_spec(shown, node.meta.get("val")), **input_contract(ep, node, said)})
+    name_symbols(inputs)
 
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     out_vals = out_node.args[0]

@@ -177,6 +177,13 @@ class FakeLoader final : public ModelLoader {
     r.model = std::shared_ptr<runtime::LoadedModel>(
         std::make_shared<InertModel>(req.entry.spec, req.options.device, req.entry.dir));
     r.threads = req.options.threads;
+    if (record_threads && req.choose_threads_at_batch > 0) {
+      // As the real loader does after a settled timing: the choice goes
+      // into the build's entry.
+      runtime::BuildCache entry_owner(req.entry.dir);
+      r.threads_recorded =
+          entry_owner.RecordThreads(req.entry.dir, {req.threads_key, 1, "1 of 2: timed by the test", 1}).ok();
+    }
     done(std::move(r));
   }
   void Fail(const std::string& why, StatusCode code = StatusCode::kInternal) {
@@ -191,6 +198,7 @@ class FakeLoader final : public ModelLoader {
   }
 
   std::vector<LoadRequest> requests;
+  bool record_threads = false;  // record auto threads with the build, as a settled timing does
 
  private:
   std::pair<LoadRequest, std::function<void(LoadResult)>> Take() {

@@ -258,6 +258,43 @@ TEST_F(ReconcilerTest, ABuildIsGivenAnEstimateFromTheBuildsBeforeIt) {
   EXPECT_EQ(builds_->estimates.back(), 40000);
 }
 
+// Auto threads are timed once per build and machine and recorded with the
+// build; removing the record (what `aotid set NAME threads=...` does) has
+// the version loaded again and timed anew, while the loaded one serves.
+TEST_F(ReconcilerTest, RemovingARecordedThreadChoiceReloadsTheVersionToTimeItAgain) {
+  loader_->record_threads = true;
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  ASSERT_EQ(State("mlp", v), "ready");
+  const LoadRequest first = loader_->requests.back();
+  EXPECT_EQ(first.choose_threads_at_batch, 1);
+  EXPECT_NE(first.threads_key.find("2 cores; up to 2 threads; batch 1"), std::string::npos)
+      << first.threads_key;
+  ASSERT_TRUE(cache_->ReadThreads(first.entry.dir).has_value());
+
+  Reconcile();  // nothing changed: nothing loads
+  EXPECT_EQ(loader_->pending(), 0u);
+
+  ASSERT_TRUE(cache_->ForgetThreads(first.entry.dir));
+  Reconcile();
+  ASSERT_EQ(loader_->pending(), 1u);    // loaded again, to be timed
+  EXPECT_EQ(State("mlp", v), "ready");  // the loaded one serves meanwhile
+  EXPECT_TRUE(HasEvent("mlp", v, "reloading"));
+  EXPECT_EQ(loader_->requests.back().choose_threads_at_batch, 1);
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+  Reconcile();
+  EXPECT_EQ(loader_->pending(), 0u);  // the new record stands
+
+  // Explicit threads: nothing to time, nothing recorded to watch.
+  Set("mlp", v, {{"threads", "1"}});
+  Reconcile();
+  ASSERT_EQ(loader_->pending(), 1u);
+  EXPECT_EQ(loader_->requests.back().choose_threads_at_batch, 0);
+  EXPECT_TRUE(loader_->requests.back().threads_key.empty());
+}
+
 // A version superseded while it builds or loads (the same file added again:
 // one build serves both) is not loaded, logged or recorded as serving: its
 // route would answer 404 at once.

@@ -10,6 +10,10 @@
 // Started with FAKE_RUNNER_START=fail it replies an error instead of ready;
 // with FAKE_RUNNER_START=die it exits before replying; with
 // FAKE_RUNNER_START=oom it aborts as libtorch does when it cannot allocate.
+// Asked to choose its threads (--choose-threads-at-batch) it "times" itself
+// at once and chooses 1, settled, or unsettled with FAKE_RUNNER_TIMING=busy;
+// each start appends its --threads and --choose-threads-at-batch to the
+// file FAKE_RUNNER_STARTS names, when set.
 #include <unistd.h>
 
 #include <cstdio>
@@ -108,8 +112,21 @@ int main(int argc, char** argv) {
     if (!slot.ok()) return 3;
     slots.push_back(std::move(slot).value());
   }
+  if (const char* log = std::getenv("FAKE_RUNNER_STARTS")) {
+    if (FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "%d %lld\n", args->threads, static_cast<long long>(args->choose_threads_at_batch));
+      std::fclose(f);
+    }
+  }
   std::fprintf(stderr, "fake runner %d: ready with %d slots\n", ::getpid(), args->slots);
-  Reply("ready " + std::to_string(args->threads) + " -");
+  if (args->choose_threads_at_batch > 0 && args->threads > 1) {
+    const char* timing = std::getenv("FAKE_RUNNER_TIMING");
+    bool busy = timing && std::string(timing) == "busy";
+    Reply(std::string("ready 1 ") + (busy ? "0" : "1") + " 1 of " + std::to_string(args->threads) +
+          ": fake timing" + (busy ? " (the machine was busy)" : ""));
+  } else {
+    Reply("ready " + std::to_string(args->threads) + " 0 -");
+  }
   std::vector<std::thread> threads;
   for (size_t i = 1; i < slots.size(); ++i) threads.emplace_back(Serve, &slots[i]);
   Serve(&slots[0]);

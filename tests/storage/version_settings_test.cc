@@ -38,7 +38,8 @@ TEST(VersionSettings, SetHelpListsEveryKey) {
     EXPECT_NE(help.find(f.Syntax()), std::string::npos) << f.Syntax() << " missing from:\n" << help;
     EXPECT_NE(help.find(f.help), std::string::npos) << f.help << " missing from:\n" << help;
   }
-  EXPECT_NE(help.find("threads=0..1024"), std::string::npos) << help;
+  EXPECT_NE(help.find("threads=auto|0..1024"), std::string::npos) << help;
+  EXPECT_NE(help.find("; default auto"), std::string::npos) << help;
   EXPECT_NE(help.find("inductor.<option>=VALUE"), std::string::npos) << help;
   EXPECT_NE(help.find("device=auto|cpu|mps|cuda"), std::string::npos) << help;
 }
@@ -125,6 +126,20 @@ TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
             "memory_limit_mb must be between 0 (the daemon's runner.memory_limit_mb) and 1048576, got -1");
   EXPECT_EQ(invalid([](VersionSettings* v) { v->inductor_options = "[1]"; }),
             "inductor_options must be a JSON object, got '[1]'");
+}
+
+// What `show` prints for 0 is taken back by `set`: threads=auto,
+// timeout_s=default.
+TEST(VersionSettings, TheWordsShowPrintsForZeroAreAccepted) {
+  VersionSettings s;
+  s.threads = 3;
+  s.timeout_s = 9;
+  ASSERT_OK(ApplySetting(&s, "threads", "auto"));
+  ASSERT_OK(ApplySetting(&s, "timeout_s", "default"));
+  EXPECT_EQ(s.threads, 0);
+  EXPECT_EQ(s.timeout_s, 0);
+  Status wrong = ApplySetting(&s, "threads", "default");
+  EXPECT_EQ(wrong.message(), "threads must be an integer, got 'default'");
 }
 
 TEST(VersionSettings, DisplayTextSaysAutoThreadsAndLeavesOutNoOptions) {

@@ -1,0 +1,119 @@
+// The real loader (a libuv loop, its thread pool, runner processes) with
+// the fake runner: auto threads are timed once per build and machine,
+// recorded in the build's entry, and used from there at later loads.
+#include "control/model_loader.h"
+
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstdlib>
+#include <optional>
+
+#include "base/fs.h"
+#include "test_util.h"
+
+namespace aotid::control {
+namespace {
+
+class ModelLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    cache_ = std::make_unique<runtime::BuildCache>(dir_.path() + "/cache");
+    entry_.dir = dir_.path() + "/cache/entry";
+    ASSERT_OK(fs::MakeDirs(entry_.dir));
+    entry_.so_path = entry_.dir + "/model.so";
+    entry_.spec.inputs = {{"ids", runtime::DType::kInt64, {1, -1}}};
+    entry_.spec.outputs = {{"out", runtime::DType::kInt64, {1, -1}}};
+    ::setenv("FAKE_RUNNER_STARTS", starts_.c_str(), 1);
+  }
+  void TearDown() override {
+    ::unsetenv("FAKE_RUNNER_STARTS");
+    ::unsetenv("FAKE_RUNNER_TIMING");
+    uv_loop_close(&loop_);
+  }
+
+  // Loads the entry with auto threads (up to 2) under `key`, to the end.
+  LoadResult Load(const std::string& key) {
+    ThreadPoolLoader loader(&loop_, cache_.get(), {AOTID_FAKE_RUNNER, dir_.path()});
+    LoadRequest req;
+    req.entry = entry_;
+    req.label = "fake:1";
+    req.options.threads = 2;
+    req.choose_threads_at_batch = 1;
+    req.threads_key = key;
+    std::optional<LoadResult> got;
+    loader.Load(req, [&](LoadResult r) {
+      got = std::move(r);
+      loader.Close();
+    });
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    EXPECT_TRUE(got.has_value());
+    return got ? std::move(*got) : LoadResult{};
+  }
+  // The runners' starts so far: "<threads> <choose_threads_at_batch>" each.
+  std::string Starts() {
+    auto text = fs::ReadFile(starts_);
+    return text.ok() ? *text : "";
+  }
+
+  aotid::testing::TempDir dir_;
+  std::string starts_ = dir_.path() + "/starts";
+  uv_loop_t loop_{};
+  std::unique_ptr<runtime::BuildCache> cache_;
+  runtime::CacheEntry entry_;
+};
+
+TEST_F(ModelLoaderTest, AutoThreadsAreTimedOnceAndThenTakenFromTheBuildsRecord) {
+  LoadResult first = Load("cpu X; 2 cores; up to 2 threads; batch 1");
+  ASSERT_TRUE(first.model.ok()) << first.model.status().ToString();
+  EXPECT_EQ(first.threads, 1);
+  EXPECT_TRUE(first.threads_recorded);
+  auto rec = cache_->ReadThreads(entry_.dir);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->key, "cpu X; 2 cores; up to 2 threads; batch 1");
+  EXPECT_EQ(rec->threads, 1);
+  EXPECT_EQ(rec->note, "1 of 2: fake timing");
+  first.model = Internal("released");  // its runner ends
+
+  // The same machine, setting and batch: the runner is started with the
+  // recorded thread count and is not asked to time itself.
+  LoadResult again = Load("cpu X; 2 cores; up to 2 threads; batch 1");
+  ASSERT_TRUE(again.model.ok()) << again.model.status().ToString();
+  EXPECT_EQ(again.threads, 1);
+  EXPECT_TRUE(again.threads_recorded);
+  EXPECT_EQ(again.threads_note.rfind("timed ", 0), 0u) << again.threads_note;
+  EXPECT_NE(again.threads_note.find("1 of 2: fake timing"), std::string::npos) << again.threads_note;
+  again.model = Internal("released");
+  EXPECT_EQ(Starts(), "2 1\n1 0\n");
+
+  // Another batch: timed again, and the record replaced.
+  LoadResult other = Load("cpu X; 2 cores; up to 2 threads; batch 8");
+  ASSERT_TRUE(other.model.ok());
+  other.model = Internal("released");
+  EXPECT_EQ(Starts(), "2 1\n1 0\n2 1\n");
+  EXPECT_EQ(cache_->ReadThreads(entry_.dir)->key, "cpu X; 2 cores; up to 2 threads; batch 8");
+}
+
+TEST_F(ModelLoaderTest, ATimingOnABusyMachineIsUsedButNotRecorded) {
+  ::setenv("FAKE_RUNNER_TIMING", "busy", 1);
+  LoadResult r = Load("k");
+  ASSERT_TRUE(r.model.ok()) << r.model.status().ToString();
+  EXPECT_EQ(r.threads, 1);
+  EXPECT_FALSE(r.threads_recorded);
+  EXPECT_NE(r.threads_note.find("busy"), std::string::npos) << r.threads_note;
+  EXPECT_FALSE(cache_->ReadThreads(entry_.dir).has_value());
+  r.model = Internal("released");
+
+  // A damaged record is no record: timed again.
+  ::unsetenv("FAKE_RUNNER_TIMING");
+  ASSERT_OK(fs::WriteFileAtomic(entry_.dir + "/threads.json", "{\"key\": \"k\", \"threads\": \"many\"}"));
+  r = Load("k");
+  ASSERT_TRUE(r.model.ok());
+  r.model = Internal("released");
+  EXPECT_EQ(Starts(), "2 1\n2 1\n");
+  EXPECT_EQ(cache_->ReadThreads(entry_.dir)->threads, 1);
+}
+
+}  // namespace
+}  // namespace aotid::control
