@@ -630,11 +630,10 @@ int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::
     std::vector<runtime::CacheListing> entries = cache.List();
     for (const auto& v : *versions) {
       if (v.model != name || (version && v.version != *version)) continue;
+      // The version's builds: <cache>/<artifact>/<package model>.<device>...
+      const std::string prefix = cache.root() + "/" + v.artifact + "/" + v.package_model + ".";
       for (const auto& e : entries) {
-        if (e.key.artifact == v.artifact && e.key.package_model == v.package_model &&
-            cache.ForgetThreads(e.dir)) {
-          ++forgotten;
-        }
+        if (e.dir.starts_with(prefix) && cache.ForgetThreads(e.dir)) ++forgotten;
       }
     }
     if (forgotten > 0) {

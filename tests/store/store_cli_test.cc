@@ -165,7 +165,17 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
       << out;
   EXPECT_TRUE(fs::Exists(store_ + "/blobs/sha256/" + embed_sha));
   EXPECT_TRUE(fs::Exists(store_ + "/cache/" + embed_sha + "/model.cpu.fp"));
+  // The total a dry run announces is the one the real gc frees: the blob
+  // and the cached build both.
+  auto total = [](const std::string& text, const std::string& tail) {
+    size_t end = text.find(tail), start = text.rfind("; ", end);
+    return end == std::string::npos || start == std::string::npos ? std::string("?")
+                                                                   : text.substr(start + 2, end - start - 2);
+  };
+  std::string would = total(out, " would be freed");
   ASSERT_EQ(Run({"gc"}, &out), 0) << out;
+  EXPECT_EQ(total(out, " freed"), would) << out;
+  EXPECT_NE(would, "?");
   EXPECT_NE(out.find("removed artifact sha256:" + embed_sha), std::string::npos) << out;
   // One line per cache entry, with why, as `cache prune` prints them; the
   // count is of entries too.
@@ -195,6 +205,31 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
 
 // The help of `set` and the flags of `add` come from the settings table:
 // every key is listed, and each has its flag.
+// `set NAME threads=...`, even unchanged, removes the auto-thread timing
+// recorded with the version's builds (the daemon then times it anew), and
+// leaves other models' alone.
+TEST_F(StoreCli, SettingThreadsRemovesTheRecordedTiming) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "embed"}, &out), 0) << out;
+  auto record = [&](const std::string& file) {
+    std::string dir = store_ + "/cache/" + *fs::Sha256File(TestData(file)) + "/model.cpu.fp";
+    EXPECT_OK(fs::MakeDirs(dir));
+    EXPECT_OK(fs::WriteFileAtomic(dir + "/threads.json", R"({"key": "k", "threads": 1})"));
+    return dir + "/threads.json";
+  };
+  std::string mlp = record("mlp.pt2"), embed = record("embed.pt2");
+  ASSERT_EQ(Run({"set", "mlp", "threads=auto"}, &out), 0) << out;  // auto already: only the timing goes
+  EXPECT_NE(out.find("removed the recorded thread timing of 1 build"), std::string::npos) << out;
+  EXPECT_EQ(out.find("nothing changed"), std::string::npos) << out;
+  EXPECT_FALSE(fs::Exists(mlp));
+  EXPECT_TRUE(fs::Exists(embed));
+  ASSERT_EQ(Run({"events", "-n", "1"}, &out), 0) << out;
+  EXPECT_NE(out.find("threads_retime"), std::string::npos) << out;
+  ASSERT_EQ(Run({"set", "mlp", "threads=auto"}, &out), 0) << out;  // nothing left to remove
+  EXPECT_NE(out.find("nothing changed"), std::string::npos) << out;
+}
+
 // The same file added again is a version of its own, and add says so: it
 // is often a slip.
 TEST_F(StoreCli, AddingTheSameFileAgainSaysSo) {
