@@ -170,7 +170,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   auto total = [](const std::string& text, const std::string& tail) {
     size_t end = text.find(tail), start = text.rfind("; ", end);
     return end == std::string::npos || start == std::string::npos ? std::string("?")
-                                                                   : text.substr(start + 2, end - start - 2);
+                                                                  : text.substr(start + 2, end - start - 2);
   };
   std::string would = total(out, " would be freed");
   ASSERT_EQ(Run({"gc"}, &out), 0) << out;
