@@ -40,7 +40,7 @@ while (($#)); do
   shift
 done
 cd "$root"
-jobs="${AOTID_JOBS:-$(nproc)}"
+jobs="${AOTID_JOBS:-$(nproc 2>/dev/null || sysctl -n hw.ncpu)}"
 python="$root/.venv/bin/python"
 [[ -x "$python" ]] || python=python3
 

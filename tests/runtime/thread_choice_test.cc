@@ -166,6 +166,7 @@ TEST(ThreadChoice, ATimingTakenWhileOthersKeepTheCpusBusyIsRedoneAndNotSettled) 
   EXPECT_NE(c.note.find("could not be read"), std::string::npos) << c.note;
 }
 
+#ifdef __linux__
 TEST(ThreadChoice, TheMeterOfThisMachineReadsAShare) {
   std::unique_ptr<BusyMeter> meter = OpenSystemBusyMeter();
   ASSERT_NE(meter, nullptr) << "no /proc/stat";
@@ -179,6 +180,7 @@ TEST(ThreadChoice, TheMeterOfThisMachineReadsAShare) {
   EXPECT_GE(*share, 0.0);
   EXPECT_LE(*share, 1.0);
 }
+#endif  // __linux__
 
 TEST(ThreadChoice, SampleInputsTakeTypicalSizesAndKeepSharedDimsEqual) {
   ModelSpec spec;
