@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -38,6 +40,8 @@
 #include "runtime/package_build.h"
 #include "runtime/torch_plugin.h"
 #include "storage/model_store.h"
+#include "sync/model_sync.h"
+#include "sync/registry.h"
 
 namespace aotid::daemon {
 namespace {
@@ -705,6 +709,159 @@ Status PruneCache(const std::vector<runtime::CacheVerdict>& verdicts, const std:
   return Status::OK();
 }
 
+// Credentials for a registry: a file of the Docker config format
+// ({"auths": {"HOST[:PORT]": {"auth": base64("user:password")}}}, also
+// "username"/"password"), `--credentials FILE` or else
+// $DOCKER_CONFIG/config.json or ~/.docker/config.json when present.
+StatusOr<sync::Credentials> RegistryCredentials(const std::string& file, const sync::OciRef& ref) {
+  std::string path = file;
+  if (path.empty()) {
+    const char* docker = std::getenv("DOCKER_CONFIG");
+    std::string candidate = docker ? std::string(docker) + "/config.json" : fs::ExpandHome("~/.docker/config.json");
+    if (!fs::Exists(candidate)) return sync::Credentials{};
+    path = candidate;
+  }
+  ASSIGN_OR_RETURN(std::string text, fs::ReadFile(path));
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return InvalidArgument(path + " is not a JSON object");
+  std::string host = ref.host + (ref.port ? ":" + std::to_string(ref.port) : "");
+  if (!j.contains("auths") || !j["auths"].is_object()) return sync::Credentials{};
+  const json* entry = nullptr;
+  for (const auto& [key, value] : j["auths"].items()) {
+    std::string k = key;
+    for (const char* scheme : {"https://", "http://"}) {
+      if (k.starts_with(scheme)) k = k.substr(std::string_view(scheme).size());
+    }
+    if (k.ends_with("/")) k.pop_back();
+    if (k == host && value.is_object()) entry = &value;
+  }
+  if (!entry) return sync::Credentials{};
+  sync::Credentials c;
+  if (entry->contains("username") && (*entry)["username"].is_string()) {
+    c.user = (*entry)["username"];
+    if (entry->contains("password") && (*entry)["password"].is_string()) c.password = (*entry)["password"];
+    return c;
+  }
+  if (!entry->contains("auth") || !(*entry)["auth"].is_string())
+    return InvalidArgument(path + ": the entry for " + host + " has neither auth nor username");
+  std::string decoded;
+  std::string in = (*entry)["auth"];
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : in) {
+    int v = ch >= 'A' && ch <= 'Z'   ? ch - 'A'
+            : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+            : ch >= '0' && ch <= '9' ? ch - '0' + 52
+            : ch == '+'              ? 62
+            : ch == '/'              ? 63
+                                     : -1;
+    if (v < 0) continue;  // '=' padding
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      decoded += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  size_t colon = decoded.find(':');
+  if (colon == std::string::npos) return InvalidArgument(path + ": the auth for " + host + " is not base64 of user:password");
+  c.user = decoded.substr(0, colon);
+  c.password = decoded.substr(colon + 1);
+  return c;
+}
+
+// A transfer's progress: a line redrawn in place on a terminal, a line
+// each 10% otherwise.
+sync::Progress ProgressPrinter(const std::string& what) {
+  bool tty = ::isatty(STDERR_FILENO);
+  auto start = std::chrono::steady_clock::now();
+  auto last = std::make_shared<int64_t>(-1);
+  return [=](int64_t done, int64_t total) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double rate = s > 0 ? static_cast<double>(done) / s : 0;
+    int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
+    if (!tty && pct / 10 == *last && done != total) return;
+    if (tty && done != total && pct == *last) return;
+    *last = tty ? pct : pct / 10;
+    std::string eta = rate > 0 && total > done ? ", " + std::to_string(static_cast<int64_t>((total - done) / rate)) + " s left" : "";
+    std::fprintf(stderr, "%s%s %s / %s (%d%%), %s/s%s%s", tty ? "\r" : "", what.c_str(), HumanSize(done).c_str(),
+                 HumanSize(total).c_str(), pct, HumanSize(static_cast<int64_t>(rate)).c_str(), eta.c_str(),
+                 tty ? "\x1b[K" : "\n");
+    if (tty && done == total) std::fprintf(stderr, "\n");
+  };
+}
+
+int CmdPush(const GlobalFlags& g, const std::string& model_ref, const std::string& target, bool insecure,
+            const std::string& credentials) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("push", cfg.status());
+  std::string name;
+  std::optional<int64_t> version;
+  if (Status s = storage::ParseModelRef(model_ref, &name, &version); !s.ok()) return Fail("push", s);
+  auto ref = sync::ParseOciRef(target, insecure);
+  if (!ref.ok()) return FailUsage("push", ref.status());
+  auto creds = RegistryCredentials(credentials, *ref);
+  if (!creds.ok()) return Fail("push", creds.status());
+  auto store = OpenExisting(*cfg);
+  if (!store.ok()) return Fail("push", store.status());
+  sync::PushOptions o;
+  o.creds = *creds;
+  o.progress = ProgressPrinter("pushing " + model_ref);
+  auto r = sync::Push(**store, name, version, *ref, o);
+  if (!r.ok()) return Fail("push", r.status());
+  std::cout << "pushed " << r->model << ":" << r->version << " to " << r->ref << " (" << r->manifest << "; "
+            << (r->added ? HumanSize(r->bytes) + " uploaded" : "the registry had its package already") << ")\n";
+  return 0;
+}
+
+int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, const std::string& credentials,
+            const std::string& as_name) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("sync", cfg.status());
+  auto ref = sync::ParseOciRef(source, insecure);
+  if (!ref.ok()) return FailUsage("sync", ref.status());
+  auto creds = RegistryCredentials(credentials, *ref);
+  if (!creds.ok()) return Fail("sync", creds.status());
+  auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
+  if (!store.ok()) return Fail("sync", store.status());
+  std::vector<std::string> tags;
+  if (ref->tag.empty()) {
+    if (!as_name.empty()) return FailUsage("sync", InvalidArgument("--name needs one tag to sync, not every tag"));
+    sync::Registry registry(*ref, *creds, {});
+    auto listed = registry.ListTags();
+    if (!listed.ok()) return Fail("sync", listed.status());
+    tags = *listed;
+    if (tags.empty()) std::cout << ref->ToString() << " has no tags\n";
+  } else {
+    tags.push_back(ref->tag);
+  }
+  int failed = 0;
+  for (const auto& tag : tags) {
+    sync::OciRef one = *ref;
+    one.tag = tag;
+    sync::PullOptions o;
+    o.creds = *creds;
+    o.name = as_name;
+    o.progress = ProgressPrinter("syncing " + one.ToString());
+    auto r = sync::Pull(**store, one, o);
+    if (!r.ok()) {
+      std::cerr << "aotid sync: " << r.status().message() << "\n";
+      (void)(*store)->AppendEvent("", 0, "sync_failed", one.ToString() + ": " + r.status().message());
+      ++failed;
+      continue;
+    }
+    for (const auto& n : r->notes) std::cerr << "aotid sync: note: " << r->ref << ": " << n << "\n";
+    if (r->added) {
+      std::cout << "synced " << r->ref << " as " << r->model << ":" << r->version << " ("
+                << HumanSize(r->bytes) << " downloaded"
+                << (r->resumed_from > 0 ? ", continuing from " + HumanSize(r->resumed_from) : std::string()) << ")\n";
+    } else {
+      std::cout << r->ref << " is up to date: " << r->model << ":" << r->version << "\n";
+    }
+  }
+  return failed == 0 ? 0 : kExitFailure;
+}
+
 int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("gc", cfg.status());
@@ -1067,6 +1224,26 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
 
+  std::string push_ref, push_target, push_credentials;
+  bool push_insecure = false;
+  auto* push = app.add_subcommand("push", "Push a model version to an OCI registry (docs/SYNC.md)");
+  push->add_option("MODEL", push_ref, "NAME or NAME:VERSION (default: the newest)")->required();
+  push->add_option("TARGET", push_target, "oci://HOST[:PORT]/REPO[:TAG] (default tag: the version number)")
+      ->required();
+  push->add_flag("--insecure", push_insecure, "Plain HTTP to a registry that is not on loopback");
+  push->add_option("--credentials", push_credentials,
+                   "Docker config file with the registry's credentials (default: ~/.docker/config.json)");
+
+  std::string sync_source, sync_credentials, sync_name;
+  bool sync_insecure = false;
+  auto* sync_cmd = app.add_subcommand("sync", "Add the model versions an OCI registry holds (docs/SYNC.md)");
+  sync_cmd->add_option("SOURCE", sync_source, "oci://HOST[:PORT]/REPO:TAG (one version) or oci://HOST[:PORT]/REPO (every tag)")
+      ->required();
+  sync_cmd->add_option("--name", sync_name, "The store's name for it (default: the name it was pushed with)");
+  sync_cmd->add_flag("--insecure", sync_insecure, "Plain HTTP to a registry that is not on loopback");
+  sync_cmd->add_option("--credentials", sync_credentials,
+                       "Docker config file with the registry's credentials (default: ~/.docker/config.json)");
+
   bool ev_follow = false, ev_json = false;
   std::string ev_model;
   int ev_limit = 50;
@@ -1140,7 +1317,7 @@ int RunCli(int argc, char** argv) {
     }
   } store_owner;
   if (::geteuid() == 0 &&
-      (add->parsed() || set->parsed() || rm->parsed() || gc->parsed() || cache->parsed())) {
+      (add->parsed() || set->parsed() || rm->parsed() || gc->parsed() || cache->parsed() || sync_cmd->parsed())) {
     if (auto cfg = Resolve(g); cfg.ok()) store_owner.path = cfg->store_path;
   }
   if (add->parsed()) {
@@ -1164,6 +1341,8 @@ int RunCli(int argc, char** argv) {
   if (set->parsed()) return CmdSet(g, set_ref, set_kv);
   if (rm->parsed()) return CmdRm(g, rm_refs);
   if (gc->parsed()) return CmdGc(g, gc_dry_run, gc_keep_events);
+  if (push->parsed()) return CmdPush(g, push_ref, push_target, push_insecure, push_credentials);
+  if (sync_cmd->parsed()) return CmdSync(g, sync_source, sync_insecure, sync_credentials, sync_name);
   if (events->parsed()) return CmdEvents(g, ev_follow, ev_model, ev_limit, ev_json);
   if (doctor->parsed()) {
     auto cfg = Resolve(g);

@@ -1,0 +1,245 @@
+#include "sync/model_sync.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "base/fs.h"
+#include "package/aoti_metadata.h"
+#include "package/package.h"
+
+namespace aotid::sync {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kTitle[] = "org.opencontainers.image.title";
+
+json SettingsObject(const storage::VersionSettings& s) {
+  json out = json::object();
+  for (const auto& f : storage::VersionSettingFields()) out[std::string(f.key)] = f.Text(s);
+  return out;
+}
+
+// The pushed settings over the defaults. Keys this aotid does not know (a
+// newer one pushed them) are left out, and said.
+StatusOr<storage::VersionSettings> ReadSettings(const json& j, std::vector<std::string>* notes) {
+  storage::VersionSettings s;
+  if (!j.is_object()) return s;
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_string()) return InvalidArgument("setting '" + key + "' in the config is not a string");
+    const storage::SettingField* field = nullptr;
+    for (const auto& f : storage::VersionSettingFields()) {
+      if (f.key == key) field = &f;
+    }
+    if (!field) {
+      notes->push_back("setting '" + key + "' is unknown to this aotid; left at its default");
+      continue;
+    }
+    if (field->type == storage::SettingType::kOptions) {
+      std::string text = value.get<std::string>();
+      s.*(field->text) = text == "{}" ? "" : text;
+    } else {
+      RETURN_IF_ERROR(storage::ApplySetting(&s, key, value.get<std::string>()));
+    }
+  }
+  RETURN_IF_ERROR(storage::ValidateSettings(s));
+  return s;
+}
+
+struct Layer {
+  std::string digest;
+  int64_t size = 0;
+};
+
+struct Parsed {
+  std::string config_digest;
+  int64_t config_size = 0;
+  Layer layer;
+};
+
+StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& limits) {
+  json m = json::parse(text, nullptr, false);
+  if (!m.is_object()) return InvalidArgument("the manifest is not a JSON object");
+  auto str = [&](const json& o, const char* k) {
+    return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
+  };
+  if (m.value("schemaVersion", 0) != 2) return InvalidArgument("the manifest's schemaVersion is not 2");
+  std::string media = str(m, "mediaType");
+  if (!media.empty() && media != kOciManifestMediaType) {
+    return InvalidArgument("the manifest is a '" + media + "', not an OCI image manifest (an image index or a " +
+                           "Docker image is not an aotid model)");
+  }
+  const json& config = m.contains("config") ? m["config"] : json();
+  std::string artifact_type = str(m, "artifactType");
+  std::string config_type = str(config, "mediaType");
+  // The artifact type says what it is; tools that cannot set one (older
+  // oras) say it with the config's media type.
+  if (artifact_type != kArtifactType && !(artifact_type.empty() && config_type == kConfigMediaType)) {
+    return InvalidArgument("the manifest's artifact type is '" + (artifact_type.empty() ? config_type : artifact_type) +
+                           "', not an aotid model ('" + kArtifactType + "')");
+  }
+  Parsed p;
+  p.config_digest = str(config, "digest");
+  if (!IsValidDigest(p.config_digest))
+    return InvalidArgument("the manifest's config digest '" + p.config_digest + "' is not sha256:<64 hex digits>");
+  if (!config.contains("size") || !config["size"].is_number_integer())
+    return InvalidArgument("the manifest's config has no size");
+  p.config_size = config["size"].get<int64_t>();
+  if (p.config_size < 0 || p.config_size > limits.max_config_bytes) {
+    return ResourceExhausted("the config is " + std::to_string(p.config_size) + " bytes, over the limit of " +
+                             std::to_string(limits.max_config_bytes));
+  }
+  if (!m.contains("layers") || !m["layers"].is_array()) return InvalidArgument("the manifest has no layers");
+  int packages = 0;
+  for (const auto& l : m["layers"]) {
+    std::string digest = str(l, "digest");
+    if (!IsValidDigest(digest))
+      return InvalidArgument("a layer's digest '" + digest + "' is not sha256:<64 hex digits>");
+    if (str(l, "mediaType") != kPackageMediaType) continue;  // not ours: not fetched
+    if (!l.contains("size") || !l["size"].is_number_integer() || l["size"].get<int64_t>() < 0)
+      return InvalidArgument("the package layer has no size");
+    p.layer = {digest, l["size"].get<int64_t>()};
+    ++packages;
+  }
+  if (packages != 1) {
+    return InvalidArgument("the manifest has " + std::to_string(packages) + " layers of type '" + kPackageMediaType +
+                           "'; an aotid model has one");
+  }
+  if (p.layer.size > limits.max_layer_bytes) {
+    return ResourceExhausted("the package is " + std::to_string(p.layer.size) + " bytes, over the limit of " +
+                             std::to_string(limits.max_layer_bytes) + " (sync.max_layer_bytes)");
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata) {
+  json metadata = json::parse(author_metadata, nullptr, false);
+  json c = {{"name", v.model},
+            {"version", v.version},
+            {"package_model", v.package_model},
+            {"kind", std::string(package::PackageKindName(v.kind))},
+            {"settings", SettingsObject(v.settings)},
+            {"metadata", metadata.is_object() ? metadata : json::object()}};
+  return c.dump();
+}
+
+std::string MakeManifest(const std::string& config, const storage::ModelVersion& v, const std::string& file_name) {
+  json m = {{"schemaVersion", 2},
+            {"mediaType", kOciManifestMediaType},
+            {"artifactType", kArtifactType},
+            {"config", {{"mediaType", kConfigMediaType}, {"digest", "sha256:" + fs::Sha256Hex(config)},
+                        {"size", config.size()}}},
+            {"layers", json::array({{{"mediaType", kPackageMediaType}, {"digest", "sha256:" + v.artifact},
+                                     {"size", v.size}, {"annotations", {{kTitle, file_name}}}}})},
+            {"annotations", {{"dev.aotid.model", v.model}, {"dev.aotid.version", std::to_string(v.version)}}}};
+  return m.dump();
+}
+
+StatusOr<SyncResult> Push(storage::ModelStore& store, const std::string& name, std::optional<int64_t> version,
+                          const OciRef& ref, const PushOptions& options) {
+  ASSIGN_OR_RETURN(storage::ModelInfo model, store.GetModel(name));
+  const storage::ModelVersion* v = nullptr;
+  for (const auto& mv : model.versions) {
+    if (!version || mv.version == *version) v = &mv;
+  }
+  if (!v) return NotFound("model '" + name + "' has no version " + (version ? std::to_string(*version) : ""));
+  std::string blob = store.BlobPath(v->artifact);
+  if (!fs::Exists(blob)) return NotFound("the blob of " + name + ":" + std::to_string(v->version) + " is missing");
+  auto author = package::ReadAuthorMetadata(blob);
+  std::string config = MakeConfig(*v, author.ok() ? *author : "{}");
+  std::string manifest = MakeManifest(config, *v, name + "-" + std::to_string(v->version) + ".pt2");
+
+  OciRef target = ref;
+  if (target.tag.empty()) target.tag = std::to_string(v->version);
+  Registry registry(target, options.creds, options.limits);
+  SyncResult r;
+  r.ref = target.ToString();
+  r.model = name;
+  r.version = v->version;
+  std::string layer = "sha256:" + v->artifact;
+  ASSIGN_OR_RETURN(bool has_layer, registry.HasBlob(layer));
+  if (!has_layer) {
+    RETURN_IF_ERROR(registry.PushBlob(layer, blob, v->size, options.progress));
+    r.bytes += v->size;
+    r.added = true;
+  }
+  std::string config_digest = "sha256:" + fs::Sha256Hex(config);
+  ASSIGN_OR_RETURN(bool has_config, registry.HasBlob(config_digest));
+  if (!has_config) {
+    RETURN_IF_ERROR(registry.PushBlobBytes(config_digest, config));
+    r.bytes += static_cast<int64_t>(config.size());
+  }
+  ASSIGN_OR_RETURN(r.manifest, registry.PutManifest(target.tag, kOciManifestMediaType, manifest));
+  return r;
+}
+
+StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const PullOptions& options) {
+  if (ref.tag.empty()) return InvalidArgument(ref.ToString() + " names no tag to sync");
+  Registry registry(ref, options.creds, options.limits);
+  SyncResult r;
+  r.ref = ref.ToString();
+  ASSIGN_OR_RETURN(std::string manifest, registry.GetManifest(ref.tag));
+  r.manifest = "sha256:" + fs::Sha256Hex(manifest);
+  auto parsed = ParseManifest(manifest, options.limits);
+  if (!parsed.ok()) return parsed.status().WithContext(ref.ToString());
+  ASSIGN_OR_RETURN(std::string config_text, registry.GetSmallBlob(parsed->config_digest, options.limits.max_config_bytes));
+  json config = json::parse(config_text, nullptr, false);
+  if (!config.is_object()) return InvalidArgument(ref.ToString() + ": the config is not a JSON object");
+  std::string name = options.name;
+  if (name.empty() && config.contains("name") && config["name"].is_string()) name = config["name"];
+  RETURN_IF_ERROR(storage::ValidateModelName(name).WithContext(ref.ToString() + ": the model's name"));
+  r.model = name;
+  std::string package_model =
+      config.contains("package_model") && config["package_model"].is_string() ? config["package_model"].get<std::string>()
+                                                                                 : "";
+  ASSIGN_OR_RETURN(storage::VersionSettings settings,
+                   ReadSettings(config.contains("settings") ? config["settings"] : json(), &r.notes));
+  const std::string sha = parsed->layer.digest.substr(7);  // validated: 64 hex digits
+
+  // Up to date when the model's newest version is this artifact.
+  auto model = store.GetModel(name);
+  if (model.ok() && !model->versions.empty()) {
+    const storage::ModelVersion& newest = model->versions.back();
+    if (newest.artifact == sha && (package_model.empty() || newest.package_model == package_model)) {
+      r.version = newest.version;
+      return r;
+    }
+  } else if (!model.ok() && model.status().code() != StatusCode::kNotFound) {
+    return model.status();
+  }
+
+  // The bytes: the store's own blob when it has them, else downloaded.
+  std::string file = store.BlobPath(sha);
+  std::string partial;
+  if (!fs::Exists(file)) {
+    std::string dir = store.dir() + "/downloads";
+    RETURN_IF_ERROR(fs::MakeDirs(dir, 0700));
+    partial = dir + "/" + sha + ".partial";
+    std::error_code ec;
+    r.resumed_from = fs::Exists(partial) ? static_cast<int64_t>(std::filesystem::file_size(partial, ec)) : 0;
+    if (ec || r.resumed_from >= parsed->layer.size) r.resumed_from = 0;
+    ASSIGN_OR_RETURN(r.bytes, registry.FetchBlob(parsed->layer.digest, parsed->layer.size, partial, options.progress));
+    file = partial;
+  }
+  storage::AddRequest req;
+  req.file = file;
+  req.name = name;
+  req.package_model = package_model;
+  req.settings = settings;
+  auto added = store.Add(req);
+  if (!added.ok()) return added.status().WithContext(ref.ToString());
+  if (!partial.empty()) ::unlink(partial.c_str());
+  r.version = added->version;
+  r.added = true;
+  (void)store.AppendEvent(name, r.version, "synced",
+                          "from " + r.ref + " (" + r.manifest.substr(0, 19) + "), " + std::to_string(r.bytes) +
+                              " bytes downloaded");
+  return r;
+}
+
+}  // namespace aotid::sync

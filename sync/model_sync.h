@@ -1,0 +1,71 @@
+// Model versions to and from OCI registries (docs/SYNC.md): `aotid push`
+// and `aotid sync`.
+//
+// A version is an OCI image manifest of artifactType kArtifactType with a
+// small JSON config (the model's name, its version where it was pushed from,
+// its package model and serving settings, the author's metadata) and one
+// layer: the .pt2, byte for byte.
+//
+// Pulling checks every digest's form before it is used, reads manifests and
+// configs up to limits, downloads the layer into a partial file under the
+// store (resumed by the next sync after an interruption), checks its
+// sha256, and only then adds it to the store, which copies it into the
+// blob store and records the version in one transaction. A failed sync
+// leaves the store as it was.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "storage/model_store.h"
+#include "sync/registry.h"
+
+namespace aotid::sync {
+
+inline constexpr char kArtifactType[] = "application/vnd.aotid.model.v1";
+inline constexpr char kConfigMediaType[] = "application/vnd.aotid.model.config.v1+json";
+inline constexpr char kPackageMediaType[] = "application/vnd.aotid.package.v1.pt2";
+inline constexpr char kOciManifestMediaType[] = "application/vnd.oci.image.manifest.v1+json";
+
+// What one sync did, or a push.
+struct SyncResult {
+  std::string ref;            // "oci://host/repo:tag"
+  std::string manifest;       // its digest
+  std::string model;          // "mlp"
+  int64_t version = 0;        // the store's version now serving it (pull), or pushed (push)
+  bool added = false;         // false: the store had it already (pull); the registry had it (push)
+  int64_t bytes = 0;          // transferred
+  int64_t resumed_from = 0;   // bytes a partial download already had
+  std::vector<std::string> notes;  // settings ignored, and the like
+};
+
+struct PushOptions {
+  Credentials creds;
+  RegistryLimits limits;
+  Progress progress;
+};
+
+// Pushes `name`:`version` (the newest when unset) to `ref`; the tag is the
+// ref's, else the version number.
+StatusOr<SyncResult> Push(storage::ModelStore& store, const std::string& name, std::optional<int64_t> version,
+                          const OciRef& ref, const PushOptions& options);
+
+struct PullOptions {
+  Credentials creds;
+  RegistryLimits limits;
+  Progress progress;
+  std::string name;  // the store's name for it; empty: the name in its config
+};
+
+// Syncs one tag (the ref's) into the store: when the model's newest
+// version there is already this artifact, nothing changes; otherwise it is
+// added as the model's next version, with the pushed settings.
+StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const PullOptions& options);
+
+// The manifest and config a push writes, for docs and tests.
+std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata);
+std::string MakeManifest(const std::string& config, const storage::ModelVersion& v, const std::string& file_name);
+
+}  // namespace aotid::sync

@@ -1,0 +1,96 @@
+// A client of the OCI distribution API (any registry: Docker's `registry`,
+// Harbor, GHCR, Zot), for what `aotid push` and `aotid sync` need: blobs in
+// and out, manifests in and out. docs/SYNC.md describes the artifacts.
+//
+// Everything a registry says is untrusted: a digest is used for anything
+// (a URL, a file name) only after IsValidDigest, bodies are read up to
+// limits, and a blob is trusted only once its bytes hash to its digest.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace aotid::sync {
+
+// oci://HOST[:PORT]/REPO[:TAG]
+struct OciRef {
+  std::string host;  // as written ("[::1]" keeps its brackets)
+  int port = 0;      // 0: the scheme's
+  std::string repo;
+  std::string tag;  // empty: none given
+  bool plain_http = false;
+
+  std::string Origin() const;  // "http://127.0.0.1:5000"
+  std::string ToString() const;  // "oci://127.0.0.1:5000/models/mlp:stable"
+};
+
+// Parses a reference. Plain HTTP is used for loopback hosts (localhost,
+// 127.0.0.0/8, ::1) or when `insecure`; TLS otherwise.
+StatusOr<OciRef> ParseOciRef(std::string_view text, bool insecure);
+
+// "sha256:" and 64 lowercase hex digits, nothing else.
+bool IsValidDigest(std::string_view digest);
+
+struct RegistryLimits {
+  int64_t max_manifest_bytes = 4 << 20;
+  int64_t max_config_bytes = 1 << 20;
+  int64_t max_layer_bytes = int64_t{64} << 30;
+  int timeout_s = 30;  // connecting, and each read or write
+};
+
+struct Credentials {
+  std::string user, password;  // empty user: anonymous
+};
+
+// Bytes so far and the total, as a transfer goes.
+using Progress = std::function<void(int64_t done, int64_t total)>;
+
+class Registry {
+ public:
+  Registry(OciRef ref, Credentials creds, RegistryLimits limits)
+      : ref_(std::move(ref)), creds_(std::move(creds)), limits_(limits) {}
+
+  const OciRef& ref() const { return ref_; }
+
+  // Whether the repository has the blob.
+  StatusOr<bool> HasBlob(const std::string& digest);
+  // Uploads a file whose sha256 is `digest` (one monolithic upload).
+  Status PushBlob(const std::string& digest, const std::string& path, int64_t size, const Progress& progress);
+  Status PushBlobBytes(const std::string& digest, const std::string& bytes);
+  // Puts a manifest under `reference` (a tag); returns its digest.
+  StatusOr<std::string> PutManifest(const std::string& reference, const std::string& media_type,
+                                    const std::string& body);
+  // The manifest of `reference` (a tag or digest), at most
+  // max_manifest_bytes; checked against the digest when it is one.
+  StatusOr<std::string> GetManifest(const std::string& reference);
+  // The tags of the repository.
+  StatusOr<std::vector<std::string>> ListTags();
+  // A small blob (a config), at most `max_bytes`, checked against its digest.
+  StatusOr<std::string> GetSmallBlob(const std::string& digest, int64_t max_bytes);
+  // Downloads a blob of `size` bytes into `partial`, continuing what an
+  // earlier, interrupted download left there (a Range request), then checks
+  // its sha256. Returns how many bytes this call fetched. On a digest
+  // mismatch the partial file is removed.
+  StatusOr<int64_t> FetchBlob(const std::string& digest, int64_t size, const std::string& partial,
+                              const Progress& progress);
+
+ private:
+  struct Answer;
+  // One request with the registry's authentication (basic, or the bearer
+  // token flow on a 401 challenge), following redirects for GETs.
+  StatusOr<Answer> Call(const std::string& method, const std::string& path_or_url,
+                        std::vector<std::pair<std::string, std::string>> headers, const std::string& body,
+                        int64_t max_body, const std::function<bool(const char*, size_t)>& sink = nullptr);
+  Status Authorize(const std::string& challenge);
+
+  OciRef ref_;
+  Credentials creds_;
+  RegistryLimits limits_;
+  std::string bearer_;  // a token from the registry's realm, once one was asked for
+};
+
+}  // namespace aotid::sync
