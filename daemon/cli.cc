@@ -792,7 +792,7 @@ sync::Progress ProgressPrinter(const std::string& what) {
 }
 
 int CmdPush(const GlobalFlags& g, const std::string& model_ref, const std::string& target, bool insecure,
-            const std::string& credentials) {
+            const std::string& credentials, int timeout_s) {
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("push", cfg.status());
   std::string name;
@@ -806,6 +806,7 @@ int CmdPush(const GlobalFlags& g, const std::string& model_ref, const std::strin
   if (!store.ok()) return Fail("push", store.status());
   sync::PushOptions o;
   o.creds = *creds;
+  o.limits.timeout_s = timeout_s;
   o.progress = ProgressPrinter("pushing " + model_ref);
   auto r = sync::Push(**store, name, version, *ref, o);
   if (!r.ok()) return Fail("push", r.status());
@@ -815,7 +816,9 @@ int CmdPush(const GlobalFlags& g, const std::string& model_ref, const std::strin
 }
 
 int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, const std::string& credentials,
-            const std::string& as_name) {
+            const std::string& as_name, int timeout_s) {
+  sync::RegistryLimits limits;
+  limits.timeout_s = timeout_s;
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("sync", cfg.status());
   auto ref = sync::ParseOciRef(source, insecure);
@@ -827,7 +830,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
   std::vector<std::string> tags;
   if (ref->tag.empty()) {
     if (!as_name.empty()) return FailUsage("sync", InvalidArgument("--name needs one tag to sync, not every tag"));
-    sync::Registry registry(*ref, *creds, {});
+    sync::Registry registry(*ref, *creds, limits);
     auto listed = registry.ListTags();
     if (!listed.ok()) return Fail("sync", listed.status());
     tags = *listed;
@@ -841,6 +844,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
     one.tag = tag;
     sync::PullOptions o;
     o.creds = *creds;
+    o.limits = limits;
     o.name = as_name;
     o.progress = ProgressPrinter("syncing " + one.ToString());
     auto r = sync::Pull(**store, one, o);
@@ -1226,6 +1230,7 @@ int RunCli(int argc, char** argv) {
 
   std::string push_ref, push_target, push_credentials;
   bool push_insecure = false;
+  int push_timeout = 30, sync_timeout = 30;
   auto* push = app.add_subcommand("push", "Push a model version to an OCI registry (docs/SYNC.md)");
   push->add_option("MODEL", push_ref, "NAME or NAME:VERSION (default: the newest)")->required();
   push->add_option("TARGET", push_target, "oci://HOST[:PORT]/REPO[:TAG] (default tag: the version number)")
@@ -1233,6 +1238,10 @@ int RunCli(int argc, char** argv) {
   push->add_flag("--insecure", push_insecure, "Plain HTTP to a registry that is not on loopback");
   push->add_option("--credentials", push_credentials,
                    "Docker config file with the registry's credentials (default: ~/.docker/config.json)");
+  push->add_option("--timeout", push_timeout,
+                   "Seconds to wait for the registry: to connect, and for each read or write")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
 
   std::string sync_source, sync_credentials, sync_name;
   bool sync_insecure = false;
@@ -1243,6 +1252,11 @@ int RunCli(int argc, char** argv) {
   sync_cmd->add_flag("--insecure", sync_insecure, "Plain HTTP to a registry that is not on loopback");
   sync_cmd->add_option("--credentials", sync_credentials,
                        "Docker config file with the registry's credentials (default: ~/.docker/config.json)");
+  sync_cmd
+      ->add_option("--timeout", sync_timeout,
+                   "Seconds to wait for the registry: to connect, and for each read or write")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
 
   bool ev_follow = false, ev_json = false;
   std::string ev_model;
@@ -1341,8 +1355,9 @@ int RunCli(int argc, char** argv) {
   if (set->parsed()) return CmdSet(g, set_ref, set_kv);
   if (rm->parsed()) return CmdRm(g, rm_refs);
   if (gc->parsed()) return CmdGc(g, gc_dry_run, gc_keep_events);
-  if (push->parsed()) return CmdPush(g, push_ref, push_target, push_insecure, push_credentials);
-  if (sync_cmd->parsed()) return CmdSync(g, sync_source, sync_insecure, sync_credentials, sync_name);
+  if (push->parsed()) return CmdPush(g, push_ref, push_target, push_insecure, push_credentials, push_timeout);
+  if (sync_cmd->parsed())
+    return CmdSync(g, sync_source, sync_insecure, sync_credentials, sync_name, sync_timeout);
   if (events->parsed()) return CmdEvents(g, ev_follow, ev_model, ev_limit, ev_json);
   if (doctor->parsed()) {
     auto cfg = Resolve(g);

@@ -110,7 +110,7 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
   }
   if (p.layer.size > limits.max_layer_bytes) {
     return ResourceExhausted("the package is " + std::to_string(p.layer.size) + " bytes, over the limit of " +
-                             std::to_string(limits.max_layer_bytes) + " (sync.max_layer_bytes)");
+                             std::to_string(limits.max_layer_bytes));
   }
   return p;
 }

@@ -132,7 +132,19 @@ std::string UrlEncode(std::string_view s) {
   return out;
 }
 
-std::string ErrorText(httplib::Error e) { return httplib::to_string(e); }
+std::string ErrorText(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection: return "cannot connect";
+    case httplib::Error::Read:
+      return "no answer in time, or the connection closed (a slow registry needs a longer --timeout)";
+    case httplib::Error::Write: return "sending failed (the connection closed, or no progress in time)";
+    case httplib::Error::SSLConnection: return "the TLS handshake failed";
+    case httplib::Error::SSLServerVerification:
+      return "the registry's certificate is not trusted by this machine's CA store";
+    case httplib::Error::ConnectionTimeout: return "connecting timed out";
+    default: return httplib::to_string(e);
+  }
+}
 
 }  // namespace
 

@@ -1,0 +1,300 @@
+"""Model store sync through OCI registries, end to end.
+
+1. The real registry (Debian's docker-registry) on a loopback port: a model
+   with its settings is pushed from one store and synced into an empty one
+   (a second device), served there by the real daemon, and its answers
+   equal eager PyTorch's (the reference outputs in cases.json). A second
+   sync changes nothing; a second push uploads nothing.
+2. A registry of the test's own on loopback, for what the real one will
+   not do: it cuts the package's download midway, and the next sync asks
+   for the rest with a Range request and finishes; then, one at a time, it
+   lies (a digest that is a path, bytes that do not match their digest, a
+   package larger than the limit, another artifact type), fails (500) or
+   hangs. Each is refused with an error naming the problem, and the store
+   is left as it was.
+
+    oci_sync_test.py AOTID TESTDATA
+"""
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+AOTID, TESTDATA = sys.argv[1], sys.argv[2]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(store, *args, ok=True, timeout=300):
+    p = subprocess.run([AOTID, "--store", store, *args], capture_output=True, text=True, timeout=timeout)
+    if ok and p.returncode != 0:
+        raise AssertionError(f"aotid {' '.join(args)} exited {p.returncode}:\n{p.stdout}{p.stderr}")
+    return p
+
+
+def call(port, path, body=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def store_files(store):
+    """Every file of a store but its database (which a failed sync may open)."""
+    out = []
+    for root, _, files in os.walk(store):
+        out += [os.path.relpath(os.path.join(root, f), store) for f in files if not f.startswith("aotid.db")]
+    return sorted(out)
+
+
+def real_registry(work):
+    port = free_port()
+    config = os.path.join(work, "registry.yml")
+    with open(config, "w") as f:
+        f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {work}/registry\n"
+                f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", config], stdout=subprocess.DEVNULL,
+                            stderr=open(os.path.join(work, "registry.log"), "w"))
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
+            return proc, port
+        except OSError:
+            assert proc.poll() is None, open(os.path.join(work, "registry.log")).read()
+            time.sleep(0.1)
+    raise AssertionError("the registry did not start")
+
+
+def push_sync_serve(work):
+    proc, port = real_registry(work)
+    try:
+        a, b = os.path.join(work, "device-a"), os.path.join(work, "device-b")
+        run(a, "add", os.path.join(TESTDATA, "mlp.pt2"), "--name", "mlp", "--max-batch-size", "4")
+        target = f"oci://127.0.0.1:{port}/models/mlp:stable"
+        out = run(a, "push", "mlp", target).stdout
+        assert re.search(r"pushed mlp:1 to .*models/mlp:stable \(sha256:[0-9a-f]{64}; .* uploaded\)", out), out
+        out = run(a, "push", "mlp", target).stdout
+        assert "the registry had its package already" in out, out
+
+        out = run(b, "sync", target).stdout
+        assert f"synced {target} as mlp:1" in out, out
+        assert "up to date: mlp:1" in run(b, "sync", target).stdout
+        ls = json.loads(run(b, "ls", "--json").stdout)
+        assert [(v["name"], v["version"]) for v in ls] == [("mlp", 1)], ls
+        shown = json.loads(run(b, "show", "mlp", "--json").stdout)
+        assert shown["versions"][0]["settings"]["max_batch_size"] == 4, shown  # the pushed settings came along
+        sha = hashlib.sha256(open(os.path.join(TESTDATA, "mlp.pt2"), "rb").read()).hexdigest()
+        assert shown["versions"][0]["artifact"] == sha, shown
+        events = run(b, "events").stdout
+        assert "synced" in events and target in events, events
+
+        # Every tag of the repository: the one there is, already here.
+        assert "up to date: mlp:1" in run(b, "sync", f"oci://127.0.0.1:{port}/models/mlp").stdout
+
+        log_path = os.path.join(work, "daemon.log")
+        daemon = subprocess.Popen([AOTID, "--store", b, "serve", "--listen", "127.0.0.1:0"],
+                                  stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+        try:
+            dport, deadline = None, time.time() + 600
+            while time.time() < deadline:
+                if dport is None:
+                    m = re.search(r"serving on http://[^\s]*:(\d+)", open(log_path).read())
+                    dport = int(m.group(1)) if m else None
+                elif call(dport, "/v2/models/mlp/ready")[0] == 200:
+                    break
+                assert daemon.poll() is None, open(log_path).read()
+                time.sleep(0.2)
+            else:
+                raise AssertionError("not ready within 600 s:\n" + open(log_path).read())
+            cases = json.load(open(os.path.join(TESTDATA, "cases.json")))["mlp"]
+            for case in cases:
+                status, out = call(dport, "/v2/models/mlp/infer", {"inputs": case["inputs"]})
+                assert status == 200, out
+                want = case["outputs"][0]["data"]
+                got = out["outputs"][0]["data"]
+                assert len(got) == len(want) and all(abs(g - w) <= 1e-5 + 1e-5 * abs(w) for g, w in zip(got, want)), \
+                    (got, want)
+            print(f"pushed, synced to a second store, served there: {len(cases)} cases equal eager")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+class FakeRegistry:
+    """A registry that serves one crafted manifest, and says what it was asked."""
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+        self.layer_digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        self.config = json.dumps({"name": "mlp", "version": 7, "package_model": "", "settings": {}}).encode()
+        self.config_digest = "sha256:" + hashlib.sha256(self.config).hexdigest()
+        self.cut_after = None  # bytes of the layer sent before the connection is cut, once
+        self.layer_bytes = blob
+        self.manifest_status = 200
+        self.hang = False
+        self.ranges = []
+        self.manifest = self.make_manifest()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def send(self, status, body=b"", ctype="application/json", extra=()):
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in extra:
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if fake.hang:
+                    time.sleep(30)
+                    return
+                if "/manifests/" in self.path:
+                    if fake.manifest_status != 200:
+                        return self.send(fake.manifest_status, b'{"errors":[{"message":"the disk is on fire"}]}')
+                    return self.send(200, json.dumps(fake.manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+                if self.path.endswith(fake.config_digest):
+                    return self.send(200, fake.config, "application/octet-stream")
+                if "/blobs/" in self.path:
+                    data, status, extra = fake.layer_bytes, 200, []
+                    rng = self.headers.get("Range")
+                    fake.ranges.append(rng)
+                    if rng:
+                        start = int(re.match(r"bytes=(\d+)-", rng).group(1))
+                        data, status = data[start:], 206
+                        extra = [("Content-Range", f"bytes {start}-{len(fake.layer_bytes) - 1}/{len(fake.layer_bytes)}")]
+                    if fake.cut_after is not None:
+                        cut, fake.cut_after = fake.cut_after, None
+                        self.send_response(status)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data[:cut])
+                        self.wfile.flush()
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    return self.send(status, data, "application/octet-stream", extra)
+                self.send(404, b'{"errors":[{"message":"unknown"}]}')
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def make_manifest(self, **changes):
+        m = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+             "artifactType": "application/vnd.aotid.model.v1",
+             "config": {"mediaType": "application/vnd.aotid.model.config.v1+json", "digest": self.config_digest,
+                        "size": len(self.config)},
+             "layers": [{"mediaType": "application/vnd.aotid.package.v1.pt2", "digest": self.layer_digest,
+                         "size": len(self.blob)}]}
+        m.update(changes)
+        return m
+
+    def close(self):
+        self.server.shutdown()
+
+
+def resume_and_refuse(work):
+    blob = open(os.path.join(TESTDATA, "mlp.pt2"), "rb").read()
+    fake = FakeRegistry(blob)
+    ref = f"oci://127.0.0.1:{fake.port}/models/mlp:v7"
+    try:
+        store = os.path.join(work, "device-c")
+        half = len(blob) // 2
+        fake.cut_after = half
+        p = run(store, "sync", ref, ok=False)
+        assert p.returncode != 0 and "the next sync continues from there" in p.stderr, p.stderr
+        assert json.loads(run(store, "ls", "--json").stdout) == [], "a broken download added a version"
+        p = run(store, "sync", ref)
+        assert fake.ranges[-1] == f"bytes={half}-", fake.ranges  # the rest, not the whole
+        assert "continuing from" in p.stdout and "as mlp:1" in p.stdout, p.stdout
+        assert not os.listdir(os.path.join(store, "downloads")), "the partial file stayed"
+        sha = fake.layer_digest[7:]
+        assert os.path.exists(os.path.join(store, "blobs", "sha256", sha))
+        print(f"a download cut at {half} of {len(blob)} bytes was resumed with Range and verified")
+
+        def refused(why, setup, timeout=None):
+            fresh = os.path.join(work, "device-d")
+            shutil.rmtree(fresh, ignore_errors=True)
+            run(fresh, "add", os.path.join(TESTDATA, "embed.pt2"), "--name", "embed")
+            before = store_files(fresh), run(fresh, "ls", "--json").stdout
+            setup()
+            args = ["sync", ref] + (["--timeout", str(timeout)] if timeout else [])
+            started = time.time()
+            p = run(fresh, *args, ok=False, timeout=120)
+            assert p.returncode != 0 and why in p.stderr, (why, p.stdout, p.stderr)
+            assert (store_files(fresh), run(fresh, "ls", "--json").stdout) == before, f"{why}: the store changed"
+            assert not os.path.exists("/etc/passwd.partial")
+            print(f"refused in {time.time() - started:.1f} s: {p.stderr.strip()}")
+            fake.manifest, fake.layer_bytes, fake.manifest_status, fake.hang = fake.make_manifest(), blob, 200, False
+
+        def bad_config_digest():
+            fake.manifest["config"]["digest"] = "sha256:../../../../etc/passwd"
+
+        def bad_layer_digest():
+            fake.manifest["layers"][0]["digest"] = "sha256:../../etc/passwd"
+
+        def lying_bytes():
+            fake.layer_bytes = bytes(reversed(blob))
+
+        def huge():
+            fake.manifest["layers"][0]["size"] = 1 << 40
+
+        def other_type():
+            fake.manifest["artifactType"] = "application/vnd.example.other"
+
+        def server_error():
+            fake.manifest_status = 500
+
+        def hangs():
+            fake.hang = True
+
+        refused("config digest 'sha256:../../../../etc/passwd' is not sha256:<64 hex digits>", bad_config_digest)
+        refused("layer's digest 'sha256:../../etc/passwd' is not sha256:<64 hex digits>", bad_layer_digest)
+        refused("does not match its digest", lying_bytes)
+        refused("over the limit", huge)
+        refused("artifact type is 'application/vnd.example.other', not an aotid model", other_type)
+        refused("HTTP 500: the disk is on fire", server_error)
+        refused("no answer in time", hangs, timeout=2)
+    finally:
+        fake.close()
+
+
+def main():
+    work = tempfile.mkdtemp()
+    try:
+        resume_and_refuse(work)
+        push_sync_serve(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("oci sync: pushed, synced, served; resumed; lies and failures refused with the store unchanged")
+
+
+if __name__ == "__main__":
+    main()
