@@ -321,6 +321,11 @@ StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::
       --hop;
       continue;
     }
+    if (a.status == 401 && same_host) {
+      return FailedPrecondition(ref_.Origin() + " refused the credentials" +
+                                (creds_.user.empty() ? std::string() : " of user '" + creds_.user + "'") +
+                                " (HTTP 401 on " + method + " " + path + ")");
+    }
     if ((a.status == 301 || a.status == 302 || a.status == 303 || a.status == 307 || a.status == 308) &&
         (method == "GET" || method == "HEAD")) {
       std::string loc = a.Header("Location");

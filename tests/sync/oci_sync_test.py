@@ -12,6 +12,8 @@
    package larger than the limit, another artifact type), fails (500) or
    hangs. Each is refused with an error naming the problem, and the store
    is left as it was.
+3. The real registry behind htpasswd basic auth: no credentials and wrong
+   ones are refused, saying so; right ones push and sync.
 
     oci_sync_test.py AOTID TESTDATA
 """
@@ -64,22 +66,68 @@ def store_files(store):
     return sorted(out)
 
 
-def real_registry(work):
+def real_registry(work, htpasswd=None):
     port = free_port()
-    config = os.path.join(work, "registry.yml")
+    config = os.path.join(work, f"registry-{port}.yml")
     with open(config, "w") as f:
-        f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {work}/registry\n"
+        f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {work}/registry-{port}\n"
                 f"http:\n  addr: 127.0.0.1:{port}\n")
+        if htpasswd:
+            f.write(f"auth:\n  htpasswd:\n    realm: aotid-test\n    path: {htpasswd}\n")
     proc = subprocess.Popen(["docker-registry", "serve", config], stdout=subprocess.DEVNULL,
                             stderr=open(os.path.join(work, "registry.log"), "w"))
     for _ in range(100):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
             return proc, port
+        except urllib.error.HTTPError:  # it answers: 401 behind auth
+            return proc, port
         except OSError:
             assert proc.poll() is None, open(os.path.join(work, "registry.log")).read()
             time.sleep(0.1)
     raise AssertionError("the registry did not start")
+
+
+def basic_auth(work):
+    """A registry behind htpasswd: right credentials (a Docker config file)
+    push and sync; wrong or none are refused, saying which."""
+    import base64
+    import crypt  # bcrypt through libxcrypt, which the registry's htpasswd wants
+
+    htpasswd = os.path.join(work, "htpasswd")
+    with open(htpasswd, "w") as f:
+        f.write("alice:" + crypt.crypt("s3cret", crypt.mksalt(crypt.METHOD_BLOWFISH)) + "\n")
+    proc, port = real_registry(work, htpasswd)
+    try:
+        def creds(password):
+            path = os.path.join(work, f"docker-{password}.json")
+            auth = base64.b64encode(f"alice:{password}".encode()).decode()
+            with open(path, "w") as f:
+                json.dump({"auths": {f"127.0.0.1:{port}": {"auth": auth}}}, f)
+            return path
+
+        a, b = os.path.join(work, "auth-a"), os.path.join(work, "auth-b")
+        run(a, "add", os.path.join(TESTDATA, "mlp.pt2"), "--name", "mlp")
+        target = f"oci://127.0.0.1:{port}/private/mlp:1"
+        p = run(a, "push", "mlp", target, ok=False)
+        assert p.returncode != 0 and "asks for a user name and password" in p.stderr, p.stderr
+        p = run(a, "push", "mlp", target, "--credentials", creds("wrong"), ok=False)
+        assert p.returncode != 0 and "refused the credentials of user 'alice'" in p.stderr, p.stderr
+        run(a, "push", "mlp", target, "--credentials", creds("s3cret"))
+        p = run(b, "sync", target, "--credentials", creds("wrong"), ok=False)
+        assert p.returncode != 0 and "refused the credentials of user 'alice'" in p.stderr, p.stderr
+        assert json.loads(run(b, "ls", "--json").stdout) == []
+        # The default file: $DOCKER_CONFIG/config.json.
+        docker = os.path.join(work, "docker")
+        os.makedirs(docker)
+        shutil.copy(creds("s3cret"), os.path.join(docker, "config.json"))
+        p = subprocess.run([AOTID, "--store", b, "sync", target], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, DOCKER_CONFIG=docker))
+        assert p.returncode == 0 and "as mlp:1" in p.stdout, p.stdout + p.stderr
+        print("basic auth: none and wrong credentials refused, saying so; right ones push and sync")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def push_sync_serve(work):
@@ -290,6 +338,7 @@ def main():
     work = tempfile.mkdtemp()
     try:
         resume_and_refuse(work)
+        basic_auth(work)
         push_sync_serve(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
