@@ -709,67 +709,6 @@ Status PruneCache(const std::vector<runtime::CacheVerdict>& verdicts, const std:
   return Status::OK();
 }
 
-// Credentials for a registry: a file of the Docker config format
-// ({"auths": {"HOST[:PORT]": {"auth": base64("user:password")}}}, also
-// "username"/"password"), `--credentials FILE` or else
-// $DOCKER_CONFIG/config.json or ~/.docker/config.json when present.
-StatusOr<sync::Credentials> RegistryCredentials(const std::string& file, const sync::OciRef& ref) {
-  std::string path = file;
-  if (path.empty()) {
-    const char* docker = std::getenv("DOCKER_CONFIG");
-    std::string candidate = docker ? std::string(docker) + "/config.json" : fs::ExpandHome("~/.docker/config.json");
-    if (!fs::Exists(candidate)) return sync::Credentials{};
-    path = candidate;
-  }
-  ASSIGN_OR_RETURN(std::string text, fs::ReadFile(path));
-  json j = json::parse(text, nullptr, false);
-  if (!j.is_object()) return InvalidArgument(path + " is not a JSON object");
-  std::string host = ref.host + (ref.port ? ":" + std::to_string(ref.port) : "");
-  if (!j.contains("auths") || !j["auths"].is_object()) return sync::Credentials{};
-  const json* entry = nullptr;
-  for (const auto& [key, value] : j["auths"].items()) {
-    std::string k = key;
-    for (const char* scheme : {"https://", "http://"}) {
-      if (k.starts_with(scheme)) k = k.substr(std::string_view(scheme).size());
-    }
-    if (k.ends_with("/")) k.pop_back();
-    if (k == host && value.is_object()) entry = &value;
-  }
-  if (!entry) return sync::Credentials{};
-  sync::Credentials c;
-  if (entry->contains("username") && (*entry)["username"].is_string()) {
-    c.user = (*entry)["username"];
-    if (entry->contains("password") && (*entry)["password"].is_string()) c.password = (*entry)["password"];
-    return c;
-  }
-  if (!entry->contains("auth") || !(*entry)["auth"].is_string())
-    return InvalidArgument(path + ": the entry for " + host + " has neither auth nor username");
-  std::string decoded;
-  std::string in = (*entry)["auth"];
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char ch : in) {
-    int v = ch >= 'A' && ch <= 'Z'   ? ch - 'A'
-            : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
-            : ch >= '0' && ch <= '9' ? ch - '0' + 52
-            : ch == '+'              ? 62
-            : ch == '/'              ? 63
-                                     : -1;
-    if (v < 0) continue;  // '=' padding
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      decoded += static_cast<char>((acc >> bits) & 0xff);
-    }
-  }
-  size_t colon = decoded.find(':');
-  if (colon == std::string::npos) return InvalidArgument(path + ": the auth for " + host + " is not base64 of user:password");
-  c.user = decoded.substr(0, colon);
-  c.password = decoded.substr(colon + 1);
-  return c;
-}
-
 // A transfer's progress: a line redrawn in place on a terminal, a line
 // each 10% otherwise.
 sync::Progress ProgressPrinter(const std::string& what) {
@@ -800,7 +739,7 @@ int CmdPush(const GlobalFlags& g, const std::string& model_ref, const std::strin
   if (Status s = storage::ParseModelRef(model_ref, &name, &version); !s.ok()) return Fail("push", s);
   auto ref = sync::ParseOciRef(target, insecure);
   if (!ref.ok()) return FailUsage("push", ref.status());
-  auto creds = RegistryCredentials(credentials, *ref);
+  auto creds = sync::ReadCredentials(credentials, *ref);
   if (!creds.ok()) return Fail("push", creds.status());
   auto store = OpenExisting(*cfg);
   if (!store.ok()) return Fail("push", store.status());
@@ -823,7 +762,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
   if (!cfg.ok()) return FailUsage("sync", cfg.status());
   auto ref = sync::ParseOciRef(source, insecure);
   if (!ref.ok()) return FailUsage("sync", ref.status());
-  auto creds = RegistryCredentials(credentials, *ref);
+  auto creds = sync::ReadCredentials(credentials, *ref);
   if (!creds.ok()) return Fail("sync", creds.status());
   auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
   if (!store.ok()) return Fail("sync", store.status());
@@ -864,6 +803,54 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
     }
   }
   return failed == 0 ? 0 : kExitFailure;
+}
+
+// `aotid sync status`: the sources of the config, with what the daemon
+// wrote of each into <store>/sync-status.json.
+int CmdSyncStatus(const GlobalFlags& g, bool as_json) {
+  auto cfg = Resolve(g);
+  if (!cfg.ok()) return FailUsage("sync status", cfg.status());
+  std::vector<sync::SourceStatus> written = sync::ReadSyncStatus(cfg->store_path + "/sync-status.json");
+  bool running = FindDaemon(cfg->store_path).has_value();
+  json out = json::array();
+  for (const auto& s : cfg->sync) {
+    json e = {{"source", s.source}, {"interval_s", s.interval_s}, {"keep", s.keep}, {"synced", false}};
+    for (const auto& w : written) {
+      if (w.source != s.source || w.last_at_ms == 0) continue;
+      e["synced"] = true;
+      e["last_at"] = Timestamp(w.last_at_ms);
+      e["ok"] = w.ok;
+      e["message"] = w.message;
+      e["failures_in_a_row"] = w.failures;
+      e["last_ok_at"] = Timestamp(w.last_ok_at_ms);
+      e["next_at"] = Timestamp(w.next_at_ms);
+    }
+    out.push_back(e);
+  }
+  if (as_json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  if (cfg->sync.empty()) {
+    std::cout << "no [[sync]] sources in " << cfg->source << "; 'aotid sync SOURCE' syncs by hand\n";
+    return 0;
+  }
+  if (!running) std::cout << "no daemon runs on " << cfg->store_path << ": nothing syncs on a timer now\n";
+  for (const auto& e : out) {
+    std::cout << e["source"].get<std::string>() << " (every " << e["interval_s"].get<int>() << " s)\n";
+    if (!e["synced"].get<bool>()) {
+      std::cout << "  not synced yet\n";
+      continue;
+    }
+    std::cout << "  last     " << e["last_at"].get<std::string>() << ": "
+              << (e["ok"].get<bool>()
+                      ? ""
+                      : "FAILED (" + std::to_string(e["failures_in_a_row"].get<int>()) + " in a row): ")
+              << e["message"].get<std::string>() << "\n";
+    if (!e["ok"].get<bool>()) std::cout << "  last ok  " << e["last_ok_at"].get<std::string>() << "\n";
+    if (running) std::cout << "  next     " << e["next_at"].get<std::string>() << "\n";
+  }
+  return 0;
 }
 
 int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
@@ -1246,8 +1233,13 @@ int RunCli(int argc, char** argv) {
   std::string sync_source, sync_credentials, sync_name;
   bool sync_insecure = false;
   auto* sync_cmd = app.add_subcommand("sync", "Add the model versions an OCI registry holds (docs/SYNC.md)");
-  sync_cmd->add_option("SOURCE", sync_source, "oci://HOST[:PORT]/REPO:TAG (one version) or oci://HOST[:PORT]/REPO (every tag)")
-      ->required();
+  sync_cmd->add_option("SOURCE", sync_source,
+                       "oci://HOST[:PORT]/REPO:TAG (one version) or oci://HOST[:PORT]/REPO (every tag)");
+  bool sync_json = false;
+  auto* sync_status = sync_cmd->add_subcommand(
+      "status",
+      "The daemon's registries ([[sync]] in its config): when each was last synced, and how it went");
+  sync_status->add_flag("--json", sync_json, "As JSON");
   sync_cmd->add_option("--name", sync_name, "The store's name for it (default: the name it was pushed with)");
   sync_cmd->add_flag("--insecure", sync_insecure, "Plain HTTP to a registry that is not on loopback");
   sync_cmd->add_option("--credentials", sync_credentials,
@@ -1356,8 +1348,12 @@ int RunCli(int argc, char** argv) {
   if (rm->parsed()) return CmdRm(g, rm_refs);
   if (gc->parsed()) return CmdGc(g, gc_dry_run, gc_keep_events);
   if (push->parsed()) return CmdPush(g, push_ref, push_target, push_insecure, push_credentials, push_timeout);
-  if (sync_cmd->parsed())
+  if (sync_status->parsed()) return CmdSyncStatus(g, sync_json);
+  if (sync_cmd->parsed()) {
+    if (sync_source.empty())
+      return FailUsage("sync", InvalidArgument("give a SOURCE (oci://HOST[:PORT]/REPO[:TAG]), or 'status'"));
     return CmdSync(g, sync_source, sync_insecure, sync_credentials, sync_name, sync_timeout);
+  }
   if (events->parsed()) return CmdEvents(g, ev_follow, ev_model, ev_limit, ev_json);
   if (doctor->parsed()) {
     auto cfg = Resolve(g);

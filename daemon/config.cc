@@ -13,6 +13,8 @@
 #include "base/fs.h"
 #include "base/log.h"
 #include "runtime/install_layout.h"
+#include "storage/model_store.h"
+#include "sync/registry.h"
 
 namespace aotid::daemon {
 namespace {
@@ -120,6 +122,69 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
   return *schema;
 }
 
+// [[sync]] tables: source (required), interval_s, keep, name, credentials,
+// insecure, timeout_s.
+Status ParseSyncSources(const toml::node& node, const std::string& file_name,
+                        std::vector<sync::SyncSource>* out) {
+  const toml::array* arr = node.as_array();
+  if (arr == nullptr || !arr->is_array_of_tables()) {
+    return InvalidArgument(Where(file_name, node.source()) + ": 'sync' must be tables ([[sync]])");
+  }
+  for (const auto& item : *arr) {
+    const toml::table& t = *item.as_table();
+    sync::SyncSource s;
+    for (auto&& [k, v] : t) {
+      std::string key(k.str());
+      std::string at = Where(file_name, v.source());
+      auto integer = [&](int min, int max, int* field) -> Status {
+        if (!v.is_integer() || *v.value<int64_t>() < min || *v.value<int64_t>() > max) {
+          return InvalidArgument(at + ": 'sync." + key + "' must be an integer between " +
+                                 std::to_string(min) + " and " + std::to_string(max));
+        }
+        *field = static_cast<int>(*v.value<int64_t>());
+        return Status::OK();
+      };
+      auto text = [&](std::string* field) -> Status {
+        if (!v.is_string()) return InvalidArgument(at + ": 'sync." + key + "' must be a string");
+        *field = *v.value<std::string>();
+        return Status::OK();
+      };
+      if (key == "source") {
+        RETURN_IF_ERROR(text(&s.source));
+      } else if (key == "interval_s") {
+        RETURN_IF_ERROR(integer(1, 7 * 24 * 3600, &s.interval_s));
+      } else if (key == "keep") {
+        RETURN_IF_ERROR(integer(0, 10000, &s.keep));
+      } else if (key == "timeout_s") {
+        RETURN_IF_ERROR(integer(1, 3600, &s.timeout_s));
+      } else if (key == "name") {
+        RETURN_IF_ERROR(text(&s.name));
+      } else if (key == "credentials") {
+        RETURN_IF_ERROR(text(&s.credentials));
+        s.credentials = fs::ExpandHome(s.credentials);
+      } else if (key == "insecure") {
+        if (!v.is_boolean()) return InvalidArgument(at + ": 'sync.insecure' must be true or false");
+        s.insecure = *v.value<bool>();
+      } else {
+        return InvalidArgument(at + ": unknown key 'sync." + key +
+                               "' (source, interval_s, keep, name, credentials, insecure, timeout_s)");
+      }
+    }
+    std::string at = Where(file_name, t.source());
+    if (s.source.empty())
+      return InvalidArgument(at + ": a [[sync]] needs a source (oci://HOST[:PORT]/REPO[:TAG])");
+    if (auto ref = sync::ParseOciRef(s.source, s.insecure); !ref.ok()) {
+      return InvalidArgument(at + ": " + ref.status().message());
+    } else if (!s.name.empty() && ref->tag.empty()) {
+      return InvalidArgument(at + ": 'sync.name' needs a source with one tag, not every tag of " + s.source);
+    }
+    if (!s.name.empty())
+      RETURN_IF_ERROR(storage::ValidateModelName(s.name).WithContext(at + ": 'sync.name'"));
+    out->push_back(std::move(s));
+  }
+  return Status::OK();
+}
+
 void ResolveDefaults(Config* c) {
   if (c->store_path.empty()) c->store_path = fs::DefaultStoreDir();
   c->store_path = fs::ExpandHome(c->store_path);
@@ -163,6 +228,7 @@ std::vector<std::string> ChangedKeys(const Config& a, const Config& b) {
       {"log.file", a.log_file != b.log_file},
       {"log.max_size_mb", a.log_max_size_mb != b.log_max_size_mb},
       {"log.keep", a.log_keep != b.log_keep},
+      {"sync", a.sync != b.sync},
   };
   std::vector<std::string> out;
   for (const auto& [name, changed] : keys) {
@@ -181,6 +247,10 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
   Config c;
   for (auto&& [section_key, section_node] : root) {
     std::string section(section_key.str());
+    if (section == "sync") {
+      RETURN_IF_ERROR(ParseSyncSources(section_node, file_name, &c.sync));
+      continue;
+    }
     auto sit = Schema().find(section);
     if (sit == Schema().end()) {
       return InvalidArgument(Where(file_name, section_node.source()) + ": unknown section or key '" +

@@ -9,6 +9,7 @@
 #include "base/status.h"
 #include "http/server.h"
 #include "serving/http_api.h"
+#include "sync/syncer.h"
 
 namespace aotid::daemon {
 
@@ -40,6 +41,9 @@ struct Config {
   std::string log_file;      // "": stderr (the journal under systemd)
   int log_max_size_mb = 10;  // the file rotates past this
   int log_keep = 3;          // rotated files kept: FILE.1 .. FILE.3
+
+  // [[sync]]: registries the daemon syncs from on a timer (sync/syncer.h).
+  std::vector<sync::SyncSource> sync;
 
   std::string source;  // the file it came from, or "built-in defaults"
 

@@ -193,6 +193,7 @@ struct Reload {
   serving::HttpApi* http = nullptr;
   runtime::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
+  sync::Syncer* syncer = nullptr;
 
   // The keys that wait for a restart keep their running values in
   // `current`, so that the next reload names them again.
@@ -287,6 +288,7 @@ struct Reload {
     if (builder != nullptr && (has("build.jobs") || has("build.timeout_s"))) {
       builder->SetLimits(fresh->build_jobs, fresh->build_timeout_s);
     }
+    if (syncer != nullptr && has("sync")) syncer->SetSources(fresh->sync);
     if (reconciler != nullptr) {
       control::ReconcilerOptions limits;
       SetLimits(*fresh, hw, &limits);
@@ -296,7 +298,8 @@ struct Reload {
     for (const auto& key : ChangedKeys(current, *fresh)) {
       if (key.rfind("log.", 0) == 0 || key == "server.token_file" || key == "server.token_scope" ||
           key == "server.allowed_hosts" || key == "server.cors_origins" || key == "build.jobs" ||
-          key == "build.timeout_s" || key == "build.retry_initial_s" || key == "build.max_attempts") {
+          key == "build.timeout_s" || key == "build.retry_initial_s" || key == "build.max_attempts" ||
+          key == "sync") {
         applied.push_back(key);
       } else if (key.rfind("runner.", 0) == 0 || key == "server.max_queued_requests") {
         from_now.push_back(key);
@@ -550,6 +553,16 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   // The socket listens already, so a client that connects now is answered:
   // ready for the service manager (models may still be building; their
   // state is in STATUS= and /v2/health/ready).
+  // Registries to follow ([[sync]]): synced at once, then on their timers,
+  // on a thread of their own; what they add reaches the reconciler through
+  // the store watch like any other commit.
+  sync::Syncer syncer(config.sync, sync::StoreSync(config.store_path),
+                      config.store_path + "/sync-status.json");
+  reload.syncer = &syncer;
+  if (!config.sync.empty()) {
+    LOG_INFO << "following " << config.sync.size() << " registr" << (config.sync.size() == 1 ? "y" : "ies")
+             << " ([[sync]])";
+  }
   status.last = StatusLine(registry);
   service.Notify("READY=1\nSTATUS=" + status.last + "\nMAINPID=" + std::to_string(::getpid()) + "\n");
   int64_t every = service.watchdog_ping_ms() > 0 ? std::min<int64_t>(1000, service.watchdog_ping_ms()) : 1000;

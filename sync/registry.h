@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -45,6 +46,13 @@ struct RegistryLimits {
 struct Credentials {
   std::string user, password;  // empty user: anonymous
 };
+
+// The credentials for `ref`'s registry from a file of Docker's config
+// format ({"auths": {"HOST[:PORT]": {"auth": base64("user:password")}}}, or
+// "username" and "password"): `file`, else $DOCKER_CONFIG/config.json or
+// ~/.docker/config.json when there is one. None (anonymous) when no entry
+// names the registry.
+StatusOr<Credentials> ReadCredentials(const std::string& file, const OciRef& ref);
 
 // Bytes so far and the total, as a transfer goes.
 using Progress = std::function<void(int64_t done, int64_t total)>;

@@ -1,0 +1,218 @@
+#include "sync/syncer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "base/fs.h"
+#include "base/log.h"
+#include "storage/model_store.h"
+#include "sync/model_sync.h"
+#include "sync/registry.h"
+
+namespace aotid::sync {
+namespace {
+
+using json = nlohmann::json;
+
+int64_t NowMs() { return storage::NowMs(); }
+
+// The model's versions beyond the newest `keep` go, but never the one its
+// policy pins. Returns what was removed, for the line.
+std::string Trim(storage::ModelStore& store, const std::string& name, int keep) {
+  if (keep <= 0) return "";
+  auto model = store.GetModel(name);
+  if (!model.ok() || static_cast<int>(model->versions.size()) <= keep) return "";
+  std::vector<storage::ModelStore::ModelRef> refs;
+  std::string removed;
+  for (size_t i = 0; i + keep < model->versions.size(); ++i) {
+    int64_t v = model->versions[i].version;
+    if (model->policy.kind == storage::VersionPolicy::Kind::kPinned && model->policy.pinned == v) continue;
+    refs.emplace_back(name, v);
+    removed += (removed.empty() ? "" : ", ") + name + ":" + std::to_string(v);
+  }
+  if (refs.empty() || !store.Remove(refs).ok()) return "";
+  return "; removed " + removed + " (keep = " + std::to_string(keep) + ")";
+}
+
+}  // namespace
+
+SyncOnce StoreSync(const std::string& store_dir) {
+  return [store_dir](const SyncSource& s) -> StatusOr<std::string> {
+    ASSIGN_OR_RETURN(OciRef ref, ParseOciRef(s.source, s.insecure));
+    ASSIGN_OR_RETURN(Credentials creds, ReadCredentials(s.credentials, ref));
+    ASSIGN_OR_RETURN(auto store, storage::ModelStore::Open(store_dir, /*create=*/false));
+    RegistryLimits limits;
+    limits.timeout_s = s.timeout_s;
+    std::vector<std::string> tags;
+    if (ref.tag.empty()) {
+      Registry registry(ref, creds, limits);
+      ASSIGN_OR_RETURN(tags, registry.ListTags());
+      if (tags.empty()) return ref.ToString() + " has no tags";
+    } else {
+      tags.push_back(ref.tag);
+    }
+    std::string said;
+    for (const auto& tag : tags) {
+      OciRef one = ref;
+      one.tag = tag;
+      PullOptions o;
+      o.creds = creds;
+      o.limits = limits;
+      o.name = s.name;
+      auto r = Pull(*store, one, o);
+      if (!r.ok()) {
+        (void)store->AppendEvent(s.name, 0, "sync_failed", one.ToString() + ": " + r.status().message());
+        return r.status();
+      }
+      std::string line = r->added ? "added " + r->model + ":" + std::to_string(r->version) + " from " +
+                                        r->ref + " (" + std::to_string(r->bytes) + " bytes)" +
+                                        Trim(*store, r->model, s.keep)
+                                  : "up to date: " + r->model + ":" + std::to_string(r->version);
+      if (r->added) LOG_INFO << "sync: " << line;
+      said += (said.empty() ? "" : "; ") + line;
+    }
+    return said;
+  };
+}
+
+int64_t Syncer::BackoffMs(int failures, int interval_s) {
+  int64_t cap = int64_t{interval_s} * 1000;
+  int64_t wait = 5000;
+  for (int i = 1; i < failures && wait < cap; ++i) wait *= 2;
+  return std::min(wait, cap);
+}
+
+Syncer::Syncer(std::vector<SyncSource> sources, SyncOnce sync_once, std::string status_file)
+    : sync_once_(std::move(sync_once)), status_file_(std::move(status_file)) {
+  SetSources(std::move(sources));
+  thread_ = std::thread([this] { Run(); });
+}
+
+Syncer::~Syncer() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  wake_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Syncer::SetSources(std::vector<SyncSource> sources) {
+  {
+    MutexLock lock(&mu_);
+    std::vector<SourceStatus> status;
+    for (const auto& s : sources) {
+      SourceStatus st;
+      st.source = s.source;
+      // A source kept across a reload keeps its history.
+      for (const auto& old : status_) {
+        if (old.source == s.source) st = old;
+      }
+      st.next_at_ms = 0;  // now
+      status.push_back(st);
+    }
+    sources_ = std::move(sources);
+    status_ = std::move(status);
+    WriteStatus();
+  }
+  wake_.SignalAll();
+}
+
+std::vector<SourceStatus> Syncer::Status() const {
+  MutexLock lock(&mu_);
+  return status_;
+}
+
+void Syncer::Run() {
+  std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(NowMs()));
+  MutexLock lock(&mu_);
+  while (!stop_) {
+    // The source due first.
+    int64_t now = NowMs();
+    size_t due = sources_.size();
+    int64_t earliest = INT64_MAX;
+    for (size_t i = 0; i < status_.size(); ++i) {
+      if (status_[i].next_at_ms < earliest) {
+        earliest = status_[i].next_at_ms;
+        due = i;
+      }
+    }
+    if (due == sources_.size()) {
+      wake_.Wait(&mu_);
+      continue;
+    }
+    if (earliest > now) {
+      wake_.WaitUntil(&mu_, std::chrono::system_clock::time_point(std::chrono::milliseconds(earliest)));
+      continue;
+    }
+    SyncSource source = sources_[due];
+    // The sync runs without the lock: SetSources and Status stay quick.
+    lock.Unlock();
+    StatusOr<std::string> result = sync_once_(source);
+    lock.Lock();
+    // The sources may have changed meanwhile: the result goes to its own.
+    for (size_t i = 0; i < sources_.size(); ++i) {
+      if (!(sources_[i] == source)) continue;
+      SourceStatus& st = status_[i];
+      st.last_at_ms = NowMs();
+      st.ok = result.ok();
+      st.message = result.ok() ? *result : result.status().message();
+      int64_t wait = int64_t{source.interval_s} * 1000;
+      if (result.ok()) {
+        st.failures = 0;
+        st.last_ok_at_ms = st.last_at_ms;
+      } else {
+        ++st.failures;
+        wait = BackoffMs(st.failures, source.interval_s);
+        LOG_WARNING << "sync of " << source.source << " failed (" << st.failures
+                    << " in a row): " << st.message;
+      }
+      std::uniform_real_distribution<double> jitter(0.8, 1.2);
+      st.next_at_ms = st.last_at_ms + static_cast<int64_t>(static_cast<double>(wait) * jitter(rng));
+    }
+    WriteStatus();
+  }
+}
+
+void Syncer::WriteStatus() const {
+  if (status_file_.empty()) return;
+  json out = json::array();
+  for (const auto& s : status_) {
+    out.push_back({{"source", s.source},
+                   {"last_at_ms", s.last_at_ms},
+                   {"ok", s.ok},
+                   {"message", s.message},
+                   {"failures", s.failures},
+                   {"next_at_ms", s.next_at_ms},
+                   {"last_ok_at_ms", s.last_ok_at_ms}});
+  }
+  (void)fs::WriteFileAtomic(status_file_, out.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+std::vector<SourceStatus> ReadSyncStatus(const std::string& status_file) {
+  std::vector<SourceStatus> out;
+  auto text = fs::ReadFile(status_file);
+  if (!text.ok()) return out;
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_array()) return out;
+  for (const auto& e : j) {
+    if (!e.is_object()) continue;
+    SourceStatus s;
+    s.source = e.value("source", "");
+    s.last_at_ms = e.value("last_at_ms", int64_t{0});
+    s.ok = e.value("ok", false);
+    s.message = e.value("message", "");
+    s.failures = e.value("failures", 0);
+    s.next_at_ms = e.value("next_at_ms", int64_t{0});
+    s.last_ok_at_ms = e.value("last_ok_at_ms", int64_t{0});
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace aotid::sync
