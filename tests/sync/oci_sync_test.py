@@ -14,6 +14,9 @@
    is left as it was.
 3. The real registry behind htpasswd basic auth: no credentials and wrong
    ones are refused, saying so; right ones push and sync.
+4. A daemon following a tag with [[sync]]: a version pushed after it
+   started is served without a restart; moving the tag switches it over
+   with no failed request in between; `aotid sync status` tells.
 
     oci_sync_test.py AOTID TESTDATA
 """
@@ -125,6 +128,100 @@ def basic_auth(work):
                            env=dict(os.environ, DOCKER_CONFIG=docker))
         assert p.returncode == 0 and "as mlp:1" in p.stdout, p.stdout + p.stderr
         print("basic auth: none and wrong credentials refused, saying so; right ones push and sync")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def start_daemon(store, log_path, *extra):
+    daemon = subprocess.Popen([AOTID, *extra, "--store", store, "serve", "--listen", "127.0.0.1:0"],
+                              stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        m = re.search(r"serving on http://[^\s]*:(\d+)", open(log_path).read())
+        if m:
+            return daemon, int(m.group(1))
+        assert daemon.poll() is None, open(log_path).read()
+        time.sleep(0.1)
+    raise AssertionError("the daemon did not start:\n" + open(log_path).read())
+
+
+def wait_for(what, check, log_path, seconds=600):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {seconds} s:\n" + open(log_path).read()[-4000:])
+
+
+def close(got, want):
+    return len(got) == len(want) and all(abs(g - w) <= 1e-5 + 1e-5 * abs(w) for g, w in zip(got, want))
+
+
+def daemon_follows_tag(work):
+    """A device's daemon follows oci://.../fleet/mlp:stable on its own timer:
+    a version pushed after it started is served without a restart, and
+    moving the tag to another version switches it over with every request
+    in between answered."""
+    proc, port = real_registry(work)
+    try:
+        publisher, device = os.path.join(work, "publisher"), os.path.join(work, "device")
+        target = f"oci://127.0.0.1:{port}/fleet/mlp:stable"
+        config = os.path.join(work, "device.toml")
+        with open(config, "w") as f:
+            f.write(f'[[sync]]\nsource = "{target}"\ninterval_s = 1\n')
+        log_path = os.path.join(work, "device.log")
+        daemon, dport = start_daemon(device, log_path, "--config", config)
+        try:
+            time.sleep(1.5)  # it has tried, and found nothing under the tag yet
+            p = subprocess.run([AOTID, "--config", config, "--store", device, "sync", "status", "--json"],
+                               capture_output=True, text=True, timeout=60)
+            status = json.loads(p.stdout)
+            assert status[0]["synced"] and not status[0]["ok"] and "manifest unknown" in status[0]["message"], status
+
+            run(publisher, "add", os.path.join(TESTDATA, "mlp.pt2"), "--name", "mlp")
+            run(publisher, "push", "mlp:1", target)
+            wait_for("mlp:1 served", lambda: call(dport, "/v2/models/mlp/ready")[0] == 200, log_path)
+            cases = json.load(open(os.path.join(TESTDATA, "cases.json")))
+            case = cases["mlp"][0]
+            status, out = call(dport, "/v2/models/mlp/infer", {"inputs": case["inputs"]})
+            assert status == 200 and close(out["outputs"][0]["data"], case["outputs"][0]["data"]), out
+
+            failures, answered, stop = [], [0], threading.Event()
+
+            def client():
+                while not stop.is_set():
+                    status, out = call(dport, "/v2/models/mlp/infer", {"inputs": case["inputs"]})
+                    if status != 200:
+                        failures.append((status, out))
+                    answered[0] += 1
+                    time.sleep(0.01)
+
+            t = threading.Thread(target=client)
+            t.start()
+            try:
+                run(publisher, "add", os.path.join(TESTDATA, "mlp2.pt2"), "--name", "mlp")
+                run(publisher, "push", "mlp:2", target)  # the tag moves
+                want2 = cases["mlp2"][0]
+
+                def switched():
+                    status, out = call(dport, "/v2/models/mlp/infer", {"inputs": want2["inputs"]})
+                    return status == 200 and out.get("model_version") == "2" and close(
+                        out["outputs"][0]["data"], want2["outputs"][0]["data"])
+                wait_for("the tag's new version served", switched, log_path)
+            finally:
+                stop.set()
+                t.join(timeout=120)
+            assert not failures, failures[:3]
+            p = subprocess.run([AOTID, "--config", config, "--store", device, "sync", "status"],
+                               capture_output=True, text=True, timeout=60)
+            assert "up to date: mlp:2" in p.stdout, p.stdout
+            print(f"the device followed {target}: served mlp:1 when pushed, switched to mlp:2 when the tag moved; "
+                  f"{answered[0]} requests meanwhile, none failed")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -340,6 +437,7 @@ def main():
         resume_and_refuse(work)
         basic_auth(work)
         push_sync_serve(work)
+        daemon_follows_tag(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("oci sync: pushed, synced, served; resumed; lies and failures refused with the store unchanged")
