@@ -1,7 +1,9 @@
 #include "control/model_loader.h"
 
 #include <deque>
+#include <optional>
 
+#include "base/log.h"
 #include "storage/model_store.h"
 
 namespace aotid::control {
@@ -82,15 +84,17 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         ro.self_exe = work->place.self_exe;
         ro.scratch_root = work->place.scratch_root;
         ro.label = r.label.empty() ? r.entry.dir : r.label;
+        const std::string ro_label = ro.label;
         ro.load = r.options;
         ro.choose_threads_at_batch = r.options.threads > 1 ? r.choose_threads_at_batch : 0;
-        // A choice recorded for this machine, setting and batch is used
-        // as it is; one made for another is timed again.
+        // A settled choice recorded for this machine, setting and batch is
+        // used as it is; one made for another, or on a busy machine, is
+        // timed again.
         runtime::RecordedThreads recorded;
         bool from_record = false;
         if (ro.choose_threads_at_batch > 0) {
-          if (auto rec = work->cache->ReadThreads(r.entry.dir);
-              rec && rec->key == r.threads_key && rec->threads <= r.options.threads) {
+          if (auto rec = work->cache->ReadThreads(r.entry.dir, r.threads_key);
+              rec && rec->settled && rec->threads <= r.options.threads) {
             recorded = *rec;
             from_record = true;
             ro.load.threads = recorded.threads;
@@ -107,6 +111,12 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
             inbox->Post([fn, e] { fn(e); });
           };
         }
+        // Loads that time their threads take turns: runners timing side by
+        // side on the same cores would measure each other (and find the
+        // machine busy). Loads that do not time run freely.
+        static Mutex timing_turn;
+        std::optional<MutexLock> turn;
+        if (timing) turn.emplace(&timing_turn);
         // Not fatal when it cannot be written: the load is what matters.
         (void)work->cache->BeginLoad(r.entry);
         auto started = runner::RunnerModel::Start(r.entry, std::move(ro));
@@ -124,10 +134,16 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           work->result.threads_note =
               "timed " + storage::FormatTimestamp(recorded.at_ms) + ": " + recorded.note;
           work->result.threads_recorded = true;
-        } else if (timing && (*started)->threads_settled()) {
+        } else if (timing) {
+          // Recorded settled or not: a settled one is reused; an unsettled
+          // one only stands until the next load, or until `aotid set NAME
+          // threads=...` removes it to have the version timed now.
           runtime::RecordedThreads now{r.threads_key, (*started)->threads(), (*started)->threads_note(),
-                                       storage::NowMs()};
-          work->result.threads_recorded = work->cache->RecordThreads(r.entry.dir, now).ok();
+                                       storage::NowMs(), (*started)->threads_settled()};
+          Status written = work->cache->RecordThreads(r.entry.dir, now);
+          if (!written.ok())
+            LOG_WARNING << ro_label << ": the thread choice is not recorded: " << written.message();
+          work->result.threads_recorded = written.ok();
         }
         work->result.model = std::shared_ptr<runtime::LoadedModel>(std::move(started).value());
       },

@@ -165,8 +165,9 @@ std::string ShapeText(const json& t) {
     if (shape[i].is_number_integer() && shape[i].get<int64_t>() >= 0) {
       out += std::to_string(shape[i].get<int64_t>());
     } else if (d.is_object()) {
+      // No max recorded: unbounded ("seq:1..").
       out += d.value("symbol", std::string("?")) + ":" + std::to_string(d.value("min", int64_t{0})) + ".." +
-             std::to_string(d.value("max", int64_t{0}));
+             (d.contains("max") ? std::to_string(d.value("max", int64_t{0})) : std::string());
     } else {
       out += "-1";
     }
@@ -176,11 +177,17 @@ std::string ShapeText(const json& t) {
 
 json BuildJson(const storage::BuildRecord& b, bool daemon_running, const runtime::BuildCache& cache) {
   bool interrupted = Interrupted(b, daemon_running);
-  json threads = nullptr;  // auto threads as timed on this machine and recorded with the build
+  // Auto threads as timed on this machine and recorded with the build, one
+  // record per timing key (machine, most threads, batch).
+  json threads = json::array();
   if (b.state == storage::BuildState::kReady) {
-    if (auto r = cache.ReadThreads(
-            cache.EntryDir({b.artifact, b.package_model, b.device, b.fingerprint, b.options}))) {
-      threads = {{"threads", r->threads}, {"note", r->note}, {"timed_at", Timestamp(r->at_ms)}};
+    for (const auto& r : cache.ListThreads(
+             cache.EntryDir({b.artifact, b.package_model, b.device, b.fingerprint, b.options}))) {
+      threads.push_back({{"key", r.key},
+                         {"threads", r.threads},
+                         {"note", r.note},
+                         {"timed_at", Timestamp(r.at_ms)},
+                         {"settled", r.settled}});
     }
   }
   return {{"log", BuildLogPath(cache, b)},
@@ -566,10 +573,15 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
       if (!b["log"].get<std::string>().empty()) {
         std::printf("  build log       %s\n", b["log"].get<std::string>().c_str());
       }
-      if (b["threads"].is_object()) {
-        std::printf("  auto threads    %d per run, timed %s: %s\n", b["threads"]["threads"].get<int>(),
-                    b["threads"]["timed_at"].get<std::string>().c_str(),
-                    b["threads"]["note"].get<std::string>().c_str());
+      // The record of this version's batch (versions sharing a build may
+      // batch differently), when its threads are auto.
+      const storage::VersionSettings& set = shown[i]->settings;
+      std::string batch = "; batch " + std::to_string(set.max_batch_size > 1 ? set.max_batch_size : 1);
+      for (const auto& t : b["threads"]) {
+        if (set.threads != 0 || !t["key"].get<std::string>().ends_with(batch)) continue;
+        std::printf("  auto threads    %d per run, timed %s: %s%s\n", t["threads"].get<int>(),
+                    t["timed_at"].get<std::string>().c_str(), t["note"].get<std::string>().c_str(),
+                    t["settled"].get<bool>() ? "" : " [not settled]");
       }
     }
     for (const auto& o : v["builds_elsewhere"]) {

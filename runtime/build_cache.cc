@@ -144,25 +144,46 @@ Status BuildCache::BeginLoad(const CacheEntry& e) const {
 
 void BuildCache::EndLoad(const CacheEntry& e) const { ::unlink(LoadMarker(e).c_str()); }
 
-std::optional<RecordedThreads> BuildCache::ReadThreads(const std::string& entry_dir) const {
+std::vector<RecordedThreads> BuildCache::ListThreads(const std::string& entry_dir) const {
+  std::vector<RecordedThreads> out;
   auto text = fs::ReadFile(entry_dir + "/threads.json");
-  if (!text.ok()) return std::nullopt;
+  if (!text.ok() || text->size() > (1 << 20)) return out;
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("key") || !j["key"].is_string() || !j.contains("threads") ||
-      !j["threads"].is_number_integer() || j["threads"].get<int64_t>() < 1 ||
-      j["threads"].get<int64_t>() > 4096) {
-    return std::nullopt;
+  if (!j.is_object()) return out;
+  for (const auto& [key, r] : j.items()) {
+    if (!r.is_object() || !r.contains("threads") || !r["threads"].is_number_integer()) continue;
+    int64_t threads = r["threads"].get<int64_t>();
+    if (threads < 1 || threads > 4096) continue;
+    RecordedThreads rec;
+    rec.key = key;
+    rec.threads = static_cast<int>(threads);
+    if (r.contains("note") && r["note"].is_string()) rec.note = r["note"].get<std::string>().substr(0, 300);
+    if (r.contains("at_ms") && r["at_ms"].is_number_integer()) rec.at_ms = r["at_ms"].get<int64_t>();
+    if (r.contains("settled") && r["settled"].is_boolean()) rec.settled = r["settled"].get<bool>();
+    out.push_back(std::move(rec));
   }
-  RecordedThreads r;
-  r.key = j["key"].get<std::string>();
-  r.threads = j["threads"].get<int>();
-  if (j.contains("note") && j["note"].is_string()) r.note = j["note"].get<std::string>();
-  if (j.contains("at_ms") && j["at_ms"].is_number_integer()) r.at_ms = j["at_ms"].get<int64_t>();
-  return r;
+  return out;
+}
+
+std::optional<RecordedThreads> BuildCache::ReadThreads(const std::string& entry_dir,
+                                                       const std::string& key) const {
+  for (auto& r : ListThreads(entry_dir)) {
+    if (r.key == key) return r;
+  }
+  return std::nullopt;
 }
 
 Status BuildCache::RecordThreads(const std::string& entry_dir, const RecordedThreads& r) const {
-  nlohmann::json j = {{"key", r.key}, {"threads", r.threads}, {"note", r.note}, {"at_ms", r.at_ms}};
+  std::vector<RecordedThreads> all = ListThreads(entry_dir);
+  std::erase_if(all, [&](const RecordedThreads& x) { return x.key == r.key; });
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.at_ms > b.at_ms; });
+  if (all.size() > 15) all.resize(15);
+  all.push_back(r);
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& x : all) {
+    j[x.key] = {
+        {"threads", x.threads}, {"note", x.note.substr(0, 300)}, {"at_ms", x.at_ms}, {"settled", x.settled}};
+  }
   return fs::WriteFileAtomic(entry_dir + "/threads.json",
                              j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }

@@ -44,13 +44,15 @@ struct CacheEntry {
 };
 
 // Threads per run that timing this build on this machine chose
-// (runtime/thread_choice.h), kept in its entry (threads.json) so that later
-// loads use them rather than time it again.
+// (runtime/thread_choice.h), kept in its entry (threads.json, one record
+// per key: versions sharing a build may time it at different batches) so
+// that later loads use a settled one rather than time it again.
 struct RecordedThreads {
   std::string key;  // what the timing depended on (machine, most threads, batch); reused only on a match
   int threads = 0;
   std::string note;  // as the timing said it
   int64_t at_ms = 0;
+  bool settled = true;  // false: the machine was busy; kept only so that `set threads=` can ask again
 };
 
 // One entry as `aotid cache ls` shows it.
@@ -107,9 +109,12 @@ class BuildCache {
   // Every entry (complete or not) under the root.
   std::vector<CacheListing> List() const;
 
-  // The entry's recorded threads; nullopt when none (or unreadable: it is
-  // only a shortcut, and timing again replaces it).
-  std::optional<RecordedThreads> ReadThreads(const std::string& entry_dir) const;
+  // The entry's recorded threads for `key`; nullopt when none (or
+  // unreadable: it is only a shortcut, and timing again replaces it).
+  std::optional<RecordedThreads> ReadThreads(const std::string& entry_dir, const std::string& key) const;
+  // Every well-formed record of the entry.
+  std::vector<RecordedThreads> ListThreads(const std::string& entry_dir) const;
+  // Adds or replaces the record of r.key (at most 16 kept, the newest).
   Status RecordThreads(const std::string& entry_dir, const RecordedThreads& r) const;
   // Removes the record, so the next load times the build again; true when
   // there was one.

@@ -1,5 +1,6 @@
 #include "runtime/hardware.h"
 
+#include <sched.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -75,6 +76,15 @@ HardwareInfo ProbeHardware(const std::string& cxx) {
     hw.arch = u.machine;
   }
   hw.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+#ifdef __linux__
+  // The CPUs this process may run on (taskset, a cpuset): threads beyond
+  // them would only take turns.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0) {
+    hw.cores = std::min(hw.cores, CPU_COUNT(&allowed));
+  }
+#endif
   hw.memory_bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
   if (hw.os == "linux") {
     ProbeLinuxCpu(&hw);

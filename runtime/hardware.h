@@ -17,7 +17,7 @@ struct HardwareInfo {
   std::string cpu_model;   // as the OS reports it
   std::string vector_isa;  // best ISA inductor can target: "avx512", "avx2", "neon", "sve", "default"
   std::vector<std::string> cpu_features;  // the relevant flags that are present
-  int cores = 0;
+  int cores = 0;  // the CPUs this process may run on (its affinity), at most those online
   int64_t memory_bytes = 0;
   std::string torch_version;  // of the libtorch aotid is linked against
   std::string compiler;       // first line of `$CXX --version`

@@ -212,7 +212,7 @@ Status CheckTensorAgainstSpec(const HostTensor& t, const TensorSpec& spec) {
   }
   if (!fits) {
     return InvalidArgument(who + " has shape " + ShapeString(t.shape) + ", expected " +
-                           ShapeString(spec.shape) + " (-1 is any size)");
+                           ShapeString(spec.shape) + " (-1: a dynamic dim, within its range)");
   }
   // Sizes the exported program was not traced for: past a position table,
   // say, the kernels read beyond it and answer garbage.

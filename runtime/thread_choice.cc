@@ -114,9 +114,32 @@ class ProcStatMeter final : public BusyMeter {
 };
 
 // One timing, on a machine that may or may not be quiet.
-ThreadChoice TimeOnce(LoadedModel& model, int most, const std::vector<HostTensor>& inputs,
-                      const std::function<double()>& clock, const std::string& at) {
-  ThreadChoice choice{most, "", false};
+// The calling thread's CPU time, in seconds.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// A model this heavy (CPU time of a run on one thread) keeps the most
+// threads: its kernels have work to split.
+constexpr double kHeavyCpuSeconds = 0.05;
+// One this light runs on one thread while the machine is too busy to time
+// it: spinning up threads for microseconds of work costs more than it gives
+// (13 times the requests per second for a small MLP, measured).
+constexpr double kLightCpuSeconds = 0.001;
+
+struct Timing {
+  ThreadChoice choice;
+  double cpu_one = -1;  // CPU seconds of a run on one thread; -1 unknown
+};
+
+Timing TimeOnce(LoadedModel& model, int most, const std::vector<HostTensor>& inputs,
+                const std::function<double()>& clock, const std::function<double()>& cpu_clock,
+                const std::string& at) {
+  Timing t;
+  ThreadChoice& choice = t.choice;
+  choice = {most, "", false};
   auto timed = [&](int threads) -> double {
     model.SetThreads(threads);
     double t0 = clock();
@@ -128,20 +151,27 @@ ThreadChoice TimeOnce(LoadedModel& model, int most, const std::vector<HostTensor
   if (first < 0) {
     model.SetThreads(most);
     choice.note = "kept " + std::to_string(most) + ": the sample run at " + at + " failed";
-    return choice;
+    return t;
   }
   // The first run pays one-time costs (pages faulted in, threads started,
-  // caches cold) that took 73 ms for a model whose runs take under 1 ms:
-  // a slow first run is judged by a second one.
-  if (first > 0.05) first = timed(most);
-  if (first > 0.05) {
+  // caches cold) that took 73 ms for a model whose runs take under 1 ms.
+  // How heavy a run is, is then told by the CPU time of one-thread runs
+  // (the least of two): other processes stretch the wall time of a run,
+  // not the CPU time it needs.
+  for (int i = 0; i < 2; ++i) {
+    model.SetThreads(1);
+    double c0 = cpu_clock();
+    if (!model.Infer(inputs, {}).ok()) break;
+    double c = cpu_clock() - c0;
+    t.cpu_one = t.cpu_one < 0 ? c : std::min(t.cpu_one, c);
+  }
+  if (t.cpu_one > kHeavyCpuSeconds) {
     model.SetThreads(most);
     choice.note = "kept " + std::to_string(most) + ": a run at " + at + " takes " +
-                  std::to_string(std::lround(first * 1e3)) + " ms";
+                  std::to_string(std::lround(t.cpu_one * 1e3)) + " ms of CPU on one thread";
     choice.settled = true;
-    return choice;
+    return t;
   }
-  timed(1);  // warm-up of the other setting
   std::vector<double> one, many;
   const double start = clock();
   // At least 0.1 s, so that the machine's load over the timing is measured
@@ -157,7 +187,7 @@ ThreadChoice TimeOnce(LoadedModel& model, int most, const std::vector<HostTensor
   if (one.empty()) {
     model.SetThreads(most);
     choice.note = "kept " + std::to_string(most) + ": the sample run at " + at + " failed";
-    return choice;
+    return t;
   }
   double m1 = Median(one), mn = Median(many);
   choice.threads = m1 <= mn * 1.15 ? 1 : most;
@@ -165,7 +195,7 @@ ThreadChoice TimeOnce(LoadedModel& model, int most, const std::vector<HostTensor
   choice.note = std::to_string(choice.threads) + " of " + std::to_string(most) + ": " + Us(m1) + " vs " +
                 Us(mn) + " µs a run at " + at;
   choice.settled = true;
-  return choice;
+  return t;
 }
 
 }  // namespace
@@ -220,10 +250,14 @@ ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const Ch
     return options.now ? options.now()
                        : std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
   };
+  auto cpu_clock = [&] { return options.cpu_now ? options.cpu_now() : ThreadCpuSeconds(); };
   std::optional<double> share;
+  double cpu_one = -1;
   for (int attempt = 1;; ++attempt) {
     if (options.meter) options.meter->Start();
-    choice = TimeOnce(model, most, inputs, clock, at);
+    Timing t = TimeOnce(model, most, inputs, clock, cpu_clock, at);
+    choice = t.choice;
+    cpu_one = t.cpu_one;
     if (!choice.settled || !options.meter) return choice;
     share = options.meter->OthersShare();
     if (!share) {
@@ -242,6 +276,14 @@ ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const Ch
     }
   }
   choice.settled = false;
+  // Too busy to compare the two: a light model takes one thread, the
+  // safer guess (threads for microseconds of work cost the most).
+  if (cpu_one >= 0 && cpu_one < kLightCpuSeconds && choice.threads != 1) {
+    choice.threads = 1;
+    model.SetThreads(1);
+    choice.note = "1 of " + std::to_string(most) + ": a run at " + at + " takes " + Us(cpu_one) +
+                  " µs of CPU on one thread";
+  }
   choice.note += " (the machine was busy: other processes used " + Percent(*share) +
                  " of its CPUs; timed again at the next load)";
   return choice;

@@ -61,6 +61,7 @@ std::vector<HostTensor> SampleInputs(const ModelSpec& spec, int64_t batch);
 
 struct ChooseOptions {
   std::function<double()> now;        // seconds; the steady clock when empty
+  std::function<double()> cpu_now;    // the calling thread's CPU seconds; its real clock when empty
   BusyMeter* meter = nullptr;         // null: unguarded (each timing counts as settled)
   std::function<void(double)> pause;  // between attempts; sleeps when empty
   double busy_share = 0.25;           // others' share of the CPUs above which a timing is redone
@@ -69,9 +70,11 @@ struct ChooseOptions {
 
 // Times `model` with 1 and with `most` threads, interleaved on
 // SampleInputs(batch), for at least 0.1 s and at most about 0.3 s, sets the
-// faster and returns it. A model whose run takes over 50 ms keeps `most`
-// (its kernels have work to split); one that cannot take the sample (its
-// run fails) keeps `most` too, unsettled.
+// faster and returns it. A model whose run takes over 50 ms of CPU on one
+// thread keeps `most` (its kernels have work to split); one that cannot
+// take the sample (its run fails) keeps `most` too, unsettled. When the
+// machine stays busy through every attempt, a model whose run takes under
+// 1 ms of CPU gets one thread, unsettled.
 ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const ChooseOptions& options = {});
 
 }  // namespace aotid::runtime

@@ -234,9 +234,14 @@ Status ValidateSettings(const VersionSettings& s) {
 
 std::vector<SettingChange> DiffSettings(const VersionSettings& from, const VersionSettings& to) {
   std::vector<SettingChange> out;
+  // 0 by its word where it has one, as `show` says it: "threads auto -> 2".
+  auto said = [](const SettingField& f, std::string text) {
+    return f.type == SettingType::kInt && text == "0" && !f.zero_text.empty() ? std::string(f.zero_text)
+                                                                              : text;
+  };
   for (const auto& f : Table()) {
     std::string a = f.Text(from), b = f.Text(to);
-    if (a != b) out.push_back({std::string(f.key), std::move(a), std::move(b)});
+    if (a != b) out.push_back({std::string(f.key), said(f, std::move(a)), said(f, std::move(b))});
   }
   return out;
 }

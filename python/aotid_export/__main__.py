@@ -44,6 +44,9 @@ def _example(spec: str, dims: dict) -> tuple[str, torch.Tensor, dict]:
         dim_name, lo, hi = dm.group(1), int(dm.group(2) or 1), int(dm.group(3) or 65536)
         if lo > hi:
             raise SystemExit(f"--input {spec!r}: dim {dim_name!r} has min {lo} above max {hi}")
+        if lo == hi:
+            raise SystemExit(f"--input {spec!r}: dim {dim_name!r} is {lo}..{hi}, one size: "
+                             f"write {lo} for a fixed dim")
         if dim_name in dims and (dims[dim_name].min, dims[dim_name].max) != (lo, hi):
             raise SystemExit(f"--input {spec!r}: dim {dim_name!r} is {lo}..{hi} here but "
                              f"{dims[dim_name].min}..{dims[dim_name].max} in an earlier input")

@@ -271,7 +271,7 @@ TEST_F(ReconcilerTest, RemovingARecordedThreadChoiceReloadsTheVersionToTimeItAga
   EXPECT_EQ(first.choose_threads_at_batch, 1);
   EXPECT_NE(first.threads_key.find("2 cores; up to 2 threads; batch 1"), std::string::npos)
       << first.threads_key;
-  ASSERT_TRUE(cache_->ReadThreads(first.entry.dir).has_value());
+  ASSERT_TRUE(cache_->ReadThreads(first.entry.dir, first.threads_key).has_value());
 
   Reconcile();  // nothing changed: nothing loads
   EXPECT_EQ(loader_->pending(), 0u);

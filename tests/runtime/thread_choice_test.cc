@@ -51,6 +51,7 @@ class TimedModel final : public LoadedModel {
   ChooseOptions Options() {
     ChooseOptions o;
     o.now = Clock();
+    o.cpu_now = Clock();  // an unloaded machine: a run's CPU time is its wall time
     return o;
   }
 
@@ -72,8 +73,9 @@ TEST(ThreadChoice, ASmallModelGetsOneThreadAndAHeavyOneKeepsThemAll) {
   EXPECT_EQ(c.threads, 1) << c.note;
   EXPECT_EQ(small.threads_, 1);  // left set to the choice
   EXPECT_NE(c.note.find("1 of 2"), std::string::npos) << c.note;
-  // Two warm-ups, then pairs for at least 0.1 s: 32 pairs of 3.2 ms.
-  EXPECT_EQ(small.runs, 2 + 2 * 32);
+  // A warm-up, two one-thread runs for the CPU a run takes, then pairs for
+  // at least 0.1 s: 32 pairs of 3.2 ms.
+  EXPECT_EQ(small.runs, 3 + 2 * 32);
   EXPECT_TRUE(c.settled);  // unguarded: no meter
   // Zero inputs: dynamic first dim = the batch asked for, another dynamic
   // dim with no range recorded 2.
@@ -90,7 +92,7 @@ TEST(ThreadChoice, ASmallModelGetsOneThreadAndAHeavyOneKeepsThemAll) {
   TimedModel longer({0, 25000, 0, 0, 10000});  // 35 ms a pair of runs: 9 pairs pass 0.3 s
   c = ChooseThreads(longer, 4, 1, longer.Options());
   EXPECT_EQ(c.threads, 4) << c.note;
-  EXPECT_EQ(longer.runs, 2 + 2 * 9);
+  EXPECT_EQ(longer.runs, 3 + 2 * 9);
 }
 
 TEST(ThreadChoice, UntimedCasesKeepTheMost) {
@@ -106,12 +108,21 @@ TEST(ThreadChoice, UntimedCasesKeepTheMost) {
   EXPECT_NE(c.note.find("sample run at [1, 4] failed"), std::string::npos) << c.note;
   EXPECT_FALSE(c.settled);  // nothing learned: not worth recording
 
-  TimedModel slow({0, 10, 60000});  // 60 ms a run with two threads: not worth timing
+  TimedModel slow({0, 60000, 30000});  // 60 ms of CPU a run on one thread: work to split
   c = ChooseThreads(slow, 2, 1, slow.Options());
   EXPECT_EQ(c.threads, 2);
-  EXPECT_EQ(slow.runs, 2);  // a slow first run is judged by a second: it may only have been cold
-  EXPECT_NE(c.note.find("a run at [1, 4] takes 60 ms"), std::string::npos) << c.note;
+  EXPECT_EQ(slow.runs, 3);  // the warm-up and two one-thread runs
+  EXPECT_NE(c.note.find("a run at [1, 4] takes 60 ms of CPU on one thread"), std::string::npos) << c.note;
   EXPECT_TRUE(c.settled);
+
+  // A busy machine stretches wall time, not CPU time: a light model whose
+  // runs take long on the wall clock is still timed.
+  TimedModel stretched({0, 200, 3000});
+  ChooseOptions o = stretched.Options();
+  o.now = [&stretched] { return stretched.now_s * 500; };  // every run looks 500 times slower
+  c = ChooseThreads(stretched, 2, 1, o);
+  EXPECT_EQ(c.threads, 1) << c.note;
+  EXPECT_EQ(c.note.find("kept"), std::string::npos) << c.note;
 
   TimedModel one({0, 10});
   EXPECT_EQ(ChooseThreads(one, 1, 1, one.Options()).threads, 1);
@@ -144,6 +155,28 @@ TEST(ThreadChoice, ATimingTakenWhileOthersKeepTheCpusBusyIsRedoneAndNotSettled) 
   EXPECT_FALSE(c.settled);
   EXPECT_EQ(c.threads, 1);  // still the best guess it has, for now
   EXPECT_NE(c.note.find("other processes used 90% of its CPUs"), std::string::npos) << c.note;
+
+  // Busy throughout, and the timing (made under load) says two threads: a
+  // light model takes one anyway, the lower-risk guess; a heavier one keeps
+  // what its timing said.
+  TimedModel light({0, 300, 100});  // 0.3 ms of CPU a run
+  ScriptedMeter busy({0.9, 0.9, 0.9});
+  o = light.Options();
+  o.meter = &busy;
+  o.pause = [](double) {};
+  c = ChooseThreads(light, 2, 1, o);
+  EXPECT_EQ(c.threads, 1) << c.note;
+  EXPECT_EQ(light.threads_, 1);
+  EXPECT_NE(c.note.find("takes 300.0 µs of CPU on one thread"), std::string::npos) << c.note;
+  EXPECT_FALSE(c.settled);
+  TimedModel heavier({0, 5000, 1000});  // 5 ms of CPU a run
+  ScriptedMeter busy_too({0.9, 0.9, 0.9});
+  o = heavier.Options();
+  o.meter = &busy_too;
+  o.pause = [](double) {};
+  c = ChooseThreads(heavier, 2, 1, o);
+  EXPECT_EQ(c.threads, 2) << c.note;
+  EXPECT_FALSE(c.settled);
 
   // Busy once, then quiet: the second timing stands.
   TimedModel again({0, 200, 3000});

@@ -69,7 +69,9 @@ TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
     auto diff = DiffSettings(base, changed);
     ASSERT_EQ(diff.size(), 1u);
     EXPECT_EQ(diff[0].key, f.key);
-    EXPECT_EQ(diff[0].from, f.DefaultText());
+    // 0 is said by its word where it has one ("threads auto -> 1024").
+    EXPECT_EQ(diff[0].from,
+              f.DefaultText() == "0" && !f.zero_text.empty() ? std::string(f.zero_text) : f.DefaultText());
     EXPECT_EQ(diff[0].to, f.Text(changed));
   }
   EXPECT_TRUE(DiffSettings(base, base).empty());

@@ -119,7 +119,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   ASSERT_EQ(Run({"set", "mlp:1", "threads=1", "inductor.max_autotune=true", "inductor.cpp.simdlen=8"}, &out),
             0)
       << out;
-  EXPECT_NE(out.find("set mlp:1 threads 0 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("set mlp:1 threads auto -> 1"), std::string::npos) << out;
   EXPECT_NE(out.find(R"(set mlp:1 inductor_options {} -> {"cpp.simdlen":8,"max_autotune":true})"),
             std::string::npos)
       << out;
