@@ -135,7 +135,7 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
     sync::SyncSource s;
     for (auto&& [k, v] : t) {
       std::string key(k.str());
-      std::string at = Where(file_name, v.source());
+      std::string at = Where(file_name, k.source());
       auto integer = [&](int min, int max, int* field) -> Status {
         if (!v.is_integer() || *v.value<int64_t>() < min || *v.value<int64_t>() > max) {
           return InvalidArgument(at + ": 'sync." + key + "' must be an integer between " +

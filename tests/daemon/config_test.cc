@@ -219,3 +219,54 @@ TEST(Config, SecurityKeysParseAndAreChecked) {
 
 }  // namespace
 }  // namespace aotid::daemon
+
+namespace aotid::daemon {
+namespace {
+
+// [[sync]] tables: the sources the daemon follows, each checked where it
+// is written.
+TEST(Config, SyncTablesListTheSourcesAndBadOnesAreNamed) {
+  auto c = ParseConfig(R"([[sync]]
+source = "oci://127.0.0.1:5000/models/mlp:stable"
+interval_s = 60
+keep = 2
+name = "mlp-stable"
+
+[[sync]]
+source = "oci://registry.example.com/models/resnet"
+insecure = true
+)",
+                       "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->sync.size(), 2u);
+  EXPECT_EQ(c->sync[0].source, "oci://127.0.0.1:5000/models/mlp:stable");
+  EXPECT_EQ(c->sync[0].interval_s, 60);
+  EXPECT_EQ(c->sync[0].keep, 2);
+  EXPECT_EQ(c->sync[0].name, "mlp-stable");
+  EXPECT_EQ(c->sync[1].interval_s, 300);
+  EXPECT_TRUE(c->sync[1].insecure);
+  Config other = *c;
+  other.sync.pop_back();
+  EXPECT_EQ(ChangedKeys(*c, other), std::vector<std::string>{"sync"});
+
+  auto error = [](const std::string& text) {
+    auto r = ParseConfig(text, "x.toml");
+    return r.ok() ? std::string("(accepted)") : r.status().message();
+  };
+  EXPECT_NE(error("[[sync]]\ninterval_s = 5\n").find("x.toml:1:1: a [[sync]] needs a source"),
+            std::string::npos);
+  EXPECT_NE(error("[[sync]]\nsource = \"http://x/m\"\n").find("is not an OCI reference"), std::string::npos);
+  EXPECT_NE(
+      error("[[sync]]\nsource = \"oci://h/m:1\"\nevery = 5\n").find("x.toml:3:1: unknown key 'sync.every'"),
+      std::string::npos);
+  EXPECT_NE(error("[[sync]]\nsource = \"oci://h/m:1\"\ninterval_s = 0\n")
+                .find("'sync.interval_s' must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error("[[sync]]\nsource = \"oci://h/m\"\nname = \"x\"\n").find("needs a source with one tag"),
+            std::string::npos);
+  EXPECT_NE(error("[sync]\nsource = \"oci://h/m:1\"\n").find("'sync' must be tables ([[sync]])"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace aotid::daemon

@@ -1,0 +1,147 @@
+// The parts of sync that need no registry: references, digests, the
+// daemon's timer (with a sync of the test's own) and its status file.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "base/fs.h"
+#include "sync/model_sync.h"
+#include "sync/registry.h"
+#include "sync/syncer.h"
+#include "test_util.h"
+
+namespace aotid::sync {
+namespace {
+
+TEST(OciRef, ParsesHostPortRepoAndTagAndUsesTlsOffLoopback) {
+  auto r = ParseOciRef("oci://registry.example.com/models/mlp:stable", false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->host, "registry.example.com");
+  EXPECT_EQ(r->port, 0);
+  EXPECT_EQ(r->repo, "models/mlp");
+  EXPECT_EQ(r->tag, "stable");
+  EXPECT_FALSE(r->plain_http);
+  EXPECT_EQ(r->Origin(), "https://registry.example.com");
+
+  r = ParseOciRef("oci://127.0.0.1:5000/a/b-c/d_e", false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->port, 5000);
+  EXPECT_EQ(r->tag, "");
+  EXPECT_TRUE(r->plain_http);  // loopback
+  EXPECT_EQ(r->ToString(), "oci://127.0.0.1:5000/a/b-c/d_e");
+  r = ParseOciRef("oci://[::1]:5000/m:v1", false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->host, "[::1]");
+  EXPECT_TRUE(r->plain_http);
+  EXPECT_TRUE(ParseOciRef("oci://10.0.0.5:5000/m:v1", true)->plain_http);  // --insecure
+
+  for (const std::string& bad : std::vector<std::string>{
+           "http://host/m", "oci://host", "oci:///m", "oci://host:0/m", "oci://host:99999/m",
+           "oci://host/Upper", "oci://host/m:", "oci://host/m:-x", "oci://host/../m", "oci://host/m//n",
+           "oci://us@er@host/m", "oci://host/m:" + std::string(129, 'a')}) {
+    auto p = ParseOciRef(bad, false);
+    EXPECT_FALSE(p.ok()) << bad;
+    if (!p.ok()) EXPECT_NE(p.status().message().find("is not an OCI reference"), std::string::npos) << bad;
+  }
+}
+
+TEST(OciRef, OnlyCanonicalSha256DigestsAreValid) {
+  std::string hex(64, 'a');
+  EXPECT_TRUE(IsValidDigest("sha256:" + hex));
+  for (const std::string& bad :
+       std::vector<std::string>{"sha256:" + std::string(63, 'a'), "sha256:" + std::string(64, 'A'),
+                                "sha512:" + hex, "sha256:../../etc/passwd", "sha256:" + hex + "/", hex,
+                                std::string("sha256:") + std::string(60, 'a') + "../x"}) {
+    EXPECT_FALSE(IsValidDigest(bad)) << bad;
+  }
+}
+
+TEST(Artifact, ManifestNamesTheConfigAndThePackageByDigest) {
+  storage::ModelVersion v;
+  v.model = "mlp";
+  v.version = 3;
+  v.artifact = std::string(64, 'b');
+  v.size = 1234;
+  v.settings.max_batch_size = 8;
+  std::string config = MakeConfig(v, R"({"author": "x"})");
+  auto c = nlohmann::json::parse(config);
+  EXPECT_EQ(c["name"], "mlp");
+  EXPECT_EQ(c["settings"]["max_batch_size"], "8");
+  EXPECT_EQ(c["metadata"]["author"], "x");
+  auto m = nlohmann::json::parse(MakeManifest(config, v, "mlp-3.pt2"));
+  EXPECT_EQ(m["artifactType"], kArtifactType);
+  EXPECT_EQ(m["config"]["mediaType"], kConfigMediaType);
+  EXPECT_EQ(m["config"]["digest"], "sha256:" + fs::Sha256Hex(config));
+  ASSERT_EQ(m["layers"].size(), 1u);
+  EXPECT_EQ(m["layers"][0]["digest"], "sha256:" + v.artifact);
+  EXPECT_EQ(m["layers"][0]["size"], 1234);
+  EXPECT_EQ(m["layers"][0]["mediaType"], kPackageMediaType);
+}
+
+TEST(Syncer, BackoffDoublesFromFiveSecondsUpToTheInterval) {
+  EXPECT_EQ(Syncer::BackoffMs(1, 300), 5000);
+  EXPECT_EQ(Syncer::BackoffMs(2, 300), 10000);
+  EXPECT_EQ(Syncer::BackoffMs(4, 300), 40000);
+  EXPECT_EQ(Syncer::BackoffMs(20, 300), 300000);
+  EXPECT_EQ(Syncer::BackoffMs(1, 2), 2000);  // never longer than the interval
+}
+
+// Waits (bounded) until `done`.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 500; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
+  aotid::testing::TempDir dir;
+  std::string status_file = dir.path() + "/sync-status.json";
+  std::atomic<int> a_calls{0}, b_calls{0};
+  SyncOnce once = [&](const SyncSource& s) -> StatusOr<std::string> {
+    if (s.source.ends_with("a:1")) {
+      ++a_calls;
+      return std::string("up to date: a:1");
+    }
+    ++b_calls;
+    return Unavailable("the registry is down");
+  };
+  {
+    Syncer syncer({{"oci://127.0.0.1:1/a:1", 1}, {"oci://127.0.0.1:1/b:1", 300}}, once, status_file);
+    ASSERT_TRUE(Eventually([&] { return a_calls >= 2 && b_calls >= 1; }));  // a again after its 1 s
+    auto st = syncer.Status();
+    ASSERT_EQ(st.size(), 2u);
+    EXPECT_TRUE(st[0].ok);
+    EXPECT_EQ(st[0].message, "up to date: a:1");
+    EXPECT_FALSE(st[1].ok);
+    EXPECT_EQ(st[1].failures, 1);
+    EXPECT_EQ(st[1].message, "the registry is down");
+    // A failure is tried again after ~5 s (jittered), not after 300 s.
+    int64_t wait = st[1].next_at_ms - st[1].last_at_ms;
+    EXPECT_GE(wait, 4000);
+    EXPECT_LE(wait, 6000);
+    EXPECT_EQ(b_calls.load(), 1);
+
+    // What the daemon wrote is what `aotid sync status` reads.
+    ASSERT_TRUE(Eventually([&] { return ReadSyncStatus(status_file).size() == 2; }));
+    auto written = ReadSyncStatus(status_file);
+    EXPECT_EQ(written[1].source, "oci://127.0.0.1:1/b:1");
+    EXPECT_EQ(written[1].message, "the registry is down");
+
+    // A reload with another source: synced at once; b is gone.
+    syncer.SetSources({{"oci://127.0.0.1:1/a:1", 1}});
+    ASSERT_TRUE(Eventually([&] { return syncer.Status().size() == 1; }));
+  }  // stops, joining the thread
+  int after = a_calls;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_EQ(a_calls.load(), after);  // nothing runs once it is gone
+}
+
+}  // namespace
+}  // namespace aotid::sync
