@@ -772,6 +772,22 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
   limits.timeout_s = timeout_s;
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("sync", cfg.status());
+  if (!source.starts_with("oci://")) {  // a folder of .pt2 files
+    auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
+    if (!store.ok()) return Fail("sync", store.status());
+    auto results = sync::PullDir(**store, source, as_name);
+    if (!results.ok()) return Fail("sync", results.status());
+    for (const auto& r : *results) {
+      for (const auto& n : r.notes) std::cerr << "aotid sync: note: " << r.ref << ": " << n << "\n";
+      if (r.added) {
+        std::cout << "synced " << r.ref << " as " << r.model << ":" << r.version << "\n";
+      } else {
+        std::cout << r.ref << " is up to date: " << r.model << ":" << r.version << "\n";
+      }
+    }
+    if (results->empty()) std::cout << source << " has no .pt2 files\n";
+    return 0;
+  }
   auto ref = sync::ParseOciRef(source, insecure);
   if (!ref.ok()) return FailUsage("sync", ref.status());
   auto creds = sync::ReadCredentials(credentials, *ref);
@@ -1246,7 +1262,8 @@ int RunCli(int argc, char** argv) {
   bool sync_insecure = false;
   auto* sync_cmd = app.add_subcommand("sync", "Add the model versions an OCI registry holds (docs/SYNC.md)");
   sync_cmd->add_option("SOURCE", sync_source,
-                       "oci://HOST[:PORT]/REPO:TAG (one version) or oci://HOST[:PORT]/REPO (every tag)");
+                       "oci://HOST[:PORT]/REPO:TAG (one version), oci://HOST[:PORT]/REPO (every tag), or a "
+                       "folder of .pt2 files");
   bool sync_json = false;
   auto* sync_status = sync_cmd->add_subcommand(
       "status",

@@ -172,8 +172,17 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
     }
     std::string at = Where(file_name, t.source());
     if (s.source.empty())
-      return InvalidArgument(at + ": a [[sync]] needs a source (oci://HOST[:PORT]/REPO[:TAG])");
-    if (auto ref = sync::ParseOciRef(s.source, s.insecure); !ref.ok()) {
+      return InvalidArgument(at +
+                             ": a [[sync]] needs a source (oci://HOST[:PORT]/REPO[:TAG], or a folder's "
+                             "absolute path)");
+    if (!s.source.starts_with("oci://")) {
+      s.source = fs::ExpandHome(s.source);
+      if (!s.source.starts_with("/")) {
+        return InvalidArgument(
+            at + ": 'sync.source' is oci://HOST[:PORT]/REPO[:TAG] or a folder's absolute path, got '" +
+            s.source + "'");
+      }
+    } else if (auto ref = sync::ParseOciRef(s.source, s.insecure); !ref.ok()) {
       return InvalidArgument(at + ": " + ref.status().message());
     } else if (!s.name.empty() && ref->tag.empty()) {
       return InvalidArgument(at + ": 'sync.name' needs a source with one tag, not every tag of " + s.source);

@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
@@ -176,6 +176,76 @@ StatusOr<SyncResult> Push(storage::ModelStore& store, const std::string& name, s
   }
   ASSIGN_OR_RETURN(r.manifest, registry.PutManifest(target.tag, kOciManifestMediaType, manifest));
   return r;
+}
+
+StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std::string& dir,
+                                          const std::string& name) {
+  if (!fs::IsDirectory(dir)) return NotFound("'" + dir + "' is not a folder");
+  struct Item {
+    std::string file, name;
+    json settings;
+  };
+  std::vector<Item> items;
+  std::string index_path = dir + "/index.json";
+  if (fs::Exists(index_path)) {
+    ASSIGN_OR_RETURN(std::string text, fs::ReadFile(index_path));
+    json index = json::parse(text, nullptr, false);
+    if (!index.is_object() || !index.contains("models") || !index["models"].is_array())
+      return InvalidArgument(index_path + ": expected {\"models\": [{\"file\": ..., \"name\": ...}]}");
+    for (const auto& m : index["models"]) {
+      if (!m.is_object() || !m.contains("file") || !m["file"].is_string())
+        return InvalidArgument(index_path + ": every entry needs a \"file\"");
+      std::string file = m["file"];
+      // A name inside the folder, never a path out of it.
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        return InvalidArgument(index_path + ": \"" + file + "\" is not a file name in the folder");
+      std::string model = m.contains("name") && m["name"].is_string() ? m["name"].get<std::string>()
+                                                                      : file.substr(0, file.rfind(".pt2"));
+      items.push_back({file, model, m.contains("settings") ? m["settings"] : json()});
+    }
+  } else {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      std::string file = e.path().filename().string();
+      if (!file.ends_with(".pt2") || file.size() <= 4 || !e.is_regular_file(ec)) continue;
+      items.push_back({file, file.substr(0, file.size() - 4), json()});
+    }
+    if (ec) return IOError("reading " + dir + ": " + ec.message());
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.file < b.file; });
+  }
+  if (!name.empty()) {
+    if (items.size() != 1)
+      return InvalidArgument("--name needs a folder of one package; " + dir + " has " +
+                             std::to_string(items.size()));
+    items[0].name = name;
+  }
+  std::vector<SyncResult> out;
+  for (const auto& item : items) {
+    SyncResult r;
+    r.ref = dir + "/" + item.file;
+    r.model = item.name;
+    RETURN_IF_ERROR(storage::ValidateModelName(item.name).WithContext(r.ref));
+    ASSIGN_OR_RETURN(storage::VersionSettings settings, ReadSettings(item.settings, &r.notes));
+    ASSIGN_OR_RETURN(std::string sha, fs::Sha256File(r.ref));
+    r.manifest = "sha256:" + sha;
+    auto model = store.GetModel(item.name);
+    if (model.ok() && !model->versions.empty() && model->versions.back().artifact == sha) {
+      r.version = model->versions.back().version;
+      out.push_back(std::move(r));
+      continue;
+    }
+    storage::AddRequest req;
+    req.file = r.ref;
+    req.name = item.name;
+    req.settings = settings;
+    auto added = store.Add(req);
+    if (!added.ok()) return added.status().WithContext(r.ref);
+    r.version = added->version;
+    r.added = true;
+    (void)store.AppendEvent(item.name, r.version, "synced", "from " + r.ref);
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const PullOptions& options) {

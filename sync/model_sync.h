@@ -64,6 +64,14 @@ struct PullOptions {
 // added as the model's next version, with the pushed settings.
 StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const PullOptions& options);
 
+// Syncs a folder of .pt2 files into the store: every `*.pt2` in `dir`,
+// named by its file name without `.pt2`, or as `dir/index.json` says:
+// {"models": [{"file": "mlp.pt2", "name": "mlp", "settings": {"max_batch_size": "4"}}]}
+// (plain file names only). Each is added as its model's next version unless
+// the newest already is that file. `name` (one file only) overrides.
+StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std::string& dir,
+                                          const std::string& name);
+
 // The manifest and config a push writes, for docs and tests.
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata);
 std::string MakeManifest(const std::string& config, const storage::ModelVersion& v, const std::string& file_name);

@@ -43,6 +43,22 @@ std::string Trim(storage::ModelStore& store, const std::string& name, int keep) 
 
 SyncOnce StoreSync(const std::string& store_dir) {
   return [store_dir](const SyncSource& s) -> StatusOr<std::string> {
+    if (!s.source.starts_with("oci://")) {  // a folder of .pt2 files
+      ASSIGN_OR_RETURN(auto store, storage::ModelStore::Open(store_dir, /*create=*/false));
+      auto results = PullDir(*store, s.source, s.name);
+      if (!results.ok()) {
+        (void)store->AppendEvent(s.name, 0, "sync_failed", s.source + ": " + results.status().message());
+        return results.status();
+      }
+      std::string said;
+      for (const auto& r : *results) {
+        std::string line = (r.added ? "added " : "up to date: ") + r.model + ":" + std::to_string(r.version) +
+                           (r.added ? Trim(*store, r.model, s.keep) : "");
+        if (r.added) LOG_INFO << "sync: " << line << " from " << r.ref;
+        said += (said.empty() ? "" : "; ") + line;
+      }
+      return said.empty() ? s.source + " has no .pt2 files" : said;
+    }
     ASSIGN_OR_RETURN(OciRef ref, ParseOciRef(s.source, s.insecure));
     ASSIGN_OR_RETURN(Credentials creds, ReadCredentials(s.credentials, ref));
     ASSIGN_OR_RETURN(auto store, storage::ModelStore::Open(store_dir, /*create=*/false));

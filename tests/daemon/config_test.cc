@@ -255,7 +255,10 @@ insecure = true
   };
   EXPECT_NE(error("[[sync]]\ninterval_s = 5\n").find("x.toml:1:1: a [[sync]] needs a source"),
             std::string::npos);
-  EXPECT_NE(error("[[sync]]\nsource = \"http://x/m\"\n").find("is not an OCI reference"), std::string::npos);
+  EXPECT_NE(error("[[sync]]\nsource = \"oci://x/Upper\"\n").find("is not an OCI reference"),
+            std::string::npos);
+  EXPECT_NE(error("[[sync]]\nsource = \"models\"\n").find("or a folder's absolute path, got 'models'"),
+            std::string::npos);
   EXPECT_NE(
       error("[[sync]]\nsource = \"oci://h/m:1\"\nevery = 5\n").find("x.toml:3:1: unknown key 'sync.every'"),
       std::string::npos);

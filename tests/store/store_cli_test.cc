@@ -230,6 +230,41 @@ TEST_F(StoreCli, SettingThreadsRemovesTheRecordedTiming) {
   EXPECT_NE(out.find("nothing changed"), std::string::npos) << out;
 }
 
+// `aotid sync DIR`: every .pt2 of a folder, named by its file, or as the
+// folder's index.json says (with settings); again, nothing changes; a
+// file that changed is the model's next version; an index naming a path
+// out of the folder is refused with the store unchanged.
+TEST_F(StoreCli, SyncFromAFolderAddsWhatChanged) {
+  aotid::testing::TempDir folder;
+  std::string dir = folder.path();
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/mlp.pt2", *fs::ReadFile(TestData("mlp.pt2"))));
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/embed.pt2", *fs::ReadFile(TestData("embed.pt2"))));
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/notes.txt", "not a package"));
+  std::string out;
+  ASSERT_EQ(Run({"sync", dir}, &out), 0) << out;
+  EXPECT_NE(out.find("synced " + dir + "/embed.pt2 as embed:1"), std::string::npos) << out;
+  EXPECT_NE(out.find("synced " + dir + "/mlp.pt2 as mlp:1"), std::string::npos) << out;
+  ASSERT_EQ(Run({"sync", dir}, &out), 0) << out;
+  EXPECT_NE(out.find("mlp.pt2 is up to date: mlp:1"), std::string::npos) << out;
+
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/mlp.pt2", *fs::ReadFile(TestData("mlp2.pt2"))));
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/index.json", R"({"models": [
+      {"file": "mlp.pt2", "name": "mlp", "settings": {"max_batch_size": "4"}}]})"));
+  ASSERT_EQ(Run({"sync", dir}, &out), 0) << out;
+  EXPECT_NE(out.find("as mlp:2"), std::string::npos) << out;
+  ASSERT_EQ(Run({"show", "mlp:2", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out)["versions"][0]["settings"]["max_batch_size"], 4);
+
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  std::string before = out;
+  ASSERT_OK(
+      fs::WriteFileAtomic(dir + "/index.json", R"({"models": [{"file": "../../etc/passwd", "name": "x"}]})"));
+  EXPECT_NE(Run({"sync", dir}, &out), 0);
+  EXPECT_NE(out.find("is not a file name in the folder"), std::string::npos) << out;
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  EXPECT_EQ(out, before);
+}
+
 // The same file added again is a version of its own, and add says so: it
 // is often a slip.
 TEST_F(StoreCli, AddingTheSameFileAgainSaysSo) {

@@ -14,7 +14,8 @@
    is left as it was.
 3. The real registry behind htpasswd basic auth: no credentials and wrong
    ones are refused, saying so; right ones push and sync.
-4. A daemon following a tag with [[sync]]: a version pushed after it
+4. Interop both ways with the oras Python SDK.
+5. A daemon following a tag with [[sync]]: a version pushed after it
    started is served without a restart; moving the tag switches it over
    with no failed request in between; `aotid sync status` tells.
 
@@ -222,6 +223,44 @@ def daemon_follows_tag(work):
         finally:
             daemon.terminate()
             daemon.wait(timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def oras_interop(work):
+    """Both ways with the oras Python SDK: an artifact oras pushes in the
+    documented form (config and package media types) is synced with its
+    settings; one aotid pushes is pulled by oras as the original bytes."""
+    import oras.provider
+
+    proc, port = real_registry(work)
+    try:
+        mlp = os.path.join(TESTDATA, "mlp.pt2")
+        sha = hashlib.sha256(open(mlp, "rb").read()).hexdigest()
+        config = os.path.join(work, "oras-config.json")
+        with open(config, "w") as f:
+            json.dump({"name": "via-oras", "settings": {"max_batch_size": "2"}}, f)
+        registry = oras.provider.Registry(hostname=f"127.0.0.1:{port}", insecure=True)
+        res = registry.push(target=f"127.0.0.1:{port}/byoras/mlp:v1",
+                            files=[f"{mlp}:application/vnd.aotid.package.v1.pt2"],
+                            manifest_config=f"{config}:application/vnd.aotid.model.config.v1+json",
+                            disable_path_validation=True, quiet=True)
+        assert res.status_code == 201, res.text
+        store = os.path.join(work, "oras-device")
+        out = run(store, "sync", f"oci://127.0.0.1:{port}/byoras/mlp:v1").stdout
+        assert "as via-oras:1" in out, out
+        shown = json.loads(run(store, "show", "via-oras", "--json").stdout)["versions"][0]
+        assert shown["artifact"] == sha and shown["settings"]["max_batch_size"] == 2, shown
+
+        publisher = os.path.join(work, "oras-publisher")
+        run(publisher, "add", mlp, "--name", "mlp")
+        run(publisher, "push", "mlp", f"oci://127.0.0.1:{port}/fromaotid/mlp:v1")
+        outdir = os.path.join(work, "oras-out")
+        files = registry.pull(target=f"127.0.0.1:{port}/fromaotid/mlp:v1", outdir=outdir)
+        assert [os.path.basename(f) for f in files] == ["mlp-1.pt2"], files
+        assert hashlib.sha256(open(files[0], "rb").read()).hexdigest() == sha
+        print("oras: its push synced with its settings; aotid's push pulled as the original .pt2 bytes")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -437,6 +476,7 @@ def main():
         resume_and_refuse(work)
         basic_auth(work)
         push_sync_serve(work)
+        oras_interop(work)
         daemon_follows_tag(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
