@@ -7,7 +7,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <memory>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -734,10 +734,12 @@ sync::Progress ProgressPrinter(const std::string& what) {
     if (!tty && pct / 10 == *last && done != total) return;
     if (tty && done != total && pct == *last) return;
     *last = tty ? pct : pct / 10;
-    std::string eta = rate > 0 && total > done ? ", " + std::to_string(static_cast<int64_t>((total - done) / rate)) + " s left" : "";
-    std::fprintf(stderr, "%s%s %s / %s (%d%%), %s/s%s%s", tty ? "\r" : "", what.c_str(), HumanSize(done).c_str(),
-                 HumanSize(total).c_str(), pct, HumanSize(static_cast<int64_t>(rate)).c_str(), eta.c_str(),
-                 tty ? "\x1b[K" : "\n");
+    std::string eta = rate > 0 && total > done
+                          ? ", " + std::to_string(static_cast<int64_t>((total - done) / rate)) + " s left"
+                          : "";
+    std::fprintf(stderr, "%s%s %s / %s (%d%%), %s/s%s%s", tty ? "\r" : "", what.c_str(),
+                 HumanSize(done).c_str(), HumanSize(total).c_str(), pct,
+                 HumanSize(static_cast<int64_t>(rate)).c_str(), eta.c_str(), tty ? "\x1b[K" : "\n");
     if (tty && done == total) std::fprintf(stderr, "\n");
   };
 }
@@ -762,7 +764,8 @@ int CmdPush(const GlobalFlags& g, const std::string& model_ref, const std::strin
   auto r = sync::Push(**store, name, version, *ref, o);
   if (!r.ok()) return Fail("push", r.status());
   std::cout << "pushed " << r->model << ":" << r->version << " to " << r->ref << " (" << r->manifest << "; "
-            << (r->added ? HumanSize(r->bytes) + " uploaded" : "the registry had its package already") << ")\n";
+            << (r->added ? HumanSize(r->bytes) + " uploaded" : "the registry had its package already")
+            << ")\n";
   return 0;
 }
 
@@ -796,7 +799,8 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
   if (!store.ok()) return Fail("sync", store.status());
   std::vector<std::string> tags;
   if (ref->tag.empty()) {
-    if (!as_name.empty()) return FailUsage("sync", InvalidArgument("--name needs one tag to sync, not every tag"));
+    if (!as_name.empty())
+      return FailUsage("sync", InvalidArgument("--name needs one tag to sync, not every tag"));
     sync::Registry registry(*ref, *creds, limits);
     auto listed = registry.ListTags();
     if (!listed.ok()) return Fail("sync", listed.status());
@@ -810,6 +814,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
     sync::OciRef one = *ref;
     one.tag = tag;
     sync::PullOptions o;
+    o.any_version = ref->tag.empty();
     o.creds = *creds;
     o.limits = limits;
     o.name = as_name;
@@ -825,7 +830,8 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
     if (r->added) {
       std::cout << "synced " << r->ref << " as " << r->model << ":" << r->version << " ("
                 << HumanSize(r->bytes) << " downloaded"
-                << (r->resumed_from > 0 ? ", continuing from " + HumanSize(r->resumed_from) : std::string()) << ")\n";
+                << (r->resumed_from > 0 ? ", continuing from " + HumanSize(r->resumed_from) : std::string())
+                << ")\n";
     } else {
       std::cout << r->ref << " is up to date: " << r->model << ":" << r->version << "\n";
     }
@@ -1351,8 +1357,8 @@ int RunCli(int argc, char** argv) {
       if (!path.empty()) GiveStoreToItsOwner(path);
     }
   } store_owner;
-  if (::geteuid() == 0 &&
-      (add->parsed() || set->parsed() || rm->parsed() || gc->parsed() || cache->parsed() || sync_cmd->parsed())) {
+  if (::geteuid() == 0 && (add->parsed() || set->parsed() || rm->parsed() || gc->parsed() ||
+                           cache->parsed() || sync_cmd->parsed())) {
     if (auto cfg = Resolve(g); cfg.ok()) store_owner.path = cfg->store_path;
   }
   if (add->parsed()) {

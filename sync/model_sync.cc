@@ -25,9 +25,11 @@ json SettingsObject(const storage::VersionSettings& s) {
 
 // The pushed settings over the defaults. Keys this aotid does not know (a
 // newer one pushed them) are left out, and said.
-StatusOr<storage::VersionSettings> ReadSettings(const json& j, std::vector<std::string>* notes) {
+StatusOr<storage::VersionSettings> ReadSettings(const json& j, std::vector<std::string>* notes,
+                                                bool trusted) {
   storage::VersionSettings s;
-  if (!j.is_object()) return s;
+  if (j.is_null()) return s;
+  if (!j.is_object()) return InvalidArgument("'settings' is not an object");
   for (const auto& [key, value] : j.items()) {
     if (!value.is_string()) return InvalidArgument("setting '" + key + "' in the config is not a string");
     const storage::SettingField* field = nullptr;
@@ -40,9 +42,19 @@ StatusOr<storage::VersionSettings> ReadSettings(const json& j, std::vector<std::
     }
     if (field->type == storage::SettingType::kOptions) {
       std::string text = value.get<std::string>();
-      s.*(field->text) = text == "{}" ? "" : text;
+      if (text == "{}" || text.empty()) continue;
+      // Inductor options reach the compiler's command line: from a
+      // registry they would be a way to run anything on this machine.
+      if (!trusted) {
+        notes->push_back(
+            "its inductor options are not applied: options from a registry reach the compiler's "
+            "command line (set them here with 'aotid set NAME inductor.KEY=VALUE')");
+        continue;
+      }
+      s.*(field->text) = text;
     } else {
-      RETURN_IF_ERROR(storage::ApplySetting(&s, key, value.get<std::string>()));
+      RETURN_IF_ERROR(
+          storage::ApplySetting(&s, key, value.get<std::string>()).WithContext("setting '" + key + "'"));
     }
   }
   RETURN_IF_ERROR(storage::ValidateSettings(s));
@@ -69,7 +81,8 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
   if (m.value("schemaVersion", 0) != 2) return InvalidArgument("the manifest's schemaVersion is not 2");
   std::string media = str(m, "mediaType");
   if (!media.empty() && media != kOciManifestMediaType) {
-    return InvalidArgument("the manifest is a '" + media + "', not an OCI image manifest (an image index or a " +
+    return InvalidArgument("the manifest is a '" + media +
+                           "', not an OCI image manifest (an image index or a " +
                            "Docker image is not an aotid model)");
   }
   const json& config = m.contains("config") ? m["config"] : json();
@@ -78,13 +91,15 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
   // The artifact type says what it is; tools that cannot set one (older
   // oras) say it with the config's media type.
   if (artifact_type != kArtifactType && !(artifact_type.empty() && config_type == kConfigMediaType)) {
-    return InvalidArgument("the manifest's artifact type is '" + (artifact_type.empty() ? config_type : artifact_type) +
+    return InvalidArgument("the manifest's artifact type is '" +
+                           (artifact_type.empty() ? config_type : artifact_type) +
                            "', not an aotid model ('" + kArtifactType + "')");
   }
   Parsed p;
   p.config_digest = str(config, "digest");
   if (!IsValidDigest(p.config_digest))
-    return InvalidArgument("the manifest's config digest '" + p.config_digest + "' is not sha256:<64 hex digits>");
+    return InvalidArgument("the manifest's config digest '" + p.config_digest +
+                           "' is not sha256:<64 hex digits>");
   if (!config.contains("size") || !config["size"].is_number_integer())
     return InvalidArgument("the manifest's config has no size");
   p.config_size = config["size"].get<int64_t>();
@@ -105,8 +120,8 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
     ++packages;
   }
   if (packages != 1) {
-    return InvalidArgument("the manifest has " + std::to_string(packages) + " layers of type '" + kPackageMediaType +
-                           "'; an aotid model has one");
+    return InvalidArgument("the manifest has " + std::to_string(packages) + " layers of type '" +
+                           kPackageMediaType + "'; an aotid model has one");
   }
   if (p.layer.size > limits.max_layer_bytes) {
     return ResourceExhausted("the package is " + std::to_string(p.layer.size) + " bytes, over the limit of " +
@@ -128,15 +143,21 @@ std::string MakeConfig(const storage::ModelVersion& v, const std::string& author
   return c.dump();
 }
 
-std::string MakeManifest(const std::string& config, const storage::ModelVersion& v, const std::string& file_name) {
-  json m = {{"schemaVersion", 2},
-            {"mediaType", kOciManifestMediaType},
-            {"artifactType", kArtifactType},
-            {"config", {{"mediaType", kConfigMediaType}, {"digest", "sha256:" + fs::Sha256Hex(config)},
-                        {"size", config.size()}}},
-            {"layers", json::array({{{"mediaType", kPackageMediaType}, {"digest", "sha256:" + v.artifact},
-                                     {"size", v.size}, {"annotations", {{kTitle, file_name}}}}})},
-            {"annotations", {{"dev.aotid.model", v.model}, {"dev.aotid.version", std::to_string(v.version)}}}};
+std::string MakeManifest(const std::string& config, const storage::ModelVersion& v,
+                         const std::string& file_name) {
+  json m = {
+      {"schemaVersion", 2},
+      {"mediaType", kOciManifestMediaType},
+      {"artifactType", kArtifactType},
+      {"config",
+       {{"mediaType", kConfigMediaType},
+        {"digest", "sha256:" + fs::Sha256Hex(config)},
+        {"size", config.size()}}},
+      {"layers", json::array({{{"mediaType", kPackageMediaType},
+                               {"digest", "sha256:" + v.artifact},
+                               {"size", v.size},
+                               {"annotations", {{kTitle, file_name}}}}})},
+      {"annotations", {{"dev.aotid.model", v.model}, {"dev.aotid.version", std::to_string(v.version)}}}};
   return m.dump();
 }
 
@@ -149,7 +170,8 @@ StatusOr<SyncResult> Push(storage::ModelStore& store, const std::string& name, s
   }
   if (!v) return NotFound("model '" + name + "' has no version " + (version ? std::to_string(*version) : ""));
   std::string blob = store.BlobPath(v->artifact);
-  if (!fs::Exists(blob)) return NotFound("the blob of " + name + ":" + std::to_string(v->version) + " is missing");
+  if (!fs::Exists(blob))
+    return NotFound("the blob of " + name + ":" + std::to_string(v->version) + " is missing");
   auto author = package::ReadAuthorMetadata(blob);
   std::string config = MakeConfig(*v, author.ok() ? *author : "{}");
   std::string manifest = MakeManifest(config, *v, name + "-" + std::to_string(v->version) + ".pt2");
@@ -225,7 +247,8 @@ StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std:
     r.ref = dir + "/" + item.file;
     r.model = item.name;
     RETURN_IF_ERROR(storage::ValidateModelName(item.name).WithContext(r.ref));
-    ASSIGN_OR_RETURN(storage::VersionSettings settings, ReadSettings(item.settings, &r.notes));
+    auto settings = ReadSettings(item.settings, &r.notes, /*trusted=*/true);
+    if (!settings.ok()) return settings.status().WithContext(index_path);
     ASSIGN_OR_RETURN(std::string sha, fs::Sha256File(r.ref));
     r.manifest = "sha256:" + sha;
     auto model = store.GetModel(item.name);
@@ -237,7 +260,7 @@ StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std:
     storage::AddRequest req;
     req.file = r.ref;
     req.name = item.name;
-    req.settings = settings;
+    req.settings = *settings;
     auto added = store.Add(req);
     if (!added.ok()) return added.status().WithContext(r.ref);
     r.version = added->version;
@@ -250,34 +273,45 @@ StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std:
 
 StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const PullOptions& options) {
   if (ref.tag.empty()) return InvalidArgument(ref.ToString() + " names no tag to sync");
-  Registry registry(ref, options.creds, options.limits);
+  RETURN_IF_ERROR(options.name.empty() ? Status::OK() : storage::ValidateModelName(options.name));
+  Registry registry(ref, options.creds, options.limits, options.cancel);
   SyncResult r;
   r.ref = ref.ToString();
   ASSIGN_OR_RETURN(std::string manifest, registry.GetManifest(ref.tag));
   r.manifest = "sha256:" + fs::Sha256Hex(manifest);
   auto parsed = ParseManifest(manifest, options.limits);
   if (!parsed.ok()) return parsed.status().WithContext(ref.ToString());
-  ASSIGN_OR_RETURN(std::string config_text, registry.GetSmallBlob(parsed->config_digest, options.limits.max_config_bytes));
+  ASSIGN_OR_RETURN(std::string config_text,
+                   registry.GetSmallBlob(parsed->config_digest, options.limits.max_config_bytes));
   json config = json::parse(config_text, nullptr, false);
   if (!config.is_object()) return InvalidArgument(ref.ToString() + ": the config is not a JSON object");
+  // The store's name is this side's to choose: --name, else the
+  // repository's last part. The config's name is only a suggestion a
+  // registry could use to replace another local model.
   std::string name = options.name;
-  if (name.empty() && config.contains("name") && config["name"].is_string()) name = config["name"];
+  if (name.empty()) name = ref.repo.substr(ref.repo.rfind('/') + 1);
   RETURN_IF_ERROR(storage::ValidateModelName(name).WithContext(ref.ToString() + ": the model's name"));
   r.model = name;
-  std::string package_model =
-      config.contains("package_model") && config["package_model"].is_string() ? config["package_model"].get<std::string>()
-                                                                                 : "";
-  ASSIGN_OR_RETURN(storage::VersionSettings settings,
-                   ReadSettings(config.contains("settings") ? config["settings"] : json(), &r.notes));
+  std::string package_model = config.contains("package_model") && config["package_model"].is_string()
+                                  ? config["package_model"].get<std::string>()
+                                  : "";
+  auto settings = ReadSettings(config.contains("settings") ? config["settings"] : json(), &r.notes,
+                               /*trusted=*/false);
+  if (!settings.ok()) return settings.status().WithContext(ref.ToString() + ": the config's settings");
   const std::string sha = parsed->layer.digest.substr(7);  // validated: 64 hex digits
 
-  // Up to date when the model's newest version is this artifact.
+  // Up to date when the model's newest version is this artifact (a
+  // followed tag: a tag moved back to an older package makes it the newest
+  // again), or with `any_version`, when any version is (every tag of a
+  // repository: its tags name several versions at once).
   auto model = store.GetModel(name);
   if (model.ok() && !model->versions.empty()) {
-    const storage::ModelVersion& newest = model->versions.back();
-    if (newest.artifact == sha && (package_model.empty() || newest.package_model == package_model)) {
-      r.version = newest.version;
-      return r;
+    for (auto it = model->versions.rbegin(); it != model->versions.rend(); ++it) {
+      if (it->artifact == sha && (package_model.empty() || it->package_model == package_model)) {
+        r.version = it->version;
+        return r;
+      }
+      if (!options.any_version) break;
     }
   } else if (!model.ok() && model.status().code() != StatusCode::kNotFound) {
     return model.status();
@@ -293,22 +327,28 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
     std::error_code ec;
     r.resumed_from = fs::Exists(partial) ? static_cast<int64_t>(std::filesystem::file_size(partial, ec)) : 0;
     if (ec || r.resumed_from >= parsed->layer.size) r.resumed_from = 0;
-    ASSIGN_OR_RETURN(r.bytes, registry.FetchBlob(parsed->layer.digest, parsed->layer.size, partial, options.progress));
+    ASSIGN_OR_RETURN(r.bytes,
+                     registry.FetchBlob(parsed->layer.digest, parsed->layer.size, partial, options.progress));
     file = partial;
   }
   storage::AddRequest req;
   req.file = file;
   req.name = name;
   req.package_model = package_model;
-  req.settings = settings;
+  req.settings = *settings;
   auto added = store.Add(req);
+  // A verified download stays for the next sync when the store refuses it
+  // for a reason that may pass (locked, full); one that is no package goes.
+  if (!added.ok() && !partial.empty() && added.status().code() == StatusCode::kInvalidArgument) {
+    ::unlink(partial.c_str());
+  }
   if (!added.ok()) return added.status().WithContext(ref.ToString());
   if (!partial.empty()) ::unlink(partial.c_str());
   r.version = added->version;
   r.added = true;
   (void)store.AppendEvent(name, r.version, "synced",
-                          "from " + r.ref + " (" + r.manifest.substr(0, 19) + "), " + std::to_string(r.bytes) +
-                              " bytes downloaded");
+                          "from " + r.ref + " (" + r.manifest.substr(0, 19) + "), " +
+                              std::to_string(r.bytes) + " bytes downloaded");
   return r;
 }
 

@@ -31,13 +31,13 @@ inline constexpr char kOciManifestMediaType[] = "application/vnd.oci.image.manif
 
 // What one sync did, or a push.
 struct SyncResult {
-  std::string ref;            // "oci://host/repo:tag"
-  std::string manifest;       // its digest
-  std::string model;          // "mlp"
-  int64_t version = 0;        // the store's version now serving it (pull), or pushed (push)
-  bool added = false;         // false: the store had it already (pull); the registry had it (push)
-  int64_t bytes = 0;          // transferred
-  int64_t resumed_from = 0;   // bytes a partial download already had
+  std::string ref;                 // "oci://host/repo:tag"
+  std::string manifest;            // its digest
+  std::string model;               // "mlp"
+  int64_t version = 0;             // the store's version now serving it (pull), or pushed (push)
+  bool added = false;              // false: the store had it already (pull); the registry had it (push)
+  int64_t bytes = 0;               // transferred
+  int64_t resumed_from = 0;        // bytes a partial download already had
   std::vector<std::string> notes;  // settings ignored, and the like
 };
 
@@ -56,12 +56,18 @@ struct PullOptions {
   Credentials creds;
   RegistryLimits limits;
   Progress progress;
-  std::string name;  // the store's name for it; empty: the name in its config
+  std::string name;  // the store's name for it; empty: the repository's last part ("models/mlp": mlp)
+  // Up to date when any version of the model is this package, not only
+  // the newest (syncing every tag of a repository).
+  bool any_version = false;
+  const std::atomic<bool>* cancel = nullptr;  // stops a download once set
 };
 
-// Syncs one tag (the ref's) into the store: when the model's newest
+// Syncs one tag (the ref's) into the store, as the model named by
+// `options.name` or the repository's last part: when the model's newest
 // version there is already this artifact, nothing changes; otherwise it is
-// added as the model's next version, with the pushed settings.
+// added as the model's next version, with the pushed settings (but never
+// the pushed inductor options, which reach the compiler's command line).
 StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const PullOptions& options);
 
 // Syncs a folder of .pt2 files into the store: every `*.pt2` in `dir`,
@@ -74,6 +80,7 @@ StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std:
 
 // The manifest and config a push writes, for docs and tests.
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata);
-std::string MakeManifest(const std::string& config, const storage::ModelVersion& v, const std::string& file_name);
+std::string MakeManifest(const std::string& config, const storage::ModelVersion& v,
+                         const std::string& file_name);
 
 }  // namespace aotid::sync

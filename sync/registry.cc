@@ -1,16 +1,19 @@
 #include "sync/registry.h"
 
 #include <fcntl.h>
+#include <httplib.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <map>
-#include <vector>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "base/fs.h"
 
@@ -31,7 +34,8 @@ bool ValidRepo(std::string_view repo) {
   size_t start = 0;
   while (start <= repo.size()) {
     size_t end = repo.find('/', start);
-    std::string_view part = repo.substr(start, end == std::string_view::npos ? repo.size() - start : end - start);
+    std::string_view part =
+        repo.substr(start, end == std::string_view::npos ? repo.size() - start : end - start);
     if (part.empty() || !std::isalnum(static_cast<unsigned char>(part.front())) ||
         !std::isalnum(static_cast<unsigned char>(part.back()))) {
       return false;
@@ -103,7 +107,8 @@ std::map<std::string, std::string> ChallengeParams(std::string_view s) {
 // "https://auth.example.com:443/token" -> origin and path.
 bool SplitUrl(const std::string& url, std::string* origin, std::string* path) {
   size_t scheme = url.find("://");
-  if (scheme == std::string::npos || (url.compare(0, scheme, "http") != 0 && url.compare(0, scheme, "https") != 0))
+  if (scheme == std::string::npos ||
+      (url.compare(0, scheme, "http") != 0 && url.compare(0, scheme, "https") != 0))
     return false;
   size_t slash = url.find('/', scheme + 3);
   *origin = url.substr(0, slash);
@@ -132,6 +137,21 @@ std::string UrlEncode(std::string_view s) {
   return out;
 }
 
+// "http://host:port" with the scheme's port made explicit: credentials go
+// only where scheme, host and port are all the registry's.
+std::string CanonicalOrigin(const std::string& origin) {
+  size_t scheme = origin.find("://");
+  std::string s = origin.substr(0, scheme), hostport = origin.substr(scheme + 3);
+  bool has_port = hostport.starts_with("[") ? hostport.find("]:") != std::string::npos
+                                            : hostport.find(':') != std::string::npos;
+  return has_port ? origin : origin + (s == "https" ? ":443" : ":80");
+}
+
+bool IsLoopbackOrigin(const std::string& origin) {
+  std::string host = HostOf(origin);
+  return host == "localhost" || host == "[::1]" || host.starts_with("127.");
+}
+
 std::string ErrorText(httplib::Error e) {
   switch (e) {
     case httplib::Error::Connection: return "cannot connect";
@@ -148,6 +168,15 @@ std::string ErrorText(httplib::Error e) {
 
 }  // namespace
 
+// Text from a registry, made safe to print and log: control characters
+// (a forged log line, terminal escapes) become '?', and it is cut short.
+std::string Printable(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 300)) out += c < 0x20 || c == 0x7f ? '?' : static_cast<char>(c);
+  if (s.size() > 300) out += "...";
+  return out;
+}
+
 struct Registry::Answer {
   int status = 0;
   httplib::Headers headers;
@@ -163,7 +192,8 @@ std::string OciRef::Origin() const {
 }
 
 std::string OciRef::ToString() const {
-  return "oci://" + host + (port ? ":" + std::to_string(port) : "") + "/" + repo + (tag.empty() ? "" : ":" + tag);
+  return "oci://" + host + (port ? ":" + std::to_string(port) : "") + "/" + repo +
+         (tag.empty() ? "" : ":" + tag);
 }
 
 bool IsValidDigest(std::string_view digest) {
@@ -172,8 +202,8 @@ bool IsValidDigest(std::string_view digest) {
 
 StatusOr<OciRef> ParseOciRef(std::string_view text, bool insecure) {
   auto bad = [&](const std::string& why) {
-    return InvalidArgument("'" + std::string(text) + "' is not an OCI reference (oci://HOST[:PORT]/REPO[:TAG]): " +
-                           why);
+    return InvalidArgument("'" + std::string(text) +
+                           "' is not an OCI reference (oci://HOST[:PORT]/REPO[:TAG]): " + why);
   };
   if (!text.starts_with("oci://")) return bad("it does not start with oci://");
   std::string_view rest = text.substr(6);
@@ -181,6 +211,10 @@ StatusOr<OciRef> ParseOciRef(std::string_view text, bool insecure) {
   if (slash == std::string_view::npos || slash == 0) return bad("no repository after the host");
   std::string_view hostport = rest.substr(0, slash);
   std::string_view path = rest.substr(slash + 1);
+  if (hostport.find('@') != std::string_view::npos) {
+    return InvalidArgument("a reference with credentials in it is not taken (they would show in logs and " +
+                           std::string("`ps`); give them with --credentials FILE"));
+  }
   OciRef ref;
   if (hostport.starts_with("[")) {
     size_t close = hostport.find(']');
@@ -204,11 +238,13 @@ StatusOr<OciRef> ParseOciRef(std::string_view text, bool insecure) {
   if (colon != std::string_view::npos && path.find('/', colon) == std::string_view::npos) {
     ref.tag = std::string(path.substr(colon + 1));
     path = path.substr(0, colon);
-    if (!ValidTag(ref.tag)) return bad("bad tag '" + ref.tag + "' (letters, digits, '_', '.', '-'; at most 128)");
+    if (!ValidTag(ref.tag))
+      return bad("bad tag '" + ref.tag + "' (letters, digits, '_', '.', '-'; at most 128)");
   }
   ref.repo = std::string(path);
   if (!ValidRepo(ref.repo)) {
-    return bad("bad repository '" + ref.repo + "' (lowercase letters and digits, joined by '.', '_' or '-', in /-separated parts)");
+    return bad("bad repository '" + ref.repo +
+               "' (lowercase letters and digits, joined by '.', '_' or '-', in /-separated parts)");
   }
   ref.plain_http = insecure || IsLoopback(ref.host);
   return ref;
@@ -221,17 +257,18 @@ Status Registry::Authorize(const std::string& challenge) {
     return Status::OK();  // basic credentials go with every request already
   }
   if (challenge.rfind("Bearer", 0) != 0 && challenge.rfind("bearer", 0) != 0)
-    return FailedPrecondition(ref_.Origin() + " asks for an authentication aotid does not speak: " + challenge);
+    return FailedPrecondition(ref_.Origin() +
+                              " asks for an authentication aotid does not speak: " + Printable(challenge));
   auto params = ChallengeParams(challenge);
   std::string origin, path;
   if (!SplitUrl(params["realm"], &origin, &path)) {
     return FailedPrecondition(ref_.Origin() + " names a token realm that is not an http(s) URL: '" +
-                            params["realm"] + "'");
+                              Printable(params["realm"]) + "'");
   }
-  // Credentials go only to the registry's own host.
-  if (HostOf(origin) != ref_.host) {
-    return FailedPrecondition(ref_.Origin() + " sends aotid for a token to another host (" + origin +
-                            "); it is not given the credentials");
+  // Credentials go only to the registry's own origin (scheme, host, port).
+  if (CanonicalOrigin(origin) != CanonicalOrigin(ref_.Origin())) {
+    return FailedPrecondition(ref_.Origin() + " names a token service elsewhere (" + Printable(origin) +
+                              "); aotid sends the credentials only to the registry itself");
   }
   if (origin.starts_with("http://") && !ref_.plain_http)
     return FailedPrecondition("the token realm " + origin + " is plain HTTP while the registry is not");
@@ -241,12 +278,14 @@ Status Registry::Authorize(const std::string& challenge) {
   cli.set_connection_timeout(limits_.timeout_s);
   cli.set_read_timeout(limits_.timeout_s);
   httplib::Headers headers;
-  if (!creds_.user.empty()) headers.emplace("Authorization", "Basic " + Base64(creds_.user + ":" + creds_.password));
+  if (!creds_.user.empty())
+    headers.emplace("Authorization", "Basic " + Base64(creds_.user + ":" + creds_.password));
   auto res = cli.Get(path + query, headers);
   if (!res) return Unavailable("asking " + origin + " for a token: " + ErrorText(res.error()));
   if (res->status == 401 || res->status == 403)
     return FailedPrecondition(origin + " refused the credentials (HTTP " + std::to_string(res->status) + ")");
-  if (res->status != 200) return Unavailable(origin + " answered HTTP " + std::to_string(res->status) + " for a token");
+  if (res->status != 200)
+    return Unavailable(origin + " answered HTTP " + std::to_string(res->status) + " for a token");
   nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
   std::string token;
   if (j.is_object() && j.contains("token") && j["token"].is_string()) token = j["token"];
@@ -261,13 +300,24 @@ Status Registry::Authorize(const std::string& challenge) {
 StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::string& path_or_url,
                                           std::vector<std::pair<std::string, std::string>> headers,
                                           const std::string& body, int64_t max_body,
-                                          const std::function<bool(const char*, size_t)>& sink) {
+                                          const std::function<bool(int, const char*, size_t)>& sink) {
   std::string origin = ref_.Origin(), path = path_or_url;
   if (path_or_url.find("://") != std::string::npos && !SplitUrl(path_or_url, &origin, &path))
-    return Unavailable("the registry sent aotid to '" + path_or_url + "'");
+    return Unavailable("the registry sent aotid to '" + Printable(path_or_url) + "'");
+  const std::string registry_origin = CanonicalOrigin(ref_.Origin());
   bool authorized_once = false;
   for (int hop = 0; hop <= kMaxRedirects; ++hop) {
-    const bool same_host = HostOf(origin) == ref_.host;
+    // The registry itself: same scheme, host and port. Anywhere else (a
+    // redirect to storage, another port) gets no credentials.
+    const bool same_host = CanonicalOrigin(origin) == registry_origin;
+    if (origin.starts_with("http://") && !ref_.plain_http && !IsLoopbackOrigin(origin)) {
+      return FailedPrecondition("the registry sends aotid to plain HTTP (" + Printable(origin) +
+                                "); it goes there only with --insecure");
+    }
+    if (origin.starts_with("http://") && registry_origin.starts_with("https://")) {
+      return FailedPrecondition("the registry sends aotid from HTTPS to plain HTTP (" + Printable(origin) +
+                                ")");
+    }
     httplib::Client cli(origin);
     cli.set_connection_timeout(limits_.timeout_s);
     cli.set_read_timeout(limits_.timeout_s);
@@ -283,7 +333,8 @@ StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::
       req.headers.emplace("Authorization", "Basic " + Base64(creds_.user + ":" + creds_.password));
     }
     req.body = body;
-    if (!body.empty() && !req.has_header("Content-Type")) req.headers.emplace("Content-Type", "application/octet-stream");
+    if (!body.empty() && !req.has_header("Content-Type"))
+      req.headers.emplace("Content-Type", "application/octet-stream");
     Answer a;
     bool too_big = false;
     bool streaming = false;
@@ -294,7 +345,7 @@ StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::
       return true;
     };
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      if (streaming) return sink(data, n);
+      if (streaming) return sink(a.status, data, n);
       if (static_cast<int64_t>(a.body.size() + n) > max_body) {
         too_big = true;
         return false;
@@ -310,11 +361,12 @@ StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::
       a.headers = res.headers;
     }
     if (too_big) {
-      return ResourceExhausted(method + " " + origin + path + ": the answer is over " + std::to_string(max_body) +
-                               " bytes, the limit");
+      return ResourceExhausted(method + " " + origin + path + ": the answer is over " +
+                               std::to_string(max_body) + " bytes, the limit");
     }
     if (!ok && a.status == 0) return Unavailable(method + " " + origin + path + ": " + ErrorText(err));
-    if (!ok && streaming) return Unavailable(method + " " + origin + path + ": the transfer broke off: " + ErrorText(err));
+    if (!ok && streaming)
+      return Unavailable(method + " " + origin + path + ": the transfer broke off: " + ErrorText(err));
     if (a.status == 401 && same_host && !authorized_once) {
       authorized_once = true;
       RETURN_IF_ERROR(Authorize(a.Header("WWW-Authenticate")));
@@ -333,13 +385,14 @@ StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::
       if (loc.starts_with("/")) {
         path = loc;
       } else if (!SplitUrl(loc, &origin, &path)) {
-        return Unavailable(origin + path + " redirects to '" + loc + "'");
+        return Unavailable(origin + path + " redirects to '" + Printable(loc) + "'");
       }
       continue;
     }
     return a;
   }
-  return Unavailable(method + " " + path_or_url + ": more than " + std::to_string(kMaxRedirects) + " redirects");
+  return Unavailable(method + " " + path_or_url + ": more than " + std::to_string(kMaxRedirects) +
+                     " redirects");
 }
 
 namespace {
@@ -348,8 +401,9 @@ Status HttpError(const std::string& what, int status, const std::string& body) {
   std::string detail;
   nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_object() && j.contains("errors") && j["errors"].is_array() && !j["errors"].empty() &&
-      j["errors"][0].is_object() && j["errors"][0].contains("message") && j["errors"][0]["message"].is_string()) {
-    detail = ": " + j["errors"][0]["message"].get<std::string>();
+      j["errors"][0].is_object() && j["errors"][0].contains("message") &&
+      j["errors"][0]["message"].is_string()) {
+    detail = ": " + Printable(j["errors"][0]["message"].get<std::string>());
   }
   std::string text = what + ": HTTP " + std::to_string(status) + detail;
   if (status == 401 || status == 403) return FailedPrecondition(text);
@@ -396,7 +450,8 @@ Status Registry::PushBlob(const std::string& digest, const std::string& path, in
   std::string origin = ref_.Origin(), target = WithDigest(start.Header("Location"), digest);
   if (target.find("://") != std::string::npos && !SplitUrl(target, &origin, &target))
     return Unavailable("the registry gave an upload location aotid cannot use: " + start.Header("Location"));
-  if (HostOf(origin) != ref_.host) return Unavailable("the registry sends the upload to another host: " + origin);
+  if (HostOf(origin) != ref_.host)
+    return Unavailable("the registry sends the upload to another host: " + origin);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Internal("cannot open " + path);
   httplib::Client cli(origin);
@@ -454,7 +509,8 @@ StatusOr<std::vector<std::string>> Registry::ListTags() {
   if (a.status != 200) return HttpError("the tags of " + ref_.repo, a.status, a.body);
   nlohmann::json j = nlohmann::json::parse(a.body, nullptr, false);
   std::vector<std::string> tags;
-  if (!j.is_object() || !j.contains("tags")) return Corruption("the tag list of " + ref_.repo + " is not JSON");
+  if (!j.is_object() || !j.contains("tags"))
+    return Corruption("the tag list of " + ref_.repo + " is not JSON");
   if (j["tags"].is_null()) return tags;
   if (!j["tags"].is_array()) return Corruption("the tag list of " + ref_.repo + " is malformed");
   for (const auto& t : j["tags"]) {
@@ -467,30 +523,64 @@ StatusOr<std::string> Registry::GetSmallBlob(const std::string& digest, int64_t 
   if (!IsValidDigest(digest)) return InvalidArgument("not a sha256 digest: '" + digest + "'");
   ASSIGN_OR_RETURN(Answer a, Call("GET", "/v2/" + ref_.repo + "/blobs/" + digest, {}, "", max_bytes));
   if (a.status != 200) return HttpError("blob " + digest, a.status, a.body);
-  if ("sha256:" + fs::Sha256Hex(a.body) != digest) return Corruption("blob " + digest + " does not match its digest");
+  if ("sha256:" + fs::Sha256Hex(a.body) != digest)
+    return Corruption("blob " + digest + " does not match its digest");
   return a.body;
 }
 
 StatusOr<int64_t> Registry::FetchBlob(const std::string& digest, int64_t size, const std::string& partial,
                                       const Progress& progress) {
-  if (!IsValidDigest(digest)) return InvalidArgument("not a sha256 digest: '" + digest + "'");
+  if (!IsValidDigest(digest)) return InvalidArgument("not a sha256 digest: '" + Printable(digest) + "'");
   if (size < 0 || size > limits_.max_layer_bytes) {
     return ResourceExhausted("blob " + digest + " is " + std::to_string(size) + " bytes, over the limit of " +
                              std::to_string(limits_.max_layer_bytes));
   }
-  int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Internal("cannot open " + partial);
+  int fd = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return IOError("cannot open " + partial);
+  // One download of a blob at a time (the daemon's timer and a hand sync).
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return Unavailable("another sync is downloading blob " + digest + " into " + partial +
+                       "; try again after it");
+  }
   off_t have = ::lseek(fd, 0, SEEK_END);
   if (have > size) {  // not this blob's: start again
     (void)::ftruncate(fd, 0);
+    (void)::lseek(fd, 0, SEEK_SET);
     have = 0;
   }
+  // Room for what is left, and a margin the store needs for its copy.
+  struct statvfs vfs {};
+  if (::fstatvfs(fd, &vfs) == 0) {
+    uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    uint64_t need = static_cast<uint64_t>(size - have) + static_cast<uint64_t>(size) + (uint64_t{64} << 20);
+    if (free_bytes < need) {
+      ::close(fd);
+      return ResourceExhausted("blob " + digest + " needs " + std::to_string(need >> 20) +
+                               " MiB free (the download " + "and the store's copy); the disk has " +
+                               std::to_string(free_bytes >> 20) + " MiB");
+    }
+  }
+  const int64_t resumed = have;
   int64_t fetched = 0;
-  bool write_failed = false;
-  bool over = false;
+  bool write_failed = false, over = false, cancelled = false, too_slow = false;
+  auto start = std::chrono::steady_clock::now();
   std::vector<std::pair<std::string, std::string>> headers;
   if (have > 0 && have < size) headers.emplace_back("Range", "bytes=" + std::to_string(have) + "-");
-  auto sink = [&](const char* data, size_t n) {
+  bool first = true;
+  auto sink = [&](int status, const char* data, size_t n) {
+    if (first) {
+      first = false;
+      if (status == 200 && have > 0) {  // the registry ignored the Range: it sends the whole
+        (void)::ftruncate(fd, 0);
+        (void)::lseek(fd, 0, SEEK_SET);
+        have = 0;
+      }
+    }
+    if (cancel_ && cancel_->load()) {
+      cancelled = true;
+      return false;
+    }
     if (have + fetched + static_cast<int64_t>(n) > size) {
       over = true;
       return false;
@@ -500,43 +590,56 @@ StatusOr<int64_t> Registry::FetchBlob(const std::string& digest, int64_t size, c
       return false;
     }
     fetched += static_cast<int64_t>(n);
+    // A registry that trickles (a byte a second passes every read timeout)
+    // is cut off: under 1 KB/s on average once past twice the timeout.
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s > 2.0 * limits_.timeout_s && static_cast<double>(fetched) / s < 1024) {
+      too_slow = true;
+      return false;
+    }
     if (progress) progress(have + fetched, size);
     return true;
   };
-  StatusOr<Answer> a = Status::OK();
-  if (have < size) {
-    a = Call("GET", "/v2/" + ref_.repo + "/blobs/" + digest, headers, "", 1 << 16, sink);
-    if (a.ok() && a->status == 200 && have > 0) {
-      // The registry ignored the Range and sent it whole: keep it whole.
-      (void)::ftruncate(fd, 0);
-      (void)::lseek(fd, 0, SEEK_SET);
-      have = 0;
-      fetched = 0;
-      a = Call("GET", "/v2/" + ref_.repo + "/blobs/" + digest, {}, "", 1 << 16, sink);
-    }
-  }
+  StatusOr<Answer> a = Answer{};
+  if (have < size) a = Call("GET", "/v2/" + ref_.repo + "/blobs/" + digest, headers, "", 1 << 16, sink);
   bool synced = ::fsync(fd) == 0;
-  ::close(fd);
+  auto fail = [&](Status s) {
+    ::close(fd);
+    return s;
+  };
   if (over) {
     ::unlink(partial.c_str());
-    return Corruption("blob " + digest + " is longer than the " + std::to_string(size) + " bytes its manifest says");
+    return fail(Corruption("blob " + digest + " is longer than the " + std::to_string(size) +
+                           " bytes its manifest says"));
   }
-  if (write_failed || !synced) return IOError("writing " + partial + " failed (is the disk full?)");
+  if (write_failed || !synced) return fail(IOError("writing " + partial + " failed (is the disk full?)"));
+  if (cancelled)
+    return fail(Cancelled("the download of " + digest + " was stopped; the next sync continues it"));
+  if (too_slow) {
+    return fail(Unavailable("blob " + digest + ": the registry sends under 1 KB/s; stopped at " +
+                            std::to_string(have + fetched) + " of " + std::to_string(size) +
+                            " bytes, and the next sync continues from there"));
+  }
   if (!a.ok()) {
-    if (have + fetched == 0) return a.status();
-    return Unavailable(a.status().message() + ", at " + std::to_string(have + fetched) + " of " +
-                       std::to_string(size) + " bytes; the next sync continues from there");
+    if (have + fetched == 0) return fail(a.status());
+    return fail(Unavailable(a.status().message() + ", at " + std::to_string(have + fetched) + " of " +
+                            std::to_string(size) + " bytes; the next sync continues from there"));
   }
-  if (have < size && a->status != 200 && a->status != 206) return HttpError("blob " + digest, a->status, a->body);
+  if (have < size && a->status != 0 && a->status != 200 && a->status != 206)
+    return fail(HttpError("blob " + digest, a->status, a->body));
   if (have + fetched != size) {
-    return Unavailable("blob " + digest + ": the transfer ended at " + std::to_string(have + fetched) + " of " +
-                       std::to_string(size) + " bytes; the next sync continues from there");
+    return fail(Unavailable("blob " + digest + ": the transfer ended at " + std::to_string(have + fetched) +
+                            " of " + std::to_string(size) + " bytes; the next sync continues from there"));
   }
-  ASSIGN_OR_RETURN(std::string got, fs::Sha256File(partial));
-  if ("sha256:" + got != digest) {
+  auto got = fs::Sha256File(partial);
+  if (!got.ok()) return fail(got.status());
+  if ("sha256:" + *got != digest) {
     ::unlink(partial.c_str());
-    return Corruption("blob " + digest + " does not match its digest (its bytes hash to sha256:" + got + ")");
+    return fail(Corruption("blob " + digest + " does not match its digest (its bytes hash to sha256:" + *got +
+                           "); the download is removed"));
   }
+  ::close(fd);
+  (void)resumed;
   return fetched;
 }
 

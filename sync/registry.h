@@ -7,6 +7,7 @@
 // limits, and a blob is trusted only once its bytes hash to its digest.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -25,7 +26,7 @@ struct OciRef {
   std::string tag;  // empty: none given
   bool plain_http = false;
 
-  std::string Origin() const;  // "http://127.0.0.1:5000"
+  std::string Origin() const;    // "http://127.0.0.1:5000"
   std::string ToString() const;  // "oci://127.0.0.1:5000/models/mlp:stable"
 };
 
@@ -59,8 +60,9 @@ using Progress = std::function<void(int64_t done, int64_t total)>;
 
 class Registry {
  public:
-  Registry(OciRef ref, Credentials creds, RegistryLimits limits)
-      : ref_(std::move(ref)), creds_(std::move(creds)), limits_(limits) {}
+  // `cancel`, when given, stops a download at its next chunk once set.
+  Registry(OciRef ref, Credentials creds, RegistryLimits limits, const std::atomic<bool>* cancel = nullptr)
+      : ref_(std::move(ref)), creds_(std::move(creds)), limits_(limits), cancel_(cancel) {}
 
   const OciRef& ref() const { return ref_; }
 
@@ -92,12 +94,14 @@ class Registry {
   // token flow on a 401 challenge), following redirects for GETs.
   StatusOr<Answer> Call(const std::string& method, const std::string& path_or_url,
                         std::vector<std::pair<std::string, std::string>> headers, const std::string& body,
-                        int64_t max_body, const std::function<bool(const char*, size_t)>& sink = nullptr);
+                        int64_t max_body,
+                        const std::function<bool(int status, const char*, size_t)>& sink = nullptr);
   Status Authorize(const std::string& challenge);
 
   OciRef ref_;
   Credentials creds_;
   RegistryLimits limits_;
+  const std::atomic<bool>* cancel_;
   std::string bearer_;  // a token from the registry's realm, once one was asked for
 };
 

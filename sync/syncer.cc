@@ -22,15 +22,28 @@ using json = nlohmann::json;
 int64_t NowMs() { return storage::NowMs(); }
 
 // The model's versions beyond the newest `keep` go, but never the one its
-// policy pins. Returns what was removed, for the line.
+// policy pins, nor the newest one with a ready build: until a new version
+// is built, the one before it serves, and removing it would leave nothing
+// (a later sync removes it once the new one is ready). Returns what was
+// removed, for the line.
 std::string Trim(storage::ModelStore& store, const std::string& name, int keep) {
   if (keep <= 0) return "";
   auto model = store.GetModel(name);
   if (!model.ok() || static_cast<int>(model->versions.size()) <= keep) return "";
+  int64_t serving = 0;
+  for (auto it = model->versions.rbegin(); it != model->versions.rend() && serving == 0; ++it) {
+    auto builds = store.ListBuilds(it->artifact);
+    if (!builds.ok()) continue;
+    for (const auto& b : *builds) {
+      if (b.package_model == it->package_model && b.state == storage::BuildState::kReady)
+        serving = it->version;
+    }
+  }
   std::vector<storage::ModelStore::ModelRef> refs;
   std::string removed;
   for (size_t i = 0; i + keep < model->versions.size(); ++i) {
     int64_t v = model->versions[i].version;
+    if (v == serving) continue;
     if (model->policy.kind == storage::VersionPolicy::Kind::kPinned && model->policy.pinned == v) continue;
     refs.emplace_back(name, v);
     removed += (removed.empty() ? "" : ", ") + name + ":" + std::to_string(v);
@@ -42,7 +55,7 @@ std::string Trim(storage::ModelStore& store, const std::string& name, int keep) 
 }  // namespace
 
 SyncOnce StoreSync(const std::string& store_dir) {
-  return [store_dir](const SyncSource& s) -> StatusOr<std::string> {
+  return [store_dir](const SyncSource& s, const std::atomic<bool>& cancel) -> StatusOr<std::string> {
     if (!s.source.starts_with("oci://")) {  // a folder of .pt2 files
       ASSIGN_OR_RETURN(auto store, storage::ModelStore::Open(store_dir, /*create=*/false));
       auto results = PullDir(*store, s.source, s.name);
@@ -53,7 +66,7 @@ SyncOnce StoreSync(const std::string& store_dir) {
       std::string said;
       for (const auto& r : *results) {
         std::string line = (r.added ? "added " : "up to date: ") + r.model + ":" + std::to_string(r.version) +
-                           (r.added ? Trim(*store, r.model, s.keep) : "");
+                           Trim(*store, r.model, s.keep);
         if (r.added) LOG_INFO << "sync: " << line << " from " << r.ref;
         said += (said.empty() ? "" : "; ") + line;
       }
@@ -66,7 +79,7 @@ SyncOnce StoreSync(const std::string& store_dir) {
     limits.timeout_s = s.timeout_s;
     std::vector<std::string> tags;
     if (ref.tag.empty()) {
-      Registry registry(ref, creds, limits);
+      Registry registry(ref, creds, limits, &cancel);
       ASSIGN_OR_RETURN(tags, registry.ListTags());
       if (tags.empty()) return ref.ToString() + " has no tags";
     } else {
@@ -77,19 +90,25 @@ SyncOnce StoreSync(const std::string& store_dir) {
       OciRef one = ref;
       one.tag = tag;
       PullOptions o;
+      o.any_version = ref.tag.empty();
+      o.cancel = &cancel;
       o.creds = creds;
       o.limits = limits;
       o.name = s.name;
       auto r = Pull(*store, one, o);
       if (!r.ok()) {
+        if (r.status().code() == StatusCode::kCancelled) return r.status();
         (void)store->AppendEvent(s.name, 0, "sync_failed", one.ToString() + ": " + r.status().message());
         return r.status();
       }
-      std::string line = r->added ? "added " + r->model + ":" + std::to_string(r->version) + " from " +
-                                        r->ref + " (" + std::to_string(r->bytes) + " bytes)" +
-                                        Trim(*store, r->model, s.keep)
-                                  : "up to date: " + r->model + ":" + std::to_string(r->version);
-      if (r->added) LOG_INFO << "sync: " << line;
+      // Trimmed at every sync: a version kept because it served while
+      // the new one built goes once the new one is ready.
+      std::string line = (r->added ? "added " + r->model + ":" + std::to_string(r->version) + " from " +
+                                         r->ref + " (" + std::to_string(r->bytes) + " bytes)"
+                                   : "up to date: " + r->model + ":" + std::to_string(r->version)) +
+                         Trim(*store, r->model, s.keep);
+      if (line.find("added") != std::string::npos || line.find("removed") != std::string::npos)
+        LOG_INFO << "sync: " << line;
       said += (said.empty() ? "" : "; ") + line;
     }
     return said;
@@ -110,6 +129,7 @@ Syncer::Syncer(std::vector<SyncSource> sources, SyncOnce sync_once, std::string 
 }
 
 Syncer::~Syncer() {
+  cancel_.store(true);  // a download under way stops at its next chunk
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -169,7 +189,7 @@ void Syncer::Run() {
     SyncSource source = sources_[due];
     // The sync runs without the lock: SetSources and Status stay quick.
     lock.Unlock();
-    StatusOr<std::string> result = sync_once_(source);
+    StatusOr<std::string> result = sync_once_(source, cancel_);
     lock.Lock();
     // The sources may have changed meanwhile: the result goes to its own.
     for (size_t i = 0; i < sources_.size(); ++i) {

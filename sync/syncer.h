@@ -12,6 +12,7 @@
 // a version or failed is also an event in the store.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -47,7 +48,9 @@ struct SourceStatus {
 };
 
 // One sync of one source: what happened, in a line, or the error.
-using SyncOnce = std::function<StatusOr<std::string>(const SyncSource&)>;
+// `cancel` is set when the daemon stops: a download under way ends at its
+// next chunk (and the next sync continues it).
+using SyncOnce = std::function<StatusOr<std::string>(const SyncSource&, const std::atomic<bool>& cancel)>;
 
 // The real one: opens the store in `store_dir` and pulls every tag the
 // source names (sync::Pull), then trims the model to `keep` versions.
@@ -78,6 +81,7 @@ class Syncer {
   std::vector<SyncSource> sources_ GUARDED_BY(mu_);
   std::vector<SourceStatus> status_ GUARDED_BY(mu_);
   const SyncOnce sync_once_;
+  std::atomic<bool> cancel_{false};
   std::string status_file_;
   std::thread thread_;
 };

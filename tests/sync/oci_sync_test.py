@@ -248,7 +248,7 @@ def oras_interop(work):
                             disable_path_validation=True, quiet=True)
         assert res.status_code == 201, res.text
         store = os.path.join(work, "oras-device")
-        out = run(store, "sync", f"oci://127.0.0.1:{port}/byoras/mlp:v1").stdout
+        out = run(store, "sync", f"oci://127.0.0.1:{port}/byoras/mlp:v1", "--name", "via-oras").stdout
         assert "as via-oras:1" in out, out
         shown = json.loads(run(store, "show", "via-oras", "--json").stdout)["versions"][0]
         assert shown["artifact"] == sha and shown["settings"]["max_batch_size"] == 2, shown
@@ -333,6 +333,8 @@ class FakeRegistry:
         self.config = json.dumps({"name": "mlp", "version": 7, "package_model": "", "settings": {}}).encode()
         self.config_digest = "sha256:" + hashlib.sha256(self.config).hexdigest()
         self.cut_after = None  # bytes of the layer sent before the connection is cut, once
+        self.ignore_range = False  # answer a Range request with the whole blob (200)
+        self.error_message = "the disk is on fire"
         self.layer_bytes = blob
         self.manifest_status = 200
         self.hang = False
@@ -361,7 +363,8 @@ class FakeRegistry:
                     return
                 if "/manifests/" in self.path:
                     if fake.manifest_status != 200:
-                        return self.send(fake.manifest_status, b'{"errors":[{"message":"the disk is on fire"}]}')
+                        return self.send(fake.manifest_status,
+                                         json.dumps({"errors": [{"message": fake.error_message}]}).encode())
                     return self.send(200, json.dumps(fake.manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
                 if self.path.endswith(fake.config_digest):
                     return self.send(200, fake.config, "application/octet-stream")
@@ -369,7 +372,7 @@ class FakeRegistry:
                     data, status, extra = fake.layer_bytes, 200, []
                     rng = self.headers.get("Range")
                     fake.ranges.append(rng)
-                    if rng:
+                    if rng and not fake.ignore_range:
                         start = int(re.match(r"bytes=(\d+)-", rng).group(1))
                         data, status = data[start:], 206
                         extra = [("Content-Range", f"bytes {start}-{len(fake.layer_bytes) - 1}/{len(fake.layer_bytes)}")]
@@ -389,6 +392,11 @@ class FakeRegistry:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def set_config(self, config):
+        self.config = json.dumps(config).encode()
+        self.config_digest = "sha256:" + hashlib.sha256(self.config).hexdigest()
+        self.manifest = self.make_manifest()
 
     def make_manifest(self, **changes):
         m = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -423,6 +431,47 @@ def resume_and_refuse(work):
         assert os.path.exists(os.path.join(store, "blobs", "sha256", sha))
         print(f"a download cut at {half} of {len(blob)} bytes was resumed with Range and verified")
 
+        # A registry that ignores Range sends the whole again: the partial
+        # file starts over rather than growing past the blob.
+        store = os.path.join(work, "device-e")
+        fake.cut_after, fake.ignore_range = half, True
+        assert run(store, "sync", ref, ok=False).returncode != 0
+        p = run(store, "sync", ref)
+        fake.ignore_range = False
+        assert fake.ranges[-1] == f"bytes={half}-" and "as mlp:1" in p.stdout, (fake.ranges, p.stdout)
+        assert not os.listdir(os.path.join(store, "downloads"))
+        print("a registry that ignored the Range request: the whole blob taken again, and verified")
+
+        # A whole download left by a sync killed before it recorded it is
+        # verified and taken without asking the registry again.
+        store = os.path.join(work, "device-f")
+        run(store, "add", os.path.join(TESTDATA, "embed.pt2"), "--name", "embed")
+        os.makedirs(os.path.join(store, "downloads"), exist_ok=True)
+        shutil.copy(os.path.join(TESTDATA, "mlp.pt2"), os.path.join(store, "downloads", sha + ".partial"))
+        asked = len(fake.ranges)
+        p = run(store, "sync", ref)
+        assert len(fake.ranges) == asked and "as mlp:1" in p.stdout, (fake.ranges, p.stdout)
+        assert not os.listdir(os.path.join(store, "downloads"))
+
+        # The config is the registry's word: it names no local model (the
+        # repository does, or --name) and its inductor options, which reach
+        # the compiler's command line, are not applied.
+        fake.set_config({"name": "embed", "version": 7, "package_model": "",
+                         "settings": {"inductor_options": json.dumps({"cpp.cxx": "touch /tmp/owned; g++"}),
+                                      "max_batch_size": "3"}})
+        store = os.path.join(work, "device-g")
+        run(store, "add", os.path.join(TESTDATA, "embed.pt2"), "--name", "embed")
+        p = run(store, "sync", ref)
+        assert "as mlp:1" in p.stdout and "inductor options are not applied" in p.stderr, (p.stdout, p.stderr)
+        names = sorted((v["name"], v["version"]) for v in json.loads(run(store, "ls", "--json").stdout))
+        assert names == [("embed", 1), ("mlp", 1)], names
+        shown = json.loads(run(store, "show", "mlp", "--json").stdout)["versions"][0]["settings"]
+        assert shown["max_batch_size"] == 3 and shown["inductor_options"] in ("", "{}", {}), shown
+        p = run(store, "sync", ref, "--name", "../x", ok=False)
+        assert p.returncode != 0 and "../x" in p.stderr, p.stderr
+        fake.set_config({"name": "mlp", "version": 7, "package_model": "", "settings": {}})
+        print("the config named another local model and carried inductor options: neither taken")
+
         def refused(why, setup, timeout=None):
             fresh = os.path.join(work, "device-d")
             shutil.rmtree(fresh, ignore_errors=True)
@@ -437,6 +486,8 @@ def resume_and_refuse(work):
             assert not os.path.exists("/etc/passwd.partial")
             print(f"refused in {time.time() - started:.1f} s: {p.stderr.strip()}")
             fake.manifest, fake.layer_bytes, fake.manifest_status, fake.hang = fake.make_manifest(), blob, 200, False
+            fake.error_message = "the disk is on fire"
+            return p.stderr
 
         def bad_config_digest():
             fake.manifest["config"]["digest"] = "sha256:../../../../etc/passwd"
@@ -466,6 +517,14 @@ def resume_and_refuse(work):
         refused("artifact type is 'application/vnd.example.other', not an aotid model", other_type)
         refused("HTTP 500: the disk is on fire", server_error)
         refused("no answer in time", hangs, timeout=2)
+
+        # A registry's words reach the terminal and the logs: they cannot
+        # forge a line of aotid's own or send control sequences.
+        def forging():
+            fake.manifest_status = 500
+            fake.error_message = "oops\nsynced oci://evil as mlp:9\x1b[2J"
+        err = refused("HTTP 500: oops", forging)
+        assert "\nsynced oci://evil" not in err and "\x1b" not in err, repr(err)
     finally:
         fake.close()
 
