@@ -898,6 +898,7 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   for (const auto& a : r->artifacts) std::cout << verb << " artifact sha256:" << a << "\n";
   for (const auto& a : r->orphan_blobs) std::cout << verb << " orphan blob sha256:" << a << "\n";
   for (const auto& t : r->tmp_files) std::cout << verb << " abandoned copy blobs/tmp/" << t << "\n";
+  for (const auto& t : r->stale_downloads) std::cout << verb << " stale download downloads/" << t << "\n";
   // Cached builds no stored version uses, by the same rule as `cache prune`.
   auto users = CacheUsers(**store);
   if (!users.ok()) return Fail("gc", users.status());
@@ -916,8 +917,8 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   }
   if (r->events_trimmed) std::cout << verb << " " << r->events_trimmed << " old events\n";
   std::cout << verb << " " << r->artifacts.size() + r->orphan_blobs.size() << " blobs, " << cache_entries
-            << " cache entries, " << r->tmp_files.size() << " partial copies; " << HumanSize(freed)
-            << (dry_run ? " would be freed\n" : " freed\n");
+            << " cache entries, " << r->tmp_files.size() + r->stale_downloads.size() << " partial copies; "
+            << HumanSize(freed) << (dry_run ? " would be freed\n" : " freed\n");
   for (const auto& m : r->missing_blobs) {
     std::cerr << "aotid gc: warning: blob sha256:" << m << " is referenced but missing; remove the versions "
               << "that use it and add the file again\n";

@@ -110,13 +110,15 @@ const std::map<std::string, std::map<std::string, Key>>& Schema() {
       {"runner",
        {{"timeout_s", Int([](Config& c, int64_t v) { c.run_timeout_s = static_cast<int>(v); }, 1, 24 * 3600)},
         {"memory_limit_mb", Int([](Config& c, int64_t v) { c.memory_limit_mb = v; }, 0, int64_t{1} << 20)},
-        {"max_crashes", Int([](Config& c, int64_t v) { c.runner_max_crashes = static_cast<int>(v); }, 0, 1000)},
+        {"max_crashes",
+         Int([](Config& c, int64_t v) { c.runner_max_crashes = static_cast<int>(v); }, 0, 1000)},
         {"crash_window_s",
          Int([](Config& c, int64_t v) { c.runner_crash_window_s = static_cast<int>(v); }, 1, 24 * 3600)}}},
       {"log",
        {{"level", Text(&Config::log_level)},
         {"file", Text(&Config::log_file)},
-        {"max_size_mb", Int([](Config& c, int64_t v) { c.log_max_size_mb = static_cast<int>(v); }, 1, 1 << 20)},
+        {"max_size_mb",
+         Int([](Config& c, int64_t v) { c.log_max_size_mb = static_cast<int>(v); }, 1, 1 << 20)},
         {"keep", Int([](Config& c, int64_t v) { c.log_keep = static_cast<int>(v); }, 0, 100)}}},
   };
   return *schema;
@@ -133,7 +135,9 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
   for (const auto& item : *arr) {
     const toml::table& t = *item.as_table();
     sync::SyncSource s;
-    for (auto&& [k, v] : t) {
+    for (auto&& entry : t) {
+      const toml::key& k = entry.first;
+      const toml::node& v = entry.second;  // named: the lint's clang cannot capture a structured binding
       std::string key(k.str());
       std::string at = Where(file_name, k.source());
       auto integer = [&](int min, int max, int* field) -> Status {
@@ -286,7 +290,8 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
         bool ok = arr != nullptr;
         for (size_t i = 0; ok && i < arr->size(); ++i) ok = (*arr)[i].is_string();
         if (!ok) {
-          return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be a list of strings");
+          return InvalidArgument(Where(file_name, node.source()) + ": '" + full +
+                                 "' must be a list of strings");
         }
       }
       if (spec.type == Key::kInt) {
@@ -296,8 +301,8 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
         int64_t v = *node.value<int64_t>();
         if (v < spec.min || v > spec.max) {
           return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be between " +
-                                 std::to_string(spec.min) + " and " + std::to_string(spec.max) +
-                                 ", got " + std::to_string(v));
+                                 std::to_string(spec.min) + " and " + std::to_string(spec.max) + ", got " +
+                                 std::to_string(v));
         }
       }
       if (Status s = spec.set(c, node); !s.ok()) return s.WithContext(file_name);
@@ -310,8 +315,10 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
   }
   for (const auto& o : c.api.cors_origins) {
     if (o != "*" && o.find("://") == std::string::npos) {
-      return InvalidArgument(file_name + ": 'server.cors_origins' entries are origins like "
-                             "\"http://localhost:3000\" (or \"*\"), got '" + o + "'");
+      return InvalidArgument(file_name +
+                             ": 'server.cors_origins' entries are origins like "
+                             "\"http://localhost:3000\" (or \"*\"), got '" +
+                             o + "'");
     }
   }
   c.source = file_name;

@@ -384,6 +384,33 @@ StatusOr<std::string> ReadToken(const std::string& path) {
   return t;
 }
 
+// The [[sync]] sources on /metrics: how each sync went, and when the last
+// one that worked ended (an alert: time() - that > a few intervals).
+void AppendSyncMetrics(const std::vector<sync::SourceStatus>& sources, std::string* out) {
+  if (sources.empty()) return;
+  auto label = [](const sync::SourceStatus& s) {
+    return "source=\"" + serving::MetricLabelValue(s.source) + "\"";
+  };
+  serving::AppendMetricHeader(out, "aotid_sync_runs_total", "counter",
+                              "Syncs of each [[sync]] source since the daemon started, by result.");
+  for (const auto& s : sources) {
+    *out += "aotid_sync_runs_total{" + label(s) + ",result=\"ok\"} " + std::to_string(s.runs_ok) + "\n";
+    *out +=
+        "aotid_sync_runs_total{" + label(s) + ",result=\"failed\"} " + std::to_string(s.runs_failed) + "\n";
+  }
+  serving::AppendMetricHeader(out, "aotid_sync_failures_in_a_row", "gauge",
+                              "Failed syncs of each source since its last good one.");
+  for (const auto& s : sources) {
+    *out += "aotid_sync_failures_in_a_row{" + label(s) + "} " + std::to_string(s.failures) + "\n";
+  }
+  serving::AppendMetricHeader(out, "aotid_sync_last_success_timestamp_seconds", "gauge",
+                              "When each source's last good sync ended (Unix time; 0: none yet).");
+  for (const auto& s : sources) {
+    *out += "aotid_sync_last_success_timestamp_seconds{" + label(s) + "} " +
+            std::to_string(s.last_ok_at_ms / 1000) + "\n";
+  }
+}
+
 }  // namespace
 
 int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config) {
@@ -559,6 +586,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   sync::Syncer syncer(config.sync, sync::StoreSync(config.store_path),
                       config.store_path + "/sync-status.json");
   reload.syncer = &syncer;
+  metrics.SetCollector([&syncer](std::string* out) { AppendSyncMetrics(syncer.Status(), out); });
   if (!config.sync.empty()) {
     LOG_INFO << "following " << config.sync.size() << " registr" << (config.sync.size() == 1 ? "y" : "ies")
              << " ([[sync]])";
@@ -571,6 +599,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
 
   uv_run(&loop, UV_RUN_DEFAULT);
   http_thread.join();
+  metrics.SetCollector(nullptr);  // the syncer goes before the metrics
   uv_loop_close(&loop);
   RecordDaemonEvent(store->get(), "daemon_stopped", "stopped (pid " + std::to_string(::getpid()) + ")");
   LOG_INFO << "stopped";

@@ -19,7 +19,9 @@ std::string Num(double v) {
   return buf;
 }
 
-std::string Escape(const std::string& v) {
+}  // namespace
+
+std::string MetricLabelValue(const std::string& v) {
   std::string out;
   for (char c : v) {
     if (c == '\\' || c == '"') out += '\\';
@@ -32,11 +34,15 @@ std::string Escape(const std::string& v) {
   return out;
 }
 
-void Header(std::string* out, const std::string& name, const std::string& type, const std::string& help) {
+void AppendMetricHeader(std::string* out, const std::string& name, const std::string& type,
+                        const std::string& help) {
   *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
-}  // namespace
+void Metrics::SetCollector(std::function<void(std::string*)> collect) {
+  MutexLock lock(&mu_);
+  collect_ = std::move(collect);
+}
 
 void Histogram::Observe(double v) {
   size_t i = 0;
@@ -108,10 +114,10 @@ std::string Metrics::Render() const {
   std::string out;
   MutexLock lock(&mu_);
   auto labels = [](const std::pair<std::string, int64_t>& key) {
-    return "model=\"" + Escape(key.first) + "\",version=\"" + std::to_string(key.second) + "\"";
+    return "model=\"" + MetricLabelValue(key.first) + "\",version=\"" + std::to_string(key.second) + "\"";
   };
-  Header(&out, "aotid_inference_requests_total", "counter",
-         "Infer requests by model, version and HTTP status.");
+  AppendMetricHeader(&out, "aotid_inference_requests_total", "counter",
+                     "Infer requests by model, version and HTTP status.");
   for (const auto& [key, s] : models_) {
     for (const auto& [status, n] : s.requests_by_status) {
       out += "aotid_inference_requests_total{" + labels(key) + ",code=\"" + std::to_string(status) + "\"} " +
@@ -133,28 +139,32 @@ std::string Metrics::Render() const {
       {"aotid_batch_rows", "Rows per batched model run (batched models only).", &ModelSeries::batch_rows},
   };
   for (const auto& h : kHistograms) {
-    Header(&out, h.name, "histogram", h.help);
+    AppendMetricHeader(&out, h.name, "histogram", h.help);
     for (const auto& [key, s] : models_) (s.*h.histogram).Write(&out, h.name, labels(key));
   }
-  Header(&out, "aotid_runner_crashes_total", "counter",
-         "Runner processes that crashed or were stopped past their deadline, by model and version.");
+  AppendMetricHeader(
+      &out, "aotid_runner_crashes_total", "counter",
+      "Runner processes that crashed or were stopped past their deadline, by model and version.");
   for (const auto& [key, s] : models_) {
     if (s.runner_crashes)
       out += "aotid_runner_crashes_total{" + labels(key) + "} " + std::to_string(s.runner_crashes) + "\n";
   }
-  Header(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
+  AppendMetricHeader(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";
-  Header(&out, "aotid_models_loaded", "gauge", "Model versions loaded and ready.");
+  AppendMetricHeader(&out, "aotid_models_loaded", "gauge", "Model versions loaded and ready.");
   out += "aotid_models_loaded " + std::to_string(models_loaded_.load()) + "\n";
-  Header(&out, "aotid_builds_total", "counter", "Builds that ended, by outcome, since the daemon started.");
+  AppendMetricHeader(&out, "aotid_builds_total", "counter",
+                     "Builds that ended, by outcome, since the daemon started.");
   out += "aotid_builds_total{outcome=\"ready\"} " + std::to_string(builds_ok_) + "\n";
   out += "aotid_builds_total{outcome=\"failed\"} " + std::to_string(builds_failed_) + "\n";
-  Header(&out, "aotid_build_duration_seconds", "histogram", "How long builds took.");
+  AppendMetricHeader(&out, "aotid_build_duration_seconds", "histogram", "How long builds took.");
   build_duration_.Write(&out, "aotid_build_duration_seconds", "");
   if (int64_t rss = ResidentMemoryBytes(); rss >= 0) {
-    Header(&out, "aotid_process_resident_memory_bytes", "gauge", "Resident set size of the daemon.");
+    AppendMetricHeader(&out, "aotid_process_resident_memory_bytes", "gauge",
+                       "Resident set size of the daemon.");
     out += "aotid_process_resident_memory_bytes " + std::to_string(rss) + "\n";
   }
+  if (collect_) collect_(&out);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ class Metrics {
     Metrics* m_;
   };
 
+  // Metric families kept elsewhere (the daemon's syncer): `collect`
+  // appends whole families (AppendMetricHeader, then samples) at each
+  // Render. Set before serving starts, or to nullptr before what it reads goes.
+  void SetCollector(std::function<void(std::string*)> collect) EXCLUDES(mu_);
+
   std::string Render() const EXCLUDES(mu_);
 
  private:
@@ -74,9 +80,16 @@ class Metrics {
   uint64_t builds_ok_ GUARDED_BY(mu_) = 0;
   uint64_t builds_failed_ GUARDED_BY(mu_) = 0;
   Histogram build_duration_ GUARDED_BY(mu_);
+  std::function<void(std::string*)> collect_ GUARDED_BY(mu_);
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int> models_loaded_{0};
 };
+
+// "# HELP" and "# TYPE" lines of a metric family.
+void AppendMetricHeader(std::string* out, const std::string& name, const std::string& type,
+                        const std::string& help);
+// A label value escaped for the text format (\\, \", \n).
+std::string MetricLabelValue(const std::string& v);
 
 // This process's resident set size in bytes, or -1 where unknown.
 int64_t ResidentMemoryBytes();

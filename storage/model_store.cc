@@ -844,6 +844,25 @@ StatusOr<GcReport> ModelStore::CollectGarbage(bool dry_run, int64_t keep_events)
       ::close(fd);
     }
   }
+  const auto week_ago = stdfs::file_time_type::clock::now() - std::chrono::hours(24 * 7);
+  for (auto& e : stdfs::directory_iterator(dir_ + "/downloads", ec)) {
+    std::string name = e.path().filename().string();
+    if (!name.ends_with(".partial") || !fs::IsSha256Hex(name.substr(0, name.size() - 8))) continue;
+    int64_t size = static_cast<int64_t>(e.file_size(ec));
+    if (ec) continue;
+    bool stale = size == 0 || fs::Exists(BlobPath(name.substr(0, 64))) || e.last_write_time(ec) < week_ago;
+    if (!stale || ec) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);  // a sync downloading it holds a lock
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      report.stale_downloads.push_back(name);
+      Status s = remove(e.path().string(), size);
+      ::close(fd);
+      RETURN_IF_ERROR(s);
+    } else {
+      ::close(fd);
+    }
+  }
   for (const auto& sha : keep) {
     if (!fs::Exists(BlobPath(sha))) report.missing_blobs.push_back(sha);
   }

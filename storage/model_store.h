@@ -124,6 +124,10 @@ struct GcReport {
   std::vector<std::string> artifacts;     // unreferenced artifacts: row, blob, build rows
   std::vector<std::string> orphan_blobs;  // blob files with no row (an add killed mid-way)
   std::vector<std::string> tmp_files;     // abandoned partial copies
+  // downloads/<sha256>.partial of a sync that no one is running: empty
+  // ones, ones whose blob the store has, and ones untouched for 7 days (a
+  // newer one may still be resumed).
+  std::vector<std::string> stale_downloads;
   int64_t events_trimmed = 0;
   int64_t bytes_freed = 0;                 // of the blobs and copies above
   std::vector<std::string> missing_blobs;  // referenced but absent: reported, not fixable here

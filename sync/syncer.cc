@@ -202,8 +202,10 @@ void Syncer::Run() {
       if (result.ok()) {
         st.failures = 0;
         st.last_ok_at_ms = st.last_at_ms;
+        ++st.runs_ok;
       } else {
         ++st.failures;
+        ++st.runs_failed;
         wait = BackoffMs(st.failures, source.interval_s);
         LOG_WARNING << "sync of " << source.source << " failed (" << st.failures
                     << " in a row): " << st.message;

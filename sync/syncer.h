@@ -45,6 +45,8 @@ struct SourceStatus {
   int failures = 0;     // in a row
   int64_t next_at_ms = 0;
   int64_t last_ok_at_ms = 0;
+  int64_t runs_ok = 0;  // since the daemon started (for /metrics)
+  int64_t runs_failed = 0;
 };
 
 // One sync of one source: what happened, in a line, or the error.

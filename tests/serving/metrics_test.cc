@@ -62,6 +62,25 @@ TEST(Metrics, LabelValuesAreEscaped) {
   Metrics m;
   m.RecordInfer("a\"b\\c", 1, 200, 0.001, 0.001);
   EXPECT_TRUE(Has(m.Render(), "model=\"a\\\"b\\\\c\"")) << m.Render();
+  EXPECT_EQ(MetricLabelValue("/srv/a\nb"), "/srv/a\\nb");  // a folder's path as a [[sync]] source
+}
+
+TEST(Metrics, CollectorFamiliesAreAppendedUntilCleared) {
+  Metrics m;
+  int asked = 0;
+  m.SetCollector([&asked](std::string* out) {
+    ++asked;
+    AppendMetricHeader(out, "aotid_sync_failures_in_a_row", "gauge", "Failed syncs.");
+    *out += "aotid_sync_failures_in_a_row{source=\"x\"} 2\n";
+  });
+  std::string text = m.Render();
+  EXPECT_TRUE(
+      Has(text, "# TYPE aotid_sync_failures_in_a_row gauge\naotid_sync_failures_in_a_row{source=\"x\"} 2\n"))
+      << text;
+  EXPECT_EQ(asked, 1);
+  m.SetCollector(nullptr);
+  EXPECT_FALSE(Has(m.Render(), "aotid_sync_failures_in_a_row"));
+  EXPECT_EQ(asked, 1);
 }
 
 }  // namespace

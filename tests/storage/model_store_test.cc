@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "base/fs.h"
@@ -321,6 +323,60 @@ TEST(ModelStoreGc, LeavesLockedCopiesAndForeignFilesAlone) {
   EXPECT_TRUE(fs::Exists(d / "blobs/sha256/README"));
   EXPECT_FALSE(fs::Exists(d / ("blobs/sha256/" + orphan)));
   EXPECT_TRUE(fs::Exists((*store)->BlobPath(*fs::Sha256File(TestData("mlp.pt2")))));
+}
+
+// A sync's downloads/<sha>.partial: an old, empty or already stored one is
+// debris; a recent one is kept for the next sync to resume, and one a sync
+// is writing (locked) is never touched.
+TEST(ModelStoreGc, RemovesStaleDownloadsAndKeepsResumableOnes) {
+  namespace stdfs = std::filesystem;
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp")).ok());
+  std::string stored = *fs::Sha256File(TestData("mlp.pt2"));
+  ASSERT_OK(fs::MakeDirs(d / "downloads"));
+  auto partial = [&](char c) { return d / ("downloads/" + std::string(64, c) + ".partial"); };
+  ASSERT_OK(fs::WriteFileAtomic(partial('a'), "recent"));
+  ASSERT_OK(fs::WriteFileAtomic(partial('b'), "a month old"));
+  ASSERT_OK(fs::WriteFileAtomic(partial('c'), ""));
+  ASSERT_OK(fs::WriteFileAtomic(partial('d'), "old, but a sync is writing it"));
+  ASSERT_OK(fs::WriteFileAtomic(d / ("downloads/" + stored + ".partial"), "the store has it"));
+  ASSERT_OK(fs::WriteFileAtomic(d / "downloads/notes.txt", "not ours"));
+  auto month_ago = stdfs::file_time_type::clock::now() - std::chrono::hours(24 * 30);
+  stdfs::last_write_time(partial('b'), month_ago);
+  stdfs::last_write_time(partial('d'), month_ago);
+  stdfs::last_write_time(d / "downloads/notes.txt", month_ago);
+  int fd = ::open(partial('d').c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {  // another process, as flock locks belong to open files
+    auto child = ModelStore::Open(d.path(), false);
+    auto dry = child.ok() ? (*child)->CollectGarbage(/*dry_run=*/true) : StatusOr<GcReport>(child.status());
+    auto r = child.ok() ? (*child)->CollectGarbage() : StatusOr<GcReport>(child.status());
+    std::vector<std::string> want{std::string(64, 'b') + ".partial", std::string(64, 'c') + ".partial",
+                                  stored + ".partial"};
+    auto sorted = [](std::vector<std::string> v) {
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    ::_exit(dry.ok() && r.ok() && sorted(dry->stale_downloads) == sorted(want) &&
+                    sorted(r->stale_downloads) == sorted(want) && r->bytes_freed == dry->bytes_freed
+                ? 0
+                : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(fs::Exists(partial('a')));
+  EXPECT_FALSE(fs::Exists(partial('b')));
+  EXPECT_FALSE(fs::Exists(partial('c')));
+  EXPECT_TRUE(fs::Exists(partial('d')));
+  EXPECT_FALSE(fs::Exists(d / ("downloads/" + stored + ".partial")));
+  EXPECT_TRUE(fs::Exists(d / "downloads/notes.txt"));
+  EXPECT_TRUE(fs::Exists((*store)->BlobPath(stored)));
 }
 
 TEST(ModelStoreGc, TrimsOldEventsKeepingTheNewest) {

@@ -218,6 +218,18 @@ def daemon_follows_tag(work):
             p = subprocess.run([AOTID, "--config", config, "--store", device, "sync", "status"],
                                capture_output=True, text=True, timeout=60)
             assert "up to date: mlp:2" in p.stdout, p.stdout
+            with urllib.request.urlopen(f"http://127.0.0.1:{dport}/metrics", timeout=60) as r:
+                metrics = r.read().decode()
+            label = f'source="{target}"'
+
+            def sample(name, extra=""):
+                m = re.search(re.escape(f"{name}{{{label}{extra}}} ") + r"(\d+)\n", metrics)
+                assert m, f"{name}{{{label}{extra}}} not in /metrics:\n{metrics[-3000:]}"
+                return int(m.group(1))
+            assert sample("aotid_sync_runs_total", ',result="ok"') >= 2  # mlp:1, then mlp:2
+            assert sample("aotid_sync_runs_total", ',result="failed"') >= 1  # the tag before the first push
+            assert sample("aotid_sync_failures_in_a_row") == 0
+            assert abs(sample("aotid_sync_last_success_timestamp_seconds") - time.time()) < 600
             print(f"the device followed {target}: served mlp:1 when pushed, switched to mlp:2 when the tag moved; "
                   f"{answered[0]} requests meanwhile, none failed")
         finally:

@@ -132,6 +132,10 @@ TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
     EXPECT_GE(wait, 4000);
     EXPECT_LE(wait, 6000);
     EXPECT_EQ(b_calls.load(), 1);
+    EXPECT_GE(st[0].runs_ok, 2);
+    EXPECT_EQ(st[0].runs_failed, 0);
+    EXPECT_EQ(st[1].runs_ok, 0);
+    EXPECT_EQ(st[1].runs_failed, 1);
 
     // What the daemon wrote is what `aotid sync status` reads.
     ASSERT_TRUE(Eventually([&] { return ReadSyncStatus(status_file).size() == 2; }));
