@@ -40,19 +40,6 @@ class Fd {
   int fd_;
 };
 
-Status WriteAll(int fd, const char* p, size_t n, const std::string& what) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write " + what, errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::OK();
-}
-
 std::string DirName(const std::string& path) {
   auto parent = stdfs::path(path).parent_path().string();
   return parent.empty() ? "." : parent;
@@ -105,6 +92,19 @@ StatusOr<std::string> HashStream(const std::string& src, int dst_fd, const std::
 }
 
 }  // namespace
+
+Status WriteAll(int fd, const char* p, size_t n, const std::string& what) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write " + what, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
 
 Status MakeDirs(const std::string& path, unsigned mode) {
   std::error_code ec;

@@ -30,6 +30,10 @@ StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst
 // caller owns the file and removes it on failure.
 StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const std::string& dst);
 
+// Writes all of `n` bytes (retrying short writes and EINTR); `what` names
+// the file in the error.
+Status WriteAll(int fd, const char* p, size_t n, const std::string& what);
+
 // Lowercase hex sha256 of a file's contents.
 StatusOr<std::string> Sha256File(const std::string& path);
 // Lowercase hex sha256 of `data`.

@@ -54,7 +54,7 @@ done
 s=$(printf '%s\n' "${sync_ms[@]}" | median)
 c=$(printf '%s\n' "${curl_ms[@]}" | median)
 awk -v s="$s" -v c="$c" -v b="$size" 'BEGIN {
-  printf "aotid sync  %6.0f ms  %6.0f MB/s (download, sha256 check, copy into the store, record)\n", s, b / s / 1000
+  printf "aotid sync  %6.0f ms  %6.0f MB/s (download, sha256 check, move into the store, fsync, record)\n", s, b / s / 1000
   printf "curl        %6.0f ms  %6.0f MB/s (download to a file)\n", c, b / c / 1000
   printf "ratio       %6.2f\n", s / c }'
 

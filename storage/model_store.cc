@@ -209,11 +209,36 @@ class TmpBlob {
     }
   }
   ~TmpBlob() {
-    if (!renamed_) ::unlink(path_.c_str());
+    // An adopted file that did not go into place goes back where it was.
+    if (!renamed_ && (adopted_from_.empty() || ::rename(path_.c_str(), adopted_from_.c_str()) != 0)) {
+      ::unlink(path_.c_str());
+    }
     ::close(fd_);
   }
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
+  // Takes `file` (same file system) in place of this empty copy, locked
+  // before it is renamed here so that gc never finds it unlocked, then
+  // hashes it and makes it durable. Returns its sha256.
+  StatusOr<std::string> Adopt(const std::string& file) {
+    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("open " + file, errno);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return Unavailable(file + " is in use by another process");
+    }
+    if (::rename(file.c_str(), path_.c_str()) != 0) {
+      int e = errno;
+      ::close(fd);
+      return ErrnoError("move " + file + " into " + path_, e);
+    }
+    ::close(fd_);
+    fd_ = fd;
+    adopted_from_ = file;
+    ASSIGN_OR_RETURN(std::string sha, fs::Sha256File(path_));
+    if (::fsync(fd_) != 0) return ErrnoError("fsync " + path_, errno);
+    return sha;
+  }
   void MarkRenamed() { renamed_ = true; }
 
  private:
@@ -221,6 +246,7 @@ class TmpBlob {
   std::string path_;
   int fd_;
   bool renamed_ = false;
+  std::string adopted_from_;
 };
 
 }  // namespace
@@ -503,7 +529,12 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   // while hashing.
   RETURN_IF_ERROR(fs::MakeDirs(dir_ + "/blobs/sha256"));
   ASSIGN_OR_RETURN(auto tmp, TmpBlob::Create(dir_ + "/blobs/tmp"));
-  ASSIGN_OR_RETURN(std::string sha, fs::CopyAndHashInto(req.file, tmp->fd(), tmp->path()));
+  std::string sha;
+  if (req.move_file) {
+    ASSIGN_OR_RETURN(sha, tmp->Adopt(req.file));
+  } else {
+    ASSIGN_OR_RETURN(sha, fs::CopyAndHashInto(req.file, tmp->fd(), tmp->path()));
+  }
   CrashPoint("add:copied");
 
   ASSIGN_OR_RETURN(BlobLock blob_lock, BlobLock::Take(dir_, /*exclusive=*/false));
@@ -561,7 +592,10 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
     have_blob = existing.ok() && *existing == sha;  // otherwise replaced by our verified copy
   }
   if (!have_blob) {
-    ASSIGN_OR_RETURN(std::string check, fs::Sha256File(tmp->path()));
+    // A copy is read back (a file changing while it was copied hashes
+    // differently); a moved file was hashed as it lies.
+    ASSIGN_OR_RETURN(std::string check,
+                     req.move_file ? StatusOr<std::string>(sha) : fs::Sha256File(tmp->path()));
     if (check != sha) {
       return Corruption(
           "the copy of " + req.file + " read back with a different digest (sha256:" + check.substr(0, 12) +

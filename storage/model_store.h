@@ -117,6 +117,10 @@ struct AddRequest {
   std::optional<int64_t> version;  // default: one past the latest
   std::string package_model;       // which model in the package; default: its only one
   VersionSettings settings;
+  // The file is the store's own (a sync's download on the same disk): it is
+  // moved into the blob store rather than copied (and is back where it was
+  // when the add fails).
+  bool move_file = false;
 };
 
 // What gc removed (or would remove, with dry_run).

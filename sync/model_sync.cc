@@ -336,9 +336,11 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
   req.name = name;
   req.package_model = package_model;
   req.settings = *settings;
+  req.move_file = !partial.empty();  // the download goes into the blob store, not copied
   auto added = store.Add(req);
   // A verified download stays for the next sync when the store refuses it
-  // for a reason that may pass (locked, full); one that is no package goes.
+  // for a reason that may pass (locked, full; Add moves it back); one that
+  // is no package goes.
   if (!added.ok() && !partial.empty() && added.status().code() == StatusCode::kInvalidArgument) {
     ::unlink(partial.c_str());
   }

@@ -1,6 +1,7 @@
 #include "storage/model_store.h"
 
 #include <fcntl.h>
+#include <sqlite3.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,7 +20,8 @@ using testing::DirSnapshot;
 using testing::TempDir;
 using testing::TestData;
 
-AddRequest Req(const std::string& file, const std::string& name, std::optional<int64_t> version = std::nullopt) {
+AddRequest Req(const std::string& file, const std::string& name,
+               std::optional<int64_t> version = std::nullopt) {
   AddRequest r;
   r.file = file;
   r.name = name;
@@ -65,6 +67,48 @@ TEST(ModelStore, AddSameVersionTwiceIsAlreadyExistsAndChangesNothing) {
 
 // Versions end at 2^53 (what a JSON number holds exactly): past it, an add
 // without --version is refused instead of making a version nothing can name.
+// A sync's download is moved into the blob store, not copied; an add that
+// fails after the move (here: the database refuses the row) puts it back
+// for the next try.
+TEST(ModelStore, MovedFileGoesIntoTheBlobStoreOrBackWhereItWas) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_OK(fs::MakeDirs(d / "downloads"));
+  std::string sha = *fs::Sha256File(TestData("mlp.pt2"));
+  std::string download = d / ("downloads/" + sha + ".partial");
+  ASSERT_OK(fs::CopyAndHash(TestData("mlp.pt2"), download).status());
+  ASSERT_TRUE((*store)->Add(Req(TestData("embed.pt2"), "mlp", 1)).ok());
+  auto exec = [&](const char* sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((d / "aotid.db").c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  };
+  exec(
+      "CREATE TRIGGER refuse BEFORE INSERT ON versions BEGIN SELECT RAISE(ABORT, 'refused by the test'); "
+      "END");
+
+  AddRequest req = Req(download, "mlp");
+  req.move_file = true;
+  auto refused = (*store)->Add(req);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("refused by the test"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(*fs::Sha256File(download), sha);  // back where it was, whole
+  EXPECT_FALSE(fs::Exists((*store)->BlobPath(sha)));
+  exec("DROP TRIGGER refuse");
+
+  auto added = (*store)->Add(req);
+  ASSERT_TRUE(added.ok()) << added.status().message();
+  EXPECT_EQ(added->artifact, sha);
+  EXPECT_EQ(added->version, 2);
+  EXPECT_FALSE(fs::Exists(download));
+  EXPECT_EQ(*fs::Sha256File((*store)->BlobPath(sha)), sha);
+  std::error_code ec;
+  EXPECT_TRUE(std::filesystem::is_empty(d / "blobs/tmp", ec));
+}
+
 TEST(ModelStore, NoVersionIsNumberedPastTheHighest) {
   TempDir d;
   auto store = ModelStore::Open(d.path());
@@ -73,7 +117,8 @@ TEST(ModelStore, NoVersionIsNumberedPastTheHighest) {
   auto before = DirSnapshot(d.path());
   auto next = (*store)->Add(Req(TestData("mlp.pt2"), "mlp"));
   EXPECT_EQ(next.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(next.status().message().find("has version 2^53 already"), std::string::npos) << next.status().ToString();
+  EXPECT_NE(next.status().message().find("has version 2^53 already"), std::string::npos)
+      << next.status().ToString();
   EXPECT_EQ(DirSnapshot(d.path()), before);
   EXPECT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp", 7)).ok());
 }
@@ -136,8 +181,17 @@ TEST(ModelStore, BuildRecordsRoundTrip) {
   ASSERT_TRUE(store.ok());
   auto mv = (*store)->Add(Req(TestData("mlp.pt2"), "mlp"));
   ASSERT_TRUE(mv.ok());
-  BuildRecord b{mv->artifact, "model", "fp1", "cuda", BuildState::kFailed, "compiler said no", 10, 20,
-                R"({"max_autotune":true})", "", 2};
+  BuildRecord b{mv->artifact,
+                "model",
+                "fp1",
+                "cuda",
+                BuildState::kFailed,
+                "compiler said no",
+                10,
+                20,
+                R"({"max_autotune":true})",
+                "",
+                2};
   ASSERT_OK((*store)->PutBuild(b));
   // The CPU build of the same artifact (a fallback) is a row of its own.
   BuildRecord cpu{mv->artifact, "model", "fp1", "cpu", BuildState::kBuilding, "", 30, 0, "", "step 3/4", 1};
@@ -162,8 +216,8 @@ TEST(ModelStore, BuildRecordsRoundTrip) {
 TEST(ModelStoreMigration, EveryEarlierSchemaOpensAndKeepsItsModels) {
   for (int from = 1; from < kSchemaVersion; ++from) {
     SCOPED_TRACE("from schema " + std::to_string(from));
-    std::string fixture = std::string(AOTID_SOURCE_DIR) + "/tests/storage/testdata/store_v" +
-                          std::to_string(from) + ".sql";
+    std::string fixture =
+        std::string(AOTID_SOURCE_DIR) + "/tests/storage/testdata/store_v" + std::to_string(from) + ".sql";
     auto sql = fs::ReadFile(fixture);
     ASSERT_TRUE(sql.ok()) << "schema " << from << " has no fixture: " << sql.status().ToString();
     TempDir d;
@@ -226,17 +280,26 @@ TEST(ModelStoreMigration, NewerSchemaIsRefused) {
 }
 
 TEST(Names, OnlyTheDocumentedPatternIsAccepted) {
-  for (std::string ok : {std::string("mlp"), std::string("MLP-v2.1_x"), std::string("0model"), std::string(128, 'a')}) {
+  for (std::string ok :
+       {std::string("mlp"), std::string("MLP-v2.1_x"), std::string("0model"), std::string(128, 'a')}) {
     EXPECT_OK(ValidateModelName(ok));
   }
   std::string nul("a\0b", 3);
   struct Case {
     std::string name, needle;
   } bad[] = {
-      {"", "1 to 128"},        {std::string(129, 'a'), "1 to 128"}, {"../x", "may only contain"},
-      {"a/b", "may only contain"}, {nul, "a\\x00b"},            {"a\nb", "a\\x0ab"},
-      {"a b", "may only contain"}, {"a%2fb", "may only contain"}, {".hidden", "must start with"},
-      {"_x", "must start with"},   {"-x", "must start with"},     {"a..b", "must not contain '..'"},
+      {"", "1 to 128"},
+      {std::string(129, 'a'), "1 to 128"},
+      {"../x", "may only contain"},
+      {"a/b", "may only contain"},
+      {nul, "a\\x00b"},
+      {"a\nb", "a\\x0ab"},
+      {"a b", "may only contain"},
+      {"a%2fb", "may only contain"},
+      {".hidden", "must start with"},
+      {"_x", "must start with"},
+      {"-x", "must start with"},
+      {"a..b", "must not contain '..'"},
       {"caf\xc3\xa9", "may only contain"},
   };
   for (const auto& c : bad) {
