@@ -449,6 +449,8 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
                 << " left by an earlier daemon's builds";
   }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
+  // Where inductor kept its cache before it moved into each build's staging.
+  (void)fs::RemoveAll(config.store_path + "/cache/.inductor");
 
   // Each connection is a descriptor: the soft limit (often 1024) would cap
   // the connections below server.max_connections_per_address, so it is
@@ -470,7 +472,6 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   bopts.python = config.python;
   bopts.worker_dir = config.worker_dir;
   bopts.torch_version = runtime::kTorchVersion;
-  bopts.scratch_dir = config.store_path + "/cache/.inductor";
   bopts.jobs = config.build_jobs;
   bopts.timeout_s = config.build_timeout_s;
   bopts.self_exe = SelfExe();

@@ -18,6 +18,9 @@ extern char** environ;
 namespace aotid::runtime {
 namespace {
 
+// Inductor's cache, inside a build's staging folder.
+constexpr const char* kInductorScratch = ".inductor";
+
 // Kills a build child and what it started (it leads its own process group).
 void KillGroup(uv_process_t* process) {
   if (process->pid > 0) ::kill(-process->pid, SIGKILL);
@@ -235,7 +238,11 @@ void Builder::Start(BuildJob job) {
     }
   }
   env.push_back("PYTHONPATH=" + options_.worker_dir);
-  if (!options_.scratch_dir.empty()) env.push_back("TORCHINDUCTOR_CACHE_DIR=" + options_.scratch_dir);
+  // Inductor's own cache lives in the build's staging folder and goes with
+  // it: it holds a second copy of the compiled model (as large as its
+  // weights), and a rebuild here is for other options or another torch,
+  // which would not hit it anyway.
+  env.push_back("TORCHINDUCTOR_CACHE_DIR=" + r->staging + "/" + kInductorScratch);
   env.push_back("PYTHONUNBUFFERED=1");
   // Every torch.load in the worker (torch.export.load reads the package's
   // sample inputs and constants with it) takes tensors and plain data only:
@@ -344,6 +351,7 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   BuildResult res;
   res.duration_ms = SteadyMs() - r->started_ms;
   if (exit_status == 0 && term_signal == 0) {
+    (void)fs::RemoveAll(r->staging + "/" + kInductorScratch);
     auto entry = cache_->Commit(r->staging, r->job.key);
     res.status = entry.status();
     if (entry.ok()) {

@@ -23,7 +23,6 @@ struct BuilderOptions {
   std::string python;         // interpreter with the pinned torch
   std::string worker_dir;     // put on PYTHONPATH; holds aotid_worker/
   std::string torch_version;  // the worker must match it
-  std::string scratch_dir;    // inductor's own cache (TORCHINDUCTOR_CACHE_DIR)
   int jobs = 1;               // builds at once
   int timeout_s = 1800;       // a build running longer is killed
   std::string self_exe;       // this aotid, for internal builds

@@ -6,16 +6,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <nlohmann/json.hpp>
-#include <sstream>
-#include <thread>
-#include <atomic>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
@@ -29,19 +30,20 @@ namespace {
 using json = nlohmann::json;
 constexpr int64_t kMaxBody = 256 * 1024;
 
-
 class ServeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir;
     store_ = dir_->path() + "/store";
     config_ = dir_->path() + "/aotid.toml";
-    ASSERT_OK(fs::WriteFileAtomic(config_, "[server]\nmax_body_bytes = " + std::to_string(kMaxBody) +
-                                               "\nthreads = 4\n[build]\njobs = 1\n[runner]\ntimeout_s = 3\n"));
+    ASSERT_OK(
+        fs::WriteFileAtomic(config_, "[server]\nmax_body_bytes = " + std::to_string(kMaxBody) +
+                                         "\nthreads = 4\n[build]\njobs = 1\n[runner]\ntimeout_s = 3\n"));
     for (const char* m : {"mlp", "embed"}) {
       std::string out;
-      int rc = RunAotid({"--config", config_, "--store", store_, "add", TestData(std::string(m) + ".pt2"),
-                         "--name", m}, &out);
+      int rc = RunAotid(
+          {"--config", config_, "--store", store_, "add", TestData(std::string(m) + ".pt2"), "--name", m},
+          &out);
       ASSERT_EQ(rc, 0) << out;
       EXPECT_NE(out.find(std::string("added ") + m + ":1"), std::string::npos) << out;
     }
@@ -93,6 +95,28 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
   EXPECT_EQ(Get(port(), "/v2/models/embed/versions/1/ready").status, 200);
 }
 
+// A build keeps one copy of the compiled model: in its cache entry, beside
+// its manifest. Inductor's own cache (a second copy, as large as the
+// weights) goes with the build's staging folder.
+TEST_F(ServeTest, BuildsLeaveOneCopyOfTheCompiledModelOnDisk) {
+  namespace stdfs = std::filesystem;
+  int libraries = 0;
+  std::error_code ec;
+  for (auto it = stdfs::recursive_directory_iterator(store_, ec); it != stdfs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::string path = it->path().string();
+    EXPECT_EQ(path.find("/.inductor"), std::string::npos) << path;
+    if (!it->is_regular_file() || it->path().extension() != ".so") continue;
+    ++libraries;
+    bool in_entry = false;
+    for (auto dir = it->path().parent_path(); dir.string().size() > store_.size(); dir = dir.parent_path()) {
+      in_entry = in_entry || stdfs::exists(dir / "manifest.json");
+    }
+    EXPECT_TRUE(in_entry) << path << " lies outside a committed build";
+  }
+  EXPECT_EQ(libraries, 2);  // mlp's and embed's
+}
+
 TEST_F(ServeTest, InferMatchesEagerPyTorch) {
   ExpectCasesMatchEager(port(), "mlp");
   ExpectCasesMatchEager(port(), "embed");
@@ -105,14 +129,18 @@ TEST_F(ServeTest, BinaryTensorsBothWays) {
   const json& c = cases["mlp"][1];  // batch 3
   std::vector<float> x;
   for (const auto& v : c["inputs"][0]["data"]) x.push_back(v.get<float>());
-  json header{{"inputs", {{{"name", "x"}, {"datatype", "FP32"}, {"shape", c["inputs"][0]["shape"]},
-                           {"parameters", {{"binary_data_size", x.size() * 4}}}}}},
+  json header{{"inputs",
+               {{{"name", "x"},
+                 {"datatype", "FP32"},
+                 {"shape", c["inputs"][0]["shape"]},
+                 {"parameters", {{"binary_data_size", x.size() * 4}}}}}},
               {"parameters", {{"binary_data_output", true}}}};
   std::string head = header.dump();
   std::string body = head + std::string(reinterpret_cast<const char*>(x.data()), x.size() * 4);
   httplib::Client client("127.0.0.1", port());
-  auto r = client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", std::to_string(head.size())}},
-                       body, "application/octet-stream");
+  auto r =
+      client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", std::to_string(head.size())}},
+                  body, "application/octet-stream");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   size_t json_len = std::stoul(r->get_header_value("Inference-Header-Content-Length"));
@@ -129,8 +157,9 @@ TEST_F(ServeTest, BinaryTensorsBothWays) {
   }
 
   // A truncated body and a malformed header: 400 naming the problem.
-  auto cut = client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", std::to_string(head.size())}},
-                         body.substr(0, body.size() - 5), "application/octet-stream");
+  auto cut =
+      client.Post("/v2/models/mlp/infer", {{"Inference-Header-Content-Length", std::to_string(head.size())}},
+                  body.substr(0, body.size() - 5), "application/octet-stream");
   ASSERT_TRUE(cut);
   EXPECT_EQ(cut->status, 400);
   EXPECT_NE(cut->body.find("runs past the end of the body"), std::string::npos) << cut->body;
@@ -202,7 +231,8 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
   const pid_t mlp_runner = runner_of("mlp:1");
   ASSERT_GT(mlp_runner, 0);
   auto ids = [](const std::string& values) {
-    return R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[2,5],"data":[1,2,3,4,5,)" + values + "]}]}";
+    return R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[2,5],"data":[1,2,3,4,5,)" + values +
+           "]}]}";
   };
   auto embed_serves = [&] { return Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5")).status == 200; };
   int crashes = CountEvents(store_, "runner_crashed");
@@ -254,14 +284,17 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
   httplib::Client c("127.0.0.1", port());
   auto metrics = c.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("aotid_runner_crashes_total{model=\"embed\",version=\"1\"} 2"), std::string::npos)
+  EXPECT_NE(metrics->body.find("aotid_runner_crashes_total{model=\"embed\",version=\"1\"} 2"),
+            std::string::npos)
       << metrics->body;
 
   // Killed more than runner.max_crashes (5) times within
   // runner.crash_window_s: not restarted, 503 with the reason. A repository
   // load of the model, loaded already, tries it again.
   Reply failed;
-  auto given_up = [&] { return failed.status == 503 && failed.body.dump().find("not restarted") != std::string::npos; };
+  auto given_up = [&] {
+    return failed.status == 503 && failed.body.dump().find("not restarted") != std::string::npos;
+  };
   for (int kills = 0; kills < 10 && !given_up(); ++kills) {
     pid_t r = runner_of(embed);
     ASSERT_GT(r, 0);
@@ -292,7 +325,8 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
 TEST_F(ServeTest, DynamicBatchingGivesEachClientItsOwnRows) {
   std::string out;
   int loads = CountEvents(store_, "loaded");
-  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=8", "max_batch_delay_us=20000"}, &out), 0)
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=8", "max_batch_delay_us=20000"}, &out),
+            0)
       << out;
   ASSERT_TRUE(WaitFor([&] { return CountEvents(store_, "loaded") > loads; }, 30)) << daemon_->Log();
   EXPECT_NE(daemon_->Log().find("batching up to 8 rows"), std::string::npos) << daemon_->Log();
@@ -320,14 +354,17 @@ TEST_F(ServeTest, DynamicBatchingGivesEachClientItsOwnRows) {
 
   auto after = Scrape(port());
   const std::string series = R"({model="mlp",version="1")";
-  double runs = after["aotid_batch_rows_count" + series + "}"] - before["aotid_batch_rows_count" + series + "}"];
-  double rows_run = after["aotid_batch_rows_sum" + series + "}"] - before["aotid_batch_rows_sum" + series + "}"];
+  double runs =
+      after["aotid_batch_rows_count" + series + "}"] - before["aotid_batch_rows_count" + series + "}"];
+  double rows_run =
+      after["aotid_batch_rows_sum" + series + "}"] - before["aotid_batch_rows_sum" + series + "}"];
   EXPECT_EQ(rows_run, 32);
   EXPECT_LT(runs, 32) << "no run joined two requests";
   EXPECT_GT(after["aotid_queue_duration_seconds_count" + series + "}"], 0);
 
   loads = CountEvents(store_, "loaded");
-  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=1", "max_batch_delay_us=0"}, &out), 0) << out;
+  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=1", "max_batch_delay_us=0"}, &out), 0)
+      << out;
   ASSERT_TRUE(WaitFor([&] { return CountEvents(store_, "loaded") > loads; }, 30)) << daemon_->Log();
 }
 
@@ -340,16 +377,20 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {
       {"/v2/models/nope/infer", "{}", 404, "unknown model 'nope'"},
       {"/v2/models/mlp/versions/9/infer", "{}", 404, "no served version 9"},
       {"/v2/models/mlp/infer", "{\"inputs\": [", 400, "not valid JSON"},
-      {"/v2/models/mlp/infer", R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,7],"data":[1,2,3,4,5,6,7]}]})",
-       400, "input 'x' has shape [1, 7], expected [-1, 8]"},
-      {"/v2/models/mlp/infer", R"({"inputs":[{"name":"x","datatype":"INT64","shape":[1,8],"data":[1,2,3,4,5,6,7,8]}]})",
-       400, "input 'x' has datatype INT64, expected FP32"},
+      {"/v2/models/mlp/infer",
+       R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,7],"data":[1,2,3,4,5,6,7]}]})", 400,
+       "input 'x' has shape [1, 7], expected [-1, 8]"},
+      {"/v2/models/mlp/infer",
+       R"({"inputs":[{"name":"x","datatype":"INT64","shape":[1,8],"data":[1,2,3,4,5,6,7,8]}]})", 400,
+       "input 'x' has datatype INT64, expected FP32"},
       {"/v2/models/mlp/infer", R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,8],"data":[1,2,3]}]})",
        400, "'data' has 3 elements, shape [1, 8] needs 8"},
-      {"/v2/models/embed/infer", R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[2,5],"data":[1,2,3,4,5,6,7,8,9,1.5]}]})",
-       400, "input 'ids': element 9 is number, expected an integer"},
-      {"/v2/models/mlp/infer", R"({"inputs":[{"name":"x","datatype":"FP32","shape":[4000000000,8],"data":[]}]})",
-       400, "has more than"},
+      {"/v2/models/embed/infer",
+       R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[2,5],"data":[1,2,3,4,5,6,7,8,9,1.5]}]})", 400,
+       "input 'ids': element 9 is number, expected an integer"},
+      {"/v2/models/mlp/infer",
+       R"({"inputs":[{"name":"x","datatype":"FP32","shape":[4000000000,8],"data":[]}]})", 400,
+       "has more than"},
       {"/v2/models/mlp/infer", std::string(kMaxBody + 10, ' '), 413, "exceeds the limit of 262144 bytes"},
       {"/v2/nowhere", "{}", 404, "no route"},
       {"/v2/models/a..b/infer", "{}", 400, "must not contain '..'"},
@@ -373,7 +414,8 @@ TEST_F(ServeTest, BadRequestsGetClearErrorsAndDaemonKeepsServing) {
 // Both share artifacts already built, so they load from the cache at once.
 TEST_F(ServeTest, ModelsAddedByAnotherProcessAreServedWithoutRestart) {
   std::string out;
-  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("embed.pt2"), "--name", "embed-live"}, &out), 0) << out;
+  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("embed.pt2"), "--name", "embed-live"}, &out), 0)
+      << out;
   ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
   EXPECT_NE(out.find("added mlp:2"), std::string::npos) << out;
   ASSERT_TRUE(WaitReady(port(), "embed-live", 30)) << daemon_->Log();
@@ -396,7 +438,7 @@ TEST_F(ServeTest, ModelsAddedByAnotherProcessAreServedWithoutRestart) {
 // version, with exactly that version's eager outputs.
 TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
   json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
-  const json& old_case = cases["mlp"][1];  // versions 1 and 2: mlp.pt2
+  const json& old_case = cases["mlp"][1];   // versions 1 and 2: mlp.pt2
   const json& new_case = cases["mlp2"][1];  // version 3: mlp2.pt2, same inputs
   std::string body = json{{"inputs", old_case["inputs"]}}.dump();
   struct Seen {
@@ -445,10 +487,13 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
   EXPECT_TRUE(WaitFor([&] { return CountEvents(store_, "loaded") > loads; }, 30)) << daemon_->Log();
 
   // A version whose build fails leaves version 3 serving.
-  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("broken_program.pt2"), "--name", "mlp"}, &out), 0) << out;
+  ASSERT_EQ(RunAotid({"--store", store_, "add", TestData("broken_program.pt2"), "--name", "mlp"}, &out), 0)
+      << out;
   ASSERT_NE(out.find("added mlp:4"), std::string::npos) << out;
-  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/mlp/versions/4/ready").body.value("state", "") == "failed"; },
-                      120)) << daemon_->Log();
+  EXPECT_TRUE(WaitFor(
+      [&] { return Get(port(), "/v2/models/mlp/versions/4/ready").body.value("state", "") == "failed"; },
+      120))
+      << daemon_->Log();
   Reply failed = Get(port(), "/v2/models/mlp/versions/4/ready");
   EXPECT_EQ(failed.status, 503);
   EXPECT_NE(failed.body.value("error", "").find("failed"), std::string::npos) << failed.body.dump();
@@ -472,7 +517,12 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
 
   // Policy "all": every version addressable, each with its own weights.
   ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "version_policy=all"}, &out), 0) << out;
-  EXPECT_TRUE(WaitFor([&] { return served_versions() == json::array({"1", "2", "3"}); }, 10)) << served_versions();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return served_versions() == json::array({"1", "2", "3"});
+      },
+      10))
+      << served_versions();
   EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/mlp/versions/1/ready").status == 200; }, 30));
   for (auto [v, want] : {std::pair{"1", &old_case}, std::pair{"3", &new_case}}) {
     Reply r = Post(port(), std::string("/v2/models/mlp/versions/") + v + "/infer", body);
@@ -494,7 +544,8 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
     ASSERT_EQ(s.status, 200) << "a request failed during the changes: " << s.raw;
     bool is_new = s.version == "3";
     EXPECT_TRUE(s.version == "1" || s.version == "2" || is_new) << s.raw;
-    EXPECT_TRUE(OutputsMatch(s.outputs, (is_new ? new_case : old_case)["outputs"])) << s.version << ": " << s.raw;
+    EXPECT_TRUE(OutputsMatch(s.outputs, (is_new ? new_case : old_case)["outputs"]))
+        << s.version << ": " << s.raw;
     (is_new ? by_new : by_old)++;
   }
   EXPECT_GT(by_old, 0);
@@ -504,7 +555,8 @@ TEST_F(ServeTest, LiveChangesUnderLoadDropNoRequest) {
 
   // A removed model is unloaded.
   ASSERT_EQ(RunAotid({"--store", store_, "rm", "embed-live"}, &out), 0) << out;
-  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/embed-live").status == 404; }, 5)) << daemon_->Log();
+  EXPECT_TRUE(WaitFor([&] { return Get(port(), "/v2/models/embed-live").status == 404; }, 5))
+      << daemon_->Log();
   EXPECT_TRUE(daemon_->Alive());
 }
 
@@ -515,7 +567,8 @@ TEST_F(ServeTest, RepositoryIndexLoadAndUnload) {
     Reply r = Post(port(), "/v2/repository/index", body);
     EXPECT_EQ(r.status, 200) << r.body.dump();
     std::map<std::string, json> by_ref;
-    for (const auto& e : r.body) by_ref[e["name"].get<std::string>() + ":" + e["version"].get<std::string>()] = e;
+    for (const auto& e : r.body)
+      by_ref[e["name"].get<std::string>() + ":" + e["version"].get<std::string>()] = e;
     return by_ref;
   };
   auto all = index();
@@ -532,7 +585,7 @@ TEST_F(ServeTest, RepositoryIndexLoadAndUnload) {
   ASSERT_EQ(unload.status, 200) << unload.body.dump();
   EXPECT_EQ(unload.body["state"], "unloaded");
   Reply after = Get(port(), "/v2/models/embed");  // the reply came after the unload
-  EXPECT_EQ(after.status, 503);                     // the store has it: unloaded, not unknown
+  EXPECT_EQ(after.status, 503);                   // the store has it: unloaded, not unknown
   EXPECT_NE(after.body.value("error", "").find("is unloaded"), std::string::npos) << after.body.dump();
   EXPECT_EQ(index()["embed:1"]["reason"], "unloaded");
   std::string out;
@@ -567,7 +620,7 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
   daemon_ = d->release();
   ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
   EXPECT_EQ(Get(port(), "/v2/health/ready").status, 200);
-  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 503);  // still unloaded
+  EXPECT_EQ(Get(port(), "/v2/models/embed").status, 503);                          // still unloaded
   EXPECT_EQ(CountEvents(store_, "loaded", "from cache") - cache_loads_before, 1);  // mlp:3 only
   ASSERT_EQ(Post(port(), "/v2/repository/models/embed/load", "").status, 200);
   ASSERT_TRUE(WaitReady(port(), "embed", 60)) << daemon_->Log();
@@ -589,7 +642,8 @@ TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   std::string config = dir_->path() + "/queue.toml";
   ASSERT_OK(fs::WriteFileAtomic(config, "[server]\nthreads = 8\nmax_queued_requests = 1\n"));
   std::string out;
-  ASSERT_EQ(RunAotid({"--store", store_, "set", "mlp", "max_batch_size=64", "max_batch_delay_us=400000"}, &out), 0)
+  ASSERT_EQ(
+      RunAotid({"--store", store_, "set", "mlp", "max_batch_size=64", "max_batch_delay_us=400000"}, &out), 0)
       << out;
   auto d = DaemonProcess::Start({"--config", config, "--store", store_, "--listen", "127.0.0.1:0"},
                                 dir_->path() + "/daemon3.log");
@@ -639,8 +693,10 @@ TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   a.sin_port = htons(static_cast<uint16_t>(port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  std::string request = "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string request =
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // queued, waiting for the batch
   ::close(fd);
