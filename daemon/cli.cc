@@ -721,8 +721,8 @@ Status PruneCache(const std::vector<runtime::CacheVerdict>& verdicts, const std:
   return Status::OK();
 }
 
-// A transfer's progress: a line redrawn in place on a terminal, a line
-// each 10% otherwise.
+// A transfer's progress: a bar redrawn in place on a terminal, a line each
+// 10% otherwise.
 sync::Progress ProgressPrinter(const std::string& what) {
   bool tty = ::isatty(STDERR_FILENO);
   auto start = std::chrono::steady_clock::now();
@@ -730,14 +730,16 @@ sync::Progress ProgressPrinter(const std::string& what) {
   return [=](int64_t done, int64_t total) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double rate = s > 0 ? static_cast<double>(done) / s : 0;
-    int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
+    int pct = total > 0 ? static_cast<int>(std::clamp<int64_t>(done * 100 / total, 0, 100)) : 100;
     if (!tty && pct / 10 == *last && done != total) return;
     if (tty && done != total && pct == *last) return;
     *last = tty ? pct : pct / 10;
     std::string eta = rate > 0 && total > done
                           ? ", " + std::to_string(static_cast<int64_t>((total - done) / rate)) + " s left"
                           : "";
-    std::fprintf(stderr, "%s%s %s / %s (%d%%), %s/s%s%s", tty ? "\r" : "", what.c_str(),
+    std::string bar;  // on a terminal: [#########...........]
+    if (tty) bar = " [" + std::string(pct / 5, '#') + std::string(20 - pct / 5, '.') + "]";
+    std::fprintf(stderr, "%s%s%s %s / %s (%d%%), %s/s%s%s", tty ? "\r" : "", what.c_str(), bar.c_str(),
                  HumanSize(done).c_str(), HumanSize(total).c_str(), pct,
                  HumanSize(static_cast<int64_t>(rate)).c_str(), eta.c_str(), tty ? "\x1b[K" : "\n");
     if (tty && done == total) std::fprintf(stderr, "\n");

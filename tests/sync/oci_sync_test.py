@@ -301,6 +301,27 @@ def push_sync_serve(work):
         events = run(b, "events").stdout
         assert "synced" in events and target in events, events
 
+        # On a terminal, a bar redrawn in place; otherwise plain lines.
+        import pty
+        leader, follower = pty.openpty()
+        proc_tty = subprocess.Popen([AOTID, "--store", os.path.join(work, "device-tty"), "sync", target],
+                                    stdout=subprocess.DEVNULL, stderr=follower)
+        os.close(follower)
+        shown = b""
+        while True:  # ends when the child closes the terminal (EIO)
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        p = proc_tty
+        p.wait(timeout=120)
+        assert p.returncode == 0 and b"\r" in shown and b"[####################] " in shown, shown
+        assert "[#" not in run(os.path.join(work, "device-plain"), "sync", target).stderr
+
         # Every tag of the repository: the one there is, already here.
         assert "up to date: mlp:1" in run(b, "sync", f"oci://127.0.0.1:{port}/models/mlp").stdout
 
