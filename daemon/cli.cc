@@ -778,12 +778,25 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
   auto cfg = Resolve(g);
   if (!cfg.ok()) return FailUsage("sync", cfg.status());
   if (!source.starts_with("oci://")) {  // a folder of .pt2 files
+    // Checked before the store is made: a mistyped folder creates nothing.
+    if (!fs::IsDirectory(source))
+      return Fail("sync",
+                  NotFound("'" + sync::Printable(source) + "' is not a folder, nor an oci:// reference"));
     auto store = storage::ModelStore::Open(cfg->store_path, /*create=*/true);
     if (!store.ok()) return Fail("sync", store.status());
     auto results = sync::PullDir(**store, source, as_name);
     if (!results.ok()) return Fail("sync", results.status());
+    int failed = 0;
     for (const auto& r : *results) {
-      for (const auto& n : r.notes) std::cerr << "aotid sync: note: " << r.ref << ": " << n << "\n";
+      if (!r.error.ok()) {  // the others go on
+        std::cerr << "aotid sync: " << r.error.message() << "\n";
+        (void)(*store)->AppendEvent(r.model, 0, "sync_failed", r.error.message());
+        ++failed;
+        continue;
+      }
+      if (r.added) {
+        for (const auto& n : r.notes) std::cerr << "aotid sync: note: " << r.ref << ": " << n << "\n";
+      }
       if (r.added) {
         std::cout << "synced " << r.ref << " as " << r.model << ":" << r.version << "\n";
       } else {
@@ -791,7 +804,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
       }
     }
     if (results->empty()) std::cout << source << " has no .pt2 files\n";
-    return 0;
+    return failed == 0 ? 0 : kExitFailure;
   }
   auto ref = sync::ParseOciRef(source, insecure);
   if (!ref.ok()) return FailUsage("sync", ref.status());
@@ -828,8 +841,8 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
       ++failed;
       continue;
     }
-    for (const auto& n : r->notes) std::cerr << "aotid sync: note: " << r->ref << ": " << n << "\n";
     if (r->added) {
+      for (const auto& n : r->notes) std::cerr << "aotid sync: note: " << r->ref << ": " << n << "\n";
       std::cout << "synced " << r->ref << " as " << r->model << ":" << r->version << " ("
                 << HumanSize(r->bytes) << " downloaded"
                 << (r->resumed_from > 0 ? ", continuing from " + HumanSize(r->resumed_from) : std::string())
@@ -848,8 +861,17 @@ int CmdSyncStatus(const GlobalFlags& g, bool as_json) {
   if (!cfg.ok()) return FailUsage("sync status", cfg.status());
   std::vector<sync::SourceStatus> written = sync::ReadSyncStatus(cfg->store_path + "/sync-status.json");
   bool running = FindDaemon(cfg->store_path).has_value();
+  // A running daemon's sources are the ones it wrote (its config as it
+  // loaded it); without one, this config's, with what was last written.
+  std::vector<sync::SyncSource> sources;
+  if (running) {
+    for (const auto& w : written)
+      sources.push_back({.source = w.source, .interval_s = w.interval_s, .keep = w.keep});
+  } else {
+    sources = cfg->sync;
+  }
   json out = json::array();
-  for (const auto& s : cfg->sync) {
+  for (const auto& s : sources) {
     json e = {{"source", s.source}, {"interval_s", s.interval_s}, {"keep", s.keep}, {"synced", false}};
     for (const auto& w : written) {
       if (w.source != s.source || w.last_at_ms == 0) continue;
@@ -867,13 +889,16 @@ int CmdSyncStatus(const GlobalFlags& g, bool as_json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  if (cfg->sync.empty()) {
-    std::cout << "no [[sync]] sources in " << cfg->source << "; 'aotid sync SOURCE' syncs by hand\n";
+  if (sources.empty()) {
+    std::cout << (running ? "the daemon on " + cfg->store_path + " follows no [[sync]] sources"
+                          : "no [[sync]] sources in " + cfg->source)
+              << "; 'aotid sync SOURCE' syncs by hand\n";
     return 0;
   }
   if (!running) std::cout << "no daemon runs on " << cfg->store_path << ": nothing syncs on a timer now\n";
   for (const auto& e : out) {
-    std::cout << e["source"].get<std::string>() << " (every " << e["interval_s"].get<int>() << " s)\n";
+    std::cout << sync::Printable(e["source"].get<std::string>()) << " (every " << e["interval_s"].get<int>()
+              << " s)\n";
     if (!e["synced"].get<bool>()) {
       std::cout << "  not synced yet\n";
       continue;
@@ -882,7 +907,7 @@ int CmdSyncStatus(const GlobalFlags& g, bool as_json) {
               << (e["ok"].get<bool>()
                       ? ""
                       : "FAILED (" + std::to_string(e["failures_in_a_row"].get<int>()) + " in a row): ")
-              << e["message"].get<std::string>() << "\n";
+              << sync::Printable(e["message"].get<std::string>()) << "\n";
     if (!e["ok"].get<bool>()) std::cout << "  last ok  " << e["last_ok_at"].get<std::string>() << "\n";
     if (running) std::cout << "  next     " << e["next_at"].get<std::string>() << "\n";
   }
@@ -1278,7 +1303,9 @@ int RunCli(int argc, char** argv) {
       "status",
       "The daemon's registries ([[sync]] in its config): when each was last synced, and how it went");
   sync_status->add_flag("--json", sync_json, "As JSON");
-  sync_cmd->add_option("--name", sync_name, "The store's name for it (default: the name it was pushed with)");
+  sync_cmd->add_option(
+      "--name", sync_name,
+      "The store's name for it (default: the repository's last part, or for a folder the file's name)");
   sync_cmd->add_flag("--insecure", sync_insecure, "Plain HTTP to a registry that is not on loopback");
   sync_cmd->add_option("--credentials", sync_credentials,
                        "Docker config file with the registry's credentials (default: ~/.docker/config.json)");

@@ -193,6 +193,11 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
     }
     if (!s.name.empty())
       RETURN_IF_ERROR(storage::ValidateModelName(s.name).WithContext(at + ": 'sync.name'"));
+    // One status and one metrics series per source.
+    for (const auto& other : *out) {
+      if (other.source == s.source)
+        return InvalidArgument(at + ": the source " + s.source + " is in two [[sync]] tables");
+    }
     out->push_back(std::move(s));
   }
   return Status::OK();

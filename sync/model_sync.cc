@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
@@ -201,7 +202,7 @@ StatusOr<SyncResult> Push(storage::ModelStore& store, const std::string& name, s
 }
 
 StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std::string& dir,
-                                          const std::string& name) {
+                                          const std::string& name, const MayAdd& may_add) {
   if (!fs::IsDirectory(dir)) return NotFound("'" + dir + "' is not a folder");
   struct Item {
     std::string file, name;
@@ -241,32 +242,44 @@ StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std:
                              std::to_string(items.size()));
     items[0].name = name;
   }
+  // Two files for one model would replace each other at every sync.
+  std::map<std::string, std::string> owner;
+  for (const auto& item : items) {
+    auto [it, fresh] = owner.emplace(item.name, item.file);
+    if (!fresh) {
+      return InvalidArgument(dir + ": " + it->second + " and " + item.file + " are both model '" +
+                             Printable(item.name) +
+                             "'; each sync would replace one with the other (name them apart in index.json)");
+    }
+  }
   std::vector<SyncResult> out;
   for (const auto& item : items) {
-    SyncResult r;
+    SyncResult& r = out.emplace_back();
     r.ref = dir + "/" + item.file;
     r.model = item.name;
-    RETURN_IF_ERROR(storage::ValidateModelName(item.name).WithContext(r.ref));
-    auto settings = ReadSettings(item.settings, &r.notes, /*trusted=*/true);
-    if (!settings.ok()) return settings.status().WithContext(index_path);
-    ASSIGN_OR_RETURN(std::string sha, fs::Sha256File(r.ref));
-    r.manifest = "sha256:" + sha;
-    auto model = store.GetModel(item.name);
-    if (model.ok() && !model->versions.empty() && model->versions.back().artifact == sha) {
-      r.version = model->versions.back().version;
-      out.push_back(std::move(r));
-      continue;
-    }
-    storage::AddRequest req;
-    req.file = r.ref;
-    req.name = item.name;
-    req.settings = *settings;
-    auto added = store.Add(req);
-    if (!added.ok()) return added.status().WithContext(r.ref);
-    r.version = added->version;
-    r.added = true;
-    (void)store.AppendEvent(item.name, r.version, "synced", "from " + r.ref);
-    out.push_back(std::move(r));
+    r.error = [&]() -> Status {
+      RETURN_IF_ERROR(storage::ValidateModelName(item.name).WithContext(r.ref));
+      auto settings = ReadSettings(item.settings, &r.notes, /*trusted=*/true);
+      if (!settings.ok()) return settings.status().WithContext(index_path);
+      ASSIGN_OR_RETURN(std::string sha, fs::Sha256File(r.ref));
+      r.manifest = "sha256:" + sha;
+      auto model = store.GetModel(item.name);
+      if (model.ok() && !model->versions.empty() && model->versions.back().artifact == sha) {
+        r.version = model->versions.back().version;
+        return Status::OK();
+      }
+      if (may_add) RETURN_IF_ERROR(may_add(item.name).WithContext(r.ref));
+      storage::AddRequest req;
+      req.file = r.ref;
+      req.name = item.name;
+      req.settings = *settings;
+      auto added = store.Add(req);
+      if (!added.ok()) return added.status().WithContext(r.ref);
+      r.version = added->version;
+      r.added = true;
+      (void)store.AppendEvent(item.name, r.version, "synced", "from " + r.ref);
+      return Status::OK();
+    }();
   }
   return out;
 }
@@ -316,6 +329,8 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
   } else if (!model.ok() && model.status().code() != StatusCode::kNotFound) {
     return model.status();
   }
+
+  if (options.may_add) RETURN_IF_ERROR(options.may_add(name).WithContext(ref.ToString()));
 
   // The bytes: the store's own blob when it has them, else downloaded.
   std::string file = store.BlobPath(sha);

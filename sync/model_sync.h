@@ -39,7 +39,12 @@ struct SyncResult {
   int64_t bytes = 0;               // transferred
   int64_t resumed_from = 0;        // bytes a partial download already had
   std::vector<std::string> notes;  // settings ignored, and the like
+  Status error;                    // a folder's file that could not be synced (PullDir goes on)
 };
+
+// Asked before a sync adds a version of `model`: an error refuses it (the
+// daemon's check that two sources do not feed one model).
+using MayAdd = std::function<Status(const std::string& model)>;
 
 struct PushOptions {
   Credentials creds;
@@ -61,6 +66,7 @@ struct PullOptions {
   // the newest (syncing every tag of a repository).
   bool any_version = false;
   const std::atomic<bool>* cancel = nullptr;  // stops a download once set
+  MayAdd may_add;                             // none: always
 };
 
 // Syncs one tag (the ref's) into the store, as the model named by
@@ -74,9 +80,12 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
 // named by its file name without `.pt2`, or as `dir/index.json` says:
 // {"models": [{"file": "mlp.pt2", "name": "mlp", "settings": {"max_batch_size": "4"}}]}
 // (plain file names only). Each is added as its model's next version unless
-// the newest already is that file. `name` (one file only) overrides.
+// the newest already is that file. `name` (one file only) overrides. A
+// folder that is not one, or a bad index (two files for one model among
+// them), is an error; a file that cannot be synced is its result's `error`,
+// and the others go on.
 StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std::string& dir,
-                                          const std::string& name);
+                                          const std::string& name, const MayAdd& may_add = nullptr);
 
 // The manifest and config a push writes, for docs and tests.
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata);

@@ -16,9 +16,46 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "base/mutex.h"
 
 namespace aotid::sync {
 namespace {
+
+// Clients in flight, with the cancel flag each answers to: StopTransfers
+// closes their sockets, since a registry that sends nothing never reaches
+// the download's own check of the flag and would hold a stopping daemon
+// for its whole read timeout.
+struct LiveClients {
+  Mutex mu;
+  std::vector<std::pair<const std::atomic<bool>*, httplib::Client*>> clients GUARDED_BY(mu);
+};
+LiveClients& Live() {
+  static auto* live = new LiveClients;
+  return *live;
+}
+
+class LiveClient {
+ public:
+  LiveClient(httplib::Client* c, const std::atomic<bool>* cancel) : c_(c), cancel_(cancel) {
+    if (cancel_ == nullptr) return;
+    MutexLock lock(&Live().mu);
+    Live().clients.emplace_back(cancel_, c_);
+  }
+  ~LiveClient() {
+    if (cancel_ == nullptr) return;
+    MutexLock lock(&Live().mu);
+    auto& v = Live().clients;
+    v.erase(std::remove(v.begin(), v.end(), std::make_pair(cancel_, c_)), v.end());
+  }
+  LiveClient(const LiveClient&) = delete;
+  LiveClient& operator=(const LiveClient&) = delete;
+  // After registering: a cancel that came before it is seen here.
+  bool cancelled() const { return cancel_ != nullptr && cancel_->load(); }
+
+ private:
+  httplib::Client* c_;
+  const std::atomic<bool>* cancel_;
+};
 
 constexpr char kManifestMediaType[] = "application/vnd.oci.image.manifest.v1+json";
 constexpr int kMaxRedirects = 5;
@@ -196,6 +233,13 @@ std::string OciRef::ToString() const {
          (tag.empty() ? "" : ":" + tag);
 }
 
+void StopTransfers(const std::atomic<bool>* cancel) {
+  MutexLock lock(&Live().mu);
+  for (const auto& [flag, client] : Live().clients) {
+    if (flag == cancel) client->stop();
+  }
+}
+
 bool IsValidDigest(std::string_view digest) {
   return digest.starts_with("sha256:") && fs::IsSha256Hex(digest.substr(7));
 }
@@ -239,7 +283,8 @@ StatusOr<OciRef> ParseOciRef(std::string_view text, bool insecure) {
     ref.tag = std::string(path.substr(colon + 1));
     path = path.substr(0, colon);
     if (!ValidTag(ref.tag))
-      return bad("bad tag '" + ref.tag + "' (letters, digits, '_', '.', '-'; at most 128)");
+      return bad("bad tag '" + ref.tag +
+                 "' (letters, digits, '_', '.', '-', starting with a letter, digit or '_'; at most 128)");
   }
   ref.repo = std::string(path);
   if (!ValidRepo(ref.repo)) {
@@ -266,7 +311,10 @@ Status Registry::Authorize(const std::string& challenge) {
                               Printable(params["realm"]) + "'");
   }
   // Credentials go only to the registry's own origin (scheme, host, port).
-  if (CanonicalOrigin(origin) != CanonicalOrigin(ref_.Origin())) {
+  // A token service elsewhere is asked anonymously (as public registries
+  // have it), which sends it nothing of ours.
+  const bool elsewhere = CanonicalOrigin(origin) != CanonicalOrigin(ref_.Origin());
+  if (elsewhere && !creds_.user.empty()) {
     return FailedPrecondition(ref_.Origin() + " names a token service elsewhere (" + Printable(origin) +
                               "); aotid sends the credentials only to the registry itself");
   }
@@ -277,6 +325,8 @@ Status Registry::Authorize(const std::string& challenge) {
   httplib::Client cli(origin);
   cli.set_connection_timeout(limits_.timeout_s);
   cli.set_read_timeout(limits_.timeout_s);
+  LiveClient live(&cli, cancel_);
+  if (live.cancelled()) return Cancelled("the sync was stopped");
   httplib::Headers headers;
   if (!creds_.user.empty())
     headers.emplace("Authorization", "Basic " + Base64(creds_.user + ":" + creds_.password));
@@ -322,6 +372,8 @@ StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::
     cli.set_connection_timeout(limits_.timeout_s);
     cli.set_read_timeout(limits_.timeout_s);
     cli.set_write_timeout(limits_.timeout_s);
+    LiveClient live(&cli, cancel_);
+    if (live.cancelled()) return Cancelled("the sync was stopped");
     httplib::Request req;
     req.method = method;
     req.path = path;

@@ -58,6 +58,15 @@ StatusOr<Credentials> ReadCredentials(const std::string& file, const OciRef& ref
 // Bytes so far and the total, as a transfer goes.
 using Progress = std::function<void(int64_t done, int64_t total)>;
 
+// Text from elsewhere (a registry, a folder's index) made safe to print
+// and log: control characters become '?', cut at 300 characters.
+std::string Printable(std::string_view s);
+
+// Closes the sockets of the requests in flight of every Registry made with
+// `cancel` (set it first): one waiting on a silent registry ends at once,
+// with an error, instead of at its read timeout.
+void StopTransfers(const std::atomic<bool>* cancel);
+
 class Registry {
  public:
   // `cancel`, when given, stops a download at its next chunk once set.

@@ -55,21 +55,30 @@ std::string Trim(storage::ModelStore& store, const std::string& name, int keep) 
 }  // namespace
 
 SyncOnce StoreSync(const std::string& store_dir) {
-  return [store_dir](const SyncSource& s, const std::atomic<bool>& cancel) -> StatusOr<std::string> {
+  return [store_dir](const SyncSource& s, const std::atomic<bool>& cancel,
+                     const MayAdd& may_add) -> StatusOr<std::string> {
     if (!s.source.starts_with("oci://")) {  // a folder of .pt2 files
       ASSIGN_OR_RETURN(auto store, storage::ModelStore::Open(store_dir, /*create=*/false));
-      auto results = PullDir(*store, s.source, s.name);
+      auto results = PullDir(*store, s.source, s.name, may_add);
       if (!results.ok()) {
         (void)store->AppendEvent(s.name, 0, "sync_failed", s.source + ": " + results.status().message());
         return results.status();
       }
-      std::string said;
+      // Each file on its own: one that fails is an event and fails the
+      // sync (so it is tried again sooner); the others are synced.
+      std::string said, failed;
       for (const auto& r : *results) {
+        if (!r.error.ok()) {
+          (void)store->AppendEvent(r.model, 0, "sync_failed", r.error.message());
+          failed += (failed.empty() ? "" : "; ") + r.error.message();
+          continue;
+        }
         std::string line = (r.added ? "added " : "up to date: ") + r.model + ":" + std::to_string(r.version) +
                            Trim(*store, r.model, s.keep);
         if (r.added) LOG_INFO << "sync: " << line << " from " << r.ref;
         said += (said.empty() ? "" : "; ") + line;
       }
+      if (!failed.empty()) return Unavailable(failed + (said.empty() ? "" : " (and " + said + ")"));
       return said.empty() ? s.source + " has no .pt2 files" : said;
     }
     ASSIGN_OR_RETURN(OciRef ref, ParseOciRef(s.source, s.insecure));
@@ -95,9 +104,10 @@ SyncOnce StoreSync(const std::string& store_dir) {
       o.creds = creds;
       o.limits = limits;
       o.name = s.name;
+      o.may_add = may_add;
       auto r = Pull(*store, one, o);
       if (!r.ok()) {
-        if (r.status().code() == StatusCode::kCancelled) return r.status();
+        if (cancel.load()) return Cancelled("the daemon is stopping");  // not the registry's failure
         (void)store->AppendEvent(s.name, 0, "sync_failed", one.ToString() + ": " + r.status().message());
         return r.status();
       }
@@ -135,6 +145,12 @@ Syncer::~Syncer() {
     stop_ = true;
   }
   wake_.SignalAll();
+  // A request waiting on a silent registry is closed, not waited out; one
+  // that starts meanwhile sees the flag, or the next round closes it.
+  for (int i = 0; i < 250 && !finished_.load(); ++i) {
+    StopTransfers(&cancel_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   if (thread_.joinable()) thread_.join();
 }
 
@@ -150,6 +166,8 @@ void Syncer::SetSources(std::vector<SyncSource> sources) {
         if (old.source == s.source) st = old;
       }
       st.next_at_ms = 0;  // now
+      st.interval_s = s.interval_s;
+      st.keep = s.keep;
       status.push_back(st);
     }
     sources_ = std::move(sources);
@@ -189,8 +207,23 @@ void Syncer::Run() {
     SyncSource source = sources_[due];
     // The sync runs without the lock: SetSources and Status stay quick.
     lock.Unlock();
-    StatusOr<std::string> result = sync_once_(source, cancel_);
+    MayAdd may_add = [this, from = source.source](const std::string& model) -> aotid::Status {
+      MutexLock lock(&mu_);
+      auto it = owners_.find(model);
+      bool other_feeds_it = it != owners_.end() && it->second != from &&
+                            std::any_of(sources_.begin(), sources_.end(),
+                                        [&](const SyncSource& s) { return s.source == it->second; });
+      if (other_feeds_it) {
+        return FailedPrecondition("model '" + model + "' is synced from " + Printable(it->second) +
+                                  " too; two sources of one model would replace each other's version at "
+                                  "every sync (give one of them a name of its own)");
+      }
+      owners_[model] = from;
+      return aotid::Status::OK();
+    };
+    StatusOr<std::string> result = sync_once_(source, cancel_, may_add);
     lock.Lock();
+    if (cancel_.load()) break;  // stopping: what it cut short is no result
     // The sources may have changed meanwhile: the result goes to its own.
     for (size_t i = 0; i < sources_.size(); ++i) {
       if (!(sources_[i] == source)) continue;
@@ -215,6 +248,7 @@ void Syncer::Run() {
     }
     WriteStatus();
   }
+  finished_.store(true);
 }
 
 void Syncer::WriteStatus() const {
@@ -227,7 +261,9 @@ void Syncer::WriteStatus() const {
                    {"message", s.message},
                    {"failures", s.failures},
                    {"next_at_ms", s.next_at_ms},
-                   {"last_ok_at_ms", s.last_ok_at_ms}});
+                   {"last_ok_at_ms", s.last_ok_at_ms},
+                   {"interval_s", s.interval_s},
+                   {"keep", s.keep}});
   }
   (void)fs::WriteFileAtomic(status_file_, out.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
@@ -248,6 +284,8 @@ std::vector<SourceStatus> ReadSyncStatus(const std::string& status_file) {
     s.failures = e.value("failures", 0);
     s.next_at_ms = e.value("next_at_ms", int64_t{0});
     s.last_ok_at_ms = e.value("last_ok_at_ms", int64_t{0});
+    s.interval_s = e.value("interval_s", 0);
+    s.keep = e.value("keep", 0);
     out.push_back(s);
   }
   return out;

@@ -15,12 +15,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "sync/model_sync.h"
 
 namespace aotid::sync {
 
@@ -45,6 +47,8 @@ struct SourceStatus {
   int failures = 0;     // in a row
   int64_t next_at_ms = 0;
   int64_t last_ok_at_ms = 0;
+  int interval_s = 0;  // the source's, as the daemon has it
+  int keep = 0;
   int64_t runs_ok = 0;  // since the daemon started (for /metrics)
   int64_t runs_failed = 0;
 };
@@ -52,7 +56,10 @@ struct SourceStatus {
 // One sync of one source: what happened, in a line, or the error.
 // `cancel` is set when the daemon stops: a download under way ends at its
 // next chunk (and the next sync continues it).
-using SyncOnce = std::function<StatusOr<std::string>(const SyncSource&, const std::atomic<bool>& cancel)>;
+// `may_add` is asked before it adds a version of a model: it refuses a
+// model another source feeds already.
+using SyncOnce = std::function<StatusOr<std::string>(const SyncSource&, const std::atomic<bool>& cancel,
+                                                     const MayAdd& may_add)>;
 
 // The real one: opens the store in `store_dir` and pulls every tag the
 // source names (sync::Pull), then trims the model to `keep` versions.
@@ -82,8 +89,12 @@ class Syncer {
   bool stop_ GUARDED_BY(mu_) = false;
   std::vector<SyncSource> sources_ GUARDED_BY(mu_);
   std::vector<SourceStatus> status_ GUARDED_BY(mu_);
+  // Which source added each model's versions: a second source feeding the
+  // same model is refused (each sync would replace the other's version).
+  std::map<std::string, std::string> owners_ GUARDED_BY(mu_);
   const SyncOnce sync_once_;
   std::atomic<bool> cancel_{false};
+  std::atomic<bool> finished_{false};  // Run returned
   std::string status_file_;
   std::thread thread_;
 };

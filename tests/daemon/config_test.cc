@@ -269,6 +269,9 @@ insecure = true
             std::string::npos);
   EXPECT_NE(error("[sync]\nsource = \"oci://h/m:1\"\n").find("'sync' must be tables ([[sync]])"),
             std::string::npos);
+  EXPECT_NE(error("[[sync]]\nsource = \"oci://h/m:1\"\n[[sync]]\nsource = \"oci://h/m:1\"\nname = \"b\"\n")
+                .find("x.toml:3:1: the source oci://h/m:1 is in two [[sync]] tables"),
+            std::string::npos);
 }
 
 }  // namespace

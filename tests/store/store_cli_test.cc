@@ -263,6 +263,29 @@ TEST_F(StoreCli, SyncFromAFolderAddsWhatChanged) {
   EXPECT_NE(out.find("is not a file name in the folder"), std::string::npos) << out;
   ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
   EXPECT_EQ(out, before);
+
+  // Two files for one model would replace each other at every sync.
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/index.json", R"({"models": [{"file": "mlp.pt2", "name": "a"},
+      {"file": "embed.pt2", "name": "a"}]})"));
+  EXPECT_NE(Run({"sync", dir}, &out), 0);
+  EXPECT_NE(out.find("mlp.pt2 and embed.pt2 are both model 'a'"), std::string::npos) << out;
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  EXPECT_EQ(out, before);
+
+  // A bad file is an error of its own: the files after it are synced.
+  ASSERT_OK(fs::RemoveAll(dir + "/index.json"));
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/junk.pt2", "not a package"));
+  ASSERT_OK(fs::WriteFileAtomic(dir + "/zz.pt2", *fs::ReadFile(TestData("mlp.pt2"))));
+  EXPECT_NE(Run({"sync", dir}, &out), 0);
+  EXPECT_NE(out.find("junk.pt2"), std::string::npos) << out;
+  EXPECT_NE(out.find("synced " + dir + "/zz.pt2 as zz:1"), std::string::npos) << out;
+  EXPECT_NE(out.find("embed.pt2 is up to date: embed:1"), std::string::npos) << out;
+
+  // A folder that is not there creates no store.
+  aotid::testing::TempDir other;
+  EXPECT_NE(RunAotid({"--store", other.path() + "/store", "sync", dir + "/nowhere"}, &out), 0);
+  EXPECT_NE(out.find("is not a folder"), std::string::npos) << out;
+  EXPECT_FALSE(fs::Exists(other.path() + "/store"));
 }
 
 // The same file added again is a version of its own, and add says so: it

@@ -176,7 +176,8 @@ def daemon_follows_tag(work):
         daemon, dport = start_daemon(device, log_path, "--config", config)
         try:
             time.sleep(1.5)  # it has tried, and found nothing under the tag yet
-            p = subprocess.run([AOTID, "--config", config, "--store", device, "sync", "status", "--json"],
+            # What the running daemon follows, whatever config this command reads.
+            p = subprocess.run([AOTID, "--store", device, "sync", "status", "--json"],
                                capture_output=True, text=True, timeout=60)
             status = json.loads(p.stdout)
             assert status[0]["synced"] and not status[0]["ok"] and "manifest unknown" in status[0]["message"], status
@@ -562,6 +563,31 @@ def resume_and_refuse(work):
         fake.close()
 
 
+def daemon_stops_during_a_silent_sync(work):
+    """A daemon stopped while its [[sync]] waits on a registry that sends
+    nothing ends at once (not at the sync's 60 s timeout), and the sync it
+    cut short is no failure of the registry's."""
+    fake = FakeRegistry(open(os.path.join(TESTDATA, "mlp.pt2"), "rb").read())
+    fake.hang = True
+    try:
+        store, config = os.path.join(work, "device-stop"), os.path.join(work, "stop.toml")
+        with open(config, "w") as f:
+            f.write(f'[[sync]]\nsource = "oci://127.0.0.1:{fake.port}/models/mlp:v7"\ntimeout_s = 60\n')
+        log_path = os.path.join(work, "stop.log")
+        daemon, _ = start_daemon(store, log_path, "--config", config)
+        time.sleep(1.5)  # the sync waits on the silent registry
+        started = time.time()
+        daemon.terminate()
+        daemon.wait(timeout=50)
+        took = time.time() - started
+        assert took < 20, f"the daemon took {took:.1f} s to stop:\n" + open(log_path).read()[-3000:]
+        events = run(store, "events").stdout
+        assert "daemon_stopped" in events and "sync_failed" not in events, events
+        print(f"stopped in {took:.1f} s while its sync waited on a silent registry (timeout 60 s)")
+    finally:
+        fake.close()
+
+
 def main():
     work = tempfile.mkdtemp()
     try:
@@ -570,6 +596,7 @@ def main():
         push_sync_serve(work)
         oras_interop(work)
         daemon_follows_tag(work)
+        daemon_stops_during_a_silent_sync(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("oci sync: pushed, synced, served; resumed; lies and failures refused with the store unchanged")

@@ -2,8 +2,11 @@
 // daemon's timer (with a sync of the test's own) and its status file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
@@ -109,7 +112,7 @@ TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
   aotid::testing::TempDir dir;
   std::string status_file = dir.path() + "/sync-status.json";
   std::atomic<int> a_calls{0}, b_calls{0};
-  SyncOnce once = [&](const SyncSource& s, const std::atomic<bool>&) -> StatusOr<std::string> {
+  SyncOnce once = [&](const SyncSource& s, const std::atomic<bool>&, const MayAdd&) -> StatusOr<std::string> {
     if (s.source.ends_with("a:1")) {
       ++a_calls;
       return std::string("up to date: a:1");
@@ -150,6 +153,40 @@ TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
   int after = a_calls;
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_EQ(a_calls.load(), after);  // nothing runs once it is gone
+}
+
+// Two sources feeding one model would replace each other's version at
+// every sync: the second is refused while the first is configured, and
+// takes over once a reload removes it.
+TEST(Syncer, ASecondSourceOfOneModelIsRefusedWhileTheFirstFeedsIt) {
+  std::mutex mu;
+  std::map<std::string, std::vector<bool>> allowed;  // source: may_add("mlp") each time
+  SyncOnce once = [&](const SyncSource& s, const std::atomic<bool>&,
+                      const MayAdd& may_add) -> StatusOr<std::string> {
+    Status st = may_add("mlp");
+    std::lock_guard<std::mutex> lock(mu);
+    allowed[s.source].push_back(st.ok());
+    if (!st.ok()) {
+      EXPECT_NE(st.message().find("is synced from oci://127.0.0.1:1/a:1 too"), std::string::npos)
+          << st.message();
+      return st;
+    }
+    return std::string("added mlp");
+  };
+  auto count = [&](const std::string& source, bool ok) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::count(allowed[source].begin(), allowed[source].end(), ok);
+  };
+  Syncer syncer({{"oci://127.0.0.1:1/a:1", 300}}, once, "");
+  ASSERT_TRUE(Eventually([&] { return count("oci://127.0.0.1:1/a:1", true) == 1; }));
+  syncer.SetSources({{"oci://127.0.0.1:1/a:1", 300}, {"/srv/models", 300}});
+  ASSERT_TRUE(Eventually([&] { return count("/srv/models", false) >= 1; }));
+  EXPECT_EQ(count("/srv/models", true), 0);
+  auto st = syncer.Status();
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_FALSE(st[1].ok);
+  syncer.SetSources({{"/srv/models", 300}});  // the first goes: the folder may feed mlp now
+  ASSERT_TRUE(Eventually([&] { return count("/srv/models", true) == 1; }));
 }
 
 }  // namespace
