@@ -347,10 +347,29 @@ Status Registry::Authorize(const std::string& challenge) {
   return Status::OK();
 }
 
+void Registry::PreferTls() {
+  if (tls_probed_) return;
+  tls_probed_ = true;
+  if (!ref_.plain_http) return;
+  OciRef tls = ref_;
+  tls.plain_http = false;
+  httplib::Client cli(tls.Origin());
+  cli.set_connection_timeout(limits_.timeout_s);
+  cli.set_read_timeout(limits_.timeout_s);
+  LiveClient live(&cli, cancel_);
+  if (live.cancelled()) return;
+  auto res = cli.Get("/v2/");
+  // A handshake that failed is a registry that speaks plain HTTP; any
+  // answer, or a certificate this machine does not trust, is one that
+  // speaks TLS (and the request says so).
+  if (res || res.error() == httplib::Error::SSLServerVerification) ref_.plain_http = false;
+}
+
 StatusOr<Registry::Answer> Registry::Call(const std::string& method, const std::string& path_or_url,
                                           std::vector<std::pair<std::string, std::string>> headers,
                                           const std::string& body, int64_t max_body,
                                           const std::function<bool(int, const char*, size_t)>& sink) {
+  PreferTls();
   std::string origin = ref_.Origin(), path = path_or_url;
   if (path_or_url.find("://") != std::string::npos && !SplitUrl(path_or_url, &origin, &path))
     return Unavailable("the registry sent aotid to '" + Printable(path_or_url) + "'");

@@ -30,8 +30,9 @@ struct OciRef {
   std::string ToString() const;  // "oci://127.0.0.1:5000/models/mlp:stable"
 };
 
-// Parses a reference. Plain HTTP is used for loopback hosts (localhost,
-// 127.0.0.0/8, ::1) or when `insecure`; TLS otherwise.
+// Parses a reference. Plain HTTP is allowed for loopback hosts
+// (localhost, 127.0.0.0/8, ::1) or when `insecure` (a Registry still uses
+// TLS there when the registry speaks it); TLS only otherwise.
 StatusOr<OciRef> ParseOciRef(std::string_view text, bool insecure);
 
 // "sha256:" and 64 lowercase hex digits, nothing else.
@@ -106,8 +107,12 @@ class Registry {
                         int64_t max_body,
                         const std::function<bool(int status, const char*, size_t)>& sink = nullptr);
   Status Authorize(const std::string& challenge);
+  // Where plain HTTP is allowed (loopback, --insecure), TLS is still used
+  // when the registry speaks it: asked once, before the first request.
+  void PreferTls();
 
   OciRef ref_;
+  bool tls_probed_ = false;
   Credentials creds_;
   RegistryLimits limits_;
   const std::atomic<bool>* cancel_;

@@ -13,7 +13,8 @@
    hangs. Each is refused with an error naming the problem, and the store
    is left as it was.
 3. The real registry behind htpasswd basic auth: no credentials and wrong
-   ones are refused, saying so; right ones push and sync.
+   ones are refused, saying so; right ones push and sync. Then behind TLS
+   with a certificate of its own: refused until SSL_CERT_FILE trusts it.
 4. Interop both ways with the oras Python SDK.
 5. A daemon following a tag with [[sync]]: a version pushed after it
    started is served without a restart; moving the tag switches it over
@@ -70,19 +71,26 @@ def store_files(store):
     return sorted(out)
 
 
-def real_registry(work, htpasswd=None):
+def real_registry(work, htpasswd=None, tls=None):
     port = free_port()
     config = os.path.join(work, f"registry-{port}.yml")
     with open(config, "w") as f:
         f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {work}/registry-{port}\n"
                 f"http:\n  addr: 127.0.0.1:{port}\n")
+        if tls:
+            f.write(f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n")
         if htpasswd:
             f.write(f"auth:\n  htpasswd:\n    realm: aotid-test\n    path: {htpasswd}\n")
     proc = subprocess.Popen(["docker-registry", "serve", config], stdout=subprocess.DEVNULL,
                             stderr=open(os.path.join(work, "registry.log"), "w"))
     for _ in range(100):
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
+            if tls:
+                import ssl
+                urllib.request.urlopen(f"https://127.0.0.1:{port}/v2/", timeout=2,
+                                       context=ssl.create_default_context(cafile=tls[0]))
+            else:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
             return proc, port
         except urllib.error.HTTPError:  # it answers: 401 behind auth
             return proc, port
@@ -129,6 +137,36 @@ def basic_auth(work):
                            env=dict(os.environ, DOCKER_CONFIG=docker))
         assert p.returncode == 0 and "as mlp:1" in p.stdout, p.stdout + p.stderr
         print("basic auth: none and wrong credentials refused, saying so; right ones push and sync")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def tls_registry(work):
+    """A registry that speaks only TLS, with a certificate of its own for
+    127.0.0.1: aotid uses TLS where the registry speaks it, even on
+    loopback; it refuses a certificate this machine does not trust, and
+    takes it once the CA file (SSL_CERT_FILE) trusts it."""
+    cert, key = os.path.join(work, "registry.crt"), os.path.join(work, "registry.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=aotid test registry", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True, timeout=120)
+    proc, port = real_registry(work, tls=(cert, key))
+    try:
+        a, b = os.path.join(work, "tls-a"), os.path.join(work, "tls-b")
+        run(a, "add", os.path.join(TESTDATA, "mlp.pt2"), "--name", "mlp")
+        target = f"oci://127.0.0.1:{port}/secure/mlp:1"
+        p = run(a, "push", "mlp", target, ok=False)
+        assert p.returncode != 0 and "not trusted by this machine's CA store" in p.stderr, p.stderr
+        trusted = dict(os.environ, SSL_CERT_FILE=cert)
+        p = subprocess.run([AOTID, "--store", a, "push", "mlp", target], capture_output=True, text=True,
+                           timeout=120, env=trusted)
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = subprocess.run([AOTID, "--store", b, "sync", target], capture_output=True, text=True, timeout=120,
+                           env=trusted)
+        assert p.returncode == 0 and "as mlp:1" in p.stdout, p.stdout + p.stderr
+        assert [v["name"] for v in json.loads(run(b, "ls", "--json").stdout)] == ["mlp"]
+        print("TLS: an untrusted certificate refused, saying so; trusted through SSL_CERT_FILE, push and sync")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -593,6 +631,7 @@ def main():
     try:
         resume_and_refuse(work)
         basic_auth(work)
+        tls_registry(work)
         push_sync_serve(work)
         oras_interop(work)
         daemon_follows_tag(work)
