@@ -296,6 +296,10 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
   if (!parsed.ok()) return parsed.status().WithContext(ref.ToString());
   ASSIGN_OR_RETURN(std::string config_text,
                    registry.GetSmallBlob(parsed->config_digest, options.limits.max_config_bytes));
+  if (static_cast<int64_t>(config_text.size()) != parsed->config_size) {
+    return Corruption(ref.ToString() + ": the config is " + std::to_string(config_text.size()) +
+                      " bytes, not the " + std::to_string(parsed->config_size) + " its manifest says");
+  }
   json config = json::parse(config_text, nullptr, false);
   if (!config.is_object()) return InvalidArgument(ref.ToString() + ": the config is not a JSON object");
   // The store's name is this side's to choose: --name, else the
@@ -344,6 +348,9 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
     if (ec || r.resumed_from >= parsed->layer.size) r.resumed_from = 0;
     ASSIGN_OR_RETURN(r.bytes,
                      registry.FetchBlob(parsed->layer.digest, parsed->layer.size, partial, options.progress));
+    // What was there before: less than guessed when the registry ignored
+    // the Range and sent the whole again.
+    r.resumed_from = std::max<int64_t>(0, parsed->layer.size - r.bytes);
     file = partial;
   }
   storage::AddRequest req;

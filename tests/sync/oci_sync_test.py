@@ -511,6 +511,7 @@ def resume_and_refuse(work):
         p = run(store, "sync", ref)
         fake.ignore_range = False
         assert fake.ranges[-1] == f"bytes={half}-" and "as mlp:1" in p.stdout, (fake.ranges, p.stdout)
+        assert "continuing from" not in p.stdout, p.stdout  # it was all fetched again
         assert not os.listdir(os.path.join(store, "downloads"))
         print("a registry that ignored the Range request: the whole blob taken again, and verified")
 
@@ -573,6 +574,9 @@ def resume_and_refuse(work):
         def huge():
             fake.manifest["layers"][0]["size"] = 1 << 40
 
+        def config_size_lies():
+            fake.manifest["config"]["size"] = 5
+
         def other_type():
             fake.manifest["artifactType"] = "application/vnd.example.other"
 
@@ -586,6 +590,7 @@ def resume_and_refuse(work):
         refused("layer's digest 'sha256:../../etc/passwd' is not sha256:<64 hex digits>", bad_layer_digest)
         refused("does not match its digest", lying_bytes)
         refused("over the limit", huge)
+        refused("bytes, not the 5 its manifest says", config_size_lies)
         refused("artifact type is 'application/vnd.example.other', not an aotid model", other_type)
         refused("HTTP 500: the disk is on fire", server_error)
         refused("no answer in time", hangs, timeout=2)
