@@ -3,10 +3,13 @@
 // torch throws and turns it into a Status.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <sys/mman.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "base/mutex.h"
 #include "runtime/loaded_model.h"
@@ -114,6 +117,44 @@ class AotiModel final : public LoadedModel {
 
 }  // namespace
 
+// AOTInductor's CPU runtime copies the constants out of model.so into
+// memory of its own when it loads; the library's read-only pages they came
+// from stay resident, so the weights counted twice. Those pages are handed
+// back: MADV_PAGEOUT reclaims only clean file pages (a page that was
+// written, like relocated data, is not dropped), and one touched again is
+// read back from the file. Returns the bytes advised.
+int64_t ReleaseLibraryPages(const std::string& so_path) {
+#ifdef MADV_PAGEOUT
+  std::error_code ec;
+  std::string real = std::filesystem::canonical(so_path, ec).string();
+  if (ec) return 0;
+  FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return 0;
+  int64_t advised = 0;
+  char line[4096];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long start = 0, end = 0;
+    char perms[8] = {};
+    int path_at = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &start, &end, perms, &path_at) < 3 || path_at == 0)
+      continue;
+    std::string path(line + path_at);
+    while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
+    // Data, not code: read-only (the constants in the library) or private
+    // writable (the weights AOTInductor maps from the file's end with
+    // aot_inductor.force_mmap_weights; relocated data there is dirty and stays).
+    if (path != real || (std::string(perms) != "r--p" && std::string(perms) != "rw-p")) continue;
+    if (::madvise(reinterpret_cast<void*>(start), end - start, MADV_PAGEOUT) == 0)
+      advised += static_cast<int64_t>(end - start);
+  }
+  std::fclose(maps);
+  return advised;
+#else
+  (void)so_path;
+  return 0;
+#endif
+}
+
 StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, const LoadOptions& options) {
   // Loads take turns: they are rare and short, and one at a time keeps
   // torch's runner registry and dlopen of model code simple to reason about.
@@ -128,9 +169,12 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, con
       return FailedPrecondition("this aotid's torch has no AOTInductor runner for device '" + options.device +
                                 "' (it has: " + have + ")");
     }
-    auto runner = it->second(entry.so_path, static_cast<size_t>(std::max(1, options.num_runners)), options.device,
-                             /*bin_dir=*/entry.dir, /*run_single_threaded=*/false);
-    return std::unique_ptr<LoadedModel>(new AotiModel(std::move(runner), entry.spec, options.device, options.threads));
+    auto runner =
+        it->second(entry.so_path, static_cast<size_t>(std::max(1, options.num_runners)), options.device,
+                   /*bin_dir=*/entry.dir, /*run_single_threaded=*/false);
+    (void)ReleaseLibraryPages(entry.so_path);
+    return std::unique_ptr<LoadedModel>(
+        new AotiModel(std::move(runner), entry.spec, options.device, options.threads));
   } catch (const c10::Error& e) {
     return Internal("loading " + entry.so_path + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -141,7 +185,8 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, con
 }  // namespace aotid::runtime
 
 // The entry point runtime/torch_plugin.cc looks up.
-extern "C" __attribute__((visibility("default"))) aotid::StatusOr<std::unique_ptr<aotid::runtime::LoadedModel>>
+extern "C" __attribute__((visibility("default")))
+aotid::StatusOr<std::unique_ptr<aotid::runtime::LoadedModel>>
 aotid_torch_load_v2(const aotid::runtime::CacheEntry& entry, const aotid::runtime::LoadOptions& options) {
   static_assert(std::is_same_v<decltype(&aotid_torch_load_v2), aotid::runtime::LoadCompiledModelFn>);
   return aotid::runtime::LoadInPlugin(entry, options);
