@@ -717,11 +717,16 @@ StatusOr<int64_t> Registry::FetchBlob(const std::string& digest, int64_t size, c
   if (!got.ok()) return fail(got.status());
   if ("sha256:" + *got != digest) {
     ::unlink(partial.c_str());
+    // What was on disk before (a crash's torn write) was bad, not what the
+    // registry sent now: start over at once, rather than fail this sync.
+    if (resumed > 0) {
+      ::close(fd);
+      return FetchBlob(digest, size, partial, progress);
+    }
     return fail(Corruption("blob " + digest + " does not match its digest (its bytes hash to sha256:" + *got +
                            "); the download is removed"));
   }
   ::close(fd);
-  (void)resumed;
   return fetched;
 }
 

@@ -525,6 +525,14 @@ def resume_and_refuse(work):
         p = run(store, "sync", ref)
         assert len(fake.ranges) == asked and "as mlp:1" in p.stdout, (fake.ranges, p.stdout)
         assert not os.listdir(os.path.join(store, "downloads"))
+        # A whole leftover that is corrupt (a crash's torn write): fetched
+        # again at once, in the same sync.
+        store = os.path.join(work, "device-f2")
+        os.makedirs(os.path.join(store, "downloads"))
+        with open(os.path.join(store, "downloads", sha + ".partial"), "wb") as f:
+            f.write(bytes(reversed(blob)))
+        p = run(store, "sync", ref)
+        assert fake.ranges[-1] is None and "as mlp:1" in p.stdout, (fake.ranges, p.stdout)
 
         # The config is the registry's word: it names no local model (the
         # repository does, or --name) and its inductor options, which reach
