@@ -825,6 +825,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
     tags.push_back(ref->tag);
   }
   int failed = 0;
+  Status last_failure;
   for (const auto& tag : tags) {
     sync::OciRef one = *ref;
     one.tag = tag;
@@ -839,6 +840,7 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
       std::cerr << "aotid sync: " << r.status().message() << "\n";
       (void)(*store)->AppendEvent("", 0, "sync_failed", one.ToString() + ": " + r.status().message());
       ++failed;
+      last_failure = r.status();
       continue;
     }
     if (r->added) {
@@ -851,7 +853,10 @@ int CmdSync(const GlobalFlags& g, const std::string& source, bool insecure, cons
       std::cout << r->ref << " is up to date: " << r->model << ":" << r->version << "\n";
     }
   }
-  return failed == 0 ? 0 : kExitFailure;
+  // One tag: the exit code says why, as for any command (3: not found);
+  // several: some failed.
+  if (failed == 0) return 0;
+  return tags.size() == 1 ? ExitCodeFor(last_failure) : kExitFailure;
 }
 
 // `aotid sync status`: the sources of the config, with what the daemon

@@ -363,6 +363,11 @@ def push_sync_serve(work):
 
         # Every tag of the repository: the one there is, already here.
         assert "up to date: mlp:1" in run(b, "sync", f"oci://127.0.0.1:{port}/models/mlp").stdout
+        # What is not there exits 3 (not found), one tag or every tag.
+        for missing in (f"oci://127.0.0.1:{port}/models/mlp:nothere", f"oci://127.0.0.1:{port}/models/nothere:1",
+                        f"oci://127.0.0.1:{port}/models/nothere"):
+            p = run(b, "sync", missing, ok=False)
+            assert p.returncode == 3, (missing, p.returncode, p.stderr)
 
         log_path = os.path.join(work, "daemon.log")
         daemon = subprocess.Popen([AOTID, "--store", b, "serve", "--listen", "127.0.0.1:0"],
