@@ -1,0 +1,286 @@
+"""Causal language models for aotid's ``generate`` routes.
+
+aotid runs the token loop itself, in C++ next to the model: it tokenizes the
+prompt, calls the model once for the prompt (prefill) and once per new token
+(decode), samples, and stops. The model it needs is *stateful*: its key/value
+cache lives inside it as buffers, updated in place, so a step passes only the
+new tokens and their positions:
+
+    logits = model(tokens[1, T] int64, input_pos[T] int64)   # -> [1, vocab] float32
+
+``logits`` are those of the last of the T positions. Positions past the
+sequence's own are masked, so a new sequence needs no reset: it starts again
+at position 0 and overwrites the cache as it goes.
+
+``Llama`` is such a model in plain PyTorch (the Llama architecture: RMSNorm,
+rotary embeddings, grouped-query attention, SwiGLU), and
+``export_causal_lm`` writes it, with its tokenizer and chat template, into
+the exported-program package aotid builds and serves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import AOTID_EXTRA_FILE, _export_program
+
+__all__ = ["LlamaConfig", "Llama", "export_causal_lm", "chat_pieces", "TOKENIZER_EXTRA_FILE", "GPT2_PATTERN"]
+
+TOKENIZER_EXTRA_FILE = "aotid_tokenizer.json"
+
+# GPT-2's pre-tokenizer: contractions, letters, numbers and other symbols each
+# with at most one leading space, and whitespace runs.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    max_seq_len: int = 2048
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rope(x, cos, sin):
+    """Rotates pairs (2i, 2i+1) of the last dim; x is [B, H, T, D], cos/sin [T, D/2]."""
+    xr = x.reshape(*x.shape[:-1], -1, 2)
+    a, b = xr[..., 0], xr[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.wq = torch.nn.Linear(c.dim, c.n_heads * c.head_dim, bias=False)
+        self.wk = torch.nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
+        self.wv = torch.nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
+        self.wo = torch.nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
+        shape = (1, c.n_kv_heads, c.max_seq_len, c.head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+
+    def forward(self, x, cos, sin, input_pos, mask):
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+        rep = self.n_heads // self.n_kv_heads
+        keys = self.k_cache.repeat_interleave(rep, dim=1)
+        values = self.v_cache.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.w1 = torch.nn.Linear(c.dim, c.hidden_dim, bias=False)  # gate
+        self.w3 = torch.nn.Linear(c.dim, c.hidden_dim, bias=False)  # up
+        self.w2 = torch.nn.Linear(c.hidden_dim, c.dim, bias=False)  # down
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(c.dim, c.norm_eps)
+        self.attention = Attention(c)
+        self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
+        self.feed_forward = FeedForward(c)
+
+    def forward(self, x, cos, sin, input_pos, mask):
+        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(torch.nn.Module):
+    """``forward(tokens[1, T], input_pos[T]) -> logits[1, vocab]`` of the last position."""
+
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.config = c
+        self.tok_embeddings = torch.nn.Embedding(c.vocab_size, c.dim)
+        self.layers = torch.nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.output = torch.nn.Linear(c.dim, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        angles = torch.outer(torch.arange(c.max_seq_len, dtype=torch.float32), inv)
+        self.register_buffer("rope_cos", angles.cos(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        self.register_buffer("positions", torch.arange(c.max_seq_len), persistent=False)
+
+    def forward(self, tokens, input_pos):
+        x = self.tok_embeddings(tokens)
+        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
+        # A query at position p sees the keys at positions 0..p of this sequence.
+        mask = self.positions.unsqueeze(0) <= input_pos.unsqueeze(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, input_pos, mask)
+        return self.output(self.norm(x[:, -1, :]))
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.attention.k_cache.zero_()
+            layer.attention.v_cache.zero_()
+
+
+def greedy(model: Llama, prompt_ids: Sequence[int], max_tokens: int, eos_ids: Sequence[int] = ()) -> list[int]:
+    """The eager greedy loop aotid's own must match: prefill, then one token a step."""
+    out: list[int] = []
+    with torch.no_grad():
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.int64)
+        logits = model(ids, torch.arange(len(prompt_ids)))
+        pos = len(prompt_ids)
+        while len(out) < max_tokens:
+            nxt = int(torch.argmax(logits[0]))
+            out.append(nxt)
+            if nxt in eos_ids or pos >= model.config.max_seq_len:
+                break
+            logits = model(torch.tensor([[nxt]]), torch.tensor([pos]))
+            pos += 1
+    return out
+
+
+def chat_pieces(template: str, bos_token: str = "", eos_token: str = "") -> dict[str, Any]:
+    """What aotid needs of a Jinja chat template, found by rendering it.
+
+    aotid has no Jinja engine: it assembles a prompt from pieces. Rendering
+    the template on marked messages finds them: the text before and after
+    each role's content, what the template adds when the conversation does
+    not start with a system message (a default system prompt), and the
+    generation prompt. Templates of that shape (ChatML and its kind) are
+    described exactly; a template whose output is not a concatenation of
+    such pieces raises ValueError.
+    """
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def fail(message):
+        raise ValueError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = fail
+    tmpl = env.from_string(template)
+
+    def render(messages, gen=False):
+        return tmpl.render(messages=messages, add_generation_prompt=gen, bos_token=bos_token, eos_token=eos_token)
+
+    marks = {"system": "\x01S\x01", "user": "\x01U\x01", "assistant": "\x01A\x01"}
+    msg = {r: {"role": r, "content": m} for r, m in marks.items()}
+
+    def after(longer, shorter, what):
+        if not longer.startswith(shorter):
+            fail(f"{what} changes the text rendered before it")
+        return longer[len(shorter):]
+
+    def split(text, role):
+        before, sep, rest = text.partition(marks[role])
+        if not sep or marks[role] in rest:
+            fail(f"the {role} message's content does not appear once in the rendered text")
+        return {"prefix": before, "suffix": rest}
+
+    s = render([msg["system"]])
+    su = render([msg["system"], msg["user"]])
+    sua = render([msg["system"], msg["user"], msg["assistant"]])
+    out: dict[str, Any] = {
+        "system": split(s, "system"),
+        "user": split(after(su, s, "a user message"), "user"),
+        "assistant": split(after(sua, su, "an assistant message"), "assistant"),
+        "generation_prompt": after(render([msg["system"], msg["user"]], gen=True), su, "the generation prompt"),
+    }
+
+    def piece(role):
+        return out[role]["prefix"] + marks[role] + out[role]["suffix"]
+
+    # Without a system message the template may add its own first.
+    user_first = render([msg["user"]])
+    if not user_first.endswith(piece("user")):
+        fail("a conversation without a system message does not end with the user's message")
+    out["default_preamble"] = user_first[:-len(piece("user"))]
+    # The pieces must rebuild what the template renders for a longer talk.
+    talk = ["system", "user", "assistant", "user", "assistant", "user"]
+    if render([msg[r] for r in talk]) != "".join(piece(r) for r in talk):
+        fail("the pieces found do not rebuild a longer conversation")
+    return out
+
+
+def export_causal_lm(
+    model: Llama,
+    path: str,
+    *,
+    tokenizer: Mapping[str, Any],
+    eos_token_ids: Sequence[int],
+    bos_token_id: int | None = None,
+    chat_template: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    max_prefill: int | None = None,
+) -> torch.export.ExportedProgram:
+    """Exports a stateful causal LM with what aotid's ``generate`` needs.
+
+    ``tokenizer`` is aotid's tokenizer description (see docs/GENERATE.md):
+    ``{"type": "byte_level_bpe", "pre_tokenizer": [regex, ...], "tokens":
+    [...], "merges": ["a b", ...], "special": [ids]}``. ``bos_token_id``, when
+    given, starts every prompt. ``chat_template`` (Jinja, as the model ships
+    it) becomes the chat form of ``generate``. ``max_prefill`` bounds the
+    tokens one call takes (default: the whole context).
+    """
+    c = model.config
+    most = min(max_prefill or c.max_seq_len, c.max_seq_len)
+    seq = torch.export.Dim("seq", min=1, max=most)
+    example = (torch.zeros(1, 4, dtype=torch.int64), torch.arange(4))
+    ep, names = _export_program(model, example, ["tokens", "input_pos"], ["logits"], False,
+                                ({1: seq}, {0: seq}), record_typical=False)
+    generate: dict[str, Any] = {
+        "kind": "causal_lm",
+        "tokens_input": "tokens",
+        "positions_input": "input_pos",
+        "logits_output": "logits",
+        "max_seq_len": c.max_seq_len,
+        "max_prefill": most,
+        "eos_token_ids": [int(i) for i in eos_token_ids],
+        "tokenizer": TOKENIZER_EXTRA_FILE,
+    }
+    if bos_token_id is not None:
+        generate["bos_token_id"] = int(bos_token_id)
+    if chat_template:
+        tokens = tokenizer["tokens"]
+        bos = tokens[bos_token_id] if bos_token_id is not None else ""
+        eos = tokens[eos_token_ids[0]] if eos_token_ids else ""
+        generate["chat"] = chat_pieces(chat_template, bos, eos)
+    extra = {"format": 1, **names, "metadata": dict(metadata or {}), "generate": generate}
+    torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra),
+                                             TOKENIZER_EXTRA_FILE: json.dumps(tokenizer)})
+    return ep
+

@@ -1,0 +1,199 @@
+#include "text/generation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace aotid::text {
+
+using nlohmann::json;
+
+StatusOr<std::string> ApplyChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) return InvalidArgument("\"messages\" is empty: a chat needs at least one message");
+  std::string out;
+  if (messages.front().role != "system") out = chat.default_preamble;
+  for (const ChatMessage& m : messages) {
+    auto it = chat.roles.find(m.role);
+    if (it == chat.roles.end()) {
+      std::string known;
+      for (const auto& [name, unused] : chat.roles) known += (known.empty() ? "" : ", ") + name;
+      return InvalidArgument("a message's role is \"" + m.role + "\"; the model's chat template has " +
+                             known);
+    }
+    out += it->second.prefix;
+    out += m.content;
+    out += it->second.suffix;
+  }
+  out += chat.generation_prompt;
+  return out;
+}
+
+namespace {
+
+StatusOr<std::string> StringField(const json& j, const char* name, std::string fallback) {
+  if (!j.contains(name)) return fallback;
+  if (!j[name].is_string())
+    return InvalidArgument(std::string("generate.json \"") + name + "\" is not a string");
+  return j[name].get<std::string>();
+}
+
+StatusOr<int64_t> IntField(const json& j, const char* name, int64_t lo, int64_t hi) {
+  if (!j.contains(name) || !j[name].is_number_integer()) {
+    return InvalidArgument(std::string("generate.json has no integer \"") + name + "\"");
+  }
+  int64_t v = j[name].get<int64_t>();
+  if (v < lo || v > hi) {
+    return InvalidArgument(std::string("generate.json \"") + name + "\" is " + std::to_string(v) +
+                           ", outside " + std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return v;
+}
+
+}  // namespace
+
+StatusOr<GenerateSpec> GenerateSpec::FromJson(std::string_view text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("generate.json is not a JSON object");
+  if (j.value("kind", "") != "causal_lm") {
+    return InvalidArgument("generate.json's kind is not \"causal_lm\", the one aotid runs");
+  }
+  GenerateSpec g;
+  ASSIGN_OR_RETURN(g.tokens_input, StringField(j, "tokens_input", g.tokens_input));
+  ASSIGN_OR_RETURN(g.positions_input, StringField(j, "positions_input", g.positions_input));
+  ASSIGN_OR_RETURN(g.logits_output, StringField(j, "logits_output", g.logits_output));
+  ASSIGN_OR_RETURN(g.max_seq_len, IntField(j, "max_seq_len", 2, int64_t{1} << 24));
+  ASSIGN_OR_RETURN(g.max_prefill, IntField(j, "max_prefill", 1, g.max_seq_len));
+  if (!j.contains("tokenizer") || !j["tokenizer"].is_object()) {
+    return InvalidArgument("generate.json has no tokenizer");
+  }
+  auto tok = Tokenizer::FromJson(j["tokenizer"].dump());
+  if (!tok.ok()) return tok.status();
+  g.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tok).value());
+  const int64_t vocab = g.tokenizer->vocab_size();
+  if (!j.contains("eos_token_ids") || !j["eos_token_ids"].is_array()) {
+    return InvalidArgument("generate.json has no \"eos_token_ids\" list");
+  }
+  for (const auto& e : j["eos_token_ids"]) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
+      return InvalidArgument("generate.json \"eos_token_ids\" has an id outside the vocabulary");
+    }
+    g.eos_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  if (j.contains("bos_token_id")) {
+    ASSIGN_OR_RETURN(int64_t bos, IntField(j, "bos_token_id", 0, vocab - 1));
+    g.bos_id = static_cast<int32_t>(bos);
+  }
+  if (j.contains("chat")) {
+    const json& c = j["chat"];
+    if (!c.is_object()) return InvalidArgument("generate.json \"chat\" is not an object");
+    ChatTemplate chat;
+    for (const char* role : {"system", "user", "assistant"}) {
+      if (!c.contains(role)) continue;
+      const json& r = c[role];
+      if (!r.is_object())
+        return InvalidArgument(std::string("generate.json chat role \"") + role + "\" is not an object");
+      ChatTemplate::Role piece;
+      ASSIGN_OR_RETURN(piece.prefix, StringField(r, "prefix", ""));
+      ASSIGN_OR_RETURN(piece.suffix, StringField(r, "suffix", ""));
+      chat.roles[role] = std::move(piece);
+    }
+    if (!chat.roles.contains("user"))
+      return InvalidArgument("generate.json's chat template has no user role");
+    ASSIGN_OR_RETURN(chat.generation_prompt, StringField(c, "generation_prompt", ""));
+    ASSIGN_OR_RETURN(chat.default_preamble, StringField(c, "default_preamble", ""));
+    g.chat = std::move(chat);
+  }
+  return g;
+}
+
+Sampler::Sampler(const SamplingParams& params) : p_(params) {
+  seed_ = params.seed ? *params.seed
+                      : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  rng_.seed(seed_);
+}
+
+double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+int32_t Sampler::Next(const float* logits, int32_t vocab) {
+  if (p_.greedy()) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; ++i) {
+      if (logits[i] > logits[best]) best = i;
+    }
+    return best;
+  }
+  auto& c = scratch_;
+  c.resize(static_cast<size_t>(vocab));
+  const auto inv_t = static_cast<float>(1.0 / p_.temperature);
+  for (int32_t i = 0; i < vocab; ++i) c[static_cast<size_t>(i)] = {logits[i] * inv_t, i};
+  // Highest first; equal logits by id, so the order never depends on the sort.
+  auto higher = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  size_t keep = c.size();
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < c.size()) keep = static_cast<size_t>(p_.top_k);
+  std::partial_sort(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(keep), c.end(), higher);
+  c.resize(keep);
+  std::vector<double> probs(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    probs[i] = std::exp(static_cast<double>(c[i].first - c[0].first));
+    total += probs[i];
+  }
+  if (!(total > 0) || !std::isfinite(total)) return c[0].second;  // NaN or inf logits: the highest
+  if (p_.top_p < 1.0) {
+    // The fewest tokens whose probability reaches top_p, at least one.
+    double cum = 0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += probs[n++] / total;
+      if (cum >= p_.top_p) break;
+    }
+    keep = n;
+    total = 0;
+    for (size_t i = 0; i < keep; ++i) total += probs[i];
+  }
+  double u = Uniform() * total;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= probs[i];
+    if (u < 0) return c[i].second;
+  }
+  return c[keep - 1].second;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
+}
+
+std::string StopMatcher::Push(std::string_view text, bool* stopped) {
+  held_.append(text);
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    *stopped = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Hold the longest tail that a stop string starts with.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - 1, held_.size()); n > hold; --n) {
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - hold);
+  held_.erase(0, held_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::Flush() {
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+}  // namespace aotid::text

@@ -1,0 +1,106 @@
+// What a language model's token loop needs besides the model: the model's
+// generate spec (the build's generate.json), the chat prompt, sampling and
+// stop strings. The loop itself is serving/generate.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "text/tokenizer.h"
+
+namespace aotid::text {
+
+// A chat template as pieces (the exporter renders the model's Jinja
+// template on marked messages to find them, aotid_export.llm.chat_pieces):
+// the prompt is the default preamble (when the talk does not open with a
+// system message), each message as prefix + content + suffix of its role,
+// then the generation prompt.
+struct ChatTemplate {
+  struct Role {
+    std::string prefix, suffix;
+  };
+  std::map<std::string, Role> roles;  // "system", "user", "assistant"
+  std::string generation_prompt;
+  std::string default_preamble;
+};
+
+struct ChatMessage {
+  std::string role, content;
+};
+
+// The prompt for `messages`. InvalidArgument for no messages or a role the
+// template does not have.
+StatusOr<std::string> ApplyChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages);
+
+// A causal language model's generate spec: the model is
+// (tokens[1, T] int64, positions[T] int64) -> logits[1, vocab] float32, its
+// key/value cache inside it.
+struct GenerateSpec {
+  std::string tokens_input = "tokens";
+  std::string positions_input = "input_pos";
+  std::string logits_output = "logits";
+  int64_t max_seq_len = 0;  // the cache's length: prompt and output together
+  int64_t max_prefill = 0;  // the most tokens one call takes
+  std::vector<int32_t> eos_ids;
+  int32_t bos_id = -1;  // starts every prompt when >= 0
+  std::optional<ChatTemplate> chat;
+  std::shared_ptr<const Tokenizer> tokenizer;
+
+  // Reads generate.json: the package's "generate" section with the
+  // tokenizer description under "tokenizer". Errors name the field.
+  static StatusOr<GenerateSpec> FromJson(std::string_view json);
+};
+
+// How tokens are chosen. temperature 0 (or top_k 1) is greedy: the first
+// of the highest logits, as torch.argmax picks.
+struct SamplingParams {
+  double temperature = 0.8;
+  int top_k = 40;      // 0: every token
+  double top_p = 0.9;  // 1: no nucleus cut
+  std::optional<uint64_t> seed;
+
+  bool greedy() const { return temperature <= 0.0 || top_k == 1; }
+};
+
+// Chooses tokens from logits. The draw is reproducible for a seed: the
+// generator (mt19937_64) and the way a draw becomes a number in [0, 1) are
+// fixed here, not left to the standard library's distributions.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  int32_t Next(const float* logits, int32_t vocab);
+  uint64_t seed() const { return seed_; }
+
+ private:
+  double Uniform();
+  SamplingParams p_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+// Watches generated text for stop strings. Text that might be the start of
+// one is held back until it is known not to be, so a client never sees a
+// stop string or part of it.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  // Adds text; returns what can be sent now. Once a stop string appears,
+  // *stopped is set and the text before it is the last returned.
+  std::string Push(std::string_view text, bool* stopped);
+  // What was held back, at the end of generation.
+  std::string Flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+};
+
+}  // namespace aotid::text

@@ -1,0 +1,406 @@
+#include "text/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
+namespace aotid::text {
+namespace {
+
+// How many bytes the UTF-8 sequence starting with `lead` has; 0 for a byte
+// that cannot start one.
+int SequenceLength(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if (lead >= 0xC2 && lead <= 0xDF) return 2;
+  if (lead >= 0xE0 && lead <= 0xEF) return 3;
+  if (lead >= 0xF0 && lead <= 0xF4) return 4;
+  return 0;
+}
+
+// Whether byte `i` (1-based within the sequence) may follow `lead`. The
+// second byte's range is narrower for a few leads: that is what rules out
+// overlong forms, surrogates and code points past U+10FFFF.
+bool ValidContinuation(unsigned char lead, int i, unsigned char b) {
+  if (i == 1) {
+    if (lead == 0xE0) return b >= 0xA0 && b <= 0xBF;
+    if (lead == 0xED) return b >= 0x80 && b <= 0x9F;
+    if (lead == 0xF0) return b >= 0x90 && b <= 0xBF;
+    if (lead == 0xF4) return b >= 0x80 && b <= 0x8F;
+  }
+  return b >= 0x80 && b <= 0xBF;
+}
+
+// The length of the valid sequence at s[0..]: > 0 when whole, 0 when it is
+// invalid, -1 when it is a valid start cut off by the end of `s`.
+int ValidSequenceAt(std::string_view s) {
+  auto lead = static_cast<unsigned char>(s[0]);
+  int n = SequenceLength(lead);
+  if (n == 0) return 0;
+  for (int i = 1; i < n; ++i) {
+    if (static_cast<size_t>(i) >= s.size()) return -1;
+    if (!ValidContinuation(lead, i, static_cast<unsigned char>(s[i]))) return 0;
+  }
+  return n;
+}
+
+constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+
+void AppendCodePoint(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// Byte-level BPE spells each byte as one printable character: the bytes
+// that are printable Latin-1 as themselves, the others (controls, space,
+// and a few) as U+0100 onwards, in byte order.
+std::vector<std::string> ByteSymbols() {
+  std::vector<std::string> sym(256);
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    AppendCodePoint(printable ? b : next++, &sym[b]);
+  }
+  return sym;
+}
+
+struct Pattern {
+  pcre2_code* code = nullptr;
+  ~Pattern() { pcre2_code_free(code); }
+};
+
+}  // namespace
+
+bool ValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    int n = ValidSequenceAt(s.substr(i));
+    if (n <= 0) return false;
+    i += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string Utf8Stream::Push(std::string_view bytes) {
+  held_.append(bytes);
+  std::string out;
+  size_t i = 0;
+  while (i < held_.size()) {
+    int n = ValidSequenceAt(std::string_view(held_).substr(i));
+    if (n < 0) break;  // wait for the rest of the character
+    if (n == 0) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    out.append(held_, i, static_cast<size_t>(n));
+    i += static_cast<size_t>(n);
+  }
+  held_.erase(0, i);
+  return out;
+}
+
+std::string Utf8Stream::Flush() {
+  std::string out = Push("");
+  if (!held_.empty()) out += kReplacement;
+  held_.clear();
+  return out;
+}
+
+struct Tokenizer::Impl {
+  std::vector<std::string> text;   // by id, as the vocabulary spells it
+  std::vector<std::string> bytes;  // by id, what it decodes to
+  std::vector<bool> special;
+  std::unordered_map<std::string, int32_t> by_text;
+  int32_t byte_token[256] = {};
+  // (left id << 32 | right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;
+  std::vector<std::pair<std::string, int32_t>> specials;  // longest first
+  std::vector<std::unique_ptr<Pattern>> patterns;
+
+  static uint64_t PairKey(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+
+  // Merges one piece's bytes by rank; appends the ids to *out.
+  void Bpe(std::string_view piece, std::vector<int32_t>* out) const {
+    struct Sym {
+      int32_t id;
+      int prev, next;
+    };
+    // A byte the vocabulary has no token for is dropped, as the reference
+    // tokenizer drops it (SmolLM2 has none for a few control bytes).
+    std::vector<Sym> syms;
+    syms.reserve(piece.size());
+    for (char ch : piece) {
+      int32_t id = byte_token[static_cast<unsigned char>(ch)];
+      if (id >= 0) syms.push_back({id, static_cast<int>(syms.size()) - 1, static_cast<int>(syms.size()) + 1});
+    }
+    const int n = static_cast<int>(syms.size());
+    if (n == 0) return;
+    syms.back().next = -1;
+    struct Cand {
+      int32_t rank;
+      int left;
+      int32_t left_id, right_id;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<>> queue;
+    auto consider = [&](int left) {
+      if (left < 0) return;
+      int right = syms[static_cast<size_t>(left)].next;
+      if (right < 0) return;
+      int32_t a = syms[static_cast<size_t>(left)].id, b = syms[static_cast<size_t>(right)].id;
+      auto it = merges.find(PairKey(a, b));
+      if (it != merges.end()) queue.push({it->second.first, left, a, b});
+    };
+    for (int i = 0; i + 1 < n; ++i) consider(i);
+    std::vector<bool> dead(syms.size(), false);
+    while (!queue.empty()) {
+      Cand c = queue.top();
+      queue.pop();
+      Sym& l = syms[static_cast<size_t>(c.left)];
+      // Stale: either side merged since this pair was queued.
+      if (dead[static_cast<size_t>(c.left)] || l.id != c.left_id || l.next < 0) continue;
+      Sym& r = syms[static_cast<size_t>(l.next)];
+      if (r.id != c.right_id) continue;
+      l.id = merges.at(PairKey(c.left_id, c.right_id)).second;
+      dead[static_cast<size_t>(l.next)] = true;
+      l.next = r.next;
+      if (r.next >= 0) syms[static_cast<size_t>(r.next)].prev = c.left;
+      consider(l.prev);
+      consider(c.left);
+    }
+    for (int i = 0; i >= 0 && i < n; i = syms[static_cast<size_t>(i)].next)
+      out->push_back(syms[static_cast<size_t>(i)].id);
+  }
+
+  // Splits `s` by each pattern in turn, then merges each piece.
+  Status EncodeOrdinary(std::string_view s, std::vector<int32_t>* out) const {
+    std::vector<std::string_view> pieces{s}, next;
+    pcre2_match_data* md = nullptr;
+    for (const auto& p : patterns) {
+      if (md == nullptr) md = pcre2_match_data_create(4, nullptr);
+      next.clear();
+      for (std::string_view piece : pieces) {
+        size_t at = 0;
+        while (at < piece.size()) {
+          int rc = pcre2_match(p->code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(), at,
+                               PCRE2_NO_UTF_CHECK, md, nullptr);
+          if (rc == PCRE2_ERROR_NOMATCH) break;
+          if (rc < 0) {
+            pcre2_match_data_free(md);
+            PCRE2_UCHAR msg[120];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return InvalidArgument("the tokenizer's pattern could not split the text: " +
+                                   std::string(reinterpret_cast<char*>(msg)));
+          }
+          PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+          size_t begin = ov[0], end = ov[1];
+          if (end == begin) {  // an empty match: move on by one character
+            size_t step = 1;
+            while (at + step < piece.size() && (static_cast<unsigned char>(piece[at + step]) & 0xC0) == 0x80)
+              ++step;
+            at += step;
+            continue;
+          }
+          if (begin > at) next.push_back(piece.substr(at, begin - at));
+          next.push_back(piece.substr(begin, end - begin));
+          at = end;
+        }
+        if (at < piece.size()) next.push_back(piece.substr(at));
+      }
+      pieces.swap(next);
+    }
+    pcre2_match_data_free(md);
+    for (std::string_view piece : pieces) Bpe(piece, out);
+    return Status::OK();
+  }
+};
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::~Tokenizer() = default;
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view description) {
+  auto j = nlohmann::json::parse(description, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("the tokenizer is not a JSON object");
+  if (j.value("type", "") != "byte_level_bpe") {
+    return InvalidArgument("the tokenizer's type is not \"byte_level_bpe\", the one aotid reads");
+  }
+  auto impl = std::make_unique<Impl>();
+  const auto& tokens = j["tokens"];
+  if (!tokens.is_array() || tokens.empty() || tokens.size() > (1u << 24)) {
+    return InvalidArgument("the tokenizer's \"tokens\" is not a list of 1 to 16M strings");
+  }
+  std::vector<std::string> symbols = ByteSymbols();
+  std::unordered_map<std::string, int> symbol_byte;
+  for (int b = 0; b < 256; ++b) symbol_byte[symbols[static_cast<size_t>(b)]] = b;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!tokens[i].is_string())
+      return InvalidArgument("tokenizer token " + std::to_string(i) + " is not a string");
+    std::string t = tokens[i].get<std::string>();
+    impl->by_text.emplace(t, static_cast<int32_t>(i));
+    impl->text.push_back(std::move(t));
+  }
+  impl->special.assign(tokens.size(), false);
+  if (j.contains("special")) {
+    if (!j["special"].is_array()) return InvalidArgument("the tokenizer's \"special\" is not a list of ids");
+    for (const auto& s : j["special"]) {
+      if (!s.is_number_integer() || s.get<int64_t>() < 0 ||
+          s.get<int64_t>() >= static_cast<int64_t>(tokens.size())) {
+        return InvalidArgument("the tokenizer's \"special\" has an id outside the vocabulary");
+      }
+      auto id = static_cast<int32_t>(s.get<int64_t>());
+      if (impl->text[static_cast<size_t>(id)].empty()) {
+        return InvalidArgument("the tokenizer's special token " + std::to_string(id) + " is empty");
+      }
+      impl->special[static_cast<size_t>(id)] = true;
+      impl->specials.emplace_back(impl->text[static_cast<size_t>(id)], id);
+    }
+  }
+  std::stable_sort(impl->specials.begin(), impl->specials.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  // What each token decodes to: its characters mapped back to bytes.
+  impl->bytes.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& t = impl->text[i];
+    if (impl->special[i]) {
+      impl->bytes[i] = t;
+      continue;
+    }
+    std::string out;
+    for (size_t k = 0; k < t.size();) {
+      int n = ValidSequenceAt(std::string_view(t).substr(k));
+      auto it = n > 0 ? symbol_byte.find(t.substr(k, static_cast<size_t>(n))) : symbol_byte.end();
+      if (it == symbol_byte.end()) {
+        // Not a byte-level spelling (an added token written as plain
+        // text): it decodes to itself.
+        out = t;
+        break;
+      }
+      out.push_back(static_cast<char>(it->second));
+      k += static_cast<size_t>(n);
+    }
+    impl->bytes[i] = std::move(out);
+  }
+  int byte_tokens = 0;
+  for (int b = 0; b < 256; ++b) {
+    auto it = impl->by_text.find(symbols[static_cast<size_t>(b)]);
+    impl->byte_token[b] = it == impl->by_text.end() ? -1 : it->second;
+    if (it != impl->by_text.end()) ++byte_tokens;
+  }
+  // Letters at least: a vocabulary without byte-level spellings is not one.
+  if (byte_tokens < 128) {
+    return InvalidArgument("the tokenizer's vocabulary spells only " + std::to_string(byte_tokens) +
+                           " of the 256 bytes: it is not a byte-level vocabulary");
+  }
+  const auto& merges = j["merges"];
+  if (!merges.is_array()) return InvalidArgument("the tokenizer's \"merges\" is not a list");
+  for (size_t r = 0; r < merges.size(); ++r) {
+    if (!merges[r].is_string())
+      return InvalidArgument("tokenizer merge " + std::to_string(r) + " is not a string");
+    const std::string m = merges[r].get<std::string>();
+    size_t sp = m.find(' ');
+    if (sp == std::string::npos || sp == 0 || sp + 1 >= m.size() ||
+        m.find(' ', sp + 1) != std::string::npos) {
+      return InvalidArgument("tokenizer merge " + std::to_string(r) +
+                             " is not two tokens with a space between");
+    }
+    std::string a = m.substr(0, sp), b = m.substr(sp + 1);
+    auto ia = impl->by_text.find(a), ib = impl->by_text.find(b), im = impl->by_text.find(a + b);
+    if (ia == impl->by_text.end() || ib == impl->by_text.end() || im == impl->by_text.end()) {
+      return InvalidArgument("tokenizer merge " + std::to_string(r) + " (\"" + m +
+                             "\") names a token the vocabulary does not have");
+    }
+    impl->merges.emplace(Impl::PairKey(ia->second, ib->second),
+                         std::make_pair(static_cast<int32_t>(r), im->second));
+  }
+  const auto& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json::array();
+  if (!pre.is_array()) return InvalidArgument("the tokenizer's \"pre_tokenizer\" is not a list of patterns");
+  for (const auto& p : pre) {
+    if (!p.is_string()) return InvalidArgument("a tokenizer pattern is not a string");
+    std::string pat = p.get<std::string>();
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    auto pattern = std::make_unique<Pattern>();
+    pattern->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.data()), pat.size(), PCRE2_UTF | PCRE2_UCP,
+                                  &err, &off, nullptr);
+    if (pattern->code == nullptr) {
+      PCRE2_UCHAR msg[120];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      return InvalidArgument("tokenizer pattern \"" + pat + "\" does not compile at " + std::to_string(off) +
+                             ": " + reinterpret_cast<char*>(msg));
+    }
+    (void)pcre2_jit_compile(pattern->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is missing
+    impl->patterns.push_back(std::move(pattern));
+  }
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  if (!ValidUtf8(text)) return InvalidArgument("the text is not valid UTF-8");
+  std::vector<int32_t> out;
+  // The next place each special token occurs, found again only once passed.
+  const auto& specials = impl_->specials;
+  std::vector<size_t> next(specials.size(), 0);
+  std::vector<bool> fresh(specials.size(), false);
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t best = std::string_view::npos;
+    size_t which = 0;
+    for (size_t i = 0; i < specials.size(); ++i) {
+      if (!fresh[i] || next[i] < at) {
+        next[i] = text.find(specials[i].first, at);
+        fresh[i] = true;
+      }
+      if (next[i] < best) {  // longest first, so a tie keeps the longer
+        best = next[i];
+        which = i;
+      }
+    }
+    std::string_view plain =
+        text.substr(at, best == std::string_view::npos ? std::string_view::npos : best - at);
+    if (!plain.empty()) RETURN_IF_ERROR(impl_->EncodeOrdinary(plain, &out));
+    if (best == std::string_view::npos) break;
+    out.push_back(specials[which].second);
+    at = best + specials[which].first.size();
+  }
+  return out;
+}
+
+const std::string& Tokenizer::Bytes(int32_t id) const {
+  static const std::string kNone;
+  return id >= 0 && static_cast<size_t>(id) < impl_->bytes.size() ? impl_->bytes[static_cast<size_t>(id)]
+                                                                  : kNone;
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  std::string raw;
+  for (int32_t id : ids) raw += Bytes(id);
+  Utf8Stream s;
+  return s.Push(raw) + s.Flush();
+}
+
+int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->text.size()); }
+
+bool Tokenizer::IsSpecial(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->special.size() &&
+         impl_->special[static_cast<size_t>(id)];
+}
+
+int32_t Tokenizer::Find(std::string_view token) const {
+  auto it = impl_->by_text.find(std::string(token));
+  return it == impl_->by_text.end() ? -1 : it->second;
+}
+
+}  // namespace aotid::text

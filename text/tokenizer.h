@@ -1,0 +1,75 @@
+// A byte-level BPE tokenizer (the GPT-2 kind, which most small language
+// models use), read from the description the exporter writes into a
+// package (aotid_export.llm, docs/GENERATE.md):
+//
+//   {"type": "byte_level_bpe",
+//    "pre_tokenizer": ["\\p{N}", "'s|'t|...| ?\\p{L}+|..."],   applied in turn
+//    "tokens": ["<|endoftext|>", "!", ...],                     by id
+//    "merges": ["Ġ t", "i n", ...],                              by rank
+//    "special": [0, 1, 2]}                                       ids
+//
+// Encoding: special tokens are split out of the text first (their literal
+// text, leftmost and then longest); every other stretch is split by each
+// pre-tokenizer pattern in turn (PCRE2, Unicode properties on; both the
+// matches and the text between them become pieces); each piece's bytes
+// map to their byte-level symbols and are merged by rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace aotid::text {
+
+class Tokenizer {
+ public:
+  // Errors name what in the description is wrong.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view description);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // InvalidArgument when `text` is not valid UTF-8. Thread-safe.
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
+
+  // The bytes a token stands for: a special token's own text, others their
+  // bytes (which may be part of one UTF-8 character). Empty for an id
+  // outside the vocabulary.
+  const std::string& Bytes(int32_t id) const;
+  std::string Decode(const std::vector<int32_t>& ids) const;
+
+  int32_t vocab_size() const;
+  bool IsSpecial(int32_t id) const;
+  // The id of a token by its text as the vocabulary spells it, or -1.
+  int32_t Find(std::string_view token) const;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Turns a stream of token bytes into text that is whole UTF-8: what a
+// token ends in the middle of a character waits for the tokens that
+// complete it. Bytes that can never complete a character come out as
+// U+FFFD, as a decoder of the whole text would write them.
+class Utf8Stream {
+ public:
+  // The text that is complete after appending `bytes`.
+  std::string Push(std::string_view bytes);
+  // What is still held, with any unfinished character as U+FFFD.
+  std::string Flush();
+
+ private:
+  std::string held_;
+};
+
+// Whether `s` is valid UTF-8 (no overlong forms, surrogates or code points
+// past U+10FFFF).
+bool ValidUtf8(std::string_view s);
+
+}  // namespace aotid::text
