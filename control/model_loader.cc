@@ -3,6 +3,7 @@
 #include <deque>
 #include <optional>
 
+#include "base/fs.h"
 #include "base/log.h"
 #include "storage/model_store.h"
 
@@ -110,6 +111,20 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           ro.on_event = [inbox = work->inbox, fn = r.on_runner_event](const runner::RunnerEvent& e) {
             inbox->Post([fn, e] { fn(e); });
           };
+        }
+        // A language model's generate spec and tokenizer, read before the
+        // runner starts: a spec that does not fit fails the load at once.
+        if (!r.entry.generate_path.empty()) {
+          auto text = fs::ReadFile(r.entry.generate_path);
+          auto spec =
+              text.ok() ? text::GenerateSpec::FromJson(*text) : StatusOr<text::GenerateSpec>(text.status());
+          auto gen = spec.ok() ? serving::Generator::Create(std::move(spec).value(), r.entry.spec)
+                               : StatusOr<std::shared_ptr<serving::Generator>>(spec.status());
+          if (!gen.ok()) {
+            work->result.model = gen.status().WithContext(r.entry.generate_path);
+            return;
+          }
+          work->result.generator = std::move(gen).value();
         }
         // Loads that time their threads take turns: runners timing side by
         // side on the same cores would measure each other (and find the

@@ -16,6 +16,7 @@
 #include "runner/runner_model.h"
 #include "runtime/build_cache.h"
 #include "runtime/loaded_model.h"
+#include "serving/generate.h"
 
 namespace aotid::control {
 
@@ -49,6 +50,8 @@ struct LoadResult {
   // The choice is recorded in the build's entry (read from it, or written
   // now): removing the record asks for a new timing.
   bool threads_recorded = false;
+  // A language model's token loop (its build has a generate spec).
+  std::shared_ptr<const serving::Generator> generator;
 };
 
 class ModelLoader {

@@ -485,6 +485,21 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
   Publish(v, serving::ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
   if (!built_now)
     Record(v, "load_started", "loading the cached build for " + entry.dir.substr(entry.dir.rfind('/') + 1));
+  // A language model keeps its sequence's cache inside the compiled model,
+  // which every runner instance and every row of a batch would share.
+  if (!entry.generate_path.empty() && (v.settings.num_runners > 1 || v.settings.max_batch_size > 1)) {
+    std::string why =
+        "a language model runs one sequence at a time (its key/value cache is inside the "
+        "compiled model, shared by its runners and by the rows of a batch): set num_runners=1 "
+        "and max_batch_size=1";
+    in_flight_.erase(WorkKey(v));
+    LOG_ERROR << "loading " << Name(v) << " failed: " << why;
+    Record(v, "load_failed", why);
+    failed_.insert(WorkKey(v));
+    Publish(v, serving::ServeState::kFailed, why);
+    MaybeStartupDone();
+    return;
+  }
   LoadRequest req;
   req.entry = entry;
   req.options.device = plan.device;
@@ -556,7 +571,8 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
     Record(v, "loaded",
            "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
     if (result.threads_recorded) threads_records_[WorkKey(v)] = entry.dir;
-    Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json);
+    Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json,
+            std::move(result.generator));
   }
   MaybeStartupDone();
 }
@@ -595,7 +611,7 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
 
 void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                          std::shared_ptr<runtime::LoadedModel> model, const DevicePlan* plan,
-                         std::string package_json) {
+                         std::string package_json, std::shared_ptr<const serving::Generator> generator) {
   if (!IsCurrent(v)) return;  // removed or changed since this work began
   auto current = registry_->Find(v.model, v.version);
   // A ready model keeps serving through a reload, and through its failure.
@@ -613,6 +629,7 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
   m.artifact = v.artifact;
   m.settings = v.settings;
   m.model = std::move(model);
+  m.generator = std::move(generator);
   registry_->Put(std::move(m));
   if (state == serving::ServeState::kReady || state == serving::ServeState::kFailed) Retire(v.model);
 }

@@ -150,7 +150,7 @@ class Reconciler {
                                                    std::shared_ptr<runtime::LoadedModel> model);
   void Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                std::shared_ptr<runtime::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
-               std::string package_json = "");
+               std::string package_json = "", std::shared_ptr<const serving::Generator> generator = nullptr);
   // Drops the served versions of `name` that the store no longer has, and
   // those the policy no longer wants once a wanted one is ready.
   void Retire(const std::string& name);

@@ -1151,11 +1151,47 @@ class Server::Impl {
       more_here = !c.in.Empty() && RequestBuffered(c.in.View(), opts_.limits, &unused);
     }
     bool keep_alive = WantsKeepAlive(req) && !stopping_.load() && (!draining_.load() || more_here);
+    if (res.stream) {
+      return SendStream(c, res, keep_alive && req.minor_version >= 1, req.minor_version >= 1) ? Next::kKeep
+                                                                                              : Next::kClose;
+    }
     if (!Send(c, res, keep_alive, req.method == "HEAD")) return Next::kClose;
     return keep_alive ? Next::kKeep : Next::kClose;
   }
 
-  static std::string ResponseHead(const Response& res, bool keep_alive) {
+  // A streamed body: chunked when the client speaks HTTP/1.1, else raw
+  // bytes and the connection's end as the body's. True when the connection
+  // can serve another request.
+  bool SendStream(Conn& c, const Response& res, bool keep_alive, bool chunked) {
+    std::string head = ResponseHead(res, keep_alive && chunked, /*length=*/false);
+    head.insert(head.size() - 2, chunked ? "Transfer-Encoding: chunked\r\n" : "");
+    iovec h{head.data(), head.size()};
+    bool ok = WriteAll(c.fd, &h, 1);
+    auto write = [&](std::string_view bytes) {
+      if (!ok || bytes.empty()) return ok;
+      char size[24];
+      int n = chunked ? std::snprintf(size, sizeof size, "%zx\r\n", bytes.size()) : 0;
+      char crlf[] = "\r\n";
+      iovec v[3] = {
+          {size, static_cast<size_t>(n)}, {const_cast<char*>(bytes.data()), bytes.size()}, {crlf, 2}};
+      ok = chunked ? WriteAll(c.fd, v, 3) : WriteAll(c.fd, v + 1, 1);
+      return ok;
+    };
+    try {
+      res.stream(write);
+    } catch (const std::exception& e) {
+      LOG_ERROR << "internal error in a streamed response: " << e.what();
+      return false;  // the body is cut short: closing says so
+    }
+    if (ok && chunked) {
+      char last[] = "0\r\n\r\n";
+      iovec v{last, 5};
+      ok = WriteAll(c.fd, &v, 1);
+    }
+    return ok && keep_alive && chunked;
+  }
+
+  static std::string ResponseHead(const Response& res, bool keep_alive, bool length = true) {
     std::string head;
     head.reserve(160);
     head += "HTTP/1.1 ";
@@ -1168,7 +1204,7 @@ class Server::Impl {
       head += res.content_type;
       head += "\r\n";
     }
-    if (res.status != 204) {
+    if (res.status != 204 && length) {
       head += "Content-Length: ";
       head += std::to_string(res.body.size());
       head += "\r\n";

@@ -59,6 +59,13 @@ struct Response {
   std::string content_type;
   std::string body;
   std::vector<Header> headers;  // besides Content-Type, Content-Length and Connection
+  // A body sent while it is made (Server-Sent Events), instead of `body`:
+  // the head goes out first (chunked to an HTTP/1.1 client; to HTTP/1.0
+  // the connection closes after it), then `stream` runs on the worker and
+  // each write() sends its bytes at once. write() returns false once the
+  // client is gone or stops reading (server.write_timeout_s): the stream
+  // should then end.
+  std::function<void(const std::function<bool(std::string_view)>& write)> stream;
 
   void Set(std::string content, std::string_view type) {
     body = std::move(content);

@@ -14,6 +14,8 @@ namespace aotid::runtime {
 namespace {
 
 constexpr const char* kEntryFiles[] = {"model.so", "spec.json", "package.json"};
+// Written by some builds only: a language model's generate spec.
+constexpr char kGenerateFile[] = "generate.json";
 // Entries written by an aotid with another layout are rebuilt, not loaded.
 constexpr int kLayout = 2;
 
@@ -112,6 +114,14 @@ StatusOr<CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
   e.spec = std::move(spec).value();
   e.so_path = e.dir + "/model.so";
   ASSIGN_OR_RETURN(e.package_json, fs::ReadFile(e.dir + "/package.json"));
+  if (auto want = m["files"].find(kGenerateFile); want != m["files"].end()) {
+    auto have = FileSize(e.dir + "/" + kGenerateFile);
+    if (!have.ok() || !want->is_number_integer() || *have != want->get<int64_t>()) {
+      return Corruption("cache entry " + e.dir + ": " + kGenerateFile +
+                        " is missing or not the size its manifest says");
+    }
+    e.generate_path = e.dir + "/" + kGenerateFile;
+  }
   return e;
 }
 
@@ -227,6 +237,11 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
     if (!size.ok()) return fail(Corruption("build produced no " + std::string(name)));
     manifest["files"][name] = *size;
   }
+  if (fs::Exists(staging + "/" + kGenerateFile)) {
+    auto size = FileSize(staging + "/" + kGenerateFile);
+    if (!size.ok()) return fail(size.status());
+    manifest["files"][kGenerateFile] = *size;
+  }
   // Damage that keeps a file's size shows only in its digest; it is checked
   // when a load of the entry did not finish (LoadCrashed) and by `cache ls`.
   auto digest = fs::Sha256File(staging + "/model.so");
@@ -237,7 +252,7 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
   auto spec = ModelSpec::FromJson(*spec_text);
   if (!spec.ok()) return fail(spec.status().WithContext("build output"));
   // Everything the worker wrote is fsynced before the manifest names it.
-  for (const char* name : {"model.so", "spec.json", "package.json", "build.log"}) {
+  for (const char* name : {"model.so", "spec.json", "package.json", kGenerateFile, "build.log"}) {
     std::string p = staging + "/" + name;
     if (!fs::Exists(p)) continue;
     FILE* f = std::fopen(p.c_str(), "rb");
@@ -270,6 +285,7 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
   auto package_json = fs::ReadFile(dest + "/package.json");
   if (!package_json.ok()) return package_json.status();
   e.package_json = std::move(package_json).value();
+  if (manifest["files"].contains(kGenerateFile)) e.generate_path = dest + "/" + kGenerateFile;
   return e;
 }
 

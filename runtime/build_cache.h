@@ -4,6 +4,7 @@
 //       model.so      the compiled model with its weights, loaded in place
 //       spec.json     inputs and outputs (names, datatypes, shapes)
 //       package.json  the package's metadata (AOTInductor's and the author's)
+//       generate.json a language model's generate spec and tokenizer (only those)
 //       build.log     the build's output
 //       manifest.json what the entry holds, with file sizes; written last
 //   <artifact sha256>/<entry>.failed.log   the log of the last build of that
@@ -40,7 +41,8 @@ struct CacheEntry {
   std::string dir;
   std::string so_path;  // dir + "/model.so"
   ModelSpec spec;
-  std::string package_json;  // package.json as written by the build
+  std::string package_json;   // package.json as written by the build
+  std::string generate_path;  // generate.json (a language model's generate spec), "" when the build has none
 };
 
 // Threads per run that timing this build on this machine chose

@@ -405,7 +405,13 @@ void HttpApi::Routes() {
     runtime::RunContext ctx;
     if (fd >= 0) ctx.cancelled = [fd] { return http::ClientGone(fd); };
     auto run_start = Clock::now();
+    // A language model's cache is inside it: a run waits for the sequence
+    // running on it, if any, to finish.
+    if (sm->generator && !sm->generator->Acquire(ctx.cancelled)) {
+      return SendStatus(res, Cancelled(runtime::kClientGone));
+    }
     auto outputs = sm->model->Infer(decoded->inputs, ctx);
+    if (sm->generator) sm->generator->Release();
     compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
     if (!outputs.ok()) return SendStatus(res, outputs.status());
     res.status = 200;
@@ -419,6 +425,95 @@ void HttpApi::Routes() {
   };
   r.Add("POST", "/v2/models/*/infer", infer);
   r.Add("POST", "/v2/models/*/versions/*/infer", infer);
+
+  // Text generation (Triton's generate extension): the whole answer at
+  // once, or Server-Sent Events as it is made.
+  auto generate = [reg](bool stream) {
+    return [reg, stream](const http::Request& req, http::Response& res) {
+      auto m = Resolve(reg, req);
+      if (!m.ok()) return SendStatus(res, m.status());
+      std::shared_ptr<const ServedModel> sm = *m;
+      if (sm->state != ServeState::kReady || !sm->model) {
+        if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
+        return SendStatus(res, NotReady(*sm));
+      }
+      if (!sm->generator) {
+        return SendError(res, 400,
+                         "model '" + sm->name +
+                             "' has no generate spec: it serves tensors through /infer (a "
+                             "language model exported with aotid_export.llm generates text)");
+      }
+      auto parsed = ParseGenerateRequest(req.body, sm->generator->spec());
+      if (!parsed.ok()) return SendStatus(res, parsed.status());
+      auto prompt = sm->generator->Prompt(*parsed);
+      if (!prompt.ok()) return SendStatus(res, prompt.status());
+      int fd = req.connection_fd;
+      std::function<bool()> gone;
+      if (fd >= 0) gone = [fd] { return http::ClientGone(fd); };
+      // Both run again inside the stream, after this handler returns: they hold what they use.
+      auto head = [sm](json& j) {
+        j["model_name"] = sm->name;
+        j["model_version"] = std::to_string(sm->version);
+      };
+      auto summary = [head](const GenerateResult& g, const GenerateRequest& p) {
+        json j;
+        head(j);
+        j["finish_reason"] = g.finish_reason;
+        j["seed"] = g.seed;
+        j["usage"] = {{"prompt_tokens", g.prompt_tokens}, {"completion_tokens", g.ids.size()}};
+        double per_s = g.ids.size() > 1 && g.decode_ms > 0
+                           ? 1000.0 * static_cast<double>(g.ids.size() - 1) / g.decode_ms
+                           : 0.0;
+        j["timings"] = {{"queue_ms", g.queue_ms},
+                        {"prefill_ms", g.prefill_ms},
+                        {"first_token_ms", g.first_token_ms},
+                        {"decode_ms", g.decode_ms},
+                        {"decode_tokens_per_s", per_s}};
+        if (p.return_token_ids) j["token_ids"] = g.ids;
+        return j;
+      };
+      if (!stream) {
+        Status error;
+        auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
+        if (!g.ok()) return SendStatus(res, g.status());
+        if (!error.ok()) return SendStatus(res, error);
+        json j = summary(*g, *parsed);
+        j["text_output"] = g->text;
+        res.status = 200;
+        res.Set(j.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
+        return;
+      }
+      res.status = 200;
+      res.content_type = "text/event-stream";
+      res.SetHeader("Cache-Control", "no-cache");
+      res.stream = [sm, parsed = std::move(parsed).value(), prompt = std::move(prompt).value(), gone, head,
+                    summary](const std::function<bool(std::string_view)>& write) {
+        auto event = [&](const json& j) {
+          return write("data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+        };
+        auto on_text = [&](std::string_view piece) {
+          json j;
+          head(j);
+          j["text_output"] = piece;
+          return event(j);
+        };
+        Status error;
+        auto g = sm->generator->Run(*sm->model, parsed, prompt, on_text, gone, &error);
+        if (!g.ok()) error = g.status();
+        if (!error.ok()) {
+          event(json{{"error", error.message()}});
+          return;
+        }
+        json last = summary(*g, parsed);
+        last["text_output"] = "";
+        event(last);
+      };
+    };
+  };
+  r.Add("POST", "/v2/models/*/generate", generate(false));
+  r.Add("POST", "/v2/models/*/versions/*/generate", generate(false));
+  r.Add("POST", "/v2/models/*/generate_stream", generate(true));
+  r.Add("POST", "/v2/models/*/versions/*/generate_stream", generate(true));
 
   r.Add("GET", "/metrics", [reg, metrics](const http::Request&, http::Response& res) {
     int loaded = 0;

@@ -17,6 +17,7 @@
 
 #include "base/mutex.h"
 #include "runtime/loaded_model.h"
+#include "serving/generate.h"
 #include "storage/model_store.h"
 
 namespace aotid::serving {
@@ -37,6 +38,9 @@ struct ServedModel {
   std::string artifact;
   storage::VersionSettings settings;            // what `model` was loaded with
   std::shared_ptr<runtime::LoadedModel> model;  // set when ready
+  // Set for a language model (its build has a generate spec): the token
+  // loop, and the turn-taking every run of this model goes through.
+  std::shared_ptr<const Generator> generator;
 };
 
 // Every version in the store, as of the last reconcile: what the

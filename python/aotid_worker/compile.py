@@ -333,7 +333,33 @@ def load_program(path: str, package_model: str):
     # A multi-model package names each model's inputs and outputs under "models".
     per_model = extra.get("models", {}).get(package_model, {})
     names = {**extra, **per_model}
-    return programs[package_model], names, extra.get("metadata", {})
+    generate = generate_section(names.get("generate"), contents.extra_files, names)
+    return programs[package_model], names, extra.get("metadata", {}), generate
+
+
+def generate_section(generate, extra_files, names):
+    """A language model's generate spec with its tokenizer inside (the
+    build's generate.json), or None for a model that has none."""
+    if generate is None:
+        return None
+    if not isinstance(generate, dict):
+        raise BuildError("aotid.json \"generate\" is not an object")
+    ref = generate.get("tokenizer")
+    text = extra_files.get(ref) if isinstance(ref, str) else None
+    if text is None:
+        raise BuildError(f"aotid.json \"generate\" names the tokenizer file {ref!r}, which the package lacks")
+    if isinstance(text, bytes):
+        text = text.decode()
+    try:
+        tokenizer = json.loads(text)
+    except ValueError as e:
+        raise BuildError(f"the package's tokenizer file {ref} is not JSON: {e}") from e
+    for key in ("tokens_input", "positions_input"):
+        if generate.get(key) not in (names.get("input_names") or []):
+            raise BuildError(f"aotid.json \"generate\" {key} {generate.get(key)!r} is not one of the inputs")
+    if generate.get("logits_output") not in (names.get("output_names") or []):
+        raise BuildError(f"aotid.json \"generate\" logits_output {generate.get('logits_output')!r} is not an output")
+    return {**generate, "tokenizer": tokenizer}
 
 
 def build(args: argparse.Namespace) -> None:
@@ -347,7 +373,7 @@ def build(args: argparse.Namespace) -> None:
     log(f"torch {torch.__version__} loaded in {time.monotonic() - t0:.1f}s")
 
     log("step 2/4: loading the exported program")
-    ep, names, author = load_program(args.artifact, args.package_model)
+    ep, names, author, generate = load_program(args.artifact, args.package_model)
     spec = model_spec(ep, names)
     log(f"exported program loaded: {len(spec['inputs'])} inputs, {len(spec['outputs'])} outputs")
     configs = inductor_configs(args.inductor_options)
@@ -372,6 +398,8 @@ def build(args: argparse.Namespace) -> None:
     aoti = extract_build(out_pkg, args.out, "model")
     os.unlink(out_pkg)
     write_json(os.path.join(args.out, "spec.json"), spec)
+    if generate is not None:
+        write_json(os.path.join(args.out, "generate.json"), generate)
     write_json(os.path.join(args.out, "package.json"),
                {"kind": "exported_program", "package_model": args.package_model, "aoti": aoti,
                 "author": author, "inductor_options": configs})

@@ -16,6 +16,8 @@ The model zoo (exported programs, each with eager outputs in cases.json):
     block.pt2     transformer block (attention, layer norm), FP32 'tokens' [-1, 12, 32]
     two_io.pt2    FP32 'x' [-1, 6] and INT64 'idx' [-1] -> 'scaled' FP32, 'counts' INT64
     multi.pt2     two models in one package: 'encoder' and 'head'
+    tiny_llm.pt2  a random-weight Llama with SmolLM2's tokenizer and a chat
+                  template, for generate (cases "tiny_llm": greedy tokens)
 The AOTInductor kinds, all of mlp (cases "mlp"):
     mlp_so.pt2       compiled package with aotid's extra/aotid.json
     mlp_so_raw.pt2   the same without it: aotid reads the inputs from the C++
@@ -185,6 +187,47 @@ def write_aoti_kinds(out, mlp):
     rewrite_zip(so, os.path.join(out, "cuda_so.pt2"), set_meta("AOTI_DEVICE_KEY", "cuda"))
 
 
+# A ChatML template, the kind SmolLM2 ships, with a default system prompt.
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}"
+          "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def write_tiny_llm(out, cases):
+    """tiny_llm.pt2: a random-weight Llama of SmolLM2's architecture (its
+    tokenizer, grouped-query attention, rotary embeddings, a cache inside),
+    small enough to build in seconds, with the eager greedy tokens for a few
+    prompts. Its end-of-text token is chosen as one the first prompt's greedy
+    answer reaches at its 6th token, so that ending on it is tested too."""
+    from aotid_export import llm
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "text", "smollm2_tokenizer.json")) as f:
+        tok = json.load(f)
+    with open(os.path.join(here, "..", "text", "tokenizer_cases.json")) as f:
+        ids_of = {c["text"]: c["ids"] for c in json.load(f)["cases"]}
+    torch.manual_seed(7)
+    cfg = llm.LlamaConfig(vocab_size=len(tok["tokens"]), dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                          hidden_dim=128, max_seq_len=96, rope_theta=10000.0)
+    model = llm.Llama(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)  # large weights: the greedy choice is never a near tie
+    prompts = ["The quick brown fox jumps over the lazy dog.", "Hello", "🇫🇷“smart”café\t\t x"]  # in the fixture
+    first = llm.greedy(model, ids_of[prompts[0]], 12)
+    eos = next(t for i, t in enumerate(first) if i >= 5 and t not in first[:i])
+    rows = []
+    for text in prompts:
+        model.reset()
+        rows.append({"text": text, "ids": ids_of[text], "greedy": llm.greedy(model, ids_of[text], 20, [eos])})
+    # A chat prompt's ids come from aotid's own tokenizer in the test; the
+    # rendered text is given for the eager side.
+    cases["tiny_llm"] = {"eos": eos, "max_seq_len": cfg.max_seq_len, "prompts": rows}
+    llm.export_causal_lm(model, os.path.join(out, "tiny_llm.pt2"), tokenizer=tok, eos_token_ids=[eos],
+                         chat_template=CHATML, metadata={"purpose": "aotid generate test"})
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -251,6 +294,7 @@ def main():
 
     write_zoo(args.out, cases)
     write_aoti_kinds(args.out, mlp)
+    write_tiny_llm(args.out, cases)
 
     with open(os.path.join(args.out, "cases.json"), "w") as f:
         json.dump(cases, f)

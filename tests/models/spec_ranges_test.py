@@ -19,7 +19,7 @@ TESTDATA = ""
 
 
 def spec_of(name: str, package_model: str = "model") -> dict:
-    ep, names, _ = load_program(os.path.join(TESTDATA, name), package_model)
+    ep, names, _, _ = load_program(os.path.join(TESTDATA, name), package_model)
     return model_spec(ep, names)
 
 

@@ -1,0 +1,355 @@
+#include "serving/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace aotid::serving {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+runtime::HostTensor Int64Tensor(const std::string& name, std::vector<int64_t> shape, const int32_t* ids,
+                                size_t n, int64_t first_position) {
+  runtime::HostTensor t;
+  t.name = name;
+  t.dtype = runtime::DType::kInt64;
+  t.shape = std::move(shape);
+  t.data.resize(n * sizeof(int64_t));
+  auto* out = reinterpret_cast<int64_t*>(t.data.data());
+  for (size_t i = 0; i < n; ++i) out[i] = ids ? ids[i] : first_position + static_cast<int64_t>(i);
+  return t;
+}
+
+// The parameters a request may set, and where each lands.
+Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
+  auto need = [&](bool ok, const char* what) {
+    return ok ? Status::OK() : InvalidArgument("parameter \"" + key + "\" must be " + what);
+  };
+  if (key == "max_tokens") {
+    RETURN_IF_ERROR(need(v.is_number_integer() && v.get<int64_t>() >= 1, "an integer of at least 1"));
+    r->max_tokens = v.get<int64_t>();
+  } else if (key == "temperature") {
+    RETURN_IF_ERROR(
+        need(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 100, "a number in 0..100"));
+    r->sampling.temperature = v.get<double>();
+  } else if (key == "top_p") {
+    RETURN_IF_ERROR(need(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1, "a number in (0, 1]"));
+    r->sampling.top_p = v.get<double>();
+  } else if (key == "top_k") {
+    RETURN_IF_ERROR(need(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= (1 << 24),
+                         "an integer of at least 0 (0: every token)"));
+    r->sampling.top_k = static_cast<int>(v.get<int64_t>());
+  } else if (key == "seed") {
+    RETURN_IF_ERROR(need(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+                         "an integer of at least 0"));
+    r->sampling.seed = v.get<uint64_t>();
+  } else if (key == "stop") {
+    std::vector<std::string> stops;
+    if (v.is_string()) {
+      stops.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      for (const auto& s : v) {
+        RETURN_IF_ERROR(need(s.is_string(), "a string or a list of strings"));
+        stops.push_back(s.get<std::string>());
+      }
+    } else {
+      return InvalidArgument("parameter \"stop\" must be a string or a list of strings");
+    }
+    RETURN_IF_ERROR(need(stops.size() <= 16, "at most 16 strings"));
+    for (const auto& s : stops) {
+      RETURN_IF_ERROR(need(s.size() <= 1000 && text::ValidUtf8(s), "UTF-8 strings of at most 1000 bytes"));
+    }
+    r->stop = std::move(stops);
+  } else if (key == "ignore_eos") {
+    RETURN_IF_ERROR(need(v.is_boolean(), "true or false"));
+    r->ignore_eos = v.get<bool>();
+  } else if (key == "return_token_ids") {
+    RETURN_IF_ERROR(need(v.is_boolean(), "true or false"));
+    r->return_token_ids = v.get<bool>();
+  } else if (key == "stream") {
+    // Triton's clients send it; the route already says which it is.
+  } else {
+    return InvalidArgument("unknown parameter \"" + key +
+                           "\" (known: max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, "
+                           "return_token_ids)");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text::GenerateSpec& spec) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("the request body is not a JSON object");
+  GenerateRequest r;
+  int inputs = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    if (key == "text_input") {
+      if (!v.is_string()) return InvalidArgument("\"text_input\" must be a string");
+      r.prompt = v.get<std::string>();
+      ++inputs;
+    } else if (key == "messages") {
+      if (!spec.chat) return InvalidArgument("this model has no chat template: send \"text_input\"");
+      if (!v.is_array()) return InvalidArgument("\"messages\" must be a list of {\"role\", \"content\"}");
+      std::vector<text::ChatMessage> messages;
+      for (const auto& m : v) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+            !m["content"].is_string()) {
+          return InvalidArgument("each of \"messages\" must be {\"role\": string, \"content\": string}");
+        }
+        messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+      ASSIGN_OR_RETURN(r.prompt, text::ApplyChat(*spec.chat, messages));
+      ++inputs;
+    } else if (key == "input_ids") {
+      if (!v.is_array()) return InvalidArgument("\"input_ids\" must be a list of token ids");
+      for (const auto& id : v) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= spec.tokenizer->vocab_size()) {
+          return InvalidArgument("\"input_ids\" holds a value that is not a token id (0.." +
+                                 std::to_string(spec.tokenizer->vocab_size() - 1) + ")");
+        }
+        r.ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+      }
+      r.has_ids = true;
+      ++inputs;
+    } else if (key == "parameters") {
+      if (!v.is_object()) return InvalidArgument("\"parameters\" must be an object");
+      for (auto p = v.begin(); p != v.end(); ++p) RETURN_IF_ERROR(SetParameter(p.key(), p.value(), &r));
+    } else if (key == "id" || key == "model_name" || key == "model_version") {
+      // Echoed by some clients; nothing to do with them.
+    } else {
+      RETURN_IF_ERROR(SetParameter(key, v, &r).WithContext("the request"));
+    }
+  }
+  if (inputs != 1) {
+    return InvalidArgument(
+        inputs == 0 ? "the request has no input: send \"text_input\", \"messages\" or \"input_ids\""
+                    : "send one of \"text_input\", \"messages\" and \"input_ids\", not several");
+  }
+  return r;
+}
+
+bool Generator::Gate::Enter(const std::function<bool()>& cancelled) {
+  MutexLock lock(&mu_);
+  const uint64_t ticket = next_++;
+  while (busy_ || serving_ != ticket) {
+    cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(50));
+    if ((busy_ || serving_ != ticket) && cancelled && cancelled()) {
+      abandoned_.push_back(ticket);
+      AdvanceLocked();
+      return false;
+    }
+  }
+  busy_ = true;
+  return true;
+}
+
+void Generator::Gate::Leave() {
+  MutexLock lock(&mu_);
+  busy_ = false;
+  ++serving_;
+  AdvanceLocked();
+}
+
+void Generator::Gate::AdvanceLocked() {
+  if (!busy_) {
+    for (auto it = std::find(abandoned_.begin(), abandoned_.end(), serving_); it != abandoned_.end();
+         it = std::find(abandoned_.begin(), abandoned_.end(), serving_)) {
+      abandoned_.erase(it);
+      ++serving_;
+    }
+  }
+  cv_.SignalAll();
+}
+
+Generator::Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits_index, int64_t vocab,
+                     int64_t max_prefill)
+    : spec_(std::move(spec)),
+      tokens_index_(tokens_index),
+      logits_index_(logits_index),
+      vocab_(vocab),
+      max_prefill_(max_prefill) {}
+
+StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
+                                                       const runtime::ModelSpec& model) {
+  auto find = [](const std::vector<runtime::TensorSpec>& v,
+                 const std::string& name) -> std::optional<size_t> {
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i].name == name) return i;
+    }
+    return std::nullopt;
+  };
+  const std::string what = "the model's generate spec does not fit the compiled model: ";
+  if (model.inputs.size() != 2) {
+    return InvalidArgument(what + "it takes " + std::to_string(model.inputs.size()) +
+                           " inputs, a causal language model takes tokens and positions");
+  }
+  auto tok = find(model.inputs, spec.tokens_input);
+  auto pos = find(model.inputs, spec.positions_input);
+  auto logits = find(model.outputs, spec.logits_output);
+  if (!tok || !pos || *tok == *pos) {
+    return InvalidArgument(what + "its inputs are not \"" + spec.tokens_input + "\" and \"" +
+                           spec.positions_input + "\"");
+  }
+  const runtime::TensorSpec& t = model.inputs[*tok];
+  const runtime::TensorSpec& p = model.inputs[*pos];
+  if (t.dtype != runtime::DType::kInt64 || t.shape.size() != 2 || t.shape[0] != 1 ||
+      p.dtype != runtime::DType::kInt64 || p.shape.size() != 1) {
+    return InvalidArgument(what + "tokens must be INT64 [1, seq] and positions INT64 [seq]; they are " +
+                           std::string(DTypeName(t.dtype)) + " " + runtime::ShapeString(t.shape) + " and " +
+                           std::string(DTypeName(p.dtype)) + " " + runtime::ShapeString(p.shape));
+  }
+  if (!logits) return InvalidArgument(what + "it has no output \"" + spec.logits_output + "\"");
+  const runtime::TensorSpec& l = model.outputs[*logits];
+  if (l.dtype != runtime::DType::kFloat32 || l.shape.size() != 2 || l.shape[0] != 1 || l.shape[1] <= 0) {
+    return InvalidArgument(what + "logits must be FP32 [1, vocab]; they are " +
+                           std::string(DTypeName(l.dtype)) + " " + runtime::ShapeString(l.shape));
+  }
+  int64_t max_prefill = spec.max_prefill;
+  if (t.shape[1] > 0) {
+    max_prefill = std::min(max_prefill, t.shape[1]);  // a fixed sequence length: calls of exactly that
+  } else if (t.dims.size() == 2 && t.dims[1]) {
+    max_prefill = std::min(max_prefill, t.dims[1]->max);
+  }
+  if (t.shape[1] > 1) {
+    return InvalidArgument(what + "its sequence dim is fixed at " + std::to_string(t.shape[1]) +
+                           ": decoding needs one token a call");
+  }
+  return std::shared_ptr<Generator>(new Generator(std::move(spec), *tok, *logits, l.shape[1], max_prefill));
+}
+
+StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) const {
+  const text::Tokenizer& tok = *spec_.tokenizer;
+  std::vector<int32_t> prompt;
+  if (spec_.bos_id >= 0 && !(req.has_ids && !req.ids.empty() && req.ids[0] == spec_.bos_id)) {
+    prompt.push_back(spec_.bos_id);
+  }
+  if (req.has_ids) {
+    prompt.insert(prompt.end(), req.ids.begin(), req.ids.end());
+  } else {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(req.prompt));
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  }
+  if (prompt.empty()) return InvalidArgument("the prompt is empty: there is nothing to continue");
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  if (n_prompt >= spec_.max_seq_len) {
+    return InvalidArgument("the prompt is " + std::to_string(n_prompt) +
+                           " tokens; the model's context holds " + std::to_string(spec_.max_seq_len) +
+                           ", prompt and answer together");
+  }
+  return prompt;
+}
+
+StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const GenerateRequest& req,
+                                        const std::vector<int32_t>& prompt,
+                                        const std::function<bool(std::string_view)>& on_text,
+                                        const std::function<bool()>& cancelled, Status* error) const {
+  const text::Tokenizer& tok = *spec_.tokenizer;
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  if (n_prompt == 0 || n_prompt >= spec_.max_seq_len)
+    return InvalidArgument("the prompt does not fit the model");
+  const int64_t budget = std::min(req.max_tokens, spec_.max_seq_len - n_prompt);
+
+  GenerateResult r;
+  r.prompt_tokens = n_prompt;
+  auto queued = Clock::now();
+  if (!gate_.Enter(cancelled)) return Cancelled(runtime::kClientGone);
+  struct Turn {
+    const Gate& gate;
+    ~Turn() { const_cast<Gate&>(gate).Leave(); }
+  } turn{gate_};
+  r.queue_ms = MsSince(queued);
+
+  const size_t pos_index = 1 - tokens_index_;
+  const std::string& tokens_name = spec_.tokens_input;
+  const std::string& pos_name = spec_.positions_input;
+  runtime::RunContext ctx;  // the turn is ours: nothing to drop while queued
+  std::vector<float> logits(static_cast<size_t>(vocab_));
+  auto step = [&](const int32_t* ids, size_t n, int64_t first_pos) -> Status {
+    std::vector<runtime::HostTensor> in(2);
+    in[tokens_index_] = Int64Tensor(tokens_name, {1, static_cast<int64_t>(n)}, ids, n, 0);
+    in[pos_index] = Int64Tensor(pos_name, {static_cast<int64_t>(n)}, nullptr, n, first_pos);
+    auto out = model.Infer(in, ctx);
+    if (!out.ok()) return out.status();
+    const runtime::HostTensor& l = (*out)[logits_index_];
+    if (l.data.size() != logits.size() * sizeof(float)) {
+      return Internal("the model returned " + std::to_string(l.data.size()) + " bytes of logits, not " +
+                      std::to_string(logits.size() * sizeof(float)));
+    }
+    std::memcpy(logits.data(), l.data.data(), l.data.size());
+    return Status::OK();
+  };
+
+  auto start = Clock::now();
+  for (int64_t at = 0; at < n_prompt; at += max_prefill_) {
+    size_t n = static_cast<size_t>(std::min(max_prefill_, n_prompt - at));
+    RETURN_IF_ERROR(step(prompt.data() + at, n, at));
+  }
+  r.prefill_ms = MsSince(start);
+
+  text::Sampler sampler(req.sampling);
+  r.seed = sampler.seed();
+  text::Utf8Stream utf8;
+  text::StopMatcher stops(req.stop);
+  Clock::time_point first_token;
+  bool stopped = false;
+  auto emit = [&](const std::string& piece) {
+    if (piece.empty()) return true;
+    r.text += piece;
+    return on_text ? on_text(piece) : true;
+  };
+  int64_t pos = n_prompt;
+  while (true) {
+    int32_t next = sampler.Next(logits.data(), static_cast<int32_t>(vocab_));
+    if (r.ids.empty()) first_token = Clock::now();
+    r.ids.push_back(next);
+    bool eos =
+        !req.ignore_eos && std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), next) != spec_.eos_ids.end();
+    if (eos) {
+      r.ids.pop_back();  // the end-of-text token is not part of the answer
+      r.finish_reason = "stop";
+      break;
+    }
+    std::string piece = stops.Push(utf8.Push(tok.Bytes(next)), &stopped);
+    if (r.ids.size() == 1) r.first_token_ms = MsSince(start);
+    if (!emit(piece) || (cancelled && cancelled())) {
+      r.finish_reason = "cancelled";
+      break;
+    }
+    if (stopped) {
+      r.finish_reason = "stop";
+      break;
+    }
+    if (static_cast<int64_t>(r.ids.size()) >= budget) {
+      r.finish_reason = "length";
+      break;
+    }
+    Status s = step(&next, 1, pos++);
+    if (!s.ok()) {
+      if (error) *error = s;
+      r.finish_reason = "error";
+      break;
+    }
+  }
+  if (r.finish_reason != "cancelled" && !stopped) {
+    bool unused = false;
+    emit(stops.Push(utf8.Flush(), &unused) + stops.Flush());
+  }
+  if (!r.ids.empty())
+    r.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - first_token).count();
+  if (r.finish_reason == "error" && r.text.empty() && error) return *error;
+  return r;
+}
+
+}  // namespace aotid::serving
