@@ -87,8 +87,13 @@ Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
 }  // namespace
 
 StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text::GenerateSpec& spec) {
-  json j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("the request body is not a JSON object");
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) return InvalidArgument("the request body is not a JSON object");
   GenerateRequest r;
   int inputs = 0;
   for (auto it = j.begin(); it != j.end(); ++it) {

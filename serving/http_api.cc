@@ -428,8 +428,8 @@ void HttpApi::Routes() {
 
   // Text generation (Triton's generate extension): the whole answer at
   // once, or Server-Sent Events as it is made.
-  auto generate = [reg](bool stream) {
-    return [reg, stream](const http::Request& req, http::Response& res) {
+  auto generate = [reg, metrics](bool stream) {
+    return [reg, metrics, stream](const http::Request& req, http::Response& res) {
       auto m = Resolve(reg, req);
       if (!m.ok()) return SendStatus(res, m.status());
       std::shared_ptr<const ServedModel> sm = *m;
@@ -472,10 +472,16 @@ void HttpApi::Routes() {
         if (p.return_token_ids) j["token_ids"] = g.ids;
         return j;
       };
+      auto record = [metrics, sm](const GenerateResult& g, const Status& error) {
+        metrics->RecordGenerate(sm->name, sm->version, error.ok() ? g.finish_reason : "error",
+                                g.prompt_tokens, static_cast<int64_t>(g.ids.size()),
+                                g.first_token_ms / 1000.0);
+      };
       if (!stream) {
         Status error;
         auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
         if (!g.ok()) return SendStatus(res, g.status());
+        record(*g, error);
         if (!error.ok()) return SendStatus(res, error);
         json j = summary(*g, *parsed);
         j["text_output"] = g->text;
@@ -487,7 +493,7 @@ void HttpApi::Routes() {
       res.content_type = "text/event-stream";
       res.SetHeader("Cache-Control", "no-cache");
       res.stream = [sm, parsed = std::move(parsed).value(), prompt = std::move(prompt).value(), gone, head,
-                    summary](const std::function<bool(std::string_view)>& write) {
+                    summary, record](const std::function<bool(std::string_view)>& write) {
         auto event = [&](const json& j) {
           return write("data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
         };
@@ -500,6 +506,7 @@ void HttpApi::Routes() {
         Status error;
         auto g = sm->generator->Run(*sm->model, parsed, prompt, on_text, gone, &error);
         if (!g.ok()) error = g.status();
+        if (g.ok()) record(*g, error);
         if (!error.ok()) {
           event(json{{"error", error.message()}});
           return;

@@ -76,7 +76,12 @@ Metrics::ModelSeries& Metrics::Series(const std::string& model, int64_t version)
                                   Histogram(LatencyBounds()),
                                   Histogram(LatencyBounds()),
                                   Histogram(LatencyBounds()),
-                                  Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096})})
+                                  Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096}),
+                                  0,
+                                  {},
+                                  0,
+                                  0,
+                                  Histogram(LatencyBounds())})
              .first;
   }
   return it->second;
@@ -108,6 +113,16 @@ void Metrics::RecordBuild(bool ok, double duration_s) {
 void Metrics::RecordRunnerCrash(const std::string& model, int64_t version) {
   MutexLock lock(&mu_);
   ++Series(model, version).runner_crashes;
+}
+
+void Metrics::RecordGenerate(const std::string& model, int64_t version, const std::string& finish_reason,
+                             int64_t prompt_tokens, int64_t completion_tokens, double first_token_s) {
+  MutexLock lock(&mu_);
+  ModelSeries& s = Series(model, version);
+  ++s.generate_by_finish[finish_reason];
+  s.prompt_tokens += static_cast<uint64_t>(prompt_tokens);
+  s.completion_tokens += static_cast<uint64_t>(completion_tokens);
+  if (completion_tokens > 0) s.first_token.Observe(first_token_s);
 }
 
 std::string Metrics::Render() const {
@@ -148,6 +163,30 @@ std::string Metrics::Render() const {
   for (const auto& [key, s] : models_) {
     if (s.runner_crashes)
       out += "aotid_runner_crashes_total{" + labels(key) + "} " + std::to_string(s.runner_crashes) + "\n";
+  }
+  AppendMetricHeader(&out, "aotid_generate_requests_total", "counter",
+                     "Generate requests that ran, by model, version and how they ended (stop, length, "
+                     "cancelled, error).");
+  for (const auto& [key, s] : models_) {
+    for (const auto& [reason, n] : s.generate_by_finish) {
+      out += "aotid_generate_requests_total{" + labels(key) + ",finish_reason=\"" + reason + "\"} " +
+             std::to_string(n) + "\n";
+    }
+  }
+  AppendMetricHeader(&out, "aotid_generate_tokens_total", "counter",
+                     "Tokens of generate requests, by model, version and kind (prompt, completion).");
+  for (const auto& [key, s] : models_) {
+    if (s.generate_by_finish.empty()) continue;
+    out += "aotid_generate_tokens_total{" + labels(key) + ",kind=\"prompt\"} " +
+           std::to_string(s.prompt_tokens) + "\n";
+    out += "aotid_generate_tokens_total{" + labels(key) + ",kind=\"completion\"} " +
+           std::to_string(s.completion_tokens) + "\n";
+  }
+  AppendMetricHeader(&out, "aotid_generate_first_token_seconds", "histogram",
+                     "From the start of a generate request's prompt to its first token.");
+  for (const auto& [key, s] : models_) {
+    if (!s.generate_by_finish.empty())
+      s.first_token.Write(&out, "aotid_generate_first_token_seconds", labels(key));
   }
   AppendMetricHeader(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";

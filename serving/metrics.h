@@ -46,6 +46,10 @@ class Metrics {
   void RecordBuild(bool ok, double duration_s) EXCLUDES(mu_);
   // A version's runner process that crashed (or was stopped past its deadline).
   void RecordRunnerCrash(const std::string& model, int64_t version) EXCLUDES(mu_);
+  // One generate request that ran: how it ended ("stop", "length",
+  // "cancelled", "error") and its tokens.
+  void RecordGenerate(const std::string& model, int64_t version, const std::string& finish_reason,
+                      int64_t prompt_tokens, int64_t completion_tokens, double first_token_s) EXCLUDES(mu_);
   void SetModelsLoaded(int n) { models_loaded_.store(n); }
 
   // RAII: counts a request as in flight for its lifetime.
@@ -73,6 +77,9 @@ class Metrics {
     Histogram queue;
     Histogram batch_rows;
     uint64_t runner_crashes = 0;
+    std::map<std::string, uint64_t> generate_by_finish;
+    uint64_t prompt_tokens = 0, completion_tokens = 0;
+    Histogram first_token;
   };
   ModelSeries& Series(const std::string& model, int64_t version) REQUIRES(mu_);
   mutable Mutex mu_;
