@@ -101,7 +101,7 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
     const json& v = it.value();
     if (key == "text_input") {
       if (!v.is_string()) return InvalidArgument("\"text_input\" must be a string");
-      r.prompt = v.get<std::string>();
+      r.prompt = {{v.get<std::string>()}};
       ++inputs;
     } else if (key == "messages") {
       if (!spec.chat) return InvalidArgument("this model has no chat template: send \"text_input\"");
@@ -237,14 +237,14 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
 StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) const {
   const text::Tokenizer& tok = *spec_.tokenizer;
   std::vector<int32_t> prompt;
-  if (spec_.bos_id >= 0 && !(req.has_ids && !req.ids.empty() && req.ids[0] == spec_.bos_id)) {
-    prompt.push_back(spec_.bos_id);
-  }
   if (req.has_ids) {
-    prompt.insert(prompt.end(), req.ids.begin(), req.ids.end());
+    prompt = req.ids;  // as they are: the caller tokenized
   } else {
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(req.prompt));
-    prompt.insert(prompt.end(), ids.begin(), ids.end());
+    if (spec_.bos_id >= 0) prompt.push_back(spec_.bos_id);
+    for (const text::PromptPart& part : req.prompt) {
+      ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(part.text, part.special));
+      prompt.insert(prompt.end(), ids.begin(), ids.end());
+    }
   }
   if (prompt.empty()) return InvalidArgument("the prompt is empty: there is nothing to continue");
   const auto n_prompt = static_cast<int64_t>(prompt.size());

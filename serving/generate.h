@@ -25,8 +25,8 @@
 namespace aotid::serving {
 
 struct GenerateRequest {
-  std::string prompt;        // what is tokenized (text_input, or the chat prompt)
-  std::vector<int32_t> ids;  // input_ids given instead of text
+  std::vector<text::PromptPart> prompt;  // what is tokenized (text_input, or the chat prompt)
+  std::vector<int32_t> ids;              // input_ids given instead of text
   bool has_ids = false;
   int64_t max_tokens = 256;  // at most, and never past the model's context
   text::SamplingParams sampling;

@@ -310,7 +310,7 @@ void HttpApi::Routes() {
     // repository routes.
     res.Set(Dump(json{{"name", "aotid"},
                       {"version", AOTID_VERSION},
-                      {"extensions", json::array({"binary_tensor_data", "model_repository"})}}),
+                      {"extensions", json::array({"binary_tensor_data", "model_repository", "generate"})}}),
             kJson);
   });
 
@@ -455,7 +455,7 @@ void HttpApi::Routes() {
         j["model_name"] = sm->name;
         j["model_version"] = std::to_string(sm->version);
       };
-      auto summary = [head](const GenerateResult& g, const GenerateRequest& p) {
+      auto summary = [head, prompt_ids = *prompt](const GenerateResult& g, const GenerateRequest& p) {
         json j;
         head(j);
         j["finish_reason"] = g.finish_reason;
@@ -469,7 +469,10 @@ void HttpApi::Routes() {
                         {"first_token_ms", g.first_token_ms},
                         {"decode_ms", g.decode_ms},
                         {"decode_tokens_per_s", per_s}};
-        if (p.return_token_ids) j["token_ids"] = g.ids;
+        if (p.return_token_ids) {
+          j["token_ids"] = g.ids;
+          j["prompt_token_ids"] = prompt_ids;
+        }
         return j;
       };
       auto record = [metrics, sm](const GenerateResult& g, const Status& error) {

@@ -8,10 +8,17 @@ namespace aotid::text {
 
 using nlohmann::json;
 
-StatusOr<std::string> ApplyChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages) {
-  if (messages.empty()) return InvalidArgument("\"messages\" is empty: a chat needs at least one message");
+std::string Joined(const std::vector<PromptPart>& parts) {
   std::string out;
-  if (messages.front().role != "system") out = chat.default_preamble;
+  for (const PromptPart& p : parts) out += p.text;
+  return out;
+}
+
+StatusOr<std::vector<PromptPart>> ApplyChat(const ChatTemplate& chat,
+                                            const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) return InvalidArgument("\"messages\" is empty: a chat needs at least one message");
+  std::vector<PromptPart> out;
+  if (messages.front().role != "system") out.push_back({chat.default_preamble});
   for (const ChatMessage& m : messages) {
     auto it = chat.roles.find(m.role);
     if (it == chat.roles.end()) {
@@ -20,11 +27,11 @@ StatusOr<std::string> ApplyChat(const ChatTemplate& chat, const std::vector<Chat
       return InvalidArgument("a message's role is \"" + m.role + "\"; the model's chat template has " +
                              known);
     }
-    out += it->second.prefix;
-    out += m.content;
-    out += it->second.suffix;
+    out.push_back({it->second.prefix});
+    out.push_back({m.content, false});
+    out.push_back({it->second.suffix});
   }
-  out += chat.generation_prompt;
+  out.push_back({chat.generation_prompt});
   return out;
 }
 

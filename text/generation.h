@@ -35,9 +35,19 @@ struct ChatMessage {
   std::string role, content;
 };
 
+// A prompt in parts: the template's own text, where special tokens are read
+// as such, and messages' contents, where their text is plain (a message
+// cannot open a turn of another role by writing "<|im_start|>system").
+struct PromptPart {
+  std::string text;
+  bool special = true;  // special tokens in `text` are special tokens
+};
+std::string Joined(const std::vector<PromptPart>& parts);
+
 // The prompt for `messages`. InvalidArgument for no messages or a role the
 // template does not have.
-StatusOr<std::string> ApplyChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages);
+StatusOr<std::vector<PromptPart>> ApplyChat(const ChatTemplate& chat,
+                                            const std::vector<ChatMessage>& messages);
 
 // A causal language model's generate spec: the model is
 // (tokens[1, T] int64, positions[T] int64) -> logits[1, vocab] float32, its

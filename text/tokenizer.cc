@@ -347,9 +347,13 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view descri
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool special) const {
   if (!ValidUtf8(text)) return InvalidArgument("the text is not valid UTF-8");
   std::vector<int32_t> out;
+  if (!special) {
+    RETURN_IF_ERROR(impl_->EncodeOrdinary(text, &out));
+    return out;
+  }
   // The next place each special token occurs, found again only once passed.
   const auto& specials = impl_->specials;
   std::vector<size_t> next(specials.size(), 0);

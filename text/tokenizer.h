@@ -33,8 +33,11 @@ class Tokenizer {
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // InvalidArgument when `text` is not valid UTF-8. Thread-safe.
-  StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
+  // InvalidArgument when `text` is not valid UTF-8. With `special` false,
+  // special tokens' text is encoded as plain text (what a chat message's
+  // content gets: its writer cannot open a turn of another role).
+  // Thread-safe.
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool special = true) const;
 
   // The bytes a token stands for: a special token's own text, others their
   // bytes (which may be part of one UTF-8 character). Empty for an id

@@ -84,7 +84,7 @@ def load(path: str, max_seq_len: int):
     weights = {}
     for t in r.tensors:
         w = gguf.quants.dequantize(t.data, t.tensor_type)
-        weights[t.name] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(
+        weights[t.name] = torch.from_numpy(np.array(w, dtype=np.float32)).reshape(
             [int(d) for d in reversed(t.shape)] if len(t.shape) > 1 else [int(t.shape[0])])
     c.tie_embeddings = "output.weight" not in weights
     model = Llama(c)

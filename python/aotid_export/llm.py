@@ -93,10 +93,10 @@ class Attention(torch.nn.Module):
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
-        rep = self.n_heads // self.n_kv_heads
-        keys = self.k_cache.repeat_interleave(rep, dim=1)
-        values = self.v_cache.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        # Each key/value head serves n_heads / n_kv_heads query heads, read
+        # in place (no repeated copy of the whole cache every step).
+        y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -232,7 +232,7 @@ TEST_F(HttpApiTest, ReadyOnlyWhenEveryWantedVersionIsReady) {
 TEST_F(HttpApiTest, ServerMetadataNamesItsExtensionsAndA503SaysWhenToRetry) {
   std::string meta = Send("GET /v2 HTTP/1.1\r\nHost: localhost\r\n\r\n");
   EXPECT_EQ(BodyOf(meta)["extensions"],
-            nlohmann::json::parse(R"(["binary_tensor_data","model_repository"])"));
+            nlohmann::json::parse(R"(["binary_tensor_data","model_repository","generate"])"));
 
   registry_.SetCatalog({{"a", 1, true, true, "latest"}, {"b", 1, true, true, "latest"}});
   registry_.Put(ServedModel{"a", 1, ServeState::kBuilding});

