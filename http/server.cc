@@ -1182,6 +1182,9 @@ class Server::Impl {
     } catch (const std::exception& e) {
       LOG_ERROR << "internal error in a streamed response: " << e.what();
       return false;  // the body is cut short: closing says so
+    } catch (...) {
+      LOG_ERROR << "internal error in a streamed response";
+      return false;
     }
     if (ok && chunked) {
       char last[] = "0\r\n\r\n";

@@ -145,19 +145,29 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
   return r;
 }
 
-bool Generator::Gate::Enter(const std::function<bool()>& cancelled) {
+int Generator::Gate::Waiting() {
   MutexLock lock(&mu_);
+  return static_cast<int>(next_ - serving_ - (busy_ ? 1 : 0) - abandoned_.size());
+}
+
+Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
+  MutexLock lock(&mu_);
+  const uint64_t waiting = next_ - serving_ - (busy_ ? 1 : 0) - abandoned_.size();
+  if (waiting >= static_cast<uint64_t>(kMaxWaiting)) {
+    return Unavailable("the model is busy: a language model runs one sequence at a time, and " +
+                       std::to_string(waiting) + " requests already wait for it; try again shortly");
+  }
   const uint64_t ticket = next_++;
   while (busy_ || serving_ != ticket) {
     cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(50));
     if ((busy_ || serving_ != ticket) && cancelled && cancelled()) {
       abandoned_.push_back(ticket);
       AdvanceLocked();
-      return false;
+      return Cancelled(runtime::kClientGone);
     }
   }
   busy_ = true;
-  return true;
+  return Status::OK();
 }
 
 void Generator::Gate::Leave() {
@@ -227,6 +237,11 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
   } else if (t.dims.size() == 2 && t.dims[1]) {
     max_prefill = std::min(max_prefill, t.dims[1]->max);
   }
+  if (t.dims.size() == 2 && t.dims[1] && t.dims[1]->min > 1) {
+    return InvalidArgument(what + "its sequence dim starts at " + std::to_string(t.dims[1]->min) +
+                           ": decoding needs one token a call");
+  }
+  if (max_prefill < 1) return InvalidArgument(what + "it takes no tokens in one call");
   if (t.shape[1] > 1) {
     return InvalidArgument(what + "its sequence dim is fixed at " + std::to_string(t.shape[1]) +
                            ": decoding needs one token a call");
@@ -241,10 +256,25 @@ StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) con
     prompt = req.ids;  // as they are: the caller tokenized
   } else {
     if (spec_.bos_id >= 0) prompt.push_back(spec_.bos_id);
+    // One text, so that tokens merge across the parts as they would in
+    // the reference; special tokens are read only outside the contents.
+    std::string joined;
+    std::vector<std::pair<size_t, size_t>> plain;
     for (const text::PromptPart& part : req.prompt) {
-      ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(part.text, part.special));
-      prompt.insert(prompt.end(), ids.begin(), ids.end());
+      if (!part.special) plain.emplace_back(joined.size(), joined.size() + part.text.size());
+      joined += part.text;
     }
+    // Every token stands for at least one byte, the longest for a few
+    // dozen: text this long cannot fit, and is not tokenized to find out.
+    const uint64_t most =
+        static_cast<uint64_t>(spec_.max_seq_len) * static_cast<uint64_t>(tok.max_token_bytes());
+    if (joined.size() > most) {
+      return InvalidArgument("the prompt is " + std::to_string(joined.size()) +
+                             " bytes, more than the model's context of " + std::to_string(spec_.max_seq_len) +
+                             " tokens can hold");
+    }
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(joined, plain));
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
   }
   if (prompt.empty()) return InvalidArgument("the prompt is empty: there is nothing to continue");
   const auto n_prompt = static_cast<int64_t>(prompt.size());
@@ -269,12 +299,14 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
   GenerateResult r;
   r.prompt_tokens = n_prompt;
   auto queued = Clock::now();
-  if (!gate_.Enter(cancelled)) return Cancelled(runtime::kClientGone);
+  RETURN_IF_ERROR(gate_.Enter(cancelled));
   struct Turn {
     const Gate& gate;
     ~Turn() { const_cast<Gate&>(gate).Leave(); }
   } turn{gate_};
   r.queue_ms = MsSince(queued);
+  // Its client may have left while it waited: then nothing runs.
+  if (cancelled && cancelled()) return Cancelled(runtime::kClientGone);
 
   const size_t pos_index = 1 - tokens_index_;
   const std::string& tokens_name = spec_.tokens_input;
@@ -299,6 +331,7 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
   auto start = Clock::now();
   for (int64_t at = 0; at < n_prompt; at += max_prefill_) {
     size_t n = static_cast<size_t>(std::min(max_prefill_, n_prompt - at));
+    if (at > 0 && cancelled && cancelled()) return Cancelled(runtime::kClientGone);
     RETURN_IF_ERROR(step(prompt.data() + at, n, at));
   }
   r.prefill_ms = MsSince(start);
@@ -328,12 +361,13 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
     }
     std::string piece = stops.Push(utf8.Push(tok.Bytes(next)), &stopped);
     if (r.ids.size() == 1) r.first_token_ms = MsSince(start);
-    if (!emit(piece) || (cancelled && cancelled())) {
-      r.finish_reason = "cancelled";
-      break;
-    }
+    bool wanted = emit(piece) && !(cancelled && cancelled());
     if (stopped) {
       r.finish_reason = "stop";
+      break;
+    }
+    if (!wanted) {
+      r.finish_reason = "cancelled";
       break;
     }
     if (static_cast<int64_t>(r.ids.size()) >= budget) {
@@ -348,8 +382,15 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
     }
   }
   if (r.finish_reason != "cancelled" && !stopped) {
-    bool unused = false;
-    emit(stops.Push(utf8.Flush(), &unused) + stops.Flush());
+    // A character cut off at the end, and text held back for a stop
+    // string that may still complete with it.
+    std::string tail = stops.Push(utf8.Flush(), &stopped);
+    if (stopped) {
+      r.finish_reason = "stop";
+    } else {
+      tail += stops.Flush();
+    }
+    emit(tail);
   }
   if (!r.ids.empty())
     r.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - first_token).count();

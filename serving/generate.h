@@ -81,10 +81,18 @@ class Generator {
                                const std::function<bool(std::string_view text)>& on_text,
                                const std::function<bool()>& cancelled, Status* error = nullptr) const;
 
-  // Holds the model for one run outside a sequence (/infer); false when
-  // `cancelled` turned true while waiting. Release() gives the turn on.
-  bool Acquire(const std::function<bool()>& cancelled) const { return gate_.Enter(cancelled); }
+  // The most requests that wait for a version's turn: past it a request
+  // gets 503 at once rather than hold an HTTP worker too (a waiting or
+  // generating request holds one).
+  static constexpr int kMaxWaiting = 4;
+
+  // Holds the model for one run outside a sequence (/infer): Cancelled when
+  // `cancelled` turned true while waiting, Unavailable when kMaxWaiting
+  // already wait. Release() gives the turn on.
+  Status Acquire(const std::function<bool()>& cancelled) const { return gate_.Enter(cancelled); }
   void Release() const { gate_.Leave(); }
+  // Requests waiting for the turn now.
+  int waiting() const { return gate_.Waiting(); }
 
  private:
   Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits_index, int64_t vocab,
@@ -93,8 +101,9 @@ class Generator {
   // First come, first served; a waiter that gives up is skipped.
   class Gate {
    public:
-    bool Enter(const std::function<bool()>& cancelled) EXCLUDES(mu_);
+    Status Enter(const std::function<bool()>& cancelled) EXCLUDES(mu_);
     void Leave() EXCLUDES(mu_);
+    int Waiting() EXCLUDES(mu_);
 
    private:
     void AdvanceLocked() REQUIRES(mu_);

@@ -271,6 +271,18 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res, const HttpOpt
   return true;
 }
 
+namespace {
+
+// What is recorded of a generate request that did not run (its client left
+// while it waited, the model was busy, its first step failed).
+GenerateResult NotRun(const std::vector<int32_t>& prompt) {
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int64_t>(prompt.size());
+  return r;
+}
+
+}  // namespace
+
 void HttpApi::Routes() {
   http::Router& r = router_;
   const ModelRegistry* reg = registry_;
@@ -407,11 +419,16 @@ void HttpApi::Routes() {
     auto run_start = Clock::now();
     // A language model's cache is inside it: a run waits for the sequence
     // running on it, if any, to finish.
-    if (sm->generator && !sm->generator->Acquire(ctx.cancelled)) {
-      return SendStatus(res, Cancelled(runtime::kClientGone));
+    if (sm->generator) {
+      if (Status s = sm->generator->Acquire(ctx.cancelled); !s.ok()) return SendStatus(res, s);
     }
+    struct Turn {
+      const Generator* g;
+      ~Turn() {
+        if (g) g->Release();
+      }
+    } turn{sm->generator.get()};
     auto outputs = sm->model->Infer(decoded->inputs, ctx);
-    if (sm->generator) sm->generator->Release();
     compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
     if (!outputs.ok()) return SendStatus(res, outputs.status());
     res.status = 200;
@@ -428,8 +445,8 @@ void HttpApi::Routes() {
 
   // Text generation (Triton's generate extension): the whole answer at
   // once, or Server-Sent Events as it is made.
-  auto generate = [reg, metrics](bool stream) {
-    return [reg, metrics, stream](const http::Request& req, http::Response& res) {
+  auto generate = [reg, metrics, stopping = stopping_](bool stream) {
+    return [reg, metrics, stopping, stream](const http::Request& req, http::Response& res) {
       auto m = Resolve(reg, req);
       if (!m.ok()) return SendStatus(res, m.status());
       std::shared_ptr<const ServedModel> sm = *m;
@@ -448,8 +465,9 @@ void HttpApi::Routes() {
       auto prompt = sm->generator->Prompt(*parsed);
       if (!prompt.ok()) return SendStatus(res, prompt.status());
       int fd = req.connection_fd;
-      std::function<bool()> gone;
-      if (fd >= 0) gone = [fd] { return http::ClientGone(fd); };
+      std::function<bool()> gone = [fd, stopping] {
+        return stopping->load() || (fd >= 0 && http::ClientGone(fd));
+      };
       // Both run again inside the stream, after this handler returns: they hold what they use.
       auto head = [sm](json& j) {
         j["model_name"] = sm->name;
@@ -476,14 +494,20 @@ void HttpApi::Routes() {
         return j;
       };
       auto record = [metrics, sm](const GenerateResult& g, const Status& error) {
-        metrics->RecordGenerate(sm->name, sm->version, error.ok() ? g.finish_reason : "error",
-                                g.prompt_tokens, static_cast<int64_t>(g.ids.size()),
-                                g.first_token_ms / 1000.0);
+        std::string how = error.ok()                                 ? g.finish_reason
+                          : error.code() == StatusCode::kCancelled   ? "cancelled"
+                          : error.code() == StatusCode::kUnavailable ? "busy"
+                                                                     : "error";
+        metrics->RecordGenerate(sm->name, sm->version, how, g.prompt_tokens,
+                                static_cast<int64_t>(g.ids.size()), g.first_token_ms / 1000.0);
       };
       if (!stream) {
         Status error;
         auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
-        if (!g.ok()) return SendStatus(res, g.status());
+        if (!g.ok()) {
+          record(NotRun(*prompt), g.status());
+          return SendStatus(res, g.status());
+        }
         record(*g, error);
         if (!error.ok()) return SendStatus(res, error);
         json j = summary(*g, *parsed);
@@ -509,7 +533,7 @@ void HttpApi::Routes() {
         Status error;
         auto g = sm->generator->Run(*sm->model, parsed, prompt, on_text, gone, &error);
         if (!g.ok()) error = g.status();
-        if (g.ok()) record(*g, error);
+        record(g.ok() ? *g : NotRun(prompt), error);
         if (!error.ok()) {
           event(json{{"error", error.message()}});
           return;
@@ -635,6 +659,7 @@ void HttpApi::Serve() {
 }
 
 void HttpApi::Stop() {
+  stopping_->store(true);
   if (server_) server_->Stop();
 }
 

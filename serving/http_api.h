@@ -9,6 +9,7 @@
 // headers when their Origin is allowed).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -81,6 +82,9 @@ class HttpApi {
   http::Router router_;
   std::unique_ptr<http::Server> server_;
   int port_ = 0;
+  // Set by Stop(): sequences being generated end (as "cancelled") rather
+  // than hold the stop for as long as they would run.
+  std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::function<void(const std::string&)>> load_hook_ =
       std::make_shared<std::function<void(const std::string&)>>();
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace aotid::text {
@@ -131,8 +132,14 @@ int32_t Sampler::Next(const float* logits, int32_t vocab) {
   }
   auto& c = scratch_;
   c.resize(static_cast<size_t>(vocab));
-  const auto inv_t = static_cast<float>(1.0 / p_.temperature);
-  for (int32_t i = 0; i < vocab; ++i) c[static_cast<size_t>(i)] = {logits[i] * inv_t, i};
+  // In double, so that a small temperature cannot overflow; NaN counts as
+  // the least likely, so the order stays a strict one.
+  for (int32_t i = 0; i < vocab; ++i) {
+    double v = static_cast<double>(logits[i]) / p_.temperature;
+    c[static_cast<size_t>(i)] = {std::isnan(v) ? -std::numeric_limits<float>::infinity()
+                                               : static_cast<float>(std::clamp(v, -3.0e38, 3.0e38)),
+                                 i};
+  }
   // Highest first; equal logits by id, so the order never depends on the sort.
   auto higher = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;

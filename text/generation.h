@@ -76,7 +76,8 @@ struct SamplingParams {
   double top_p = 0.9;  // 1: no nucleus cut
   std::optional<uint64_t> seed;
 
-  bool greedy() const { return temperature <= 0.0 || top_k == 1; }
+  // Temperatures under 1e-4 sample the top token all but always: greedy.
+  bool greedy() const { return temperature < 1e-4 || top_k == 1; }
 };
 
 // Chooses tokens from logits. The draw is reproducible for a seed: the

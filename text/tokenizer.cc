@@ -47,6 +47,19 @@ int ValidSequenceAt(std::string_view s) {
   return n;
 }
 
+// How many bytes of an ill-formed sequence at s[0..] one U+FFFD stands for:
+// its lead and the continuation bytes that were still valid (the "maximal
+// subpart", as Unicode and Python's decoder count it).
+size_t MaximalSubpart(std::string_view s) {
+  auto lead = static_cast<unsigned char>(s[0]);
+  int n = SequenceLength(lead);
+  size_t k = 1;
+  while (static_cast<int>(k) < n && k < s.size() &&
+         ValidContinuation(lead, static_cast<int>(k), static_cast<unsigned char>(s[k])))
+    ++k;
+  return k;
+}
+
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 void AppendCodePoint(uint32_t cp, std::string* out) {
@@ -75,6 +88,13 @@ std::vector<std::string> ByteSymbols() {
   return sym;
 }
 
+// Bytes of the character at s[i] (1 at the end).
+size_t Utf8Step(std::string_view s, size_t i) {
+  size_t step = 1;
+  while (i + step < s.size() && (static_cast<unsigned char>(s[i + step]) & 0xC0) == 0x80) ++step;
+  return step;
+}
+
 struct Pattern {
   pcre2_code* code = nullptr;
   ~Pattern() { pcre2_code_free(code); }
@@ -100,7 +120,7 @@ std::string Utf8Stream::Push(std::string_view bytes) {
     if (n < 0) break;  // wait for the rest of the character
     if (n == 0) {
       out += kReplacement;
-      ++i;
+      i += MaximalSubpart(std::string_view(held_).substr(i));
       continue;
     }
     out.append(held_, i, static_cast<size_t>(n));
@@ -193,10 +213,18 @@ struct Tokenizer::Impl {
       if (md == nullptr) md = pcre2_match_data_create(4, nullptr);
       next.clear();
       for (std::string_view piece : pieces) {
-        size_t at = 0;
-        while (at < piece.size()) {
-          int rc = pcre2_match(p->code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(), at,
-                               PCRE2_NO_UTF_CHECK, md, nullptr);
+        size_t at = 0;    // where the next search starts
+        size_t kept = 0;  // the end of what is already a piece
+        uint32_t options = PCRE2_NO_UTF_CHECK;
+        while (at <= piece.size() && kept < piece.size()) {
+          int rc = pcre2_match(p->code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(), at, options,
+                               md, nullptr);
+          if (rc == PCRE2_ERROR_NOMATCH && options != PCRE2_NO_UTF_CHECK) {
+            // No non-empty match right here: move on by one character.
+            options = PCRE2_NO_UTF_CHECK;
+            at += Utf8Step(piece, at);
+            continue;
+          }
           if (rc == PCRE2_ERROR_NOMATCH) break;
           if (rc < 0) {
             pcre2_match_data_free(md);
@@ -207,18 +235,24 @@ struct Tokenizer::Impl {
           }
           PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
           size_t begin = ov[0], end = ov[1];
-          if (end == begin) {  // an empty match: move on by one character
-            size_t step = 1;
-            while (at + step < piece.size() && (static_cast<unsigned char>(piece[at + step]) & 0xC0) == 0x80)
-              ++step;
-            at += step;
+          if (end == begin) {
+            at = begin;
+            // An empty match is no piece: look again here for a non-empty
+            // one, then move on by one character (the text stays unsent).
+            if (options == PCRE2_NO_UTF_CHECK) {
+              options = PCRE2_NO_UTF_CHECK | PCRE2_NOTEMPTY_ATSTART | PCRE2_ANCHORED;
+              continue;
+            }
+            options = PCRE2_NO_UTF_CHECK;
+            at += Utf8Step(piece, at);
             continue;
           }
-          if (begin > at) next.push_back(piece.substr(at, begin - at));
+          options = PCRE2_NO_UTF_CHECK;
+          if (begin > kept) next.push_back(piece.substr(kept, begin - kept));
           next.push_back(piece.substr(begin, end - begin));
-          at = end;
+          at = kept = end;
         }
-        if (at < piece.size()) next.push_back(piece.substr(at));
+        if (kept < piece.size()) next.push_back(piece.substr(kept));
       }
       pieces.swap(next);
     }
@@ -348,12 +382,27 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view descri
 }
 
 StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool special) const {
+  if (special) return Encode(text, std::vector<std::pair<size_t, size_t>>{});
+  return Encode(text, std::vector<std::pair<size_t, size_t>>{{0, text.size()}});
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                 const std::vector<std::pair<size_t, size_t>>& plain) const {
   if (!ValidUtf8(text)) return InvalidArgument("the text is not valid UTF-8");
   std::vector<int32_t> out;
-  if (!special) {
-    RETURN_IF_ERROR(impl_->EncodeOrdinary(text, &out));
-    return out;
-  }
+  auto in_plain = [&](size_t begin, size_t end) {
+    for (const auto& [b, e] : plain) {
+      if (begin < e && b < end) return true;
+    }
+    return false;
+  };
+  // Where special token i next occurs at or after `from`, outside the plain ranges.
+  auto find = [&](size_t i, size_t from) {
+    const std::string& t = impl_->specials[i].first;
+    size_t pos = text.find(t, from);
+    while (pos != std::string_view::npos && in_plain(pos, pos + t.size())) pos = text.find(t, pos + 1);
+    return pos;
+  };
   // The next place each special token occurs, found again only once passed.
   const auto& specials = impl_->specials;
   std::vector<size_t> next(specials.size(), 0);
@@ -364,7 +413,7 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool spe
     size_t which = 0;
     for (size_t i = 0; i < specials.size(); ++i) {
       if (!fresh[i] || next[i] < at) {
-        next[i] = text.find(specials[i].first, at);
+        next[i] = find(i, at);
         fresh[i] = true;
       }
       if (next[i] < best) {  // longest first, so a tie keeps the longer
@@ -396,6 +445,12 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
 }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->text.size()); }
+
+size_t Tokenizer::max_token_bytes() const {
+  size_t most = 1;
+  for (const std::string& b : impl_->bytes) most = std::max(most, b.size());
+  return most;
+}
 
 bool Tokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() &&

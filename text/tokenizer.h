@@ -38,6 +38,12 @@ class Tokenizer {
   // content gets: its writer cannot open a turn of another role).
   // Thread-safe.
   StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool special = true) const;
+  // The same, with special tokens read as plain text only where they
+  // overlap one of `plain` (byte ranges [begin, end) of `text`): a chat
+  // prompt's message contents. Text on both sides of a range boundary
+  // merges as one text would.
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                        const std::vector<std::pair<size_t, size_t>>& plain) const;
 
   // The bytes a token stands for: a special token's own text, others their
   // bytes (which may be part of one UTF-8 character). Empty for an id
@@ -46,6 +52,8 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int32_t vocab_size() const;
+  // The most bytes one token stands for.
+  size_t max_token_bytes() const;
   bool IsSpecial(int32_t id) const;
   // The id of a token by its text as the vocabulary spells it, or -1.
   int32_t Find(std::string_view token) const;

@@ -111,6 +111,10 @@ TEST(Utf8Stream, HoldsAHalfCharacterUntilItIsWhole) {
   EXPECT_EQ(s.Push("\x99"), "");
   EXPECT_EQ(s.Push("\x82!"), "\xF0\x9F\x99\x82!");
   EXPECT_EQ(s.Push("\xFF"), "\xEF\xBF\xBD");  // never valid: replaced at once
+  EXPECT_EQ(s.Push("\xE2\x82"
+                   "A"),
+            "\xEF\xBF\xBD"
+            "A");  // one U+FFFD for a cut-off character, as Python decodes it
   EXPECT_EQ(s.Push("\xE2\x82"), "");
   EXPECT_EQ(s.Flush(), "\xEF\xBF\xBD");  // cut off at the end
   EXPECT_EQ(s.Flush(), "");

@@ -1,0 +1,140 @@
+#include "serving/generate.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/fs.h"
+
+namespace aotid::serving {
+namespace {
+
+std::shared_ptr<Generator> MakeGenerator() {
+  auto tok = nlohmann::json::parse(
+      fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/smollm2_tokenizer.json").value());
+  nlohmann::json g = {{"kind", "causal_lm"},
+                      {"max_seq_len", 32},
+                      {"max_prefill", 32},
+                      {"eos_token_ids", {2}},
+                      {"tokenizer", tok}};
+  auto spec = text::GenerateSpec::FromJson(g.dump());
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  runtime::ModelSpec model;
+  runtime::TensorSpec tokens{
+      "tokens", runtime::DType::kInt64, {1, -1}, {std::nullopt, runtime::DimRange{"s", 1, 32}}};
+  runtime::TensorSpec pos{"input_pos", runtime::DType::kInt64, {-1}, {runtime::DimRange{"s", 1, 32}}};
+  model.inputs = {tokens, pos};
+  model.outputs = {{"logits", runtime::DType::kFloat32, {1, 49152}}};
+  auto gen = Generator::Create(std::move(spec).value(), model);
+  EXPECT_TRUE(gen.ok()) << gen.status().ToString();
+  return gen.ok() ? *gen : nullptr;
+}
+
+TEST(Generator, TurnsGoInOrderAndPastTheWaitingCapTheAnswerIsBusy) {
+  auto gen = MakeGenerator();
+  ASSERT_NE(gen, nullptr);
+  ASSERT_TRUE(gen->Acquire(nullptr).ok());
+  std::vector<int> order;
+  std::mutex order_mu;
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < Generator::kMaxWaiting; ++i) {
+    // One at a time, so that their tickets are in this order.
+    waiters.emplace_back([&, i] {
+      ASSERT_TRUE(gen->Acquire(nullptr).ok());
+      {
+        std::lock_guard<std::mutex> l(order_mu);
+        order.push_back(i);
+      }
+      gen->Release();
+    });
+    for (int k = 0; k < 2000 && gen->waiting() < i + 1; ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(gen->waiting(), i + 1);
+  }
+  // The cap is reached: the next is refused at once, and a leaving waiter frees a place.
+  Status busy = gen->Acquire(nullptr);
+  EXPECT_EQ(busy.code(), StatusCode::kUnavailable);
+  EXPECT_NE(busy.message().find("one sequence at a time"), std::string::npos);
+  std::atomic<bool> leave{false};
+  std::thread quitter;
+  gen->Release();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(gen->waiting(), 0);
+  // A waiter that gives up is skipped: the one behind it gets the turn.
+  ASSERT_TRUE(gen->Acquire(nullptr).ok());
+  quitter = std::thread(
+      [&] { EXPECT_EQ(gen->Acquire([&] { return leave.load(); }).code(), StatusCode::kCancelled); });
+  for (int k = 0; k < 2000 && gen->waiting() < 1; ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic<bool> got{false};
+  std::thread behind([&] {
+    ASSERT_TRUE(gen->Acquire(nullptr).ok());
+    got = true;
+    gen->Release();
+  });
+  for (int k = 0; k < 2000 && gen->waiting() < 2; ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  leave = true;
+  quitter.join();
+  gen->Release();
+  behind.join();
+  EXPECT_TRUE(got);
+  EXPECT_EQ(gen->waiting(), 0);
+}
+
+TEST(Generator, RefusesAModelThatDoesNotFitTheSpec) {
+  auto tok = nlohmann::json::parse(
+      fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/smollm2_tokenizer.json").value());
+  nlohmann::json g = {{"kind", "causal_lm"},
+                      {"max_seq_len", 32},
+                      {"max_prefill", 32},
+                      {"eos_token_ids", {2}},
+                      {"tokenizer", tok}};
+  runtime::ModelSpec model;
+  model.inputs = {{"tokens", runtime::DType::kInt64, {1, -1}, {std::nullopt, runtime::DimRange{"s", 2, 32}}},
+                  {"input_pos", runtime::DType::kInt64, {-1}}};
+  model.outputs = {{"logits", runtime::DType::kFloat32, {1, 49152}}};
+  auto gen = Generator::Create(text::GenerateSpec::FromJson(g.dump()).value(), model);
+  ASSERT_FALSE(gen.ok());
+  EXPECT_NE(gen.status().message().find("one token a call"), std::string::npos);
+  model.inputs[0].dims.clear();
+  model.outputs[0].dtype = runtime::DType::kFloat16;
+  gen = Generator::Create(text::GenerateSpec::FromJson(g.dump()).value(), model);
+  ASSERT_FALSE(gen.ok());
+  EXPECT_NE(gen.status().message().find("FP32"), std::string::npos);
+}
+
+TEST(GenerateRequest, ReadsParametersAndNamesWhatIsWrong) {
+  auto gen = MakeGenerator();
+  ASSERT_NE(gen, nullptr);
+  auto r = ParseGenerateRequest(
+      R"({"text_input":"hi","max_tokens":5,"parameters":{"temperature":0,"stop":["a","b"],"seed":7}})",
+      gen->spec());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->max_tokens, 5);
+  EXPECT_TRUE(r->sampling.greedy());
+  EXPECT_EQ(r->stop.size(), 2u);
+  EXPECT_EQ(r->sampling.seed, 7u);
+  auto err = [&](const char* body) {
+    auto p = ParseGenerateRequest(body, gen->spec());
+    return p.ok() ? std::string() : p.status().message();
+  };
+  EXPECT_NE(err(R"({"text_input":"x","max_tokens":0})").find("max_tokens"), std::string::npos);
+  EXPECT_NE(err(R"({"text_input":"x","input_ids":[1]})").find("not several"), std::string::npos);
+  EXPECT_NE(err(R"({"messages":[]})").find("no chat template"), std::string::npos);
+  EXPECT_NE(err(R"({"text_input":"x","parameters":{"stop":[1]}})").find("stop"), std::string::npos);
+  EXPECT_NE(err("{\"text_input\":\"x\"").find("not valid JSON"), std::string::npos);
+  // A prompt far longer than the context is refused before it is tokenized.
+  GenerateRequest big;
+  big.prompt = {{std::string(1 << 20, 'a')}};
+  auto p = gen->Prompt(big);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("context"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace aotid::serving
