@@ -34,7 +34,9 @@ Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
     return ok ? Status::OK() : InvalidArgument("parameter \"" + key + "\" must be " + what);
   };
   if (key == "max_tokens") {
-    RETURN_IF_ERROR(need(v.is_number_integer() && v.get<int64_t>() >= 1, "an integer of at least 1"));
+    // JSON reads a non-negative integer as unsigned, a negative one as signed.
+    RETURN_IF_ERROR(need(v.is_number_unsigned() && v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= (1u << 31),
+                         "an integer from 1 to 2147483648 (the model's context bounds it too)"));
     r->max_tokens = v.get<int64_t>();
   } else if (key == "temperature") {
     RETURN_IF_ERROR(
@@ -44,8 +46,8 @@ Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
     RETURN_IF_ERROR(need(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1, "a number in (0, 1]"));
     r->sampling.top_p = v.get<double>();
   } else if (key == "top_k") {
-    RETURN_IF_ERROR(need(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= (1 << 24),
-                         "an integer of at least 0 (0: every token)"));
+    RETURN_IF_ERROR(need(v.is_number_unsigned() && v.get<uint64_t>() <= (1u << 24),
+                         "an integer from 0 (every token) to 16777216"));
     r->sampling.top_k = static_cast<int>(v.get<int64_t>());
   } else if (key == "seed") {
     RETURN_IF_ERROR(need(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
@@ -131,8 +133,11 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
     } else if (key == "parameters") {
       if (!v.is_object()) return InvalidArgument("\"parameters\" must be an object");
       for (auto p = v.begin(); p != v.end(); ++p) RETURN_IF_ERROR(SetParameter(p.key(), p.value(), &r));
-    } else if (key == "id" || key == "model_name" || key == "model_version") {
-      // Echoed by some clients; nothing to do with them.
+    } else if (key == "id") {
+      if (!v.is_string()) return InvalidArgument("\"id\" must be a string");
+      r.id = v.get<std::string>();  // echoed in the answer, as /infer does
+    } else if (key == "model_name" || key == "model_version") {
+      // Sent back by some clients; the route says which model it is.
     } else {
       RETURN_IF_ERROR(SetParameter(key, v, &r).WithContext("the request"));
     }
@@ -143,6 +148,13 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
                     : "send one of \"text_input\", \"messages\" and \"input_ids\", not several");
   }
   return r;
+}
+
+Status Generator::Admit() const {
+  int n = gate_.Waiting();
+  if (n < kMaxWaiting) return Status::OK();
+  return Unavailable("the model is busy: a language model runs one sequence at a time, and " +
+                     std::to_string(n) + " requests already wait for it; try again shortly");
 }
 
 int Generator::Gate::Waiting() {
@@ -359,7 +371,9 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
       r.finish_reason = "stop";
       break;
     }
-    std::string piece = stops.Push(utf8.Push(tok.Bytes(next)), &stopped);
+    // A special token (<|im_start|>, ...) counts but shows no text.
+    std::string piece =
+        stops.Push(utf8.Push(tok.IsSpecial(next) ? std::string() : tok.Bytes(next)), &stopped);
     if (r.ids.size() == 1) r.first_token_ms = MsSince(start);
     bool wanted = emit(piece) && !(cancelled && cancelled());
     if (stopped) {

@@ -33,6 +33,7 @@ struct GenerateRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool return_token_ids = false;
+  std::string id;  // echoed in the answer
 };
 
 // Reads a generate request: {"text_input": "..."}, {"messages": [{"role",
@@ -91,6 +92,10 @@ class Generator {
   // already wait. Release() gives the turn on.
   Status Acquire(const std::function<bool()>& cancelled) const { return gate_.Enter(cancelled); }
   void Release() const { gate_.Leave(); }
+  // Unavailable when kMaxWaiting requests wait already: a stream asks
+  // before it answers 200 (a request can still find the queue full after,
+  // and is told so in the stream).
+  Status Admit() const;
   // Requests waiting for the turn now.
   int waiting() const { return gate_.Waiting(); }
 

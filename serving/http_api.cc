@@ -464,6 +464,10 @@ void HttpApi::Routes() {
       if (!parsed.ok()) return SendStatus(res, parsed.status());
       auto prompt = sm->generator->Prompt(*parsed);
       if (!prompt.ok()) return SendStatus(res, prompt.status());
+      if (Status busy = sm->generator->Admit(); !busy.ok()) {
+        res.SetHeader("Retry-After", "1");
+        return SendStatus(res, busy);
+      }
       int fd = req.connection_fd;
       std::function<bool()> gone = [fd, stopping] {
         return stopping->load() || (fd >= 0 && http::ClientGone(fd));
@@ -487,6 +491,7 @@ void HttpApi::Routes() {
                         {"first_token_ms", g.first_token_ms},
                         {"decode_ms", g.decode_ms},
                         {"decode_tokens_per_s", per_s}};
+        if (!p.id.empty()) j["id"] = p.id;
         if (p.return_token_ids) {
           j["token_ids"] = g.ids;
           j["prompt_token_ids"] = prompt_ids;
@@ -506,6 +511,7 @@ void HttpApi::Routes() {
         auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
         if (!g.ok()) {
           record(NotRun(*prompt), g.status());
+          if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
           return SendStatus(res, g.status());
         }
         record(*g, error);

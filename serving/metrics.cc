@@ -165,8 +165,8 @@ std::string Metrics::Render() const {
       out += "aotid_runner_crashes_total{" + labels(key) + "} " + std::to_string(s.runner_crashes) + "\n";
   }
   AppendMetricHeader(&out, "aotid_generate_requests_total", "counter",
-                     "Generate requests that ran, by model, version and how they ended (stop, length, "
-                     "cancelled, error).");
+                     "Generate requests, by model, version and how they ended (stop, length, cancelled, "
+                     "error, busy: refused while the most requests waited for the model).");
   for (const auto& [key, s] : models_) {
     for (const auto& [reason, n] : s.generate_by_finish) {
       out += "aotid_generate_requests_total{" + labels(key) + ",finish_reason=\"" + reason + "\"} " +

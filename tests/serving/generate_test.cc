@@ -124,6 +124,10 @@ TEST(GenerateRequest, ReadsParametersAndNamesWhatIsWrong) {
     return p.ok() ? std::string() : p.status().message();
   };
   EXPECT_NE(err(R"({"text_input":"x","max_tokens":0})").find("max_tokens"), std::string::npos);
+  EXPECT_NE(err(R"({"text_input":"x","max_tokens":18446744073709551615})").find("from 1 to"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"text_input":"x","top_k":-1})").find("from 0"), std::string::npos);
+  EXPECT_TRUE(ParseGenerateRequest(R"({"text_input":"x","top_k":0,"max_tokens":1})", gen->spec()).ok());
   EXPECT_NE(err(R"({"text_input":"x","input_ids":[1]})").find("not several"), std::string::npos);
   EXPECT_NE(err(R"({"messages":[]})").find("no chat template"), std::string::npos);
   EXPECT_NE(err(R"({"text_input":"x","parameters":{"stop":[1]}})").find("stop"), std::string::npos);
