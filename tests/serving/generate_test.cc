@@ -12,7 +12,8 @@
 namespace aotid::serving {
 namespace {
 
-std::shared_ptr<Generator> MakeGenerator() {
+// A generate spec of a 32-token context with SmolLM2's tokenizer.
+text::GenerateSpec Spec() {
   auto tok = nlohmann::json::parse(
       fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/smollm2_tokenizer.json").value());
   nlohmann::json g = {{"kind", "causal_lm"},
@@ -20,7 +21,11 @@ std::shared_ptr<Generator> MakeGenerator() {
                       {"max_prefill", 32},
                       {"eos_token_ids", {2}},
                       {"tokenizer", tok}};
-  auto spec = text::GenerateSpec::FromJson(g.dump());
+  return text::GenerateSpec::FromJson(g.dump()).value();
+}
+
+std::shared_ptr<Generator> MakeGenerator() {
+  StatusOr<text::GenerateSpec> spec = Spec();
   EXPECT_TRUE(spec.ok()) << spec.status().ToString();
   runtime::ModelSpec model;
   runtime::TensorSpec tokens{
@@ -87,23 +92,16 @@ TEST(Generator, TurnsGoInOrderAndPastTheWaitingCapTheAnswerIsBusy) {
 }
 
 TEST(Generator, RefusesAModelThatDoesNotFitTheSpec) {
-  auto tok = nlohmann::json::parse(
-      fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/smollm2_tokenizer.json").value());
-  nlohmann::json g = {{"kind", "causal_lm"},
-                      {"max_seq_len", 32},
-                      {"max_prefill", 32},
-                      {"eos_token_ids", {2}},
-                      {"tokenizer", tok}};
   runtime::ModelSpec model;
   model.inputs = {{"tokens", runtime::DType::kInt64, {1, -1}, {std::nullopt, runtime::DimRange{"s", 2, 32}}},
                   {"input_pos", runtime::DType::kInt64, {-1}}};
   model.outputs = {{"logits", runtime::DType::kFloat32, {1, 49152}}};
-  auto gen = Generator::Create(text::GenerateSpec::FromJson(g.dump()).value(), model);
+  auto gen = Generator::Create(Spec(), model);
   ASSERT_FALSE(gen.ok());
   EXPECT_NE(gen.status().message().find("one token a call"), std::string::npos);
   model.inputs[0].dims.clear();
   model.outputs[0].dtype = runtime::DType::kFloat16;
-  gen = Generator::Create(text::GenerateSpec::FromJson(g.dump()).value(), model);
+  gen = Generator::Create(Spec(), model);
   ASSERT_FALSE(gen.ok());
   EXPECT_NE(gen.status().message().find("FP32"), std::string::npos);
 }
