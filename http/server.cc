@@ -508,11 +508,114 @@ struct Conn {
   // 0 while no request is under way.
   int64_t request_deadline_ms = 0;
   bool continued = false;  // the poller sent "100 Continue" for the request under way
+  // A deferred request (Response::Defer): its state while the handler's
+  // work is under way, and what the worker needs to send its answer.
+  std::shared_ptr<Deferred> deferred;
+  Finish finish;  // set once the answer is ready: a worker runs and sends it
+  struct {
+    bool keep_alive = false;  // the client's wish; draining may still close
+    bool head_only = false;
+    bool http11 = true;
+    std::vector<Header> headers;  // set before the handler returned
+    std::string what;             // method and path, for the log
+  } later;
   ~Conn() {
     if (fd >= 0) ::close(fd);
     if (counts) counts->Remove(peer);
   }
 };
+
+// What the workers, the poller and deferred replies share: the queue of
+// connections waiting for a worker. Replies may come after the server is
+// gone (a batch that finishes after a drain timed out), so it is held by
+// them too; once `closed`, a connection handed back is just closed.
+struct Shared {
+  Mutex mu;
+  CondVar cv;                                                 // workers wait here for ready
+  std::deque<std::unique_ptr<Conn>> ready GUARDED_BY(mu);     // waiting for a worker
+  std::vector<std::unique_ptr<Conn>> to_park GUARDED_BY(mu);  // handed to the poller
+  std::atomic<size_t> queued{0};                              // ready.size(), read without the lock
+  int busy GUARDED_BY(mu) = 0;                                // workers serving a connection
+  int deferred GUARDED_BY(mu) = 0;                            // connections waiting for a Reply
+  bool closed GUARDED_BY(mu) = false;                         // Serve() has returned
+  PeerCounts peer_counts;                                     // outlives every Conn
+
+  void Enqueue(std::unique_ptr<Conn> c, bool first = false) EXCLUDES(mu) {
+    {
+      MutexLock lock(&mu);
+      if (closed) {
+        lock.Unlock();
+        return;  // c closes here
+      }
+      if (first) {
+        ready.push_front(std::move(c));
+      } else {
+        ready.push_back(std::move(c));
+      }
+      queued.store(ready.size());
+    }
+    cv.Signal();
+  }
+
+  // A deferred connection whose answer is ready goes to the front: it
+  // finishes work under way before new requests are read.
+  void Resume(std::unique_ptr<Conn> c) EXCLUDES(mu) {
+    {
+      MutexLock lock(&mu);
+      --deferred;
+    }
+    Enqueue(std::move(c), /*first=*/true);
+  }
+};
+
+}  // namespace
+
+struct Deferred {
+  Mutex mu;
+  bool replied GUARDED_BY(mu) = false;
+  Finish finish GUARDED_BY(mu);               // a reply that came before the connection was handed over
+  std::unique_ptr<Conn> conn GUARDED_BY(mu);  // handed over, waiting for the reply
+  std::shared_ptr<Shared> shared GUARDED_BY(mu);
+
+  ~Deferred() {
+    // Never replied: nothing will answer, so say so rather than hang.
+    MutexLock lock(&mu);
+    if (!conn) return;
+    conn->finish = [](Response& res) {
+      res.status = 500;
+      res.Set(R"({"error":"internal error: the request was dropped without an answer"})", "application/json");
+    };
+    shared->Resume(std::move(conn));
+  }
+};
+
+Reply Response::Defer() {
+  deferred = std::make_shared<Deferred>();
+  Reply r;
+  r.state_ = deferred;
+  return r;
+}
+
+void Reply::operator()(Finish finish) const {
+  if (!state_) return;
+  std::unique_ptr<Conn> conn;
+  std::shared_ptr<Shared> shared;
+  {
+    MutexLock lock(&state_->mu);
+    if (state_->replied) return;
+    state_->replied = true;
+    if (!state_->conn) {
+      state_->finish = std::move(finish);  // the worker that hands the connection over sends it
+      return;
+    }
+    conn = std::move(state_->conn);
+    shared = std::move(state_->shared);
+  }
+  conn->finish = std::move(finish);
+  shared->Resume(std::move(conn));
+}
+
+namespace {
 
 // The address of a TCP peer, as text (an IPv4 client on a dual-stack
 // socket as IPv4); empty for other kinds.
@@ -704,9 +807,9 @@ class Server::Impl {
     int64_t drain_until = -1;
     while (!stopping_.load()) {
       {
-        MutexLock lock(&mu_);
-        for (auto& c : to_park_) parked.push_back(std::move(c));
-        to_park_.clear();
+        MutexLock lock(&shared_->mu);
+        for (auto& c : shared_->to_park) parked.push_back(std::move(c));
+        shared_->to_park.clear();
       }
       if (draining_.load()) {
         if (drain_until < 0) {
@@ -722,8 +825,9 @@ class Server::Impl {
                       [](const std::unique_ptr<Conn>& c) { return c->in.Empty() && !Readable(c->fd); });
         bool idle;
         {
-          MutexLock lock(&mu_);
-          idle = parked.empty() && ready_.empty() && to_park_.empty() && busy_ == 0;
+          MutexLock lock(&shared_->mu);
+          idle = parked.empty() && shared_->ready.empty() && shared_->to_park.empty() && shared_->busy == 0 &&
+                 shared_->deferred == 0;
         }
         if (idle || NowMs() >= drain_until) {
           if (!idle) LOG_WARNING << "server.drain_timeout_s passed; closing the connections still open";
@@ -786,18 +890,23 @@ class Server::Impl {
       parked.swap(still);
     }
     stopping_.store(true);
-    cv_.SignalAll();
+    shared_->cv.SignalAll();
     for (auto& t : workers) t.join();
-    MutexLock lock(&mu_);
-    ready_.clear();
-    to_park_.clear();
+    // Closed outside the lock: a connection's end may answer a Reply.
+    std::deque<std::unique_ptr<Conn>> ready;
+    std::vector<std::unique_ptr<Conn>> to_park;
+    MutexLock lock(&shared_->mu);
+    shared_->closed = true;
+    ready.swap(shared_->ready);
+    to_park.swap(shared_->to_park);
+    lock.Unlock();
   }
 
   // Stops taking connections and lets the requests that have arrived
   // finish (bounded by drain_timeout_s); Serve() then returns.
   void Stop() {
     draining_.store(true);
-    cv_.SignalAll();
+    shared_->cv.SignalAll();
     Wake();
   }
 
@@ -883,14 +992,14 @@ class Server::Impl {
       c->tcp = peer.ss_family != AF_UNIX;
       if (c->tcp && opts_.max_connections_per_address > 0) {
         std::string address = PeerAddress(peer);
-        if (!peer_counts_.Add(address, opts_.max_connections_per_address)) {
+        if (!shared_->peer_counts.Add(address, opts_.max_connections_per_address)) {
           RefuseAtOnce(*c, 503,
                        "too many connections from " + address + " (server.max_connections_per_address is " +
                            std::to_string(opts_.max_connections_per_address) + ")");
           continue;
         }
         c->peer = std::move(address);
-        c->counts = &peer_counts_;
+        c->counts = &shared_->peer_counts;
       }
       int one = 1;
       if (c->tcp)
@@ -921,14 +1030,7 @@ class Server::Impl {
     ::shutdown(c.fd, SHUT_WR);
   }
 
-  void Enqueue(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
-    {
-      MutexLock lock(&mu_);
-      ready_.push_back(std::move(c));
-      queued_.store(ready_.size());
-    }
-    cv_.Signal();
-  }
+  void Enqueue(std::unique_ptr<Conn> c) { shared_->Enqueue(std::move(c)); }
 
   // Whether a whole request is in `c` (RequestBuffered); sends "100
   // Continue" first when its client waits for one. False too when that
@@ -949,14 +1051,14 @@ class Server::Impl {
     return WriteAll(c.fd, &v, 1);
   }
 
-  void Park(std::unique_ptr<Conn> c) EXCLUDES(mu_) {
+  void Park(std::unique_ptr<Conn> c) EXCLUDES(shared_->mu) {
     bool gone = false;
     if (WholeRequest(*c, &gone)) return Enqueue(std::move(c));  // e.g. pipelined
     if (gone) return;
     c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     {
-      MutexLock lock(&mu_);
-      to_park_.push_back(std::move(c));
+      MutexLock lock(&shared_->mu);
+      shared_->to_park.push_back(std::move(c));
     }
     Wake();
   }
@@ -970,19 +1072,25 @@ class Server::Impl {
     for (;;) {
       std::unique_ptr<Conn> c;
       {
-        MutexLock lock(&mu_);
-        while (!stopping_.load() && ready_.empty()) cv_.Wait(&mu_);
+        MutexLock lock(&shared_->mu);
+        while (!stopping_.load() && shared_->ready.empty()) shared_->cv.Wait(&shared_->mu);
         if (stopping_.load()) return;
-        c = std::move(ready_.front());
-        ready_.pop_front();
-        queued_.store(ready_.size());
-        ++busy_;
+        c = std::move(shared_->ready.front());
+        shared_->ready.pop_front();
+        shared_->queued.store(shared_->ready.size());
+        ++shared_->busy;
       }
-      if (ServeConnection(*c)) Park(std::move(c));
+      for (;;) {
+        Outcome outcome = ServeConnection(*c);
+        if (outcome == Outcome::kPark) Park(std::move(c));
+        if (outcome != Outcome::kDefer) break;
+        c = HandOver(std::move(c));
+        if (!c) break;  // the Reply brings it back
+      }
       c.reset();
       {
-        MutexLock lock(&mu_);
-        --busy_;
+        MutexLock lock(&shared_->mu);
+        --shared_->busy;
       }
       if (draining_.load()) Wake();  // the poller may be done
     }
@@ -995,11 +1103,33 @@ class Server::Impl {
   // cost small and the wait of a queued connection short.
   static constexpr int64_t kSliceMs = 5;
 
-  // Serves requests on `c` until it closes (false) or should wait parked
-  // while this worker serves others (true).
-  bool ServeConnection(Conn& c) {
+  // Hands a deferred connection to its Reply, which brings it back to a
+  // worker when the answer is ready. When the answer came already, the
+  // connection is returned, to be served on at once.
+  std::unique_ptr<Conn> HandOver(std::unique_ptr<Conn> c) {
+    std::shared_ptr<Deferred> state = std::move(c->deferred);
+    MutexLock lock(&state->mu);
+    if (state->replied) {
+      c->finish = std::move(state->finish);
+      return c;
+    }
+    {
+      MutexLock shared_lock(&shared_->mu);
+      ++shared_->deferred;
+    }
+    state->conn = std::move(c);
+    state->shared = shared_;
+    return nullptr;
+  }
+
+  enum class Outcome { kClose, kPark, kDefer };
+
+  // Serves requests on `c` until it closes, should wait parked while this
+  // worker serves others, or waits for a deferred answer.
+  Outcome ServeConnection(Conn& c) {
     const int64_t slice_end = NowMs() + kSliceMs;
-    auto others_wait = [&] { return queued_.load() > 0; };
+    auto others_wait = [&] { return shared_->queued.load() > 0; };
+    if (c.finish && SendDeferred(c) == Next::kClose) return Outcome::kClose;
     int64_t idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     for (;;) {
       // Wait until a whole request is here (RequestBuffered), giving the
@@ -1007,24 +1137,25 @@ class Server::Impl {
       // waiting for a worker: between requests, and also while a client
       // trickles one in.
       for (bool gone = false; !WholeRequest(c, &gone);) {
-        if (gone || stopping_.load()) return false;
-        if (draining_.load() && c.in.Empty() && !Readable(c.fd)) return false;  // idle: nothing to finish
+        if (gone || stopping_.load()) return Outcome::kClose;
+        if (draining_.load() && c.in.Empty() && !Readable(c.fd))
+          return Outcome::kClose;  // idle: nothing to finish
         int64_t now = NowMs();
         if (!c.in.Empty() && c.request_deadline_ms == 0) {
           c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
         }
         int64_t until = c.in.Empty() ? idle_until : c.request_deadline_ms;
-        if (others_wait() && now >= slice_end) return true;
+        if (others_wait() && now >= slice_end) return Outcome::kPark;
         if (now >= until) {
-          if (c.in.Empty()) return false;
+          if (c.in.Empty()) return Outcome::kClose;
           break;  // ServeRequest answers 408
         }
         int64_t wait = std::min<int64_t>(10, until - now);
         if (others_wait()) wait = std::min(wait, slice_end - now);
         pollfd p{c.fd, POLLIN, 0};
         int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, wait)));
-        if (r < 0 && errno != EINTR) return false;
-        if (r > 0 && !RecvSome(c)) return false;  // the peer closed
+        if (r < 0 && errno != EINTR) return Outcome::kClose;
+        if (r > 0 && !RecvSome(c)) return Outcome::kClose;  // the peer closed
       }
       if (c.request_deadline_ms == 0)
         c.request_deadline_ms = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
@@ -1032,14 +1163,15 @@ class Server::Impl {
       c.request_deadline_ms = 0;
       switch (next) {
         case Next::kKeep: break;
-        case Next::kClose: return false;
+        case Next::kClose: return Outcome::kClose;
+        case Next::kDefer: return Outcome::kDefer;
       }
-      if (others_wait() && NowMs() >= slice_end) return true;
+      if (others_wait() && NowMs() >= slice_end) return Outcome::kPark;
       idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     }
   }
 
-  enum class Next { kKeep, kClose };
+  enum class Next { kKeep, kClose, kDefer };
 
   // Sends a response for an error of framing or limits and closes; bytes the
   // client may still be sending are drained first (briefly), so that it
@@ -1143,6 +1275,43 @@ class Server::Impl {
       res.status = 500;
       res.Set(error_body_("internal error"), "application/json");
     }
+    if (res.deferred) {
+      c.deferred = std::move(res.deferred);
+      c.later.keep_alive = WantsKeepAlive(req);
+      c.later.head_only = req.method == "HEAD";
+      c.later.http11 = req.minor_version >= 1;
+      c.later.headers = std::move(res.headers);
+      c.later.what = req.method + " " + req.path.substr(0, 200);
+      return Next::kDefer;
+    }
+    return Answer(c, res, WantsKeepAlive(req), req.method == "HEAD", req.minor_version >= 1);
+  }
+
+  // Sends the answer of a request that was deferred, made now by its Finish.
+  Next SendDeferred(Conn& c) {
+    Finish finish = std::move(c.finish);
+    c.finish = nullptr;
+    Response res;
+    res.headers = std::move(c.later.headers);
+    try {
+      finish(res);
+    } catch (const std::exception& e) {
+      LOG_ERROR << "internal error on " << c.later.what << ": " << e.what();
+      res = Response{};
+      res.status = 500;
+      res.Set(error_body_(std::string("internal error: ") + e.what()), "application/json");
+    }
+    if (res.deferred) {  // deferred twice: not supported
+      LOG_ERROR << "internal error on " << c.later.what << ": its answer was deferred again";
+      res = Response{};
+      res.status = 500;
+      res.Set(error_body_("internal error"), "application/json");
+    }
+    return Answer(c, res, c.later.keep_alive, c.later.head_only, c.later.http11);
+  }
+
+  // Sends `res`; whether the connection then serves another request.
+  Next Answer(Conn& c, const Response& res, bool wants_keep_alive, bool head_only, bool http11) {
     // While draining, a connection stays open only for the requests it has
     // sent already (pipelined): they arrived, so they are answered.
     bool more_here = false;
@@ -1150,12 +1319,11 @@ class Server::Impl {
       bool unused = false;
       more_here = !c.in.Empty() && RequestBuffered(c.in.View(), opts_.limits, &unused);
     }
-    bool keep_alive = WantsKeepAlive(req) && !stopping_.load() && (!draining_.load() || more_here);
+    bool keep_alive = wants_keep_alive && !stopping_.load() && (!draining_.load() || more_here);
     if (res.stream) {
-      return SendStream(c, res, keep_alive && req.minor_version >= 1, req.minor_version >= 1) ? Next::kKeep
-                                                                                              : Next::kClose;
+      return SendStream(c, res, keep_alive && http11, http11) ? Next::kKeep : Next::kClose;
     }
-    if (!Send(c, res, keep_alive, req.method == "HEAD")) return Next::kClose;
+    if (!Send(c, res, keep_alive, head_only)) return Next::kClose;
     return keep_alive ? Next::kKeep : Next::kClose;
   }
 
@@ -1238,13 +1406,7 @@ class Server::Impl {
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  // Stop() was called: finishing what arrived
-  PeerCounts peer_counts_;             // before the connections' owners: outlives them
-  Mutex mu_;
-  CondVar cv_;                                                  // workers wait here for ready_
-  std::deque<std::unique_ptr<Conn>> ready_ GUARDED_BY(mu_);     // waiting for a worker
-  std::vector<std::unique_ptr<Conn>> to_park_ GUARDED_BY(mu_);  // handed to the poller
-  std::atomic<size_t> queued_{0};                               // ready_.size(), read without the lock
-  int busy_ GUARDED_BY(mu_) = 0;                                // workers serving a connection
+  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
 
   friend class Server;
 };

@@ -54,6 +54,28 @@ struct Request {
   bool Has(std::string_view name) const { return Find(name) != nullptr; }
 };
 
+struct Response;
+struct Deferred;
+
+// Fills in a deferred response; it runs on a server worker, so the costly
+// part of an answer (encoding it) is spread over the workers.
+using Finish = std::function<void(Response&)>;
+
+// The answer to a request that comes later (Response::Defer()). Call it
+// once, from any thread: the connection goes back to a worker, which runs
+// `finish` and sends the response; later calls are ignored. A Reply whose
+// every copy is gone without a call answers 500, so a lost completion
+// never leaves its client hanging.
+class Reply {
+ public:
+  Reply() = default;
+  void operator()(Finish finish) const;
+
+ private:
+  friend struct Response;
+  std::shared_ptr<Deferred> state_;
+};
+
 struct Response {
   int status = 200;
   std::string content_type;
@@ -66,6 +88,15 @@ struct Response {
   // client is gone or stops reading (server.write_timeout_s): the stream
   // should then end.
   std::function<void(const std::function<bool(std::string_view)>& write)> stream;
+  // Set by Defer(): the answer comes later, through the Reply.
+  std::shared_ptr<Deferred> deferred;
+
+  // Answers later, off the worker that read the request (a request that
+  // waits for its batch holds no worker): the handler returns at once, the
+  // worker goes on to other connections, and the connection waits, unread,
+  // until the Reply is called. Headers set on this response before the
+  // handler returns (CORS) are kept in the one the Reply finishes.
+  Reply Defer();
 
   void Set(std::string content, std::string_view type) {
     body = std::move(content);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "raw_http.h"
 #include "test_util.h"
 
@@ -391,6 +392,131 @@ TEST(HttpServer, StopAnswersPipelinedRequestsThatArrived) {
   EXPECT_NE(replies.find("{\"path\":\"/slow\"}"), std::string::npos) << replies;
   EXPECT_NE(replies.find("{\"path\":\"/next\"}"), std::string::npos) << replies;
   EXPECT_NE(replies.find("Connection: close"), std::string::npos) << replies;
+}
+
+// Deferred answers (Response::Defer) hold no worker: one worker takes ten
+// requests that wait for their Reply and still answers a fresh one; each
+// client then gets its own answer, in whatever order they come, with the
+// headers set before the handler returned, on a connection that serves on.
+// A Reply made inside the handler, and one dropped without a call (500),
+// are answered too.
+TEST(HttpServer, DeferredAnswersHoldNoWorkerAndEachReachesItsClient) {
+  ServerOptions o;
+  o.threads = 1;
+  Mutex mu;
+  std::vector<std::pair<std::string, Reply>> waiting;
+  Server server(
+      o,
+      [&](Request& req, Response& res) {
+        if (req.path == "/now") return res.Set("{\"now\":1}", "application/json");
+        res.SetHeader("X-Kept", "yes");
+        Reply reply = res.Defer();
+        if (req.path == "/dropped") return;
+        auto answer = [q = req.query](Response& r) { r.Set("{\"id\":\"" + q + "\"}", "application/json"); };
+        if (req.path == "/inline") return reply(answer);
+        MutexLock lock(&mu);
+        waiting.emplace_back(req.query, reply);
+      },
+      PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  std::vector<int> fds;
+  for (int i = 0; i < 10; ++i) {
+    int fd = aotid::testing::ConnectTcp(server.port());
+    ASSERT_GE(fd, 0);
+    std::string get = "GET /wait?" + std::to_string(i) + " HTTP/1.1\r\nHost: a\r\n\r\n";
+    ASSERT_GT(::send(fd, get.data(), get.size(), MSG_NOSIGNAL), 0);
+    fds.push_back(fd);
+  }
+  for (int tries = 0; tries < 500; ++tries) {  // all ten handled, none answered
+    {
+      MutexLock lock(&mu);
+      if (waiting.size() == fds.size()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int fresh = aotid::testing::ConnectTcp(server.port());
+  std::string now = aotid::testing::Exchange(fresh, "GET /now HTTP/1.1\r\nHost: a\r\n\r\n", 5000);
+  EXPECT_NE(now.find("{\"now\":1}"), std::string::npos) << now;
+  for (const char* path : {"/inline?x", "/dropped?y"}) {
+    std::string r =
+        aotid::testing::Exchange(fresh, std::string("GET ") + path + " HTTP/1.1\r\nHost: a\r\n\r\n", 5000);
+    if (path[1] == 'i') {
+      EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 200") << r;
+      EXPECT_NE(r.find("{\"id\":\"x\"}"), std::string::npos) << r;
+    } else {
+      EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 500") << r;
+      EXPECT_NE(r.find("dropped without an answer"), std::string::npos) << r;
+    }
+  }
+  ::close(fresh);
+  {
+    MutexLock lock(&mu);
+    ASSERT_EQ(waiting.size(), fds.size());
+    // Answered from another thread, last first.
+    std::thread replier([&] {
+      for (auto it = waiting.rbegin(); it != waiting.rend(); ++it) {
+        it->second([q = it->first](Response& r) { r.Set("{\"id\":\"" + q + "\"}", "application/json"); });
+        it->second([](Response& r) { r.Set("{\"id\":\"twice\"}", "application/json"); });  // ignored
+      }
+    });
+    replier.join();
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    std::string r = aotid::testing::Exchange(fds[i], "", 5000);
+    EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 200") << r;
+    EXPECT_NE(r.find("{\"id\":\"" + std::to_string(i) + "\"}"), std::string::npos) << r;
+    EXPECT_NE(r.find("X-Kept: yes"), std::string::npos) << r;
+    EXPECT_EQ(r.find("twice"), std::string::npos) << r;
+    // The connection serves on.
+    r = aotid::testing::Exchange(fds[i], "GET /now HTTP/1.1\r\nHost: a\r\n\r\n", 5000);
+    EXPECT_NE(r.find("{\"now\":1}"), std::string::npos) << r;
+    ::close(fds[i]);
+  }
+  server.Stop();
+  serving.join();
+}
+
+// Stop() waits for a deferred answer (within drain_timeout_s) and sends it
+// with Connection: close; a Reply after the server is gone does nothing.
+TEST(HttpServer, StopWaitsForDeferredAnswers) {
+  ServerOptions o;
+  o.threads = 1;
+  Mutex mu;
+  std::vector<Reply> waiting;
+  Server server(
+      o,
+      [&](Request&, Response& res) {
+        MutexLock lock(&mu);
+        waiting.push_back(res.Defer());
+      },
+      PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  int fd = aotid::testing::ConnectTcp(server.port());
+  std::string get = "GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
+  ASSERT_GT(::send(fd, get.data(), get.size(), MSG_NOSIGNAL), 0);
+  for (int tries = 0; tries < 500; ++tries) {
+    {
+      MutexLock lock(&mu);
+      if (!waiting.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server.Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Reply reply;
+  {
+    MutexLock lock(&mu);
+    ASSERT_EQ(waiting.size(), 1u);
+    reply = waiting[0];
+  }
+  reply([](Response& r) { r.Set("{\"late\":1}", "application/json"); });
+  std::string r = aotid::testing::Exchange(fd, "", 5000);
+  serving.join();
+  ::close(fd);
+  EXPECT_NE(r.find("{\"late\":1}"), std::string::npos) << r;
+  EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
 }
 
 // A second server on the same unix socket (another store's daemon) is
