@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+
+#include "base/crash_point.h"
 
 namespace aotid::serving {
 
@@ -54,32 +57,95 @@ BatchingModel::~BatchingModel() {
   for (auto& t : workers_) t.join();
 }
 
-StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs,
-                                                       const runtime::RunContext& ctx) {
-  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
-  Pending p{&inputs, inputs[0].shape[0], Clock::now(), &ctx};
+BatchingModel::Incoming BatchingModel::Announce() {
   MutexLock lock(&mu_);
+  ++incoming_;
+  return Incoming(this);
+}
+
+void BatchingModel::Unannounce() {
+  {
+    MutexLock lock(&mu_);
+    --incoming_;
+  }
+  arrived_.SignalAll();  // a worker waiting for it waits no more
+}
+
+Status BatchingModel::Enqueue(Pending* p) {
   if (stopping_) return Unavailable("the model is being unloaded");
   if (static_cast<int>(queue_.size()) >= options_.max_queued) {
     return ResourceExhausted("the model's queue is full (" + std::to_string(queue_.size()) +
                              " requests waiting); retry shortly");
   }
-  queue_.push_back(&p);
-  queued_rows_ += p.rows;
+  queue_.push_back(p);
+  queued_rows_ += p->rows;
   arrived_.SignalAll();
+  return Status::OK();
+}
+
+StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs,
+                                                       const runtime::RunContext& ctx) {
+  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
+  Pending p;
+  p.inputs = &inputs;
+  p.rows = inputs[0].shape[0];
+  p.enqueued = Clock::now();
+  p.ctx = &ctx;
+  MutexLock lock(&mu_);
+  RETURN_IF_ERROR(Enqueue(&p));
   while (!p.done) finished_.Wait(&mu_);
   return std::move(p.result);
 }
 
+Status BatchingModel::Submit(std::vector<HostTensor> inputs, runtime::RunContext ctx, Done done,
+                             Incoming* incoming) {
+  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
+  auto p = std::make_unique<Pending>();
+  p->own_inputs = std::move(inputs);
+  p->own_ctx = std::move(ctx);
+  p->inputs = &p->own_inputs;
+  p->ctx = &p->own_ctx;
+  p->rows = p->own_inputs[0].shape[0];
+  p->enqueued = Clock::now();
+  p->answer = std::move(done);
+  MutexLock lock(&mu_);
+  if (incoming && incoming->m_ == this) {  // it has come: one fewer to wait for
+    incoming->m_ = nullptr;
+    --incoming_;
+  }
+  RETURN_IF_ERROR(Enqueue(p.get()));
+  p.release();  // the worker that finishes it deletes it
+  return Status::OK();
+}
+
+void BatchingModel::Finish(Pending* p, std::vector<Pending*>& answers) {
+  if (p->answer) {
+    answers.push_back(p);
+  } else {
+    p->done = true;
+  }
+}
+
+void BatchingModel::Answer(std::vector<Pending*>& answers) {
+  for (Pending* p : answers) {
+    std::unique_ptr<Pending> owned(p);
+    owned->answer(std::move(owned->result));
+  }
+  answers.clear();
+}
+
 void BatchingModel::Work() {
+  std::vector<Pending*> answers;  // finished submitted requests, answered outside the lock
   MutexLock lock(&mu_);
   for (;;) {
     while (!stopping_ && queue_.empty()) arrived_.Wait(&mu_);
     if (queue_.empty()) return;  // stopping, nothing left
     // Requests wait in the queue (counted against its bound) until a batch
-    // is full or the oldest has waited long enough.
-    auto deadline = queue_.front()->enqueued + std::chrono::microseconds(options_.max_delay_us);
-    while (!stopping_ && !queue_.empty() && queued_rows_ < options_.max_batch_size &&
+    // is full, or the oldest has waited long enough, or nothing more is on
+    // its way. Long enough: max_delay_us, and never longer than a run.
+    auto wait_us = std::min<double>(options_.max_delay_us, run_us_);
+    auto deadline = queue_.front()->enqueued + std::chrono::microseconds(static_cast<int64_t>(wait_us));
+    while (!stopping_ && !queue_.empty() && queued_rows_ < options_.max_batch_size && incoming_ > 0 &&
            Clock::now() < deadline) {
       arrived_.WaitUntil(&mu_, deadline);
     }
@@ -88,7 +154,7 @@ void BatchingModel::Work() {
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->ctx->cancelled && (*it)->ctx->cancelled()) {
         (*it)->result = Cancelled(runtime::kClientGone);
-        (*it)->done = true;
+        Finish(*it, answers);
         queued_rows_ -= (*it)->rows;
         it = queue_.erase(it);
         ++dropped;
@@ -103,6 +169,11 @@ void BatchingModel::Work() {
         r.dropped = dropped;
         on_batch_(r);
       }
+    }
+    if (!answers.empty()) {
+      lock.Unlock();
+      Answer(answers);
+      lock.Lock();
     }
     if (queue_.empty()) continue;
     std::vector<Pending*> batch{queue_.front()};
@@ -120,10 +191,18 @@ void BatchingModel::Work() {
       }
     }
     lock.Unlock();
+    auto start = Clock::now();
     Run(batch);
+    double took_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     lock.Lock();
-    for (Pending* p : batch) p->done = true;
+    run_us_ = run_us_ == 0 ? took_us : 0.8 * run_us_ + 0.2 * took_us;
+    for (Pending* p : batch) Finish(p, answers);
     finished_.SignalAll();
+    if (!answers.empty()) {
+      lock.Unlock();
+      Answer(answers);
+      lock.Lock();
+    }
     if (!queue_.empty()) arrived_.Signal();  // another worker may take the rest
   }
 }
@@ -137,6 +216,7 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
     report.queue_seconds.push_back(std::chrono::duration<double>(start - p->enqueued).count());
   }
   if (on_batch_) on_batch_(report);
+  PausePoint("batch_run");
   if (batch.size() == 1) {
     batch[0]->result = inner_->Infer(*batch[0]->inputs, *batch[0]->ctx);
     return;

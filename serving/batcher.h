@@ -3,6 +3,11 @@
 // max_batch_delay_us, are joined along dim 0, run once, and split back, so
 // each caller gets exactly its own rows.
 //
+// The batcher waits for more rows only while that can pay: while requests
+// for the model are being read (announced, not yet queued), and never
+// longer than a run of the model takes (a model faster than the delay
+// loses more waiting than it gains). A lone client never waits.
+//
 // Only models whose every input and output has a dynamic first dim can be
 // batched (CanBatch). Requests whose other dims differ are never joined;
 // a request with more rows than max_batch_size runs alone.
@@ -13,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/mutex.h"
@@ -22,7 +28,7 @@ namespace aotid::serving {
 
 struct BatchOptions {
   int max_batch_size = 8;  // rows per run
-  int max_delay_us = 0;    // how long the oldest request may wait for more
+  int max_delay_us = 0;    // the most the oldest request may wait for more (see above)
   int max_queued = 256;    // requests waiting; beyond this Infer answers ResourceExhausted
   int workers = 1;         // batches run at once (the model's runner count)
 };
@@ -47,6 +53,32 @@ class BatchingModel final : public runtime::LoadedModel {
   const runtime::ModelSpec& spec() const override { return inner_->spec(); }
   const std::string& device() const override { return inner_->device(); }
   const BatchOptions& options() const { return options_; }
+  // What a queued request's caller gets: its rows, or why not.
+  using Done = std::function<void(StatusOr<std::vector<runtime::HostTensor>>)>;
+
+  // Says a request for this model is on its way (being read): the batcher
+  // may wait for it. Hold it until Submit (or until the request fails).
+  class Incoming {
+   public:
+    explicit Incoming(BatchingModel* m) : m_(m) {}
+    Incoming(Incoming&& o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
+    Incoming& operator=(Incoming&&) = delete;
+    ~Incoming() {
+      if (m_) m_->Unannounce();
+    }
+
+   private:
+    friend class BatchingModel;
+    BatchingModel* m_;
+  };
+  Incoming Announce() EXCLUDES(mu_);
+
+  // Queues a request and returns at once: `done` runs later, once, on a
+  // batch worker. An error here (the queue is full, the model is being
+  // unloaded) means `done` never runs.
+  Status Submit(std::vector<runtime::HostTensor> inputs, runtime::RunContext ctx, Done done,
+                Incoming* incoming = nullptr) EXCLUDES(mu_);
+
   // Blocks until this request's rows are computed. ResourceExhausted when
   // the queue is full (the caller should retry shortly); Cancelled when
   // ctx.cancelled() is true as a batch is formed (its client left while it
@@ -57,15 +89,27 @@ class BatchingModel final : public runtime::LoadedModel {
  private:
   using Clock = std::chrono::steady_clock;
   struct Pending {
-    const std::vector<runtime::HostTensor>* inputs;
-    int64_t rows;
+    const std::vector<runtime::HostTensor>* inputs = nullptr;
+    int64_t rows = 0;
     Clock::time_point enqueued;
-    const runtime::RunContext* ctx;  // the caller's, alive while it waits
+    const runtime::RunContext* ctx = nullptr;  // the caller's, alive while it waits
     // Written by the worker that runs it: `result` before `done`, and
     // `done` under mu_, which the caller reads under mu_.
     bool done = false;
     StatusOr<std::vector<runtime::HostTensor>> result{Status(StatusCode::kInternal, "not run")};
+    // A submitted request owns its inputs and context, and is answered
+    // through `answer` (then deleted) instead of `done`.
+    std::vector<runtime::HostTensor> own_inputs;
+    runtime::RunContext own_ctx;
+    Done answer;
   };
+  // An announced request that will not come (~Incoming).
+  void Unannounce() EXCLUDES(mu_);
+  Status Enqueue(Pending* p) REQUIRES(mu_);
+  // Marks `p` finished: wakes its caller, or collects its answer to call
+  // outside the lock.
+  void Finish(Pending* p, std::vector<Pending*>& answers) REQUIRES(mu_);
+  static void Answer(std::vector<Pending*>& answers);
   void Work() EXCLUDES(mu_);
   // Runs a batch taken off the queue, without the lock.
   void Run(std::vector<Pending*>& batch) EXCLUDES(mu_);
@@ -78,6 +122,8 @@ class BatchingModel final : public runtime::LoadedModel {
   CondVar finished_;  // callers wait here
   std::deque<Pending*> queue_ GUARDED_BY(mu_);
   int64_t queued_rows_ GUARDED_BY(mu_) = 0;  // rows in queue_
+  int incoming_ GUARDED_BY(mu_) = 0;         // announced, not yet queued
+  double run_us_ GUARDED_BY(mu_) = 0;        // how long a run takes: a moving average
   bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

@@ -6,11 +6,14 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/log.h"
 #include "http/host.h"
 #include "http/json_tape.h"
+#include "serving/batcher.h"
 #include "serving/tensor_codec.h"
 
 namespace aotid::serving {
@@ -375,29 +378,48 @@ void HttpApi::Routes() {
   auto infer = [reg, metrics](const http::Request& req, http::Response& res) {
     using Clock = std::chrono::steady_clock;
     auto start = Clock::now();
-    Metrics::InFlight in_flight(metrics);
+    auto in_flight = std::make_shared<Metrics::InFlight>(metrics);
     auto m = Resolve(reg, req);
     if (!m.ok()) return SendStatus(res, m.status());  // not counted: the name is the caller's, not a model
     std::shared_ptr<const ServedModel> sm = *m;
+    // Records the request once it is answered.
+    auto record = [metrics, sm, start](int status, double compute_s) {
+      metrics->RecordInfer(sm->name, sm->version, status,
+                           std::chrono::duration<double>(Clock::now() - start).count(), compute_s);
+    };
+    // Answers `outputs` (or why there are none) as the request asked.
+    auto answer = [sm](http::Response& res, const InferRequest& request,
+                       const StatusOr<std::vector<runtime::HostTensor>>& outputs) {
+      if (!outputs.ok()) return SendStatus(res, outputs.status());
+      res.status = 200;
+      EncodedResponse encoded = EncodeInferResponse(sm->name, sm->version, request, *outputs);
+      if (encoded.has_binary) {
+        res.SetHeader(kHeaderLength, std::to_string(encoded.json_length));
+        res.Set(std::move(encoded.body), "application/octet-stream");
+      } else {
+        res.Set(std::move(encoded.body), kJson);
+      }
+    };
     double compute_s = 0;
-    // Records the request however the handler returns.
-    struct Done {
-      Metrics* metrics;
-      const ServedModel& sm;
+    struct Done {  // records the request however the handler returns, unless it answers later
+      std::function<void(int, double)> record;
       const http::Response& res;
-      Clock::time_point start;
       const double& compute_s;
       ~Done() {
-        metrics->RecordInfer(sm.name, sm.version, res.status,
-                             std::chrono::duration<double>(Clock::now() - start).count(), compute_s);
+        if (!res.deferred) record(res.status, compute_s);
       }
-    } done{metrics, *sm, res, start, compute_s};
+    } done{record, res, compute_s};
     if (sm->state != ServeState::kReady || !sm->model) {
       // On its way (queued, building, loading): ask the client back; a
       // failed version is not retried by waiting.
       if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
       return SendStatus(res, NotReady(*sm));
     }
+    // A batched model is told a request is coming, so that a batch may
+    // wait for it while it is decoded.
+    auto* batcher = sm->generator ? nullptr : dynamic_cast<BatchingModel*>(sm->model.get());
+    std::optional<BatchingModel::Incoming> incoming;
+    if (batcher) incoming.emplace(batcher->Announce());
     std::optional<size_t> json_length;
     if (req.Has(kHeaderLength)) {
       std::string v = req.Get(kHeaderLength);
@@ -417,6 +439,32 @@ void HttpApi::Routes() {
     runtime::RunContext ctx;
     if (fd >= 0) ctx.cancelled = [fd] { return http::ClientGone(fd); };
     auto run_start = Clock::now();
+    if (batcher) {
+      // The worker does not wait for the batch: the batch's end sends the
+      // answer, encoded on a server worker.
+      auto request = std::make_shared<InferRequest>(std::move(*decoded));
+      std::vector<runtime::HostTensor> inputs = std::move(request->inputs);
+      http::Reply reply = res.Defer();
+      Status queued = batcher->Submit(
+          std::move(inputs), std::move(ctx),
+          [reply, request, record, answer, in_flight,
+           run_start](StatusOr<std::vector<runtime::HostTensor>> out) {
+            double compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+            auto outputs = std::make_shared<StatusOr<std::vector<runtime::HostTensor>>>(std::move(out));
+            reply([request, outputs, record, answer, in_flight, compute_s](http::Response& res) {
+              answer(res, *request, *outputs);
+              record(res.status, compute_s);
+            });
+          },
+          &*incoming);
+      if (!queued.ok()) {
+        reply([queued, record, in_flight](http::Response& res) {
+          SendStatus(res, queued);
+          record(res.status, 0);
+        });
+      }
+      return;
+    }
     // A language model's cache is inside it: a run waits for the sequence
     // running on it, if any, to finish.
     if (sm->generator) {
@@ -430,15 +478,7 @@ void HttpApi::Routes() {
     } turn{sm->generator.get()};
     auto outputs = sm->model->Infer(decoded->inputs, ctx);
     compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-    if (!outputs.ok()) return SendStatus(res, outputs.status());
-    res.status = 200;
-    EncodedResponse encoded = EncodeInferResponse(sm->name, sm->version, *decoded, *outputs);
-    if (encoded.has_binary) {
-      res.SetHeader(kHeaderLength, std::to_string(encoded.json_length));
-      res.Set(std::move(encoded.body), "application/octet-stream");
-    } else {
-      res.Set(std::move(encoded.body), kJson);
-    }
+    answer(res, *decoded, outputs);
   };
   r.Add("POST", "/v2/models/*/infer", infer);
   r.Add("POST", "/v2/models/*/versions/*/infer", infer);

@@ -320,8 +320,10 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
   EXPECT_EQ(runner_of("mlp:1"), mlp_runner);
 }
 
-// 32 clients at once, each with its own row: batched runs join them, and
-// every client still gets exactly its row's eager output.
+// 64 clients at once on 4 HTTP workers (a request waiting for
+// its batch holds none), each with its own row (32 rows, each sent twice):
+// batched runs join them, and every client still gets exactly its row's
+// eager output.
 TEST_F(ServeTest, DynamicBatchingGivesEachClientItsOwnRows) {
   std::string out;
   int loads = CountEvents(store_, "loaded");
@@ -336,20 +338,24 @@ TEST_F(ServeTest, DynamicBatchingGivesEachClientItsOwnRows) {
   const json& rows = cases["mlp_rows"];
   ASSERT_EQ(rows.size(), 32u);
   std::atomic<int> right{0};
-  std::vector<std::string> problems(rows.size());
+  const size_t clients_n = 2 * rows.size();
+  std::vector<std::string> problems(clients_n);
   std::vector<std::thread> clients;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    clients.emplace_back([&, i] {
-      Reply r = Post(port(), "/v2/models/mlp/infer", json{{"inputs", rows[i]["inputs"]}}.dump());
-      if (r.status == 200 && OutputsMatch(r.body["outputs"], rows[i]["outputs"])) {
+  for (size_t c = 0; c < clients_n; ++c) {
+    clients.emplace_back([&, c] {
+      const json& row = rows[c % rows.size()];
+      Reply r = Post(port(), "/v2/models/mlp/infer",
+                     json{{"inputs", row["inputs"]}, {"id", std::to_string(c)}}.dump());
+      if (r.status == 200 && OutputsMatch(r.body["outputs"], row["outputs"]) &&
+          r.body["id"] == std::to_string(c)) {
         right++;
       } else {
-        problems[i] = std::to_string(r.status) + " " + r.body.dump();
+        problems[c] = std::to_string(r.status) + " " + r.body.dump();
       }
     });
   }
   for (auto& t : clients) t.join();
-  EXPECT_EQ(right, 32);
+  EXPECT_EQ(right, 64);
   for (const auto& p : problems) EXPECT_TRUE(p.empty()) << p;
 
   auto after = Scrape(port());
@@ -358,8 +364,8 @@ TEST_F(ServeTest, DynamicBatchingGivesEachClientItsOwnRows) {
       after["aotid_batch_rows_count" + series + "}"] - before["aotid_batch_rows_count" + series + "}"];
   double rows_run =
       after["aotid_batch_rows_sum" + series + "}"] - before["aotid_batch_rows_sum" + series + "}"];
-  EXPECT_EQ(rows_run, 32);
-  EXPECT_LT(runs, 32) << "no run joined two requests";
+  EXPECT_EQ(rows_run, 64);
+  EXPECT_LT(runs, 64) << "no run joined two requests";
   EXPECT_GT(after["aotid_queue_duration_seconds_count" + series + "}"], 0);
 
   loads = CountEvents(store_, "loaded");
@@ -633,8 +639,9 @@ TEST_F(ServeTest, RestartLoadsFromCacheAndCompilesNothing) {
 }
 
 // Runs after the restart: the daemon again, now with room for one queued
-// request. Requests past it get 503 with Retry-After at once; the queued
-// one completes; the daemon then answers normally.
+// request, and each batched run held 1 s (a pause point) so that requests
+// queue. Requests past it get 503 with Retry-After at once; the queued one
+// completes; the daemon then answers normally.
 TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
   delete daemon_;
@@ -645,8 +652,10 @@ TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   ASSERT_EQ(
       RunAotid({"--store", store_, "set", "mlp", "max_batch_size=64", "max_batch_delay_us=1000000"}, &out), 0)
       << out;
+  RunOptions slow_runs;
+  slow_runs.env = {"AOTID_TEST_PAUSE_AT=batch_run=1000"};
   auto d = DaemonProcess::Start({"--config", config, "--store", store_, "--listen", "127.0.0.1:0"},
-                                dir_->path() + "/daemon3.log");
+                                dir_->path() + "/daemon3.log", slow_runs);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   daemon_ = d->release();
   ASSERT_TRUE(WaitReady(port(), "mlp", 60)) << daemon_->Log();
@@ -684,9 +693,12 @@ TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   EXPECT_EQ(after.status, 200) << after.body.dump();
   EXPECT_TRUE(daemon_->Alive());
 
-  // A client that hangs up while its request waits for a batch (1 s
-  // here): the request is dropped before it runs, counted as 499.
+  // A client that hangs up while its request waits for a batch (behind a
+  // run that takes 1 s): the request is dropped before it runs, counted as
+  // 499.
   auto before = Scrape(port());
+  std::thread ahead([&] { EXPECT_EQ(Post(port(), "/v2/models/mlp/infer", body).status, 200); });
+  EXPECT_TRUE(WaitFor([&] { return Scrape(port())["aotid_inflight_requests"] >= 1; }, 5));
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -701,8 +713,9 @@ TEST_F(ServeTest, FullBatchQueueAnswers503WithRetryAfterAndRecovers) {
   // Hang up once it waits for its batch: a request whose client leaves
   // before a worker reads it is dropped unseen, which a busy machine (the
   // other tests run beside this one) makes likely after a fixed sleep.
-  EXPECT_TRUE(WaitFor([&] { return Scrape(port())["aotid_inflight_requests"] >= 1; }, 5));
+  EXPECT_TRUE(WaitFor([&] { return Scrape(port())["aotid_inflight_requests"] >= 2; }, 5));
   ::close(fd);
+  ahead.join();
   const std::string series = R"({model="mlp",version="3")";
   auto code = [&](const std::map<std::string, double>& m, const char* c) {
     auto it = m.find("aotid_inference_requests_total" + series + ",code=\"" + c + "\"}");

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/mutex.h"
 #include "test_util.h"
 
 namespace aotid::serving {
@@ -17,7 +18,9 @@ using runtime::ModelSpec;
 using runtime::RunContext;
 
 // y = 2x + 1 elementwise over whatever batch it gets; records how many calls
-// and the largest batch. `break_rows` makes it return one row too few.
+// and the largest batch. `break_rows` makes it return one row too few;
+// `hold` keeps a run from finishing until it is cleared (so that requests
+// queue behind it), `run_ms` makes each run take that long.
 class FakeModel : public LoadedModel {
  public:
   FakeModel() {
@@ -28,6 +31,8 @@ class FakeModel : public LoadedModel {
   const std::string& device() const override { return device_; }
   StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in, const RunContext&) override {
     calls++;
+    for (int i = 0; i < 3000 && hold.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (run_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run_ms));
     max_rows = std::max<int64_t>(max_rows, in[0].shape[0]);
     HostTensor y = in[0];
     y.name = "y";
@@ -44,6 +49,8 @@ class FakeModel : public LoadedModel {
   std::atomic<int> calls{0};
   std::atomic<int64_t> max_rows{0};
   bool break_rows = false;
+  std::atomic<bool> hold{false};
+  int run_ms = 0;
 
  private:
   ModelSpec spec_;
@@ -78,6 +85,7 @@ TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
   });
   std::vector<std::thread> clients;
   std::atomic<int> wrong{0};
+  fake->hold = true;  // the first run holds while the others queue
   for (int c = 0; c < 32; ++c) {
     clients.emplace_back([&, c] {
       std::vector<float> mine = {float(c), float(c) + 0.5f, -float(c)};  // one row of 3, distinct per client
@@ -90,6 +98,9 @@ TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
       if (Floats((*out)[0]) != want) wrong++;
     });
   }
+  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fake->hold = false;
   for (auto& t : clients) t.join();
   EXPECT_EQ(wrong, 0);
   EXPECT_GT(joined, 0) << "no batch held more than one request";
@@ -97,13 +108,90 @@ TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
   EXPECT_LE(fake->max_rows, 8);
 }
 
+// Submitted requests hold no thread while they wait: 64 of them from 8
+// threads, each answered through its callback with exactly its rows, in
+// batches that join them.
+TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
+  auto fake = std::make_shared<FakeModel>();
+  BatchOptions opts;
+  opts.max_batch_size = 16;
+  std::atomic<int> joined{0};
+  BatchingModel model(fake, opts, [&](const BatchReport& r) { joined += r.requests > 1; });
+  fake->hold = true;
+  Mutex mu;
+  CondVar all_done;
+  int answered = 0, wrong = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 8; ++k) {
+        float c = static_cast<float>(t * 8 + k);
+        std::vector<float> mine = {c, -c};
+        Status s = model.Submit({Rows(mine, 2)}, {}, [&, mine](StatusOr<std::vector<HostTensor>> out) {
+          bool right = out.ok() && Floats((*out)[0]) == std::vector<float>{2 * mine[0] + 1, 2 * mine[1] + 1};
+          MutexLock lock(&mu);
+          wrong += !right;
+          if (++answered == 64) all_done.SignalAll();
+        });
+        EXPECT_OK(s);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();  // all submitted while the first run holds
+  fake->hold = false;
+  {
+    MutexLock lock(&mu);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (answered < 64 && std::chrono::steady_clock::now() < until) all_done.WaitUntil(&mu, until);
+    EXPECT_EQ(answered, 64);
+    EXPECT_EQ(wrong, 0);
+  }
+  EXPECT_GT(joined.load(), 0);
+  EXPECT_LE(fake->max_rows.load(), 16);
+  EXPECT_LT(fake->calls.load(), 64);
+}
+
+// The batcher waits for more rows only while one is on its way: a lone
+// request does not wait out a long max_delay_us, and an announced one is
+// waited for (within a run's time) and joins the batch.
+TEST(Batcher, WaitsOnlyForRequestsOnTheirWay) {
+  auto fake = std::make_shared<FakeModel>();
+  fake->run_ms = 400;  // a run takes 0.4 s: that bounds any wait
+  BatchOptions opts;
+  opts.max_batch_size = 8;
+  opts.max_delay_us = 60'000'000;
+  std::vector<int> rows;
+  Mutex mu;
+  BatchingModel model(fake, opts, [&](const BatchReport& r) {
+    MutexLock lock(&mu);
+    if (r.rows) rows.push_back(r.rows);
+  });
+  auto started = std::chrono::steady_clock::now();
+  ASSERT_OK(model.Infer({Rows({1, 2}, 2)}, {}).status());  // alone: runs at once
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30));
+
+  auto on_its_way = model.Announce();
+  std::atomic<int> answered{0};
+  auto count = [&](StatusOr<std::vector<HostTensor>> out) { answered += out.ok(); };
+  ASSERT_OK(model.Submit({Rows({3, 4}, 2)}, {}, count));
+  ASSERT_OK(model.Submit({Rows({5, 6}, 2)}, {}, count, &on_its_way));
+  for (int i = 0; i < 3000 && answered.load() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(answered.load(), 2);
+  MutexLock lock(&mu);
+  EXPECT_EQ(rows, (std::vector<int>{1, 2})) << "the announced request did not join the waiting one";
+}
+
 TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
   auto fake = std::make_shared<FakeModel>();
   BatchOptions opts;
   opts.max_batch_size = 64;
-  opts.max_delay_us = 300000;  // requests sit in the queue for 0.3 s
   opts.max_queued = 2;
   BatchingModel model(fake, opts);
+  // A run that does not end yet keeps the worker busy, so requests queue.
+  fake->hold = true;
+  std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0}, 2)}, {}).ok()); });
+  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<int> ok{0}, full{0}, other{0};
   std::vector<std::thread> clients;
   for (int c = 0; c < 6; ++c) {
@@ -119,7 +207,11 @@ TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
       }
     });
   }
+  // Two queue, four are refused at once (they return while the run holds).
+  for (int i = 0; i < 2000 && full.load() < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  fake->hold = false;
   for (auto& t : clients) t.join();
+  blocker.join();
   EXPECT_EQ(ok, 2);
   EXPECT_EQ(full, 4);
   EXPECT_EQ(other, 0);
@@ -175,9 +267,11 @@ TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
   auto fake = std::make_shared<FakeModel>();
   BatchOptions opts;
   opts.max_batch_size = 8;
-  opts.max_delay_us = 300'000;  // long enough for both to queue
   std::atomic<int> dropped{0};
   BatchingModel model(fake, opts, [&](const BatchReport& r) { dropped += r.dropped; });
+  fake->hold = true;  // both queue behind a run that holds
+  std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0}, 2)}, {}).ok()); });
+  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<bool> gone_client_connected{true};
   StatusOr<std::vector<HostTensor>> gone = Internal("not run"), kept = Internal("not run");
   std::thread a([&] {
@@ -188,11 +282,13 @@ TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
   std::thread b([&] { kept = model.Infer({Rows({3, 4}, 2)}, {}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   gone_client_connected = false;  // the first client hangs up while queued
+  fake->hold = false;
   a.join();
   b.join();
+  blocker.join();
   EXPECT_EQ(gone.status().code(), StatusCode::kCancelled);
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
-  EXPECT_EQ(fake->calls.load(), 1);
+  EXPECT_EQ(fake->calls.load(), 2);     // the one that held, and the kept one
   EXPECT_EQ(fake->max_rows.load(), 1);  // only the kept row ran
   EXPECT_EQ(dropped.load(), 1);
 }
