@@ -5,7 +5,12 @@
 #     tokens/s between the first and the last token event, as a client sees them;
 #   - aotid in-process: the daemon's own token loop on the same cached build,
 #     no runner, no HTTP (bench/generate_bench.cc): the limit;
-#   - eager PyTorch: the same module, prefill then one token a step.
+#   - eager PyTorch: the same module, prefill then one token a step;
+#   - llama.cpp (llama-cpp-python) on the same GGUF file: its weights
+#     dequantized to F32 (the weights aotid serves), and as shipped (Q4_1).
+#     llama-cpp-python is built once into the dev cache (about 10 minutes
+#     on 2 cores) for this CPU's vector ISA, without -march=native and AMX
+#     (its AMX matmul crashed on Q4_1 prompts on a CPU that has AMX).
 # Greedy, 64 new tokens (end-of-text ignored), the chat prompt below; best of 3.
 # Each side's tokens are compared with eager's.
 #   ./dev bench generate     (calls: bench/generate.sh BUILD_DIR PYTHON)
@@ -14,6 +19,7 @@ export AOTID_BENCH_NO_TEST_MODELS=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 TOKENS=64
 REPEATS=3
+LLAMA_CPP_PIN=0.3.36
 QUESTION="Explain in a few sentences why the sky is blue."
 
 PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/examples/smollm2/export.py" "$work/smollm2.pt2" 2>/dev/null
@@ -34,6 +40,33 @@ serve() {  # starts the daemon and waits for the model (its first start builds i
   echo "smollm2 did not get ready" >&2
   exit 1
 }
+
+# llama-cpp-python, built once for this CPU's vector ISA.
+isa=()
+for f in avx avx2 fma f16c avx512f; do grep -qw "$f" /proc/cpuinfo && isa+=("$f"); done
+flags="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF"
+for f in avx avx2 fma f16c; do
+  flags+=" -DGGML_${f^^}=$([[ " ${isa[*]} " == *" $f "* ]] && echo ON || echo OFF)"
+done
+flags+=" -DGGML_AVX512=$([[ " ${isa[*]} " == *" avx512f "* ]] && echo ON || echo OFF)"
+llama_dir="${AOTID_DEV_CACHE:-$HOME/.cache/aotid-dev}/llama-cpp-python-$LLAMA_CPP_PIN-$(echo "$flags" | sha256sum | cut -c1-12)"
+if [[ ! -d $llama_dir ]]; then
+  echo "building llama-cpp-python $LLAMA_CPP_PIN into $llama_dir (once; about 10 minutes on 2 cores)" >&2
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$PY" -m pip install -q --no-deps \
+    --target "$llama_dir.tmp" "llama-cpp-python==$LLAMA_CPP_PIN" diskcache==5.6.3 >&2
+  mv "$llama_dir.tmp" "$llama_dir"
+fi
+# The F32 file: the shipped Q4_1 weights dequantized by llama.cpp itself.
+PYTHONPATH="$llama_dir:$ROOT/python:$ROOT/examples/smollm2" "$PY" - "$work/smollm2-f32.gguf" <<'PYEOF' 2>/dev/null
+import ctypes, sys
+import export as smollm2
+import llama_cpp
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype = 0  # LLAMA_FTYPE_ALL_F32
+p.allow_requantize = True
+sys.exit(llama_cpp.llama_model_quantize(smollm2.gguf_path().encode(), sys.argv[1].encode(), ctypes.byref(p)))
+PYEOF
+q4_1=$(PYTHONPATH="$ROOT/python:$ROOT/examples/smollm2" "$PY" -c 'import export; print(export.gguf_path())')
 
 printf '%-22s %7s %12s %14s %s\n' side threads "ttft_ms" "decode_tok_s" tokens
 for threads in 1 2; do
@@ -109,5 +142,38 @@ PYEOF
   printf '%-22s %7s %12s %14s %s\n' "aotid generate_stream" "$threads" "$ttft" "$rate" "$(same "$http_ids")"
   printf '%-22s %7s %12s %14s %s\n' "aotid in-process" "$threads" "$first" "$inrate" "$(same "$in_ids")"
   printf '%-22s %7s %12s %14s %s\n' "eager PyTorch" "$threads" "$ettft" "$erate" ""
+  for weights in f32 q4_1; do
+    gguf=$([[ $weights == f32 ]] && echo "$work/smollm2-f32.gguf" || echo "$q4_1")
+    PYTHONPATH="$llama_dir" "$PY" -W ignore - "$gguf" "$threads" "$TOKENS" "$REPEATS" "$ids" \
+      >"$work/llama-$weights-$threads.txt" 2>/dev/null <<'PYEOF'
+import sys, time
+import numpy as np
+from llama_cpp import Llama
+path, threads, tokens, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ids = [int(i) for i in sys.argv[5].split()]
+# The cache as long as aotid's (2,048 positions), one sequence.
+llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+# The last position's logits, straight from the context (Llama.scores is
+# only filled with logits_all, which computes every position's).
+def greedy():
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+best = None
+for _ in range(repeats):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    out = [greedy()]
+    t1 = time.perf_counter()
+    while len(out) < tokens:
+        llm.eval([out[-1]])
+        out.append(greedy())
+    rate = (tokens - 1) / (time.perf_counter() - t1)
+    if best is None or rate > best[1]:
+        best = ((t1 - t0) * 1000, rate, out)
+print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))}")
+PYEOF
+    read -r lttft lrate llama_ids <"$work/llama-$weights-$threads.txt"
+    printf '%-22s %7s %12s %14s %s\n' "llama.cpp ${weights^^}" "$threads" "$lttft" "$lrate" "$(same "$llama_ids")"
+  done
 done
 echo "prompt: $(wc -w <<<"$ids") tokens (the chat template around \"$QUESTION\"); $TOKENS new tokens, greedy; best of $REPEATS"

@@ -27,10 +27,9 @@ idle_kb="$(rss_kb $pid)"
 kill -TERM $pid; wait $pid || true
 
 store="$work/store"
-# 64 HTTP workers: a request waiting for its batch holds its worker, so a
-# batch can only gather as many rows as there are workers (the default 8
-# serves 64 clients in turn, but batches them 8 at a time; docs/BENCHMARKS.md).
-printf '[server]\nthreads = 64\n' >"$work/aotid.toml"
+# The default config (8 HTTP workers): a request waiting for its batch holds
+# no worker, so batches gather rows from any number of clients.
+: >"$work/aotid.toml"
 "$AOTID" --store "$store" add "$work/models/mlp.pt2" --name mlp >/dev/null
 "$AOTID" --store "$store" add "$work/models/conv.pt2" --name conv >/dev/null
 "$AOTID" --config "$work/aotid.toml" --store "$store" serve --listen 127.0.0.1:0 >"$work/serve.log" 2>&1 &

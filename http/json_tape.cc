@@ -84,6 +84,7 @@ bool Tape::Parse(std::string_view text, int max_depth) {
   max_depth_ = max_depth;
   too_deep_ = false;
   nodes_.clear();
+  numbers_.clear();
   // About one value per four bytes of a tensor's data; grown past that.
   nodes_.reserve(std::min<size_t>(text.size() / 4 + 8, size_t{1} << 16));
   if (!Value(0)) return false;
@@ -172,6 +173,93 @@ bool Tape::NumberToken(std::string_view* out) {
   return true;
 }
 
+namespace {
+
+// Reads a JSON number at `p` and its value: false when the grammar is not
+// JSON's. The common case exactly (Clinger): at most 19 significant digits
+// that fit in 53 bits, times a power of ten a double holds exactly
+// (1e0..1e22): one rounding, so the nearest double, as from_chars gives.
+bool ScanNumber(const char*& p, const char* stop, double* value) {
+  static constexpr double kPow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                      1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+  const char* const begin = p;
+  bool negative = p < stop && *p == '-';
+  p += negative;
+  uint64_t mantissa = 0;
+  int digits = 0, exp10 = 0;
+  if (p < stop && *p == '0') {
+    ++p;
+    digits = 1;
+  } else {
+    for (; p < stop && static_cast<unsigned>(*p - '0') < 10u; ++p, ++digits) {
+      mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
+    }
+    if (digits == 0) return false;
+  }
+  if (p < stop && *p == '.') {
+    ++p;
+    const char* from = p;
+    for (; p < stop && static_cast<unsigned>(*p - '0') < 10u; ++p, ++digits, --exp10) {
+      mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
+    }
+    if (p == from) return false;
+  }
+  if (p < stop && (*p == 'e' || *p == 'E')) {
+    ++p;
+    bool minus = p < stop && *p == '-';
+    p += (p < stop && (*p == '-' || *p == '+'));
+    const char* from = p;
+    int e = 0;
+    for (; p < stop && static_cast<unsigned>(*p - '0') < 10u; ++p) {
+      if (e < 100000) e = e * 10 + (*p - '0');
+    }
+    if (p == from) return false;
+    exp10 += minus ? -e : e;
+  }
+  if (digits <= 19 && mantissa <= (uint64_t{1} << 53) && exp10 >= -22 && exp10 <= 22) {
+    double d = static_cast<double>(mantissa);
+    d = exp10 < 0 ? d / kPow10[-exp10] : d * kPow10[exp10];
+    *value = negative ? -d : d;
+    return true;
+  }
+  auto [end, ec] = std::from_chars(begin, p, *value);
+  // Out of double's range: strtod says what it rounds to (inf or 0).
+  if (ec != std::errc()) *value = std::strtod(std::string(begin, p).c_str(), nullptr);
+  return true;
+}
+
+}  // namespace
+
+bool Tape::PackedNumbers(uint32_t* count) {
+  const size_t start = pos_;
+  const size_t first = numbers_.size();
+  const char* const stop = src_.data() + src_.size();
+  // Room for a number per 4 bytes of what is left (grown past that).
+  if (numbers_.capacity() == 0) numbers_.reserve((src_.size() - pos_) / 4 + 16);
+  for (;;) {
+    if (pos_ >= src_.size() || !(src_[pos_] == '-' || static_cast<unsigned>(src_[pos_] - '0') < 10u)) break;
+    const char* p = src_.data() + pos_;
+    double v;
+    if (!ScanNumber(p, stop, &v)) break;
+    numbers_.push_back(v);
+    pos_ = static_cast<size_t>(p - src_.data());
+    SkipSpace();
+    if (pos_ >= src_.size()) break;
+    if (src_[pos_] == ']') {
+      if (numbers_.size() - first < kPackAt) break;
+      ++pos_;
+      *count = static_cast<uint32_t>(numbers_.size() - first);
+      return true;
+    }
+    if (src_[pos_] != ',') break;
+    ++pos_;
+    SkipSpace();
+  }
+  pos_ = start;  // not a packed array: read it element by element
+  numbers_.resize(first);
+  return false;
+}
+
 bool Tape::Value(int depth) {
   SkipSpace();
   if (pos_ >= src_.size()) return false;
@@ -179,7 +267,7 @@ bool Tape::Value(int depth) {
   char c = src_[pos_];
   auto literal = [&](std::string_view word, Kind k) {
     if (src_.substr(pos_, word.size()) != word) return false;
-    nodes_.push_back({k, false, index + 1, src_.substr(pos_, word.size())});
+    nodes_.push_back({.kind = k, .end = index + 1, .text = src_.substr(pos_, word.size())});
     pos_ += word.size();
     return true;
   };
@@ -188,7 +276,7 @@ bool Tape::Value(int depth) {
     case 'f': return literal("false", Kind::kFalse);
     case 'n': return literal("null", Kind::kNull);
     case '"': {
-      Node n{Kind::kString, false, index + 1, {}};
+      Node n{.kind = Kind::kString, .end = index + 1, .text = {}};
       if (!StringToken(&n.text, &n.escaped)) return false;
       nodes_.push_back(n);
       return true;
@@ -202,8 +290,16 @@ bool Tape::Value(int depth) {
       const bool object = c == '{';
       const char close = object ? '}' : ']';
       size_t open = pos_++;
-      nodes_.push_back({object ? Kind::kObject : Kind::kArray, false, 0, {}});
+      nodes_.push_back({.kind = object ? Kind::kObject : Kind::kArray, .text = {}});
       SkipSpace();
+      if (uint32_t n = 0, first = static_cast<uint32_t>(numbers_.size()); !object && PackedNumbers(&n)) {
+        nodes_[index].packed = true;
+        nodes_[index].first = first;
+        nodes_[index].count = n;
+        nodes_[index].end = index + 1;
+        nodes_[index].text = src_.substr(open, pos_ - open);
+        return true;
+      }
       if (pos_ < src_.size() && src_[pos_] == close) {
         ++pos_;
       } else {
@@ -211,7 +307,7 @@ bool Tape::Value(int depth) {
           if (object) {
             SkipSpace();
             if (pos_ >= src_.size() || src_[pos_] != '"') return false;
-            Node key{Kind::kString, false, static_cast<uint32_t>(nodes_.size()) + 1, {}};
+            Node key{.kind = Kind::kString, .end = static_cast<uint32_t>(nodes_.size()) + 1, .text = {}};
             if (!StringToken(&key.text, &key.escaped)) return false;
             nodes_.push_back(key);
             SkipSpace();
@@ -235,7 +331,7 @@ bool Tape::Value(int depth) {
       return true;
     }
     default: {
-      Node n{Kind::kNumber, false, index + 1, {}};
+      Node n{.kind = Kind::kNumber, .end = index + 1, .text = {}};
       if (!NumberToken(&n.text)) return false;
       nodes_.push_back(n);
       return true;
@@ -289,31 +385,53 @@ uint32_t Tape::Member(uint32_t obj, std::string_view key) const {
   return found;
 }
 
-bool Tape::IsIntegerToken(uint32_t i) const {
-  return kind(i) == Kind::kNumber && text(i).find_first_of(".eE") == std::string_view::npos;
-}
+bool Tape::IsIntegerToken(uint32_t i) const { return kind(i) == Kind::kNumber && IsIntegerText(text(i)); }
 
 bool Tape::AsInt64(uint32_t i, int64_t* out) const {
-  if (!IsIntegerToken(i)) return false;
-  std::string_view t = text(i);
-  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
-  return ec == std::errc() && p == t.data() + t.size();
+  return kind(i) == Kind::kNumber && ToInt64(text(i), out);
 }
 
 bool Tape::AsUInt64(uint32_t i, uint64_t* out) const {
-  if (!IsIntegerToken(i) || text(i).front() == '-') return false;
-  std::string_view t = text(i);
+  return kind(i) == Kind::kNumber && ToUInt64(text(i), out);
+}
+
+bool Tape::IsIntegerText(std::string_view t) { return t.find_first_of(".eE") == std::string_view::npos; }
+
+bool Tape::ToInt64(std::string_view t, int64_t* out) {
+  if (!IsIntegerText(t)) return false;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
   return ec == std::errc() && p == t.data() + t.size();
 }
 
-double Tape::AsDouble(uint32_t i) const {
-  std::string_view t = text(i);
+bool Tape::ToUInt64(std::string_view t, uint64_t* out) {
+  if (!IsIntegerText(t) || t.empty() || t.front() == '-') return false;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  return ec == std::errc() && p == t.data() + t.size();
+}
+
+double Tape::ToDouble(std::string_view t) {
+  const char* p = t.data();
   double d = 0;
-  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), d);
-  if (ec == std::errc()) return d;
-  // Out of double's range: strtod says what it rounds to (inf or 0).
-  return std::strtod(std::string(t).c_str(), nullptr);
+  ScanNumber(p, t.data() + t.size(), &d);
+  return d;
+}
+
+bool Tape::NextNumber(std::string_view a, size_t* pos, std::string_view* number) {
+  // The text was validated by Parse: numbers, commas, whitespace, ']'.
+  size_t i = *pos;
+  if (i < a.size() && (a[i] == '[' || a[i] == ',')) ++i;
+  while (i < a.size() && (a[i] == ' ' || a[i] == '\t' || a[i] == '\n' || a[i] == '\r')) ++i;
+  if (i >= a.size() || a[i] == ']') return false;
+  size_t start = i;
+  while (i < a.size()) {
+    char c = a[i];
+    if (!((c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E')) break;
+    ++i;
+  }
+  *number = a.substr(start, i - start);
+  while (i < a.size() && (a[i] == ' ' || a[i] == '\t' || a[i] == '\n' || a[i] == '\r')) ++i;
+  *pos = i;
+  return true;
 }
 
 }  // namespace aotid::http::json_tape

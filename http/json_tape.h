@@ -14,6 +14,12 @@
 // object's are key, value, key, value... `end(i)` is the index after value
 // i's subtree, so children are walked as `for (c = i + 1; c < end(i);
 // c = end(c))`.
+//
+// Except a packed array: an array of kPackAt or more numbers and nothing
+// else (a tensor's data, flat) is one node with no children. Its numbers
+// are validated like any, counted (count(i)), and read from its text with
+// NextNumber(). One node for the whole array, not one per number, is what
+// makes a large tensor's JSON fast to read.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +43,17 @@ class Tape {
   // After a failed Parse: whether it failed on the nesting limit.
   bool too_deep() const { return too_deep_; }
 
+  static constexpr uint32_t kPackAt = 16;
+
   Kind kind(uint32_t i) const { return nodes_[i].kind; }
+  bool packed(uint32_t i) const { return nodes_[i].packed; }
+  // The elements of a packed array, and their values as the nearest
+  // doubles (read as the tape was made).
+  uint32_t count(uint32_t i) const { return nodes_[i].count; }
+  const double* values(uint32_t i) const { return numbers_.data() + nodes_[i].first; }
+  // Reads the number at *pos of a packed array's text (start at 0: the
+  // '['), moving *pos past it; false at the array's end.
+  static bool NextNumber(std::string_view array_text, size_t* pos, std::string_view* number);
   uint32_t end(uint32_t i) const { return nodes_[i].end; }
   // A number's text; a string's text between its quotes, escapes as sent.
   std::string_view text(uint32_t i) const { return nodes_[i].text; }
@@ -57,18 +73,30 @@ class Tape {
   // Whether a number is an integer token ("2", "-7"; not "2.0" or "2e0").
   bool IsIntegerToken(uint32_t i) const;
   // Any number as the nearest double.
-  double AsDouble(uint32_t i) const;
+  double AsDouble(uint32_t i) const { return ToDouble(text(i)); }
+
+  // The same on a number's text (from text() or NextNumber()).
+  static bool IsIntegerText(std::string_view t);
+  static bool ToInt64(std::string_view t, int64_t* out);
+  static bool ToUInt64(std::string_view t, uint64_t* out);
+  static double ToDouble(std::string_view t);
 
  private:
   struct Node {
-    Kind kind;
+    Kind kind = Kind::kNull;
     bool escaped = false;  // a string with backslash escapes
+    bool packed = false;
     uint32_t end = 0;
+    uint32_t count = 0;  // a packed array's elements
+    uint32_t first = 0;  // and where their values start in numbers_
     std::string_view text;
   };
   bool Value(int depth);
   bool StringToken(std::string_view* out, bool* escaped);
   bool NumberToken(std::string_view* out);
+  // At an array's first element: reads it whole as a packed array when it
+  // is kPackAt or more numbers; else leaves pos_ where it was.
+  bool PackedNumbers(uint32_t* count);
   void SkipSpace();
 
   std::string_view src_;
@@ -76,6 +104,7 @@ class Tape {
   int max_depth_ = 0;
   bool too_deep_ = false;
   std::vector<Node> nodes_;
+  std::vector<double> numbers_;  // the values of packed arrays' elements
 };
 
 }  // namespace aotid::http::json_tape

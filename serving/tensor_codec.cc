@@ -33,20 +33,16 @@ T Get(const std::vector<std::byte>& in, size_t index) {
   return v;
 }
 
-// Stores number/boolean value `v` of the tape as element `i` of a tensor of `dtype`.
-Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vector<std::byte>& out,
+// Stores the number whose text is `t` as element `i` of a tensor of `dtype`.
+Status PutNumber(std::string_view t, DType dtype, size_t i, std::vector<std::byte>& out,
                  const std::string& who) {
-  auto type_error = [&](const char* want) {
-    return InvalidArgument(who + ": element " + std::to_string(i) + " is " + KindName(tape.kind(v)) +
-                           ", expected " + want);
-  };
   auto integer = [&](int64_t lo, int64_t hi) -> StatusOr<int64_t> {
     int64_t x;
     uint64_t u;
-    if (!tape.AsInt64(v, &x)) {
-      if (tape.AsUInt64(v, &u))
+    if (!Tape::ToInt64(t, &x)) {
+      if (Tape::ToUInt64(t, &u))
         return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
-      return type_error("an integer");
+      return InvalidArgument(who + ": element " + std::to_string(i) + " is number, expected an integer");
     }
     if (x < lo || x > hi) {
       return InvalidArgument(who + ": element " + std::to_string(i) + " (" + std::to_string(x) +
@@ -56,9 +52,7 @@ Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vecto
   };
   switch (dtype) {
     case DType::kBool:
-      if (!tape.is_bool(v)) return type_error("true or false");
-      Put<uint8_t>(out, i, tape.kind(v) == Kind::kTrue ? 1 : 0);
-      return Status::OK();
+      return InvalidArgument(who + ": element " + std::to_string(i) + " is number, expected true or false");
     case DType::kUInt8: {
       ASSIGN_OR_RETURN(int64_t x, integer(0, 255));
       Put<uint8_t>(out, i, x);
@@ -88,8 +82,7 @@ Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vecto
     }
     default: break;
   }
-  if (tape.kind(v) != Kind::kNumber) return type_error("a number");
-  double d = tape.AsDouble(v);
+  double d = Tape::ToDouble(t);
   switch (dtype) {
     case DType::kFloat16: Put<uint16_t>(out, i, FloatToHalf(static_cast<float>(d))); break;
     case DType::kBFloat16: Put<uint16_t>(out, i, FloatToBFloat16(static_cast<float>(d))); break;
@@ -100,9 +93,60 @@ Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vecto
   return Status::OK();
 }
 
+// Stores value `v` of the tape (a number or a boolean) as element `i`.
+Status PutScalar(const Tape& tape, uint32_t v, DType dtype, size_t i, std::vector<std::byte>& out,
+                 const std::string& who) {
+  if (tape.kind(v) == Kind::kNumber) return PutNumber(tape.text(v), dtype, i, out, who);
+  if (dtype == DType::kBool && tape.is_bool(v)) {
+    Put<uint8_t>(out, i, tape.kind(v) == Kind::kTrue ? 1 : 0);
+    return Status::OK();
+  }
+  const char* want = dtype == DType::kBool ? "true or false"
+                     : dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
+                             dtype == DType::kFloat64
+                         ? "a number"
+                         : "an integer";
+  return InvalidArgument(who + ": element " + std::to_string(i) + " is " + KindName(tape.kind(v)) +
+                         ", expected " + want);
+}
+
 // Walks nested arrays depth-first, storing scalars in order.
 Status Flatten(const Tape& tape, uint32_t node, DType dtype, size_t expected, size_t* count,
                std::vector<std::byte>& out, const std::string& who) {
+  if (tape.kind(node) == Kind::kArray && tape.packed(node)) {
+    if (*count + tape.count(node) > expected) {
+      return InvalidArgument(who + ": 'data' has more elements than its shape holds (" +
+                             std::to_string(expected) + ")");
+    }
+    std::string_view text = tape.text(node), number;
+    size_t pos = 0;
+    // Floats from the values the tape read; integers (and booleans, which
+    // numbers are not) from their text, which says whether each is one.
+    const double* v = tape.values(node);
+    const uint32_t n = tape.count(node);
+    switch (dtype) {
+      case DType::kFloat32:
+        for (uint32_t k = 0; k < n; ++k) Put<float>(out, *count + k, static_cast<float>(v[k]));
+        break;
+      case DType::kFloat64:
+        for (uint32_t k = 0; k < n; ++k) Put<double>(out, *count + k, v[k]);
+        break;
+      case DType::kFloat16:
+        for (uint32_t k = 0; k < n; ++k)
+          Put<uint16_t>(out, *count + k, FloatToHalf(static_cast<float>(v[k])));
+        break;
+      case DType::kBFloat16:
+        for (uint32_t k = 0; k < n; ++k)
+          Put<uint16_t>(out, *count + k, FloatToBFloat16(static_cast<float>(v[k])));
+        break;
+      default:
+        while (Tape::NextNumber(text, &pos, &number))
+          RETURN_IF_ERROR(PutNumber(number, dtype, (*count)++, out, who));
+        return Status::OK();
+    }
+    *count += n;
+    return Status::OK();
+  }
   if (tape.kind(node) == Kind::kArray) {
     for (uint32_t c = node + 1; c < tape.end(node); c = tape.end(c)) {
       RETURN_IF_ERROR(Flatten(tape, c, dtype, expected, count, out, who));
@@ -137,6 +181,7 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
   uint32_t shape = tape.Member(t, "shape");
   if (shape == Tape::kNone || tape.kind(shape) != Kind::kArray)
     return InvalidArgument(who + ": missing 'shape' array");
+  if (tape.packed(shape)) return InvalidArgument(who + ": 'shape' has more than 16 dims");
   for (uint32_t d = shape + 1; d < tape.end(shape); d = tape.end(d)) {
     int64_t dim;
     if (!tape.AsInt64(d, &dim) || dim < 0)

@@ -12,6 +12,7 @@
 // see below).
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -41,6 +42,7 @@ const aotid::runtime::ModelSpec& Spec() {
 // The tape's value `i` as nlohmann::json, to compare whole documents.
 nlohmann::json FromTape(const aotid::http::json_tape::Tape& t, uint32_t i) {
   using aotid::http::json_tape::Kind;
+  using aotid::http::json_tape::Tape;
   switch (t.kind(i)) {
     case Kind::kNull: return nullptr;
     case Kind::kFalse: return false;
@@ -55,6 +57,25 @@ nlohmann::json FromTape(const aotid::http::json_tape::Tape& t, uint32_t i) {
     }
     case Kind::kArray: {
       auto a = nlohmann::json::array();
+      if (t.packed(i)) {  // numbers only: from their text, and their values agree with it
+        std::string_view number;
+        size_t pos = 0;
+        for (uint32_t k = 0; Tape::NextNumber(t.text(i), &pos, &number); ++k) {
+          double value = Tape::ToDouble(number);
+          if (k >= t.count(i) || std::memcmp(&value, &t.values(i)[k], sizeof value) != 0) __builtin_trap();
+          int64_t v;
+          uint64_t u;
+          if (Tape::ToInt64(number, &v)) {
+            a.push_back(v);
+          } else if (Tape::ToUInt64(number, &u)) {
+            a.push_back(u);
+          } else {
+            a.push_back(value);
+          }
+        }
+        if (a.size() != t.count(i)) __builtin_trap();
+        return a;
+      }
       for (uint32_t c = i + 1; c < t.end(i); c = t.end(c)) a.push_back(FromTape(t, c));
       return a;
     }

@@ -112,6 +112,73 @@ TEST(JsonTape, NumbersConvertOnlyWhenTheyFit) {
   EXPECT_EQ(t.AsDouble(v[3]), 18446744073709551616.0);
 }
 
+// An array of kPackAt numbers or more is one node: counted, its values
+// the nearest doubles (as from_chars reads them, also past Clinger's fast
+// path), its numbers as text through NextNumber. Shorter arrays, and
+// arrays that hold anything else, keep a node per element; a bad number
+// in a long array still fails the document.
+TEST(JsonTape, LongArraysOfNumbersArePackedWithTheirValues) {
+  std::vector<std::string> numbers = {"0",
+                                      "-0",
+                                      "1",
+                                      "-1.5",
+                                      "0.1",
+                                      "3.14159",
+                                      "1e22",
+                                      "1e23",
+                                      "1E-22",
+                                      "2.5e-323",
+                                      "1e400",
+                                      "-1e400",
+                                      "1e-400",
+                                      "0.30000000000000004",
+                                      "123456789012345678901234567890",
+                                      "9007199254740993",
+                                      "7"};
+  std::string text = "[";
+  for (size_t i = 0; i < numbers.size(); ++i) text += (i ? (i % 2 ? " ,\n" : ",") : "") + numbers[i];
+  text += " ]";
+  Tape t;
+  ASSERT_TRUE(t.Parse(text, 8));
+  ASSERT_TRUE(t.packed(0));
+  EXPECT_EQ(t.count(0), numbers.size());
+  EXPECT_EQ(t.end(0), 1u);
+  size_t pos = 0;
+  std::string_view number;
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    double want = std::strtod(numbers[i].c_str(), nullptr);
+    EXPECT_EQ(t.values(0)[i], want) << numbers[i];
+    EXPECT_EQ(std::signbit(t.values(0)[i]), std::signbit(want)) << numbers[i];
+    ASSERT_TRUE(Tape::NextNumber(t.text(0), &pos, &number));
+    EXPECT_EQ(number, numbers[i]);
+  }
+  EXPECT_FALSE(Tape::NextNumber(t.text(0), &pos, &number));
+
+  std::string fifteen = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]";
+  ASSERT_TRUE(t.Parse(fifteen, 8));
+  EXPECT_FALSE(t.packed(0));
+  EXPECT_EQ(t.end(0), 16u);
+  std::string mixed = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,\"x\",[17]]";
+  ASSERT_TRUE(t.Parse(mixed, 8));
+  EXPECT_FALSE(t.packed(0));
+  EXPECT_EQ(t.kind(17), Kind::kString);
+  EXPECT_EQ(t.kind(18), Kind::kArray);
+  std::string nested = "[[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],[1,2]]";
+  ASSERT_TRUE(t.Parse(nested, 8));
+  EXPECT_FALSE(t.packed(0));
+  EXPECT_TRUE(t.packed(1));
+  EXPECT_EQ(t.end(1), 2u);
+  EXPECT_FALSE(t.packed(2));
+  for (const char* bad : {"01", "1.", ".5", "-", "1e", "1e+", "+1", "0x1", "1..2", "--1", "NaN"}) {
+    std::string doc = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16," + std::string(bad) + "]";
+    EXPECT_FALSE(t.Parse(doc, 8)) << bad;
+    doc = "[" + std::string(bad) + ",1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]";
+    EXPECT_FALSE(t.Parse(doc, 8)) << bad;
+  }
+  EXPECT_FALSE(t.Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,]", 8));
+  EXPECT_FALSE(t.Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", 8));
+}
+
 TEST(JsonTape, NestingPastTheLimitIsRefusedAndSaysSo) {
   Tape t;
   EXPECT_TRUE(t.Parse("[[[1]]]", 3));

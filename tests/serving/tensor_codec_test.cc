@@ -1,6 +1,8 @@
 #include "serving/tensor_codec.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -39,6 +41,86 @@ TEST(TensorCodec, DecodesFlatAndNestedDataInSpecOrder) {
   EXPECT_EQ(r->inputs[0].name, "x");
   EXPECT_EQ(Values<float>(r->inputs[0]), (std::vector<float>{0.5f, 1.f, 2.f, -3.25f}));
   EXPECT_EQ(Values<int64_t>(r->inputs[1]), (std::vector<int64_t>{1, -2, 9007199254740993LL}));
+}
+
+// A tensor's data as a long flat array (read packed) decodes to what each
+// number's nearest double gives in the tensor's type, for every float type
+// and for integers, nested or flat; and the errors name the element.
+TEST(TensorCodec, LongArraysDecodeExactlyInEveryType) {
+  std::vector<std::string> numbers;
+  for (int i = 0; i < 40; ++i) {
+    numbers.push_back(std::to_string(i * 37 - 700) + "." + std::to_string(i * 7919 % 1000));
+  }
+  for (const char* n : {"1e-45", "3.4028235e38", "1e39", "-0", "0.1", "1e-7", "65504", "1e400", "2.5e-323"})
+    numbers.push_back(n);
+  numbers.resize(48);
+  std::string data;
+  for (size_t i = 0; i < numbers.size(); ++i) data += (i ? "," : "") + numbers[i];
+  for (auto [dtype, name] : {std::pair{DType::kFloat32, "FP32"},
+                             {DType::kFloat64, "FP64"},
+                             {DType::kFloat16, "FP16"},
+                             {DType::kBFloat16, "BF16"}}) {
+    ModelSpec spec;
+    spec.inputs.push_back({"x", dtype, {-1, 16}});
+    for (std::string body :
+         {R"({"inputs":[{"name":"x","datatype":")" + std::string(name) + R"(","shape":[3,16],"data":[)" +
+              data + "]}]}",
+          R"({"inputs":[{"name":"x","datatype":")" + std::string(name) + R"(","shape":[3,16],"data":[[)" +
+              data.substr(0, data.find(numbers[16]) - 1) + "],[" + data.substr(data.find(numbers[16])) +
+              "]]}]}"}) {
+      auto r = DecodeInferRequest(body, spec);
+      ASSERT_TRUE(r.ok()) << name << " " << r.status().ToString();
+      const HostTensor& t = r->inputs[0];
+      for (size_t i = 0; i < numbers.size(); ++i) {
+        double d = std::strtod(numbers[i].c_str(), nullptr);
+        float f = static_cast<float>(d);
+        switch (dtype) {
+          case DType::kFloat32: EXPECT_EQ(std::memcmp(&Values<float>(t)[i], &f, 4), 0) << numbers[i]; break;
+          case DType::kFloat64: EXPECT_EQ(std::memcmp(&Values<double>(t)[i], &d, 8), 0) << numbers[i]; break;
+          case DType::kFloat16: EXPECT_EQ(Values<uint16_t>(t)[i], FloatToHalf(f)) << numbers[i]; break;
+          default: EXPECT_EQ(Values<uint16_t>(t)[i], FloatToBFloat16(f)) << numbers[i]; break;
+        }
+      }
+    }
+  }
+  ModelSpec ints;
+  ints.inputs.push_back({"ids", DType::kInt64, {20}});
+  std::string ids =
+      "1,-2,9007199254740993,9223372036854775807,-9223372036854775808,5,6,7,8,9,10,11,12,13,14,15,16,17,18,";
+  auto r = DecodeInferRequest(
+      R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[20],"data":[)" + ids + "19]}]}", ints);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto v = Values<int64_t>(r->inputs[0]);
+  EXPECT_EQ(v[2], 9007199254740993LL);
+  EXPECT_EQ(v[3], std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(v[4], std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(v[19], 19);
+  for (auto [last, message] : {std::pair{"19.0", "element 19 is number, expected an integer"},
+                               {"9223372036854775808", "element 19 is out of range"}}) {
+    r = DecodeInferRequest(
+        R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[20],"data":[)" + ids + last + "]}]}", ints);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << r.status().ToString();
+  }
+  ModelSpec flags;
+  flags.inputs.push_back({"b", DType::kBool, {16}});
+  r = DecodeInferRequest(
+      R"({"inputs":[{"name":"b","datatype":"BOOL","shape":[16],"data":[1,0,1,0,1,0,1,0,1,0,1,0,1,0,1,0]}]})",
+      flags);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("element 0 is number, expected true or false"), std::string::npos)
+      << r.status().ToString();
+  // More numbers than the shape holds, and a shape of 16 dims or more.
+  r = DecodeInferRequest(
+      R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[20],"data":[)" + ids + "19,20]}]}", ints);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("more elements than its shape holds"), std::string::npos);
+  r = DecodeInferRequest(
+      R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,20],"data":[1]}]})",
+      ints);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'shape' has more than 16 dims"), std::string::npos)
+      << r.status().ToString();
 }
 
 TEST(TensorCodec, ErrorsNameTheInputAndTheExpectation) {
