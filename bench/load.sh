@@ -2,7 +2,8 @@
 # Serving benchmarks under load (docs/BENCHMARKS.md, "Serving under load"):
 #  - overhead at concurrency 1 (HTTP minus in-process) next to a bare TCP
 #    echo of the same bytes over loopback, interleaved in one run;
-#  - throughput at concurrency 16 and 64 for the test MLP and a small conv
+#  - how fast a large tensor's JSON is decoded and encoded (MB/s);
+#  - throughput at concurrency 1, 16 and 64 for the test MLP and a small conv
 #    net, without and with dynamic batching, each against the in-process
 #    runner's throughput at the same concurrency, in the same run;
 #  - resident memory: the daemon idle with no model, with the models loaded,
@@ -58,6 +59,8 @@ print(json.dumps({'inputs': [{'name': 'image', 'datatype': 'FP32', 'shape': [1, 
 
 echo "== resident memory: daemon idle, no model $((idle_kb / 1024)) MiB; daemon with mlp + conv loaded" \
      "$((loaded_kb / 1024)) MiB; Python process with the same compiled conv net $((py_kb / 1024)) MiB"
+echo "== JSON: a 3x224x224 FP32 tensor decoded and encoded (median of 21):"
+"$BUILD/bench/aotid_codec_bench" 21 | sed 's/^/   /'
 echo "== concurrency 1 (keep-alive, loopback), with a bare TCP echo of the same bytes:"
 for m in mlp conv; do
   "$BUILD/bench/aotid_latency_bench" --store "$store" --model "$m" --port "$port" --request "$work/$m.json" \
@@ -65,7 +68,7 @@ for m in mlp conv; do
 done
 
 throughput() {
-  for c in 16 64; do
+  for c in 1 16 64; do
     for m in mlp conv; do
       "$BUILD/bench/aotid_throughput_bench" --store "$store" --model "$m" --port "$port" \
         --request "$work/$m.json" --concurrency "$c" --seconds "$SECONDS_PER_RUN"
