@@ -73,9 +73,10 @@ class BatchingModel final : public runtime::LoadedModel {
   };
   Incoming Announce() EXCLUDES(mu_);
 
-  // Queues a request and returns at once: `done` runs later, once, on a
-  // batch worker. An error here (the queue is full, the model is being
-  // unloaded) means `done` never runs.
+  // Queues a request and returns: `done` runs later, once, on a batch
+  // worker; or, when there is nothing to join it with and none on its way
+  // and a run is free, runs it on the calling thread before returning. An error here (the queue is full, the
+  // model is being unloaded) means `done` never runs.
   Status Submit(std::vector<runtime::HostTensor> inputs, runtime::RunContext ctx, Done done,
                 Incoming* incoming = nullptr) EXCLUDES(mu_);
 
@@ -123,6 +124,7 @@ class BatchingModel final : public runtime::LoadedModel {
   std::deque<Pending*> queue_ GUARDED_BY(mu_);
   int64_t queued_rows_ GUARDED_BY(mu_) = 0;  // rows in queue_
   int incoming_ GUARDED_BY(mu_) = 0;         // announced, not yet queued
+  int running_ GUARDED_BY(mu_) = 0;          // batches being run (by workers, or inline by Submit)
   double run_us_ GUARDED_BY(mu_) = 0;        // how long a run takes: a moving average
   bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;

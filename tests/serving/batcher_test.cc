@@ -117,7 +117,10 @@ TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
   opts.max_batch_size = 16;
   std::atomic<int> joined{0};
   BatchingModel model(fake, opts, [&](const BatchReport& r) { joined += r.requests > 1; });
+  // A run that holds keeps the batch worker busy, so the others queue.
   fake->hold = true;
+  std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0}, 2)}, {}).ok()); });
+  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   Mutex mu;
   CondVar all_done;
   int answered = 0, wrong = 0;
@@ -139,6 +142,7 @@ TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
   }
   for (auto& t : threads) t.join();  // all submitted while the first run holds
   fake->hold = false;
+  blocker.join();
   {
     MutexLock lock(&mu);
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -148,7 +152,25 @@ TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
   }
   EXPECT_GT(joined.load(), 0);
   EXPECT_LE(fake->max_rows.load(), 16);
-  EXPECT_LT(fake->calls.load(), 64);
+  EXPECT_LT(fake->calls.load(), 65);
+}
+
+// A request with nothing to join and none on its way runs at once on the
+// thread that submits it: answered before Submit returns.
+TEST(Batcher, ALoneSubmittedRequestRunsOnItsCallersThread) {
+  auto fake = std::make_shared<FakeModel>();
+  BatchOptions opts;
+  opts.max_batch_size = 8;
+  opts.max_delay_us = 1'000'000;
+  BatchingModel model(fake, opts);
+  std::thread::id ran_on;
+  std::vector<float> got;
+  ASSERT_OK(model.Submit({Rows({1, 2}, 2)}, {}, [&](StatusOr<std::vector<HostTensor>> out) {
+    ran_on = std::this_thread::get_id();
+    if (out.ok()) got = Floats((*out)[0]);
+  }));
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(got, (std::vector<float>{3, 5}));
 }
 
 // The batcher waits for more rows only while one is on its way: a lone
