@@ -8,9 +8,11 @@ new tokens and their positions:
 
     logits = model(tokens[1, T] int64, input_pos[T] int64)   # -> [1, vocab] float32
 
-``logits`` are those of the last of the T positions. Positions past the
-sequence's own are masked, so a new sequence needs no reset: it starts again
-at position 0 and overwrites the cache as it goes.
+``logits`` are those of the last of the T positions. The positions come in
+order, and attention reads the cache up to the last of them only: what lies
+past it (an earlier, longer sequence's) is never read, so a new sequence
+needs no reset: it starts again at position 0 and overwrites the cache as
+it goes.
 
 ``Llama`` is such a model in plain PyTorch (the Llama architecture: RMSNorm,
 rotary embeddings, grouped-query attention, SwiGLU), and
@@ -85,7 +87,7 @@ class Attention(torch.nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
-    def forward(self, x, cos, sin, input_pos, mask):
+    def forward(self, x, cos, sin, input_pos, mask, n):
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -93,9 +95,10 @@ class Attention(torch.nn.Module):
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
-        # Each key/value head serves n_heads / n_kv_heads query heads, read
-        # in place (no repeated copy of the whole cache every step).
-        y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
+        # Only the n positions in use are read, not the whole cache. Each
+        # key/value head serves n_heads / n_kv_heads query heads, read in
+        # place (no repeated copy of the cache every step).
+        y = F.scaled_dot_product_attention(q, self.k_cache[:, :, :n], self.v_cache[:, :, :n], attn_mask=mask,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -119,8 +122,8 @@ class Block(torch.nn.Module):
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
         self.feed_forward = FeedForward(c)
 
-    def forward(self, x, cos, sin, input_pos, mask):
-        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask)
+    def forward(self, x, cos, sin, input_pos, mask, n):
+        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask, n)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -145,10 +148,14 @@ class Llama(torch.nn.Module):
     def forward(self, tokens, input_pos):
         x = self.tok_embeddings(tokens)
         cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
-        # A query at position p sees the keys at positions 0..p of this sequence.
-        mask = self.positions.unsqueeze(0) <= input_pos.unsqueeze(1)
+        # The positions in use: up to the last one written now (positions
+        # come in order). A query at position p sees the keys at 0..p.
+        n = (input_pos[-1] + 1).item()
+        torch._check(n >= 1)
+        torch._check(n <= self.config.max_seq_len)
+        mask = self.positions[:n].unsqueeze(0) <= input_pos.unsqueeze(1)
         for layer in self.layers:
-            x = layer(x, cos, sin, input_pos, mask)
+            x = layer(x, cos, sin, input_pos, mask, n)
         return self.output(self.norm(x[:, -1, :]))
 
     def reset(self) -> None:
