@@ -211,9 +211,11 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
   auto d = DaemonProcess::Start(args, dir / "daemon2.log");
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   int port = (*d)->port();
+  // This store's compile worker (not another test's, on the same machine).
+  const std::string worker = "aotid_worker.compile --artifact " + store + "/";
   // Kill the worker this time: a failure that may pass, so it is retried.
-  ASSERT_TRUE(WaitFor([&] { return !Pids("aotid_worker.compile").empty(); }, 60)) << (*d)->Log();
-  for (pid_t p : Pids("aotid_worker.compile")) ::kill(p, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return !Pids(worker).empty(); }, 60)) << (*d)->Log();
+  for (pid_t p : Pids(worker)) ::kill(p, SIGKILL);
   ASSERT_TRUE(WaitReady(port, "m")) << Error(port, "m") << "\n" << (*d)->Log();
   ExpectCasesMatchEager(port, "m", "mlp2");
   EXPECT_EQ(CountEvents(store, "build_retry", "killed by signal 9"), 1);
@@ -249,9 +251,9 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
   // A version removed while it builds: the build is cancelled, and leaves
   // nothing behind.
   Aotid({"--store", store, "add", TestData("mlp.pt2"), "--name", "gone"});
-  ASSERT_TRUE(WaitFor([&] { return !Pids("aotid_worker.compile").empty(); }, 60)) << (*d)->Log();
+  ASSERT_TRUE(WaitFor([&] { return !Pids(worker).empty(); }, 60)) << (*d)->Log();
   Aotid({"--store", store, "rm", "gone"});
-  EXPECT_TRUE(WaitFor([&] { return Pids("aotid_worker.compile").empty(); }, 30)) << (*d)->Log();
+  EXPECT_TRUE(WaitFor([&] { return Pids(worker).empty(); }, 30)) << (*d)->Log();
   EXPECT_TRUE(WaitFor([&] { return (*d)->Log().find("cancelling the build of") != std::string::npos; }, 5));
   EXPECT_TRUE(Entries(store, TestData("mlp.pt2")).empty());
   EXPECT_EQ(Get((*d)->port(), "/v2/models/gone").status, 404);

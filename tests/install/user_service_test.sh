@@ -64,7 +64,15 @@ PY
 
   printf "[server]\nlisten = \"127.0.0.1:%s\"\n[log]\nfile = \"%s\"\nlevel = \"debug\"\n" "$port" "$work/aotid.log" > "$AOTID_CONFIG"
   systemctl --user reload aotid.service || fail "reload"
-  [[ "$(systemctl --user show -p ActiveState --value aotid.service)" == active ]] || fail "not active after reload"
+  # ExecReload only signals: the unit is "reloading" (RELOADING=1) until the
+  # daemon has re-read its config and says READY=1 again.
+  state=""
+  for _ in $(seq 1 300); do
+    state="$(systemctl --user show -p ActiveState --value aotid.service)"
+    [[ $state == reloading ]] || break
+    sleep 0.1
+  done
+  [[ $state == active ]] || fail "not active after reload ($state)"
   pid="$(systemctl --user show -p MainPID --value aotid.service)"
   systemctl --user stop aotid.service || fail "stop"
   [[ "$(systemctl --user show -p Result --value aotid.service)" == success ]] ||
