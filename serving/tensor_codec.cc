@@ -181,12 +181,21 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
   uint32_t shape = tape.Member(t, "shape");
   if (shape == Tape::kNone || tape.kind(shape) != Kind::kArray)
     return InvalidArgument(who + ": missing 'shape' array");
-  if (tape.packed(shape)) return InvalidArgument(who + ": 'shape' has more than 16 dims");
-  for (uint32_t d = shape + 1; d < tape.end(shape); d = tape.end(d)) {
+  auto add_dim = [&](std::string_view number) {
     int64_t dim;
-    if (!tape.AsInt64(d, &dim) || dim < 0)
-      return InvalidArgument(who + ": 'shape' must hold non-negative integers");
+    if (!Tape::ToInt64(number, &dim) || dim < 0) return false;
     h.shape.push_back(dim);
+    return true;
+  };
+  if (tape.packed(shape)) {  // 16 dims or more, read from their text
+    std::string_view number;
+    for (size_t pos = 0; Tape::NextNumber(tape.text(shape), &pos, &number);) {
+      if (!add_dim(number)) return InvalidArgument(who + ": 'shape' must hold non-negative integers");
+    }
+  }
+  for (uint32_t d = shape + 1; d < tape.end(shape); d = tape.end(d)) {
+    if (tape.kind(d) != Kind::kNumber || !add_dim(tape.text(d)))
+      return InvalidArgument(who + ": 'shape' must hold non-negative integers");
   }
   if (h.dtype != spec.dtype) {
     return InvalidArgument(who + " has datatype " + std::string(runtime::DTypeName(h.dtype)) + ", expected " +
@@ -378,6 +387,8 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
   std::vector<uint32_t> by_spec(spec.inputs.size(), Tape::kNone);
   std::vector<std::optional<std::string_view>> chunk(spec.inputs.size());
   size_t offset = 0;  // into `binary`, taken by inputs in the order listed
+  // A packed array holds numbers only: none of them is an entry.
+  if (tape.packed(inputs)) return InvalidArgument("every entry of 'inputs' needs a string 'name'");
   for (uint32_t t = inputs + 1; t < tape.end(inputs); t = tape.end(t)) {
     std::string name;
     if (!EntryName(tape, t, &name)) return InvalidArgument("every entry of 'inputs' needs a string 'name'");
@@ -427,6 +438,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
   RETURN_IF_ERROR(runtime::CheckSharedDims(req.inputs, spec));
   if (uint32_t outs = tape.Member(kRoot, "outputs"); outs != Tape::kNone) {
     if (tape.kind(outs) != Kind::kArray) return InvalidArgument("'outputs' must be an array");
+    if (tape.packed(outs)) return InvalidArgument("every entry of 'outputs' needs a string 'name'");
     for (uint32_t o = outs + 1; o < tape.end(outs); o = tape.end(o)) {
       std::string name;
       if (!EntryName(tape, o, &name))

@@ -110,16 +110,36 @@ TEST(TensorCodec, LongArraysDecodeExactlyInEveryType) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("element 0 is number, expected true or false"), std::string::npos)
       << r.status().ToString();
-  // More numbers than the shape holds, and a shape of 16 dims or more.
+  // More numbers than the shape holds.
   r = DecodeInferRequest(
       R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[20],"data":[)" + ids + "19,20]}]}", ints);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("more elements than its shape holds"), std::string::npos);
-  r = DecodeInferRequest(
-      R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,20],"data":[1]}]})",
-      ints);
+  // Arrays of 16 numbers or more where entries or dims belong read as any
+  // array does: a 17-dim shape, and numbers for 'inputs' or 'outputs'.
+  ModelSpec deep;
+  deep.inputs.push_back({"x", DType::kFloat32, std::vector<int64_t>(16, 1)});
+  deep.inputs[0].shape.push_back(2);
+  const std::string ones = "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1";
+  const std::string x = R"({"name":"x","datatype":"FP32","shape":[)" + ones + R"(,2],"data":[0.5,2]})";
+  r = DecodeInferRequest(R"({"inputs":[)" + x + "]}", deep);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->inputs[0].shape.size(), 17u);
+  EXPECT_EQ(r->inputs[0].shape.back(), 2);
+  EXPECT_EQ(Values<float>(r->inputs[0]), (std::vector<float>{0.5f, 2.f}));
+  std::string bad_dim = x;
+  bad_dim.replace(bad_dim.find(",2]"), 3, ",2.5]");
+  r = DecodeInferRequest(R"({"inputs":[)" + bad_dim + "]}", deep);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("'shape' has more than 16 dims"), std::string::npos)
+  EXPECT_NE(r.status().message().find("'shape' must hold non-negative integers"), std::string::npos)
+      << r.status().ToString();
+  r = DecodeInferRequest(R"({"inputs":[)" + ones + "]}", deep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("every entry of 'inputs' needs a string 'name'"), std::string::npos)
+      << r.status().ToString();
+  r = DecodeInferRequest(R"({"outputs":[)" + ones + R"(],"inputs":[)" + x + "]}", deep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("every entry of 'outputs' needs a string 'name'"), std::string::npos)
       << r.status().ToString();
 }
 
