@@ -289,7 +289,7 @@ TEST(ServiceManager, SighupReloadsWhatCanChangeAndRefusesABrokenConfig) {
   EXPECT_TRUE(log_has("debug store changed; reconciling")) << (*d)->Log();
   ASSERT_TRUE(WaitReady((*d)->port(), "mlp", 60)) << (*d)->Log();
   // The version loaded after the reload runs under the new memory limit.
-  auto runners = Pids("internal-runner --label mlp:1 ");
+  auto runners = Pids("internal-runner --label mlp:1 --entry " + store + "/");  // this store's runner
   ASSERT_EQ(runners.size(), 1u);
   std::string limits = fs::ReadFile("/proc/" + std::to_string(runners[0]) + "/limits").value_or("");
   EXPECT_NE(limits.find(std::to_string(int64_t{3000} << 20)), std::string::npos) << limits;
