@@ -37,7 +37,7 @@ unshare --mount --propagation private bash -euo pipefail -c '
   manager=$!
   # On any way out, the service (daemon and runners) goes with its manager:
   # a failed check must not leave them running.
-  trap "timeout 10 systemctl --user kill -s KILL aotid.service 2>/dev/null; kill -9 $manager 2>/dev/null || true" EXIT
+  trap "timeout 10 systemctl --user kill -s KILL aotid.service >/dev/null 2>&1 || true; kill -9 $manager 2>/dev/null || true" EXIT
   for i in $(seq 100); do [[ -S "$XDG_RUNTIME_DIR/systemd/private" ]] && break; sleep 0.1; done
   [[ -S "$XDG_RUNTIME_DIR/systemd/private" ]] || fail "the user manager did not start"
   # The service gets the store and config through the manager, as a user
