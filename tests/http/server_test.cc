@@ -257,6 +257,7 @@ std::string PlainError(std::string_view message) { return std::string(message); 
 
 TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   ServerOptions o;
+  o.port = 0;  // a free port: tests run side by side
   o.threads = 2;
   o.request_timeout_s = 30;
   Server server(o, AnswerEmpty, PlainError);
@@ -311,6 +312,7 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
 // its place.
 TEST(HttpServer, OneAddressCannotHoldMoreThanItsConnections) {
   ServerOptions o;
+  o.port = 0;  // a free port: tests run side by side
   o.threads = 2;
   o.max_connections_per_address = 4;
   Server server(o, AnswerEmpty, PlainError);
@@ -363,6 +365,7 @@ TEST(HttpServer, OneAddressCannotHoldMoreThanItsConnections) {
 // same connection (pipelined) are answered too, and the last reply closes.
 TEST(HttpServer, StopAnswersPipelinedRequestsThatArrived) {
   ServerOptions o;
+  o.port = 0;  // a free port: tests run side by side
   o.threads = 1;
   Server server(
       o,
@@ -402,6 +405,7 @@ TEST(HttpServer, StopAnswersPipelinedRequestsThatArrived) {
 // are answered too.
 TEST(HttpServer, DeferredAnswersHoldNoWorkerAndEachReachesItsClient) {
   ServerOptions o;
+  o.port = 0;  // a free port: tests run side by side
   o.threads = 1;
   Mutex mu;
   std::vector<std::pair<std::string, Reply>> waiting;
@@ -481,6 +485,7 @@ TEST(HttpServer, DeferredAnswersHoldNoWorkerAndEachReachesItsClient) {
 // with Connection: close; a Reply after the server is gone does nothing.
 TEST(HttpServer, StopWaitsForDeferredAnswers) {
   ServerOptions o;
+  o.port = 0;  // a free port: tests run side by side
   o.threads = 1;
   Mutex mu;
   std::vector<Reply> waiting;

@@ -74,6 +74,7 @@ class Client {
 
 TEST(HttpServer, MoreKeepAliveClientsThanWorkersEachGetTheirOwnAnswers) {
   ServerOptions opts;
+  opts.port = 0;  // a free port: tests run side by side
   opts.threads = 2;
   std::atomic<int> handled{0};
   Server server(
@@ -111,6 +112,7 @@ TEST(HttpServer, MoreKeepAliveClientsThanWorkersEachGetTheirOwnAnswers) {
 
 TEST(HttpServer, StopsWhileClientsAreConnectedAndIdle) {
   ServerOptions opts;
+  opts.port = 0;  // a free port: tests run side by side
   opts.threads = 1;
   auto answer_ok = [](Request&, Response& res) { res.Set("ok", "text/plain"); };
   Server server(opts, answer_ok, ErrorBody);

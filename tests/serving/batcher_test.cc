@@ -268,6 +268,11 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
   opts.max_batch_size = 4;
   opts.max_delay_us = 50000;
   BatchingModel model(fake, opts);
+  // A run of one that holds (a batch of one is not split: it passes
+  // through) while the four callers queue behind it, to be joined.
+  fake->hold = true;
+  std::thread blocker([&] { (void)model.Infer({Rows({0, 0}, 2)}, {}); });
+  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::vector<std::thread> clients;
   std::atomic<int> reasoned{0};
   for (int c = 0; c < 4; ++c) {
@@ -278,7 +283,10 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
       }
     });
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fake->hold = false;
   for (auto& t : clients) t.join();
+  blocker.join();
   // A batch of one is not split, so it may pass through; every joined caller fails with the reason.
   EXPECT_GE(reasoned, 2);
 }
