@@ -117,15 +117,8 @@ Status BatchingModel::Submit(std::vector<HostTensor> inputs, runtime::RunContext
   // at once, without the two hand-offs a batch worker costs (what batching
   // would otherwise add to a lone client's request).
   if (!stopping_ && queue_.empty() && incoming_ == 0 && running_ < options_.workers) {
-    ++running_;
-    lock.Unlock();
     std::vector<Pending*> batch{p.get()};
-    auto start = Clock::now();
-    Run(batch);
-    double took_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    lock.Lock();
-    --running_;
-    run_us_ = run_us_ == 0 ? took_us : 0.8 * run_us_ + 0.2 * took_us;
+    RunCounted(batch);
     if (!queue_.empty()) arrived_.Signal();
     lock.Unlock();
     p->answer(std::move(p->result));
@@ -208,14 +201,7 @@ void BatchingModel::Work() {
         ++it;
       }
     }
-    ++running_;
-    lock.Unlock();
-    auto start = Clock::now();
-    Run(batch);
-    double took_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    lock.Lock();
-    --running_;
-    run_us_ = run_us_ == 0 ? took_us : 0.8 * run_us_ + 0.2 * took_us;
+    RunCounted(batch);
     for (Pending* p : batch) Finish(p, answers);
     finished_.SignalAll();
     if (!answers.empty()) {
@@ -225,6 +211,17 @@ void BatchingModel::Work() {
     }
     if (!queue_.empty()) arrived_.Signal();  // another worker may take the rest
   }
+}
+
+void BatchingModel::RunCounted(std::vector<Pending*>& batch) {
+  ++running_;
+  mu_.Unlock();
+  auto start = Clock::now();
+  Run(batch);
+  double took_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  mu_.Lock();
+  --running_;
+  run_us_ = run_us_ == 0 ? took_us : 0.8 * run_us_ + 0.2 * took_us;
 }
 
 void BatchingModel::Run(std::vector<Pending*>& batch) {

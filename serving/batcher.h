@@ -114,6 +114,9 @@ class BatchingModel final : public runtime::LoadedModel {
   void Work() EXCLUDES(mu_);
   // Runs a batch taken off the queue, without the lock.
   void Run(std::vector<Pending*>& batch) EXCLUDES(mu_);
+  // The same from under the lock: drops it for the run, counts the run in
+  // running_, and folds its time into run_us_.
+  void RunCounted(std::vector<Pending*>& batch) REQUIRES(mu_);
 
   std::shared_ptr<runtime::LoadedModel> inner_;
   BatchOptions options_;
