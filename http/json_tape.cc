@@ -1,7 +1,9 @@
 #include "http/json_tape.h"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 
@@ -175,6 +177,58 @@ bool Tape::NumberToken(std::string_view* out) {
 
 namespace {
 
+// Eight bytes of text as one word, the first byte lowest.
+uint64_t Load8(const char* p) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  if constexpr (std::endian::native == std::endian::big) x = __builtin_bswap64(x);
+  return x;
+}
+
+// How many of the eight bytes in `x` (first byte lowest) are ASCII digits
+// before the first that is not. A byte is a digit when its high nibble is
+// 3 and stays 3 after adding 6 (0x30..0x39). The add's carry out of a byte
+// of 0xFA or more reaches only bytes after that byte, which is no digit.
+int LeadingDigits(uint64_t x) {
+  constexpr uint64_t kHigh = 0xF0F0F0F0F0F0F0F0u, kThrees = 0x3030303030303030u;
+  uint64_t not_digit = ((x & kHigh) ^ kThrees) | (((x + 0x0606060606060606u) & kHigh) ^ kThrees);
+  return not_digit == 0 ? 8 : std::countr_zero(not_digit) / 8;
+}
+
+// The value of the first `n` (1..8) digits of `x`: they are moved to the
+// top of the word, the bytes below become leading zeros, and pairs, then
+// fours, then the eight are combined by multiplying in place.
+uint64_t DigitsValue(uint64_t x, int n) {
+  // Digits are at least '0', so the subtraction borrows only above them.
+  uint64_t v = (x - 0x3030303030303030u) << (8 * (8 - n));
+  v = v * 10 + (v >> 8);  // each even byte: two digits' value
+  v = (((v & 0x000000FF000000FFu) * (100 + (1000000ull << 32))) +
+       (((v >> 16) & 0x000000FF000000FFu) * (1 + (10000ull << 32)))) >>
+      32;
+  return v;
+}
+
+// Reads a run of digits at `p` into `mantissa` (which may wrap: the caller
+// counts the digits and does not trust it past 19), eight at a time where
+// eight bytes can be read. Returns how many digits it read.
+int ScanDigits(const char*& p, const char* stop, uint64_t& mantissa) {
+  static constexpr uint64_t kScale[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
+  int count = 0;
+  while (stop - p >= 8) {
+    uint64_t x = Load8(p);
+    int n = LeadingDigits(x);
+    if (n == 0) return count;
+    mantissa = mantissa * kScale[n] + DigitsValue(x, n);
+    p += n;
+    count += n;
+    if (n < 8) return count;
+  }
+  for (; p < stop && static_cast<unsigned>(*p - '0') < 10u; ++p, ++count) {
+    mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
+  }
+  return count;
+}
+
 // Reads a JSON number at `p` and its value: false when the grammar is not
 // JSON's. The common case exactly (Clinger): at most 19 significant digits
 // that fit in 53 bits, times a power of ten a double holds exactly
@@ -187,22 +241,23 @@ bool ScanNumber(const char*& p, const char* stop, double* value) {
   p += negative;
   uint64_t mantissa = 0;
   int digits = 0, exp10 = 0;
-  if (p < stop && *p == '0') {
-    ++p;
-    digits = 1;
-  } else {
-    for (; p < stop && static_cast<unsigned>(*p - '0') < 10u; ++p, ++digits) {
-      mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
-    }
+  // One path for "0" and "123" (the sign and a leading zero are as likely
+  // as not in tensors, a branch on them would be mispredicted half the
+  // time); JSON allows a leading zero only alone.
+  const char* const integer = p;
+  digits = ScanDigits(p, stop, mantissa);
+  if (digits == 0 || (digits > 1 && *integer == '0')) {
     if (digits == 0) return false;
+    p = integer + 1;  // "0" then more digits: the number is the "0"
+    digits = 1;
+    mantissa = 0;
   }
   if (p < stop && *p == '.') {
     ++p;
-    const char* from = p;
-    for (; p < stop && static_cast<unsigned>(*p - '0') < 10u; ++p, ++digits, --exp10) {
-      mantissa = mantissa * 10 + static_cast<unsigned>(*p - '0');
-    }
-    if (p == from) return false;
+    int fraction = ScanDigits(p, stop, mantissa);
+    if (fraction == 0) return false;
+    digits += fraction;
+    exp10 = -fraction;
   }
   if (p < stop && (*p == 'e' || *p == 'E')) {
     ++p;
@@ -231,32 +286,38 @@ bool ScanNumber(const char*& p, const char* stop, double* value) {
 }  // namespace
 
 bool Tape::PackedNumbers(uint32_t* count) {
-  const size_t start = pos_;
   const size_t first = numbers_.size();
-  const char* const stop = src_.data() + src_.size();
+  const char* const begin = src_.data();
+  const char* const stop = begin + src_.size();
+  const char* p = begin + pos_;
+  auto space = [&] {
+    while (p < stop && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) ++p;
+  };
   // Room for a number per 4 bytes of what is left (grown past that).
   if (numbers_.capacity() == 0) numbers_.reserve((src_.size() - pos_) / 4 + 16);
   for (;;) {
-    if (pos_ >= src_.size() || !(src_[pos_] == '-' || static_cast<unsigned>(src_[pos_] - '0') < 10u)) break;
-    const char* p = src_.data() + pos_;
+    if (p >= stop || !(*p == '-' || static_cast<unsigned>(*p - '0') < 10u)) break;
     double v;
     if (!ScanNumber(p, stop, &v)) break;
     numbers_.push_back(v);
-    pos_ = static_cast<size_t>(p - src_.data());
-    SkipSpace();
-    if (pos_ >= src_.size()) break;
-    if (src_[pos_] == ']') {
+    if (p < stop && *p == ',') {  // the common case: no space around commas
+      ++p;
+      space();
+      continue;
+    }
+    space();
+    if (p >= stop) break;
+    if (*p == ']') {
       if (numbers_.size() - first < kPackAt) break;
-      ++pos_;
+      pos_ = static_cast<size_t>(p + 1 - begin);
       *count = static_cast<uint32_t>(numbers_.size() - first);
       return true;
     }
-    if (src_[pos_] != ',') break;
-    ++pos_;
-    SkipSpace();
+    if (*p != ',') break;
+    ++p;
+    space();
   }
-  pos_ = start;  // not a packed array: read it element by element
-  numbers_.resize(first);
+  numbers_.resize(first);  // not a packed array: read it element by element
   return false;
 }
 

@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
 namespace aotid::http::json_tape {
 namespace {
@@ -177,6 +181,54 @@ TEST(JsonTape, LongArraysOfNumbersArePackedWithTheirValues) {
   }
   EXPECT_FALSE(t.Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,]", 8));
   EXPECT_FALSE(t.Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", 8));
+}
+
+// Digits are read eight bytes at a time where eight can be read: runs of
+// every length from 1 to 24, in the integer part, the fraction and both,
+// with and without a sign and an exponent, give the nearest double, each
+// also as the last number of the document (where fewer than eight bytes
+// are left to read).
+TEST(JsonTape, NumbersReadEightDigitsAtATimeGiveTheNearestDouble) {
+  std::mt19937_64 rng(7);
+  auto digits = [&](int n, bool lead) {
+    std::string d;
+    for (int i = 0; i < n; ++i) d += static_cast<char>('0' + (i == 0 && lead ? 1 + rng() % 9 : rng() % 10));
+    return d;
+  };
+  std::vector<std::string> numbers;
+  for (int whole = 0; whole <= 24; ++whole) {
+    for (int fraction = 0; fraction <= 24; fraction += whole == 0 ? 1 : 5) {
+      if (whole == 0 && fraction == 0) continue;
+      std::string n = rng() % 2 ? "-" : "";
+      n += whole == 0 ? "0" : digits(whole, true);
+      if (fraction > 0) n += "." + digits(fraction, false);
+      if (rng() % 4 == 0) n += (rng() % 2 ? "e-" : "E+") + std::to_string(rng() % 30);
+      numbers.push_back(n);
+    }
+  }
+  for (size_t last = 0; last < numbers.size(); ++last) {
+    // Sixteen small numbers first so that the array is packed, then this one.
+    std::string text = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16";
+    for (size_t i = 0; i <= last; i += std::max<size_t>(1, last / 8)) text += "," + numbers[i];
+    text += "," + numbers[last] + "]";
+    Tape t;
+    ASSERT_TRUE(t.Parse(text, 8)) << text;
+    ASSERT_TRUE(t.packed(0));
+    size_t pos = 0;
+    std::string_view number;
+    for (uint32_t i = 0; i < t.count(0); ++i) {
+      ASSERT_TRUE(Tape::NextNumber(t.text(0), &pos, &number));
+      std::string s(number);
+      double want = std::strtod(s.c_str(), nullptr);
+      ASSERT_EQ(t.values(0)[i], want) << s;
+      ASSERT_EQ(std::signbit(t.values(0)[i]), std::signbit(want)) << s;
+    }
+  }
+  // A leading zero stands alone wherever the run is read from.
+  for (const char* bad : {"00", "012345678", "-0123456789012", "00.5"}) {
+    EXPECT_FALSE(Tape().Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16," + std::string(bad) + ",1,2,3,4,5,6,7,8]", 8))
+        << bad;
+  }
 }
 
 TEST(JsonTape, NestingPastTheLimitIsRefusedAndSaysSo) {
