@@ -226,7 +226,8 @@ TEST(JsonTape, NumbersReadEightDigitsAtATimeGiveTheNearestDouble) {
   }
   // A leading zero stands alone wherever the run is read from.
   for (const char* bad : {"00", "012345678", "-0123456789012", "00.5"}) {
-    EXPECT_FALSE(Tape().Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16," + std::string(bad) + ",1,2,3,4,5,6,7,8]", 8))
+    EXPECT_FALSE(
+        Tape().Parse("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16," + std::string(bad) + ",1,2,3,4,5,6,7,8]", 8))
         << bad;
   }
 }
