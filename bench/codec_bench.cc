@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/memory.h"
 #include "http/json_tape.h"
 #include "serving/tensor_codec.h"
 
@@ -50,6 +51,8 @@ std::string Request(const std::vector<float>& values, bool rounded) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  aotid::KeepFreedMemory(
+      size_t{64} << 20);  // freed request buffers are kept, as the daemon keeps them (base/memory.h)
   int repeats = argc > 1 ? std::atoi(argv[1]) : 21;
   ModelSpec spec;
   spec.inputs.push_back({"image", DType::kFloat32, {-1, 3, 224, 224}});

@@ -11,11 +11,15 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "base/memory.h"
 #include "bench/cached_model.h"
 #include "runtime/torch_plugin.h"
 #include "serving/generate.h"
 
 int main(int argc, char** argv) {
+  aotid::KeepFreedMemory(
+      size_t{256}
+      << 20);  // the in-process model keeps its freed activations, as a runner does (base/memory.h)
   if (argc < 7) {
     std::fprintf(stderr, "usage: %s STORE MODEL THREADS TOKENS REPEATS PROMPT_IDS...\n", argv[0]);
     return 2;

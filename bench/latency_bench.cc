@@ -12,8 +12,11 @@
 //
 //   aotid_latency_bench --store DIR --model NAME --port PORT --request FILE
 //                       [--iterations N] [--crashes K] [--aotid PATH] [--handoff-rounds R]
+//                       [--header-length L]
 //
-// FILE is an infer request body (JSON); PORT is the daemon's. Both local
+// FILE is an infer request body: JSON, or with L, the binary tensor
+// extension (the first L bytes JSON, the tensors' bytes after them); PORT
+// is the daemon's. Both local
 // models load the cached build of the model's latest version for this
 // machine, as the daemon does. PATH is the aotid binary runners run
 // (default: ../aotid from this benchmark's folder). First, R round trips of
@@ -36,12 +39,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "base/fs.h"
+#include "base/memory.h"
 #include "bench/cached_model.h"
 #include "runner/channel.h"
 #include "serving/http_api.h"
@@ -56,6 +61,15 @@ using Clock = std::chrono::steady_clock;
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(p * (v.size() - 1))];
+}
+
+// The median of a[i] - b[i]: for a model whose run time drifts by more
+// than the overhead measured, each HTTP round trip is compared with the
+// call made next to it in time.
+double PairedMedian(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return Percentile(std::move(d), 0.5);
 }
 
 double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
@@ -187,14 +201,22 @@ class RawHttp {
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
   ~RawHttp() { ::close(fd_); }
-  static std::string Request(const std::string& method, const std::string& path, const std::string& body) {
+  static std::string Request(const std::string& method, const std::string& path, const std::string& body,
+                             std::optional<size_t> header_length = std::nullopt) {
     std::string r = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
-    if (!body.empty()) r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    if (header_length) {
+      r += "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: " +
+           std::to_string(*header_length) + "\r\n";
+    } else if (!body.empty()) {
+      r += "Content-Type: application/json\r\n";
+    }
+    if (!body.empty()) r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
     return r + "\r\n" + body;
   }
   // Sends `request`, reads one reply; its status code, or -1.
   int RoundTrip(const std::string& request) {
-    if (!ok_ || ::write(fd_, request.data(), request.size()) != static_cast<ssize_t>(request.size())) return -1;
+    if (!ok_ || ::write(fd_, request.data(), request.size()) != static_cast<ssize_t>(request.size()))
+      return -1;
     buf_.clear();
     size_t head_end = std::string::npos, need = 0;
     char chunk[65536];
@@ -205,7 +227,8 @@ class RawHttp {
       buf_.append(chunk, static_cast<size_t>(n));
       if (head_end == std::string::npos && (head_end = buf_.find("\r\n\r\n")) != std::string::npos) {
         size_t cl = buf_.find("Content-Length: ");
-        need = head_end + 4 + (cl == std::string::npos || cl > head_end ? 0 : std::stoul(buf_.substr(cl + 16)));
+        need =
+            head_end + 4 + (cl == std::string::npos || cl > head_end ? 0 : std::stoul(buf_.substr(cl + 16)));
       }
     }
     return buf_.size() > 12 ? std::atoi(buf_.c_str() + 9) : -1;
@@ -257,8 +280,12 @@ class LocalApi {
 }  // namespace
 
 int main(int argc, char** argv) {
+  aotid::KeepFreedMemory(
+      size_t{256}
+      << 20);  // the in-process model keeps its freed activations, as a runner does (base/memory.h)
   std::string store_dir, model, request_file, aotid = aotid::bench::DefaultAotid();
   int port = 0, iterations = 2000, crashes = 10, handoff_rounds = 2000;
+  std::optional<size_t> header_length;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     // clang-format off
@@ -270,13 +297,14 @@ int main(int argc, char** argv) {
     else if (k == "--crashes") crashes = std::stoi(v);
     else if (k == "--aotid") aotid = v;
     else if (k == "--handoff-rounds") handoff_rounds = std::stoi(v);
+    else if (k == "--header-length") header_length = std::stoul(v);
     else return Die("unknown flag " + k);
     // clang-format on
   }
   if (store_dir.empty() || model.empty() || port == 0 || request_file.empty()) {
     return Die(
         "usage: --store DIR --model NAME --port PORT --request FILE [--iterations N] [--crashes K] "
-        "[--aotid PATH] [--handoff-rounds R]");
+        "[--aotid PATH] [--handoff-rounds R] [--header-length L]");
   }
   auto body = aotid::fs::ReadFile(request_file);
   if (!body.ok()) return Die(body.status().message());
@@ -316,7 +344,7 @@ int main(int argc, char** argv) {
   auto started = aotid::bench::StartCachedRunner(store_dir, model, ropts);
   if (!started.ok()) return Die(started.status().message());
   std::shared_ptr<aotid::runner::RunnerModel> runner = std::move(started).value();
-  auto req = aotid::serving::DecodeInferRequest(*body, runner->spec());
+  auto req = aotid::serving::DecodeInferRequest(*body, runner->spec(), {}, header_length);
   if (!req.ok()) return Die(req.status().message());
   for (int i = 0; i < 50; ++i) {
     if (auto out = runner->Infer(req->inputs, {}); !out.ok()) return Die(out.status().message());
@@ -368,9 +396,15 @@ int main(int argc, char** argv) {
   client.set_tcp_nodelay(true);
   std::string path = "/v2/models/" + model + "/infer";
   RawHttp raw(port), raw_local(local.port());
-  std::string raw_infer = RawHttp::Request("POST", path, *body), raw_live = RawHttp::Request("GET", "/v2/health/live", "");
-  std::string local_inproc = RawHttp::Request("POST", "/v2/models/" + inproc_name + "/infer", *body);
-  std::string local_runner = RawHttp::Request("POST", "/v2/models/" + runner_name + "/infer", *body);
+  std::string raw_infer = RawHttp::Request("POST", path, *body, header_length),
+              raw_live = RawHttp::Request("GET", "/v2/health/live", "");
+  std::string local_inproc =
+      RawHttp::Request("POST", "/v2/models/" + inproc_name + "/infer", *body, header_length);
+  std::string local_runner =
+      RawHttp::Request("POST", "/v2/models/" + runner_name + "/infer", *body, header_length);
+  httplib::Headers headers;
+  if (header_length) headers.emplace("Inference-Header-Content-Length", std::to_string(*header_length));
+  const char* content_type = header_length ? "application/octet-stream" : "application/json";
   std::vector<double> http_us, inproc_us, echo_us, live_us, raw_us, raw_live_us;
   // The sides of isolation's cost, each timed twice a round: after an idle
   // pause longer than the runner's spin (it sleeps on its futex when the
@@ -396,7 +430,7 @@ int main(int argc, char** argv) {
   // Interleaved, so every side sees the same machine noise.
   for (int i = 0; i < iterations + 50; ++i) {
     auto t0 = Clock::now();
-    auto r = client.Post(path.c_str(), *body, "application/json");
+    auto r = client.Post(path, headers, *body, content_type);
     auto t1 = Clock::now();
     if (!r || r->status != 200) return fail("HTTP infer failed");
     auto out = loaded->Infer(req->inputs, {});
@@ -438,16 +472,19 @@ int main(int argc, char** argv) {
   double hp50 = Percentile(http_us, 0.5), hp99 = Percentile(http_us, 0.99);
   double ip50 = Percentile(inproc_us, 0.5), ip99 = Percentile(inproc_us, 0.99);
   double ep50 = Percentile(echo_us, 0.5), ep99 = Percentile(echo_us, 0.99);
-  std::printf("model=%s iterations=%d body_bytes=%zu http_p50_us=%.1f http_p99_us=%.1f inproc_p50_us=%.1f "
-              "inproc_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f echo_p50_us=%.1f echo_p99_us=%.1f "
-              "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f\n",
-              model.c_str(), iterations, body->size(), hp50, hp99, ip50, ip99, hp50 - ip50, hp99 - ip99, ep50, ep99,
-              (hp50 - ip50) / ep50, Percentile(live_us, 0.5));
+  std::printf(
+      "model=%s iterations=%d body_bytes=%zu http_p50_us=%.1f http_p99_us=%.1f inproc_p50_us=%.1f "
+      "inproc_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f echo_p50_us=%.1f echo_p99_us=%.1f "
+      "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f paired_overhead_p50_us=%.1f\n",
+      model.c_str(), iterations, body->size(), hp50, hp99, ip50, ip99, hp50 - ip50, hp99 - ip99, ep50, ep99,
+      (hp50 - ip50) / ep50, Percentile(live_us, 0.5), PairedMedian(http_us, inproc_us));
   // The same with the raw client: the server's own overhead.
   double rp50 = Percentile(raw_us, 0.5), rp99 = Percentile(raw_us, 0.99);
-  std::printf("model=%s raw_client http_p50_us=%.1f http_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f "
-              "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f\n",
-              model.c_str(), rp50, rp99, rp50 - ip50, rp99 - ip99, (rp50 - ip50) / ep50, Percentile(raw_live_us, 0.5));
+  std::printf(
+      "model=%s raw_client http_p50_us=%.1f http_p99_us=%.1f overhead_p50_us=%.1f overhead_p99_us=%.1f "
+      "overhead_over_echo_p50=%.2f health_get_p50_us=%.1f\n",
+      model.c_str(), rp50, rp99, rp50 - ip50, rp99 - ip99, (rp50 - ip50) / ep50,
+      Percentile(raw_live_us, 0.5));
 
   // Isolation's cost: the same server code (raw client), the model in this
   // process or in a runner. "over_echo" is the round trip over the echo's,
@@ -455,9 +492,11 @@ int main(int argc, char** argv) {
   // call), both at p50 and against the echo timed the same way.
   for (bool again : {false, true}) {
     std::map<std::string, std::pair<double, double>> p;  // side -> (p50, p90)
+    std::map<std::string, const std::vector<double>*> samples;
     for (const Side& side : sides) {
       const auto& v = again ? side.again_us : side.idle_us;
       p[side.name] = {Percentile(v, 0.5), Percentile(v, 0.9)};
+      samples[side.name] = &v;
     }
     double echo = p["echo"].first, run = p["call_inproc"].first;
     std::string timing = again ? "at_once" : "after_" + std::to_string(kPause.count()) + "us_idle";
@@ -469,10 +508,13 @@ int main(int argc, char** argv) {
     std::printf(
         " http_inproc_over_echo=%.2f http_runner_over_echo=%.2f http_inproc_overhead_over_echo=%.2f "
         "http_runner_overhead_over_echo=%.2f runner_minus_inproc_http_us=%.1f "
-        "runner_minus_inproc_call_us=%.1f\n",
+        "runner_minus_inproc_call_us=%.1f paired_http_inproc_overhead_p50_us=%.1f "
+        "paired_http_runner_overhead_p50_us=%.1f paired_http_runner_overhead_over_echo=%.2f\n",
         p["http_inproc"].first / echo, p["http_runner"].first / echo, (p["http_inproc"].first - run) / echo,
         (p["http_runner"].first - run) / echo, p["http_runner"].first - p["http_inproc"].first,
-        p["call_runner"].first - run);
+        p["call_runner"].first - run, PairedMedian(*samples["http_inproc"], *samples["call_inproc"]),
+        PairedMedian(*samples["http_runner"], *samples["call_inproc"]),
+        PairedMedian(*samples["http_runner"], *samples["call_inproc"]) / echo);
   }
   std::printf(
       "model=%s memory bench_no_model_mib=%.1f bench_with_runner_side_mib=%.1f "

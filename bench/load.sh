@@ -7,12 +7,15 @@
 #    net, without and with dynamic batching, each against the in-process
 #    runner's throughput at the same concurrency, in the same run;
 #  - resident memory: the daemon idle with no model, with the models loaded,
-#    and a Python process that loads the same compiled conv net.
+#    and a Python process that loads the same compiled conv net;
+#  - a large tensor: ResNet-18 (bench/models.py) with its 602 KB image sent
+#    through the binary tensor extension and as JSON, against the same
+#    build called in-process (C++, same threads) and an echo of the bytes.
 #   ./dev bench load     (calls: bench/load.sh BUILD_DIR PYTHON)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 SECONDS_PER_RUN="${AOTID_BENCH_SECONDS:-5}"
-PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/bench/models.py" "$work/models" >/dev/null
+PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/bench/models.py" "$work/models" --resnet >/dev/null
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 wait_log() {  # log pattern
   for _ in $(seq 1 6000); do grep -q "$2" "$1" && return 0; sleep 0.1; done
@@ -88,4 +91,31 @@ done
 echo "== throughput, dynamic batching (mlp up to 64 rows / 1 ms, conv up to 32 rows / 2 ms):"
 throughput
 curl -s "127.0.0.1:$port/metrics" | grep -E '^aotid_batch_rows_(sum|count)' | sed 's/^/   /'
+kill -TERM $pid; wait $pid || true
+
+# A large tensor: ResNet-18 on one 3x224x224 image, binary and JSON. The
+# model's run drifts by more than the overhead, so each round trip is also
+# compared with the in-process call made next to it ("paired").
+store="$work/resnet-store"
+"$AOTID" --store "$store" add "$work/models/resnet18.pt2" --name resnet18 >/dev/null
+"$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/resnet.log" 2>&1 &
+pid=$!
+wait_log "$work/resnet.log" "startup complete"
+port="$(port_of "$work/resnet.log")"
+header_length="$("$PY" - "$work" <<'PYEOF'
+import json, random, struct, sys
+random.seed(1)
+values = [round(random.uniform(-1, 1), 4) for _ in range(3 * 224 * 224)]
+tensor = {"name": "image", "datatype": "FP32", "shape": [1, 3, 224, 224]}
+head = json.dumps({"inputs": [dict(tensor, parameters={"binary_data_size": 4 * len(values)})]}).encode()
+open(sys.argv[1] + "/resnet18.bin", "wb").write(head + struct.pack("<%df" % len(values), *values))
+open(sys.argv[1] + "/resnet18.json", "w").write(json.dumps({"inputs": [dict(tensor, data=values)]}))
+print(len(head))
+PYEOF
+)"
+echo "== ResNet-18, one 3x224x224 image (bench/models.py), binary then JSON, against the in-process call:"
+"$BUILD/bench/aotid_latency_bench" --store "$store" --model resnet18 --port "$port" --request "$work/resnet18.bin" \
+  --header-length "$header_length" --iterations 200 --crashes 0 --handoff-rounds 0
+"$BUILD/bench/aotid_latency_bench" --store "$store" --model resnet18 --port "$port" --request "$work/resnet18.json" \
+  --iterations 100 --crashes 0 --handoff-rounds 0
 kill -TERM $pid; wait $pid || true

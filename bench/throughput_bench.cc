@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "base/memory.h"
 #include "bench/cached_model.h"
 #include "serving/tensor_codec.h"
 
@@ -50,6 +51,9 @@ std::pair<int64_t, int64_t> Hammer(int threads, double seconds, F make_call) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  aotid::KeepFreedMemory(
+      size_t{256}
+      << 20);  // the in-process model keeps its freed activations, as a runner does (base/memory.h)
   std::string store_dir, model, request_file, aotid = aotid::bench::DefaultAotid();
   int port = 0, concurrency = 1, runners = 1;
   double seconds = 5;

@@ -1,0 +1,23 @@
+// How the process's allocator treats memory that is freed and asked for
+// again at once: what serving does, run after run.
+#pragma once
+
+#include <cstddef>
+
+namespace aotid {
+
+// Keeps freed memory in the process, up to `keep_bytes` of it, instead of
+// handing it back to the kernel at once. A model run allocates its
+// activations and frees them at the end (ResNet-18 at batch 1: ~25 MB);
+// glibc's defaults return such blocks to the kernel on free (those over its
+// mmap threshold, and the top of a heap past its trim threshold), so every
+// run faulted the same pages in again and the kernel zeroed each one:
+// ~6,300 page faults a run, a quarter of ResNet-18's run time on this
+// machine (docs/BENCHMARKS.md). Blocks up to 32 MiB (glibc's largest
+// threshold) now come from the heap and stay there for the next run; larger
+// ones are still mapped and unmapped. The price: the process stays at the
+// high-water mark of what it used, up to keep_bytes more than it holds.
+// Call it before threads start. A no-op where the C library is not glibc.
+void KeepFreedMemory(size_t keep_bytes);
+
+}  // namespace aotid
