@@ -151,7 +151,10 @@ def export(
     sequence length), and its range is what aotid serves and refuses
     outside of. Example sizes of 1 are specialized by torch.export: trace a
     dynamic dim at 2 or more.
-    ``inductor_configs`` applies to the two AOTInductor formats.
+    ``inductor_configs`` are AOTInductor's options: the two AOTInductor
+    formats are compiled with them here; an exported program carries them,
+    and aotid builds it with them on each machine (a version's own
+    ``inductor.*`` settings, ``aotid set``, take precedence).
     """
     return _export(model, example_inputs, path, input_names=input_names, output_names=output_names,
                    dynamic_batch=dynamic_batch, metadata=metadata, format=format, inductor_configs=inductor_configs,
@@ -168,10 +171,24 @@ def _export(model, example_inputs, path, *, input_names, output_names, dynamic_b
                                 record_typical)
     extra = {"format": 1, **names, "metadata": dict(metadata or {})}
     if format == "exported_program":
+        if inductor_configs:
+            extra["inductor_options"] = _package_options(inductor_configs)
         torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})
         return ep
     _compile_aoti(ep, names, extra, path, format == "aoti_source", dict(inductor_configs or {}))
     return ep
+
+
+def _package_options(configs: Mapping[str, Any]) -> dict:
+    """``configs`` when aotid will build an exported program with them (a
+    package may ask only for options that choose kernels), else ValueError."""
+    from aotid_worker.compile import BuildError, inductor_configs
+
+    try:
+        inductor_configs("", dict(configs))
+    except BuildError as e:
+        raise ValueError(str(e)) from None
+    return dict(configs)
 
 
 def export_many(

@@ -29,11 +29,22 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import AOTID_EXTRA_FILE, _export_program
+from . import AOTID_EXTRA_FILE, _export_program, _package_options
 
-__all__ = ["LlamaConfig", "Llama", "export_causal_lm", "chat_pieces", "TOKENIZER_EXTRA_FILE", "GPT2_PATTERN"]
+__all__ = ["LlamaConfig", "Llama", "export_causal_lm", "chat_pieces", "TOKENIZER_EXTRA_FILE", "GPT2_PATTERN",
+           "BUILD_OPTIONS"]
 
 TOKENIZER_EXTRA_FILE = "aotid_tokenizer.json"
+
+# What a language model is built with unless its exporter says otherwise. A
+# decode step is one-row matrix products (a matrix times a vector) against
+# every weight. ATen hands them to MKL's sgemv, which ran on one thread
+# whatever the OpenMP count, leaving the other core spinning; AOTInductor's
+# own C++ GEMM kernels (chosen by autotuning at build time, kept only where
+# faster) split them across the threads: SmolLM2-135M decoded at 1.3x the
+# tokens/s on one thread and 1.9x on two, on a 2-core AVX2 machine, for
+# about twice the build time (docs/BENCHMARKS.md, "Generate").
+BUILD_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 # GPT-2's pre-tokenizer: contractions, letters, numbers and other symbols each
 # with at most one leading space, and whitespace runs.
@@ -253,6 +264,7 @@ def export_causal_lm(
     chat_template: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     max_prefill: int | None = None,
+    inductor_configs: Mapping[str, Any] | None = None,
 ) -> torch.export.ExportedProgram:
     """Exports a stateful causal LM with what aotid's ``generate`` needs.
 
@@ -262,6 +274,8 @@ def export_causal_lm(
     given, starts every prompt. ``chat_template`` (Jinja, as the model ships
     it) becomes the chat form of ``generate``. ``max_prefill`` bounds the
     tokens one call takes (default: the whole context).
+    ``inductor_configs`` are the options aotid builds the program with
+    (default ``BUILD_OPTIONS``; ``{}`` for AOTInductor's own defaults).
     """
     c = model.config
     most = min(max_prefill or c.max_seq_len, c.max_seq_len)
@@ -291,7 +305,8 @@ def export_causal_lm(
         bos = tokens[bos_token_id] if bos_token_id is not None else ""
         eos = tokens[eos_token_ids[0]] if eos_token_ids else ""
         generate["chat"] = chat_pieces(chat_template, bos, eos)
-    extra = {"format": 1, **names, "metadata": dict(metadata or {}), "generate": generate}
+    extra = {"format": 1, **names, "metadata": dict(metadata or {}), "generate": generate,
+             "inductor_options": _package_options(BUILD_OPTIONS if inductor_configs is None else inductor_configs)}
     torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra),
                                              TOKENIZER_EXTRA_FILE: json.dumps(tokenizer)})
     return ep

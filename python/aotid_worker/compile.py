@@ -249,21 +249,57 @@ def write_json(path: str, obj) -> None:
         os.fsync(f.fileno())
 
 
-def inductor_configs(text: str) -> dict:
-    """The version's inductor options, over aotid's defaults."""
-    import torch._inductor.config as config
+# The options a package may ask for: they choose among kernels and nothing
+# else. The rest (cpp.cxx names the compiler to run, cache and debug paths,
+# ...) are for the machine's owner (`aotid set`), never for a file that may
+# come from a registry.
+PACKAGE_OPTIONS = {
+    "max_autotune": bool,
+    "max_autotune_gemm": bool,
+    "max_autotune_pointwise": bool,
+    "max_autotune_gemm_backends": str,
+    "coordinate_descent_tuning": bool,
+    "epilogue_fusion": bool,
+    "freezing": bool,
+    "cpp.weight_prepack": bool,
+}
+GEMM_BACKENDS = {"ATEN", "CPP", "TRITON", "CUTLASS", "CK", "CKTILE"}
 
+
+def inductor_configs(text: str, package: dict | None = None) -> dict:
+    """The version's inductor options (``text``, JSON), over those its
+    package asks for (aotid.json "inductor_options"), over aotid's defaults."""
     # Kernels read the OpenMP thread count at run time, so the daemon picks
     # threads per runner when it loads the model, not the build machine.
     opts = {"cpp.dynamic_threads": True}
-    user = json.loads(text) if text else {}
+    if package is not None:
+        if not isinstance(package, dict):
+            raise BuildError("aotid.json \"inductor_options\" is not an object")
+        for name, value in package.items():
+            kind = PACKAGE_OPTIONS.get(name)
+            if kind is None:
+                raise BuildError(f"the package asks for inductor option '{name}', which only the machine's owner "
+                                 f"may set (aotid set NAME inductor.{name}=...); a package may ask for "
+                                 f"{', '.join(sorted(PACKAGE_OPTIONS))}")
+            if kind is str and not (isinstance(value, str) and set(value.upper().split(",")) <= GEMM_BACKENDS):
+                raise BuildError(f"the package's inductor option '{name}' is {value!r}, not a comma-separated "
+                                 f"list of {', '.join(sorted(GEMM_BACKENDS))}")
+        opts.update(checked_options(package, "the package's inductor option"))
+    opts.update(checked_options(json.loads(text) if text else {}, "inductor option"))
+    return opts
+
+
+def checked_options(user: dict, what: str) -> dict:
+    """``user`` when this torch has every option, each of its default's type."""
+    import torch._inductor.config as config
+
     for name, value in user.items():
         obj = config
         for part in name.split(".")[:-1]:
             obj = getattr(obj, part, None)
         leaf = name.split(".")[-1]
         if obj is None or not hasattr(obj, leaf):
-            raise BuildError(f"unknown inductor option '{name}' (torch {torch_version()})")
+            raise BuildError(f"unknown {what} '{name}' (torch {torch_version()})")
         # A value of another type than the option's default is a slip
         # (max_autotune=notabool): said now, not found in a slow build.
         default = getattr(obj, leaf)
@@ -271,9 +307,8 @@ def inductor_configs(text: str) -> dict:
             (int, float) if isinstance(default, float) else (str,) if isinstance(default, str) else None
         if wanted is not None and (not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted)):
             kind = ("an " if wanted[-1] is int else "a ") + wanted[-1].__name__
-            raise BuildError(f"inductor option '{name}' takes {kind} (its default is {default!r}), not {value!r}")
-    opts.update(user)
-    return opts
+            raise BuildError(f"{what} '{name}' takes {kind} (its default is {default!r}), not {value!r}")
+    return user
 
 
 def check_options(argv: list[str] | None = None) -> int:
@@ -376,7 +411,7 @@ def build(args: argparse.Namespace) -> None:
     ep, names, author, generate = load_program(args.artifact, args.package_model)
     spec = model_spec(ep, names)
     log(f"exported program loaded: {len(spec['inputs'])} inputs, {len(spec['outputs'])} outputs")
-    configs = inductor_configs(args.inductor_options)
+    configs = inductor_configs(args.inductor_options, names.get("inductor_options"))
 
     if args.device != "cpu":
         from torch.export.passes import move_to_device_pass

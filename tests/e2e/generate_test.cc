@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -116,6 +117,25 @@ TEST_F(GenerateTest, GreedyTokensAreTheEagerModelsFromTextAndFromIds) {
       EXPECT_FALSE(r.body["text_output"].get<std::string>().empty());
     }
   }
+}
+
+// The exporter asks for autotuned GEMM kernels for a language model
+// (aotid_export.llm.BUILD_OPTIONS); the daemon's build used them, and the
+// greedy tokens above are the eager model's with them.
+TEST_F(GenerateTest, TheBuildUsesTheOptionsThePackageAsksFor) {
+  int found = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(store_ + "/cache")) {
+    if (entry.path().filename() != "package.json") continue;
+    auto text = fs::ReadFile(entry.path().string());
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    json package = json::parse(*text);
+    if (package["author"].value("purpose", "") != "aotid generate test") continue;
+    ++found;
+    EXPECT_EQ(package["inductor_options"]["max_autotune"], true) << package.dump();
+    EXPECT_EQ(package["inductor_options"]["max_autotune_gemm_backends"], "CPP,ATEN") << package.dump();
+    EXPECT_EQ(package["inductor_options"]["cpp.dynamic_threads"], true) << package.dump();
+  }
+  EXPECT_EQ(found, 1);
 }
 
 TEST_F(GenerateTest, StreamDeliversTheSameTokensAsEventsThenASummary) {
