@@ -4,7 +4,10 @@
 // response, in MB/s of JSON text. Numbers are written two ways clients
 // write them: rounded to 4 decimals (-0.1234), and the shortest text that
 // round-trips a float32 (what a float32 array's tolist() gives, ~11 bytes).
-// Median of the repeats; the tape (validation) alone is shown too.
+// Median of the repeats; the tape (validation) alone is shown too. Where
+// simdjson is installed, the same text read by it (its DOM parser, every
+// number of the data array as a double): what a SIMD parser does with this
+// text on this machine.
 //
 //   aotid_codec_bench [REPEATS]
 #include <algorithm>
@@ -17,6 +20,10 @@
 #include <vector>
 
 #include "base/memory.h"
+#if AOTID_BENCH_SIMDJSON
+#include <simdjson.h>
+#endif
+
 #include "http/json_tape.h"
 #include "serving/tensor_codec.h"
 
@@ -62,11 +69,15 @@ int main(int argc, char** argv) {
   std::vector<float> values(3 * 224 * 224);
   for (float& v : values) v = dist(rng);
 
-  std::printf("%-28s %10s %12s %12s %12s\n", "numbers as", "JSON MB", "tape MB/s", "decode MB/s",
-              "encode MB/s");
+  std::printf("%-28s %10s %12s %12s %12s %15s\n", "numbers as", "JSON MB", "tape MB/s", "decode MB/s",
+              "encode MB/s", "simdjson MB/s");
   for (bool rounded : {true, false}) {
     std::string body = Request(values, rounded);
-    std::vector<double> tape_s, decode_s, encode_s;
+    std::vector<double> tape_s, decode_s, encode_s, simdjson_s;
+#if AOTID_BENCH_SIMDJSON
+    simdjson::dom::parser parser;
+    simdjson::padded_string padded(body);
+#endif
     size_t encoded_bytes = 0;
     for (int r = 0; r < repeats; ++r) {
       auto t0 = Clock::now();
@@ -87,11 +98,38 @@ int main(int argc, char** argv) {
       std::string out = aotid::serving::EncodeInferResponse("m", 1, "", req->inputs);
       encode_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       encoded_bytes = out.size();
+#if AOTID_BENCH_SIMDJSON
+      t0 = Clock::now();
+      simdjson::dom::element doc;
+      double sum = 0;
+      size_t count = 0;
+      if (parser.parse(padded).get(doc) != simdjson::SUCCESS) {
+        std::fprintf(stderr, "simdjson refused the request\n");
+        return 1;
+      }
+      for (simdjson::dom::element v : doc["inputs"].at(0)["data"].get_array()) {
+        sum += v.get_double().value_unsafe();
+        ++count;
+      }
+      simdjson_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (count != values.size() || sum != sum) {
+        std::fprintf(stderr, "simdjson read %zu numbers\n", count);
+        return 1;
+      }
+#endif
     }
     double mb = static_cast<double>(body.size()) / 1e6;
-    std::printf("%-28s %10.2f %12.0f %12.0f %12.0f\n", rounded ? "4 decimals" : "shortest float32 text", mb,
-                mb / Median(tape_s), mb / Median(decode_s),
-                static_cast<double>(encoded_bytes) / 1e6 / Median(encode_s));
+    std::printf("%-28s %10.2f %12.0f %12.0f %12.0f %15s\n", rounded ? "4 decimals" : "shortest float32 text",
+                mb, mb / Median(tape_s), mb / Median(decode_s),
+                static_cast<double>(encoded_bytes) / 1e6 / Median(encode_s),
+                simdjson_s.empty() ? "-" : std::to_string(static_cast<int>(mb / Median(simdjson_s))).c_str());
   }
+#if AOTID_BENCH_SIMDJSON
+#define AOTID_STR2(x) #x
+#define AOTID_STR(x) AOTID_STR2(x)
+  std::printf("simdjson %s, its %s kernels (%s)\n", AOTID_STR(SIMDJSON_VERSION),
+              simdjson::get_active_implementation()->name().c_str(),
+              simdjson::get_active_implementation()->description().c_str());
+#endif
   return 0;
 }
