@@ -16,7 +16,8 @@ namespace aotid {
 // machine (docs/BENCHMARKS.md). Blocks up to 32 MiB (glibc's largest
 // threshold) now come from the heap and stay there for the next run; larger
 // ones are still mapped and unmapped. The price: the process stays at the
-// high-water mark of what it used, up to keep_bytes more than it holds.
+// high-water mark of what it used: up to keep_bytes free at the top of its
+// main heap, and each thread's heap (64 MiB at most each) at its peak.
 // Call it before threads start. A no-op where the C library is not glibc.
 void KeepFreedMemory(size_t keep_bytes);
 

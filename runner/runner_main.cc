@@ -163,8 +163,12 @@ StatusOr<RunnerArgs> ParseRunnerArgs(const std::vector<std::string>& args) {
 int RunRunner(const RunnerArgs& args) {
   // Each run's activations are kept for the next instead of being faulted
   // in again (base/memory.h): up to 256 MiB kept free, a high-water mark
-  // that the next run of the same shape needs anyway.
-  KeepFreedMemory(size_t{256} << 20);
+  // that the next run of the same shape needs anyway. Kept memory counts
+  // against a memory limit (RLIMIT_DATA), so under one an eighth of it at
+  // most.
+  size_t keep = size_t{256} << 20;
+  if (args.memory_limit_bytes > 0) keep = std::min(keep, static_cast<size_t>(args.memory_limit_bytes) / 8);
+  KeepFreedMemory(keep);
   SandboxOptions sandbox;
   sandbox.read_paths = {args.entry_dir};
   sandbox.write_paths = {args.scratch};

@@ -154,7 +154,9 @@ def export(
     ``inductor_configs`` are AOTInductor's options: the two AOTInductor
     formats are compiled with them here; an exported program carries them,
     and aotid builds it with them on each machine (a version's own
-    ``inductor.*`` settings, ``aotid set``, take precedence).
+    ``inductor.*`` settings, ``aotid set``, take precedence). A package may
+    carry only options that choose kernels (docs/BUILDS.md); others raise
+    ValueError for an exported program.
     """
     return _export(model, example_inputs, path, input_names=input_names, output_names=output_names,
                    dynamic_batch=dynamic_batch, metadata=metadata, format=format, inductor_configs=inductor_configs,

@@ -249,21 +249,21 @@ def write_json(path: str, obj) -> None:
         os.fsync(f.fileno())
 
 
-# The options a package may ask for: they choose among kernels and nothing
-# else. The rest (cpp.cxx names the compiler to run, cache and debug paths,
-# ...) are for the machine's owner (`aotid set`), never for a file that may
-# come from a registry.
+# The options a package may ask for: they choose among kernels, and a
+# build with them computes nothing the model's own runs do not. The rest are
+# for the machine's owner (`aotid set`), never for a file that may come from
+# a registry: cpp.cxx names the compiler to run; freezing folds what depends
+# on weights alone into the build at build time, at any size (a few bytes of
+# package could write gigabytes into the cache); max_autotune_gemm and
+# max_autotune_pointwise would keep autotuning on under an owner's
+# max_autotune=false.
 PACKAGE_OPTIONS = {
     "max_autotune": bool,
-    "max_autotune_gemm": bool,
-    "max_autotune_pointwise": bool,
     "max_autotune_gemm_backends": str,
     "coordinate_descent_tuning": bool,
     "epilogue_fusion": bool,
-    "freezing": bool,
-    "cpp.weight_prepack": bool,
 }
-GEMM_BACKENDS = {"ATEN", "CPP", "TRITON", "CUTLASS", "CK", "CKTILE"}
+GEMM_BACKENDS = ("ATEN", "CPP", "TRITON", "CUTLASS", "CK", "CKTILE")
 
 
 def inductor_configs(text: str, package: dict | None = None) -> dict:
@@ -273,23 +273,35 @@ def inductor_configs(text: str, package: dict | None = None) -> dict:
     # threads per runner when it loads the model, not the build machine.
     opts = {"cpp.dynamic_threads": True}
     if package is not None:
-        if not isinstance(package, dict):
-            raise BuildError("aotid.json \"inductor_options\" is not an object")
-        for name, value in package.items():
-            kind = PACKAGE_OPTIONS.get(name)
-            if kind is None:
-                raise BuildError(f"the package asks for inductor option '{name}', which only the machine's owner "
-                                 f"may set (aotid set NAME inductor.{name}=...); a package may ask for "
-                                 f"{', '.join(sorted(PACKAGE_OPTIONS))}")
-            if kind is str and not (isinstance(value, str) and set(value.upper().split(",")) <= GEMM_BACKENDS):
-                raise BuildError(f"the package's inductor option '{name}' is {value!r}, not a comma-separated "
-                                 f"list of {', '.join(sorted(GEMM_BACKENDS))}")
-        opts.update(checked_options(package, "the package's inductor option"))
-    opts.update(checked_options(json.loads(text) if text else {}, "inductor option"))
+        opts.update(package_options(package))
+    opts.update(checked_options(json.loads(text) if text else {}, ""))
     return opts
 
 
-def checked_options(user: dict, what: str) -> dict:
+def package_options(package) -> dict:
+    """The options a package asks for, checked and in torch's spelling."""
+    if not isinstance(package, dict):
+        raise BuildError("aotid.json \"inductor_options\" is not an object")
+    out = {}
+    for name, value in package.items():
+        kind = PACKAGE_OPTIONS.get(name)
+        if kind is None:
+            raise BuildError(f"the package asks for inductor option {str(name)[:80]!r}, which only the machine's "
+                             f"owner may set (aotid set NAME inductor.KEY=VALUE); a package may ask for "
+                             f"{', '.join(sorted(PACKAGE_OPTIONS))}")
+        if kind is bool and not isinstance(value, bool):
+            raise BuildError(f"the package's inductor option {name!r} takes a bool, not {str(value)[:80]!r}")
+        if kind is str:
+            names = [b.strip().upper() for b in value.split(",")] if isinstance(value, str) and len(value) < 100 else []
+            if not names or any(b not in GEMM_BACKENDS for b in names):
+                raise BuildError(f"the package's inductor option {name!r} is {str(value)[:80]!r}, not a "
+                                 f"comma-separated list of {', '.join(GEMM_BACKENDS)}")
+            value = ",".join(dict.fromkeys(names))
+        out[name] = value
+    return checked_options(out, " (the package's)")
+
+
+def checked_options(user: dict, whose: str) -> dict:
     """``user`` when this torch has every option, each of its default's type."""
     import torch._inductor.config as config
 
@@ -299,7 +311,7 @@ def checked_options(user: dict, what: str) -> dict:
             obj = getattr(obj, part, None)
         leaf = name.split(".")[-1]
         if obj is None or not hasattr(obj, leaf):
-            raise BuildError(f"unknown {what} '{name}' (torch {torch_version()})")
+            raise BuildError(f"unknown inductor option {str(name)[:80]!r}{whose} (torch {torch_version()})")
         # A value of another type than the option's default is a slip
         # (max_autotune=notabool): said now, not found in a slow build.
         default = getattr(obj, leaf)
@@ -307,7 +319,8 @@ def checked_options(user: dict, what: str) -> dict:
             (int, float) if isinstance(default, float) else (str,) if isinstance(default, str) else None
         if wanted is not None and (not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted)):
             kind = ("an " if wanted[-1] is int else "a ") + wanted[-1].__name__
-            raise BuildError(f"{what} '{name}' takes {kind} (its default is {default!r}), not {value!r}")
+            raise BuildError(f"inductor option {name!r}{whose} takes {kind} (its default is {default!r}), "
+                             f"not {str(value)[:80]!r}")
     return user
 
 

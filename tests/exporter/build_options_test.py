@@ -42,6 +42,17 @@ def main():
     assert why and "'cpp.cxx'" in why and "only the machine's owner" in why, why
     why = refused({"max_autotune_gemm_backends": "CPP;touch /tmp/owned"})
     assert why and "not a comma-separated list" in why, why
+    # Folding weights at build time, at any size, is the owner's call too.
+    why = refused({"freezing": True})
+    assert why and "'freezing'" in why and "only the machine's owner" in why, why
+    # So is autotuning past the owner's max_autotune=false.
+    why = refused({"max_autotune_gemm": True})
+    assert why and "'max_autotune_gemm'" in why, why
+    # Backends in torch's spelling, once each.
+    got = inductor_configs("", {"max_autotune_gemm_backends": " cpp, aten,CPP"})
+    assert got["max_autotune_gemm_backends"] == "CPP,ATEN", got
+    why = refused({"max_autotune_gemm_backends": "CPP," * 1000})
+    assert why and "not a comma-separated list" in why, why
     why = refused({"max_autotune": "yes"})
     assert why and "takes a bool" in why, why
     why = refused(["max_autotune"])
