@@ -186,6 +186,8 @@ def _package_options(configs: Mapping[str, Any]) -> dict:
     package may ask only for options that choose kernels), else ValueError."""
     from aotid_worker.compile import BuildError, inductor_configs
 
+    if not isinstance(configs, Mapping):
+        raise ValueError(f"inductor_configs is a mapping of option names to values, not {type(configs).__name__}")
     try:
         inductor_configs("", dict(configs))
     except BuildError as e:

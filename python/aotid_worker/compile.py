@@ -286,15 +286,16 @@ def package_options(package) -> dict:
     for name, value in package.items():
         kind = PACKAGE_OPTIONS.get(name)
         if kind is None:
-            raise BuildError(f"the package asks for inductor option {str(name)[:80]!r}, which only the machine's "
-                             f"owner may set (aotid set NAME inductor.KEY=VALUE); a package may ask for "
-                             f"{', '.join(sorted(PACKAGE_OPTIONS))}")
+            raise BuildError(f"the package asks for inductor option {str(name)[:80]!r}, which a package may not "
+                             f"set (only {', '.join(sorted(PACKAGE_OPTIONS))}): export it again without it; "
+                             f"the machine's owner sets such options with aotid set NAME inductor.KEY=VALUE")
         if kind is bool and not isinstance(value, bool):
-            raise BuildError(f"the package's inductor option {name!r} takes a bool, not {str(value)[:80]!r}")
+            raise BuildError(f"the package's inductor option {name!r} takes true or false, not "
+                             f"{json.dumps(value)[:80]}")
         if kind is str:
             names = [b.strip().upper() for b in value.split(",")] if isinstance(value, str) and len(value) < 100 else []
             if not names or any(b not in GEMM_BACKENDS for b in names):
-                raise BuildError(f"the package's inductor option {name!r} is {str(value)[:80]!r}, not a "
+                raise BuildError(f"the package's inductor option {name!r} is {json.dumps(value)[:80]}, not a "
                                  f"comma-separated list of {', '.join(GEMM_BACKENDS)}")
             value = ",".join(dict.fromkeys(names))
         out[name] = value
