@@ -182,17 +182,16 @@ def _export(model, example_inputs, path, *, input_names, output_names, dynamic_b
 
 
 def _package_options(configs: Mapping[str, Any]) -> dict:
-    """``configs`` when aotid will build an exported program with them (a
+    """``configs`` as aotid's compile worker reads them from a package (a
     package may ask only for options that choose kernels), else ValueError."""
-    from aotid_worker.compile import BuildError, inductor_configs
+    from aotid_worker.compile import BuildError, package_options
 
     if not isinstance(configs, Mapping):
         raise ValueError(f"inductor_configs is a mapping of option names to values, not {type(configs).__name__}")
     try:
-        inductor_configs("", dict(configs))
+        return package_options(dict(configs))
     except BuildError as e:
         raise ValueError(str(e)) from None
-    return dict(configs)
 
 
 def export_many(
