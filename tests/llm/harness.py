@@ -1,0 +1,88 @@
+"""What the language-model tests share.
+
+``Served``: a daemon serving a fresh store over loopback: packages added,
+the daemon started on a free port, each model waited for (its first start
+builds it), stopped on the way out.
+
+    with Served(aotid, {"name": "x.pt2"}, tmp) as port:
+        post(port, "/v2/models/name/generate", {...})
+
+``greedy_gaps``: how far each of a sequence's tokens falls short of the
+eager model's greedy choice, fed the sequence itself (teacher forcing).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+
+import torch
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.load(r)
+
+
+class Served:
+    def __init__(self, aotid, packages, tmp, ready_within_s=900):
+        self.aotid, self.packages, self.tmp, self.ready_within_s = aotid, packages, tmp, ready_within_s
+        self.store = os.path.join(tmp, "store")
+        self.log_path = os.path.join(tmp, "daemon.log")
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def __enter__(self):
+        for name, pt2 in self.packages.items():
+            subprocess.run([self.aotid, "--store", self.store, "add", pt2, "--name", name], check=True,
+                           stdout=subprocess.DEVNULL)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        with open(self.log_path, "w") as log:
+            self.daemon = subprocess.Popen([self.aotid, "--store", self.store, "serve", "--listen",
+                                            f"127.0.0.1:{self.port}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + self.ready_within_s
+            for name in self.packages:
+                while True:
+                    assert self.daemon.poll() is None, self.log()
+                    try:
+                        urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/{name}/ready", timeout=5)
+                        break
+                    except Exception:
+                        assert time.monotonic() < deadline, f"{name} did not get ready:\n" + self.log()
+                        time.sleep(1)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.port
+
+    def __exit__(self, *exc):
+        self.daemon.terminate()
+        self.daemon.wait(timeout=60)
+
+
+def greedy_gaps(model, prompt_ids, tokens):
+    """For each token of ``tokens``: (the step's largest logit minus the
+    token's) over the largest logit's magnitude, with ``model`` (a stateful
+    ``(tokens[1, T], input_pos[T]) -> logits[1, vocab]`` module) run on the
+    prompt and then on each token in turn. 0 where the token is the eager
+    greedy choice."""
+    gaps = []
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt_ids)]), torch.arange(len(prompt_ids)))
+        pos = len(prompt_ids)
+        for t in tokens:
+            row = logits[0].float()
+            top = row.max()
+            gaps.append(float((top - row[t]) / top.abs()))
+            logits = model(torch.tensor([[t]]), torch.tensor([pos]))
+            pos += 1
+    return gaps
