@@ -4,7 +4,8 @@
 # (examples/smollm2/export.py --weights int8), at 1 and 2 threads, all in
 # one run:
 #   - aotid over HTTP: generate_stream, time to the first event and decode
-#     tokens/s between the first and the last token event, as a client sees them;
+#     tokens/s between the first and the last token event, as a client sees
+#     them (bench/stream_client.cc), and the daemon's own decode rate;
 #   - aotid in-process: the daemon's own token loop on the same cached build,
 #     no runner, no HTTP (bench/generate_bench.cc): the limit;
 #   - eager PyTorch: the same module, prefill then one token a step;
@@ -94,38 +95,8 @@ for threads in 1 2; do
   ids=$(curl -sf "127.0.0.1:$port/v2/models/smollm2/generate" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$QUESTION\"}],\"parameters\":{\"max_tokens\":1,\"return_token_ids\":true}}" |
     "$PY" -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["prompt_token_ids"])))')
   for m in "${MODELS[@]}"; do
-    "$PY" - "$port" "$m" "$TOKENS" "$REPEATS" "$ids" >"$work/http-$m-$threads.txt" <<'PYEOF'
-import http.client, json, sys, time
-port, model, tokens, repeats = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-ids = [int(i) for i in sys.argv[5].split()]
-best = None
-for _ in range(repeats):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = json.dumps({"input_ids": ids, "parameters": {"temperature": 0, "max_tokens": tokens, "ignore_eos": True,
-                                                         "return_token_ids": True}})
-    t0 = time.perf_counter()
-    c.request("POST", f"/v2/models/{model}/generate_stream", body, {"Content-Type": "application/json"})
-    r = c.getresponse()
-    stamps, last = [], None
-    buf = b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            e = json.loads(ev[len(b"data: "):])
-            if "finish_reason" in e:
-                last = e
-            else:
-                stamps.append(time.perf_counter())
-    ttft = (stamps[0] - t0) * 1000
-    rate = (last["usage"]["completion_tokens"] - 1) / (stamps[-1] - stamps[0])
-    if best is None or rate > best[1]:
-        best = (ttft, rate, last["token_ids"], last["timings"]["decode_tokens_per_s"])
-print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))} {best[3]:.2f}")
-PYEOF
+    # The client's view, stamped in C++ as each event arrives (bench/stream_client.cc).
+    "$BUILD/bench/aotid_stream_client" "$port" "$m" "$TOKENS" "$REPEATS" $ids >"$work/http-$m-$threads.txt"
   done
   kill "$daemon"
   wait "$daemon" 2>/dev/null || true

@@ -94,6 +94,16 @@ bool Tape::Parse(std::string_view text, int max_depth) {
   return pos_ == src_.size();
 }
 
+std::string Tape::ErrorPlace(std::string_view text) const {
+  size_t at = std::min(pos_, text.size());
+  size_t from = at > 16 ? at - 16 : 0;
+  std::string near(text.substr(from, std::min<size_t>(at - from + 16, text.size() - from)));
+  for (char& c : near) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  }
+  return "at byte " + std::to_string(at) + " (near '" + near + "')";
+}
+
 void Tape::SkipSpace() {
   while (pos_ < src_.size()) {
     char c = src_[pos_];

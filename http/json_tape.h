@@ -40,8 +40,14 @@ class Tape {
   // Reads `text` (the whole of it, surrounded by whitespace at most);
   // false when it is not valid JSON or nests deeper than `max_depth`.
   bool Parse(std::string_view text, int max_depth);
-  // After a failed Parse: whether it failed on the nesting limit.
+  // After a failed Parse: whether it failed on the nesting limit, and the
+  // byte offset where reading stopped (at or just past the fault).
   bool too_deep() const { return too_deep_; }
+  size_t error_offset() const { return pos_; }
+  // "at byte N (near '...')": where a failed Parse of `text` stopped, with
+  // up to 16 bytes of the text before it and 16 after, for an error message
+  // (bytes outside printable ASCII shown as '?').
+  std::string ErrorPlace(std::string_view text) const;
 
   static constexpr uint32_t kPackAt = 16;
 

@@ -33,6 +33,35 @@ T Get(const std::vector<std::byte>& in, size_t index) {
   return v;
 }
 
+// JSON has no infinities: a float element that is one came from a number
+// too large for the tensor's type. The first such of elements [from, from
+// + n) of `out`, or n past the last.
+size_t FirstInfinity(DType dtype, const std::vector<std::byte>& out, size_t from, size_t n) {
+  for (size_t k = from; k < from + n; ++k) {
+    switch (dtype) {
+      case DType::kFloat32:
+        if (std::isinf(Get<float>(out, k))) return k;
+        break;
+      case DType::kFloat64:
+        if (std::isinf(Get<double>(out, k))) return k;
+        break;
+      case DType::kFloat16:
+        if ((Get<uint16_t>(out, k) & 0x7fff) == 0x7c00) return k;
+        break;
+      case DType::kBFloat16:
+        if ((Get<uint16_t>(out, k) & 0x7fff) == 0x7f80) return k;
+        break;
+      default: return from + n;
+    }
+  }
+  return from + n;
+}
+
+Status TooLarge(const std::string& who, size_t i, std::string_view text, DType dtype) {
+  return InvalidArgument(who + ": element " + std::to_string(i) + " (" + std::string(text.substr(0, 40)) +
+                         ") is out of range for " + std::string(runtime::DTypeName(dtype)));
+}
+
 // Stores the number whose text is `t` as element `i` of a tensor of `dtype`.
 Status PutNumber(std::string_view t, DType dtype, size_t i, std::vector<std::byte>& out,
                  const std::string& who) {
@@ -90,6 +119,7 @@ Status PutNumber(std::string_view t, DType dtype, size_t i, std::vector<std::byt
     case DType::kFloat64: Put<double>(out, i, d); break;
     default: return Internal("unhandled datatype");
   }
+  if (FirstInfinity(dtype, out, i, 1) == i) return TooLarge(who, i, t, dtype);
   return Status::OK();
 }
 
@@ -143,6 +173,12 @@ Status Flatten(const Tape& tape, uint32_t node, DType dtype, size_t expected, si
         while (Tape::NextNumber(text, &pos, &number))
           RETURN_IF_ERROR(PutNumber(number, dtype, (*count)++, out, who));
         return Status::OK();
+    }
+    if (size_t bad = FirstInfinity(dtype, out, *count, n); bad < *count + n) {
+      size_t k = *count;  // the number's text, for the message
+      while (Tape::NextNumber(text, &pos, &number) && k++ < bad) {
+      }
+      return TooLarge(who, bad, number, dtype);
     }
     *count += n;
     return Status::OK();
@@ -371,7 +407,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
           "request body is not valid JSON (binary tensor data needs the "
           "Inference-Header-Content-Length header)");
     }
-    return InvalidArgument("request body is not valid JSON");
+    return InvalidArgument("request body is not valid JSON " + tape.ErrorPlace(body));
   }
   constexpr uint32_t kRoot = 0;
   if (tape.kind(kRoot) != Kind::kObject) return InvalidArgument("request body must be a JSON object");

@@ -51,7 +51,9 @@ TEST(TensorCodec, LongArraysDecodeExactlyInEveryType) {
   for (int i = 0; i < 40; ++i) {
     numbers.push_back(std::to_string(i * 37 - 700) + "." + std::to_string(i * 7919 % 1000));
   }
-  for (const char* n : {"1e-45", "3.4028235e38", "1e39", "-0", "0.1", "1e-7", "65504", "1e400", "2.5e-323"})
+  // Edges every float type holds (numbers too large for one are refused:
+  // FloatsTooLargeForTheirTypeAreRefused).
+  for (const char* n : {"1e-45", "-0", "0.1", "1e-7", "65504", "-65504", "6e-8", "2.5e-323"})
     numbers.push_back(n);
   numbers.resize(48);
   std::string data;
@@ -171,7 +173,11 @@ TEST(TensorCodec, ErrorsNameTheInputAndTheExpectation) {
        "has more than"},
       {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[500000,2],"data":[1,2]}]})",
        "input 'x': 'data' is 5 bytes of JSON, too short for the 1000000 elements shape [500000, 2] needs"},
-      {"{\"inputs\":[]} x", "not valid JSON"},
+      {"{\"inputs\":[]} x", "not valid JSON at byte 14 (near '{\"inputs\":[]} x')"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2,]}]})",
+       "not valid JSON at byte 67 (near ',2],\"data\":[1,2,]}]}')"},
+      {"{\"inputs\":[{\"name\":\"x\"\n\t\"datatype\"",
+       "not valid JSON at byte 24 (near '\":[{\"name\":\"x\"??\"datatype\"')"},
   };
   for (const auto& c : cases) {
     auto r = DecodeInferRequest(c.body, TwoInputSpec());
@@ -198,6 +204,43 @@ TEST(TensorCodec, DeepNestingIsRefusedBeforeParsing) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("nested deeper than"), std::string::npos);
   EXPECT_EQ(JsonDepth(R"({"a":"[[[[[["})", 100), 1);  // brackets inside strings do not count
+}
+
+// JSON has no infinities: a number too large for a float tensor's type is
+// refused with its element and text, not served as inf. The largest finite
+// values pass.
+TEST(TensorCodec, FloatsTooLargeForTheirTypeAreRefused) {
+  struct Case {
+    const char* datatype;
+    DType dtype;
+    const char* fits;
+    const char* too_large;
+  } cases[] = {{"FP32", DType::kFloat32, "3.4028234e38", "3.5e38"},
+               {"FP64", DType::kFloat64, "1.7976931348623157e308", "1e309"},
+               {"FP16", DType::kFloat16, "65504", "65520"},
+               {"BF16", DType::kBFloat16, "3.38e38", "3.4e38"}};
+  for (const auto& c : cases) {
+    ModelSpec s;
+    s.inputs.push_back({"x", c.dtype, {-1}});
+    for (int n : {2, 40}) {  // a short array, and one long enough to be read packed
+      std::string data;
+      for (int i = 0; i < n - 1; ++i) data += std::string(i % 2 ? "-" : "") + c.fits + ",";
+      auto body = [&](const std::string& last) {
+        return std::string(R"({"inputs":[{"name":"x","datatype":")") + c.datatype + R"(","shape":[)" +
+               std::to_string(n) + R"(],"data":[)" + data + last + "]}]}";
+      };
+      auto ok = DecodeInferRequest(body("-1"), s);
+      EXPECT_TRUE(ok.ok()) << c.datatype << " " << n << ": " << ok.status().ToString();
+      for (std::string last : {std::string(c.too_large), "-" + std::string(c.too_large)}) {
+        auto r = DecodeInferRequest(body(last), s);
+        ASSERT_FALSE(r.ok()) << c.datatype << " " << last;
+        std::string want = "input 'x': element " + std::to_string(n - 1) + " (" + last +
+                           ") is out of range for " + c.datatype;
+        EXPECT_NE(r.status().message().find(want), std::string::npos)
+            << "want: " << want << "\nmessage: " << r.status().message();
+      }
+    }
+  }
 }
 
 TEST(TensorCodec, IntegerRangesAreChecked) {
