@@ -134,14 +134,22 @@ with torch.no_grad():
 print(f"{best[0]:.1f} {best[1]:.2f} {','.join(map(str, best[2]))}")
 PYEOF
   done
-  # How many of a side's tokens, from the first, equal eager's on weights $2.
-  same() {
+  # How many of a side's tokens, from the first, equal eager's on model $2's
+  # weights (for int8, also how many equal eager float32's).
+  lead() {
     local -a a b
     IFS=, read -r -a a <<<"$1"
     IFS=, read -r -a b <<<"$(cut -d' ' -f3 "$work/eager-$2-$threads.txt")"
     local n=0
     while ((n < ${#a[@]} && n < ${#b[@]})) && [[ ${a[n]} == "${b[n]}" ]]; do n=$((n + 1)); done
-    echo "$n/${#a[@]} equal to eager $([[ $2 == *_int8 ]] && echo int8 || echo float32)"
+    echo "$n/${#a[@]}"
+  }
+  same() {
+    if [[ $2 == *_int8 ]]; then
+      echo "$(lead "$1" "$2") equal to eager int8 ($(lead "$1" smollm2) to float32)"
+    else
+      echo "$(lead "$1" "$2") equal to eager float32"
+    fi
   }
   for m in "${MODELS[@]}"; do
     kind=$([[ $m == *_int8 ]] && echo int8 || echo F32)
