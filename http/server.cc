@@ -512,6 +512,15 @@ struct Conn {
   // work is under way, and what the worker needs to send its answer.
   std::shared_ptr<Deferred> deferred;
   Finish finish;  // set once the answer is ready: a worker runs and sends it
+  // An answer the client has not taken yet: the poller writes the rest as
+  // its socket drains, so a client that stops reading holds no worker. A
+  // client that takes none of it until `out_until_ms` (write_timeout_s
+  // after its last progress) is closed; once all is out the connection
+  // closes, or waits for the next request.
+  std::string out;
+  size_t out_at = 0;
+  int64_t out_until_ms = 0;
+  bool close_after_out = false;
   struct {
     bool keep_alive = false;  // the client's wish; draining may still close
     bool head_only = false;
@@ -724,6 +733,65 @@ bool WriteAll(int fd, iovec* iov, int count) {
   return true;
 }
 
+// How long a worker waits for a client to take more of its answer before
+// it leaves the rest to the poller. A client that reads as the bytes come
+// never waits this long, and is served by the worker to the end, as fast
+// as a blocking write; one that stalls holds the worker this long at most.
+constexpr int kWorkerWriteStallMs = 10;
+
+// Writes the iovecs while the client takes them, then keeps what is left
+// in c.out for the poller once it has taken nothing for
+// kWorkerWriteStallMs (empty when all went); false when the peer is gone.
+bool WriteOrKeep(Conn& c, iovec* iov, int count, int write_timeout_s) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(count);
+    ssize_t n = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{c.fd, POLLOUT, 0};
+      int r = ::poll(&p, 1, kWorkerWriteStallMs);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      continue;
+    }
+    if (n <= 0) return false;
+    auto left = static_cast<size_t>(n);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  c.out.clear();
+  c.out_at = 0;
+  for (int i = 0; i < count; ++i) c.out.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+  if (!c.out.empty()) c.out_until_ms = NowMs() + int64_t{write_timeout_s} * 1000;
+  return true;
+}
+
+// Writes more of c.out without waiting, giving the client write_timeout_s
+// more from any progress; false when the peer is gone.
+bool WriteKept(Conn& c, int write_timeout_s) {
+  while (c.out_at < c.out.size()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_at, c.out.size() - c.out_at, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0) return false;
+    c.out_at += static_cast<size_t>(n);
+    c.out_until_ms = NowMs() + int64_t{write_timeout_s} * 1000;
+  }
+  c.out.clear();
+  c.out.shrink_to_fit();
+  c.out_at = 0;
+  return true;
+}
+
 bool WantsKeepAlive(const Request& req) {
   const std::string* c = req.Find("Connection");
   auto has = [&](std::string_view token) {
@@ -821,8 +889,10 @@ class Server::Impl {
         }
         // Idle keep-alive connections have nothing to finish; one whose
         // request is still in its socket, unread, does.
-        std::erase_if(parked,
-                      [](const std::unique_ptr<Conn>& c) { return c->in.Empty() && !Readable(c->fd); });
+        // One whose answer is still being written does too.
+        std::erase_if(parked, [](const std::unique_ptr<Conn>& c) {
+          return c->out.empty() && c->in.Empty() && !Readable(c->fd);
+        });
         bool idle;
         {
           MutexLock lock(&shared_->mu);
@@ -838,7 +908,8 @@ class Server::Impl {
       fds.push_back({wake_[0], POLLIN, 0});
       bool accepting = NowMs() >= accept_paused_until && listen_fd_ >= 0;
       fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
-      for (const auto& c : parked) fds.push_back({c->fd, POLLIN, 0});
+      for (const auto& c : parked)
+        fds.push_back({c->fd, static_cast<short>(c->out.empty() ? POLLIN : POLLOUT), 0});
       int r = ::poll(fds.data(), fds.size(), 100);
       if (stopping_.load()) break;
       if (r < 0) continue;
@@ -858,6 +929,35 @@ class Server::Impl {
       std::vector<std::unique_ptr<Conn>> still;
       for (size_t i = 0; i < parked.size(); ++i) {
         Conn& c = *parked[i];
+        if (!c.out.empty()) {
+          // An answer being written: more of it as the socket takes it.
+          // Once it is all out the connection closes or, kept alive, waits
+          // for the next request (one that came meanwhile goes to a worker).
+          if (fds[i + 2].revents != 0 && !WriteKept(c, opts_.write_timeout_s)) {
+            parked[i].reset();
+          } else if (!c.out.empty()) {
+            if (NowMs() >= c.out_until_ms) {
+              LOG_DEBUG << "closing a connection whose client read none of its answer for "
+                           "server.write_timeout_s";
+              parked[i].reset();
+            } else {
+              still.push_back(std::move(parked[i]));
+            }
+          } else if (c.close_after_out) {
+            parked[i].reset();
+          } else {
+            bool gone = false;
+            c.idle_until_ms = now + int64_t{opts_.idle_timeout_s} * 1000;
+            if (WholeRequest(c, &gone)) {
+              Enqueue(std::move(parked[i]));
+            } else if (gone) {
+              parked[i].reset();
+            } else {
+              still.push_back(std::move(parked[i]));
+            }
+          }
+          continue;
+        }
         if (fds[i + 2].revents != 0) {
           if (!RecvSome(c)) {
             parked[i].reset();
@@ -1063,6 +1163,16 @@ class Server::Impl {
     Wake();
   }
 
+  // The rest of an answer goes to the poller, which writes it as the client
+  // reads (Conn::out); the worker is free meanwhile.
+  void WriteBehind(std::unique_ptr<Conn> c) EXCLUDES(shared_->mu) {
+    {
+      MutexLock lock(&shared_->mu);
+      shared_->to_park.push_back(std::move(c));
+    }
+    Wake();
+  }
+
   void Wake() {
     char b = 1;
     if (wake_[1] >= 0) (void)!::write(wake_[1], &b, 1);
@@ -1083,6 +1193,7 @@ class Server::Impl {
       for (;;) {
         Outcome outcome = ServeConnection(*c);
         if (outcome == Outcome::kPark) Park(std::move(c));
+        if (outcome == Outcome::kWriteBehind) WriteBehind(std::move(c));
         if (outcome != Outcome::kDefer) break;
         c = HandOver(std::move(c));
         if (!c) break;  // the Reply brings it back
@@ -1122,14 +1233,20 @@ class Server::Impl {
     return nullptr;
   }
 
-  enum class Outcome { kClose, kPark, kDefer };
+  enum class Outcome { kClose, kPark, kDefer, kWriteBehind };
 
   // Serves requests on `c` until it closes, should wait parked while this
   // worker serves others, or waits for a deferred answer.
   Outcome ServeConnection(Conn& c) {
     const int64_t slice_end = NowMs() + kSliceMs;
     auto others_wait = [&] { return shared_->queued.load() > 0; };
-    if (c.finish && SendDeferred(c) == Next::kClose) return Outcome::kClose;
+    if (c.finish) {
+      switch (SendDeferred(c)) {
+        case Next::kClose: return Outcome::kClose;
+        case Next::kWriteBehind: return Outcome::kWriteBehind;
+        default: break;
+      }
+    }
     int64_t idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     for (;;) {
       // Wait until a whole request is here (RequestBuffered), giving the
@@ -1165,13 +1282,15 @@ class Server::Impl {
         case Next::kKeep: break;
         case Next::kClose: return Outcome::kClose;
         case Next::kDefer: return Outcome::kDefer;
+        case Next::kWriteBehind: return Outcome::kWriteBehind;
       }
       if (others_wait() && NowMs() >= slice_end) return Outcome::kPark;
       idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     }
   }
 
-  enum class Next { kKeep, kClose, kDefer };
+  // kWriteBehind: the answer is partly sent, the rest in Conn::out.
+  enum class Next { kKeep, kClose, kDefer, kWriteBehind };
 
   // Sends a response for an error of framing or limits and closes; bytes the
   // client may still be sending are drained first (briefly), so that it
@@ -1323,7 +1442,15 @@ class Server::Impl {
     if (res.stream) {
       return SendStream(c, res, keep_alive && http11, http11) ? Next::kKeep : Next::kClose;
     }
-    if (!Send(c, res, keep_alive, head_only)) return Next::kClose;
+    // What the socket does not take at once is written by the poller: a
+    // client that does not read its answer holds no worker.
+    std::string head = ResponseHead(res, keep_alive);
+    iovec v[2] = {{head.data(), head.size()}, {const_cast<char*>(res.body.data()), res.body.size()}};
+    if (!WriteOrKeep(c, v, head_only || res.body.empty() ? 1 : 2, opts_.write_timeout_s)) return Next::kClose;
+    if (!c.out.empty()) {
+      c.close_after_out = !keep_alive;
+      return Next::kWriteBehind;
+    }
     return keep_alive ? Next::kKeep : Next::kClose;
   }
 

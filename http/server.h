@@ -200,8 +200,11 @@ struct ServerOptions {
   int threads = 8;             // workers
   int request_timeout_s = 60;  // the whole of one request: line, headers, body
   int idle_timeout_s = 30;     // a keep-alive connection between requests
-  int write_timeout_s = 30;    // a reply the client does not read
-  int drain_timeout_s = 25;    // at Stop(), the most time the requests that arrived get to finish
+  // A reply the client takes none of for this long closes its connection.
+  // The worker writes a reply while the client reads it; one the client
+  // stops reading is finished by the poller, so it holds no worker.
+  int write_timeout_s = 30;
+  int drain_timeout_s = 25;  // at Stop(), the most time the requests that arrived get to finish
   // Open TCP connections one client address may hold; more are answered
   // 503 and closed at once. 0: no cap. Unix-socket clients are not
   // counted (the socket's mode already says who may connect).

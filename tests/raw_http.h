@@ -35,9 +35,11 @@ inline std::string Exchange(int fd, const std::string& request, int timeout_ms =
 }
 
 // Connects to 127.0.0.1:port; from `from` (another loopback address,
-// such as 127.0.0.2) when given.
-inline int ConnectTcp(int port, const char* from = nullptr) {
+// such as 127.0.0.2) when given; with a receive buffer of `rcvbuf` bytes
+// when given (set before connecting: the kernel does not grow it then).
+inline int ConnectTcp(int port, const char* from = nullptr, int rcvbuf = 0) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
   if (from) {
     sockaddr_in local{};
     local.sin_family = AF_INET;

@@ -306,6 +306,100 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   serving.join();
 }
 
+// A client that asks for a large answer and does not read it holds no
+// worker: with one worker, another client is answered meanwhile (before,
+// the worker sat in send() for as long as the client took). The slow client
+// still gets the whole answer once it reads, and its connection serves on;
+// one that reads nothing for write_timeout_s is closed (before, it was
+// waited for as long as it read a little in each write_timeout_s).
+TEST(HttpServer, ClientsThatDoNotReadTheirAnswersHoldNoWorker) {
+  // Far past what the sockets buffer: the slow clients' receive buffers are
+  // kept small (the kernel would grow them to 32 MB on loopback).
+  const std::string big(32 << 20, 'x');
+  constexpr int kSmallBuffer = 64 << 10;
+  auto handler = [&](Request& req, Response& res) {
+    if (req.path == "/big") {
+      res.Set(big, "text/plain");
+    } else {
+      res.Set("{\"path\":\"" + req.path + "\"}", "application/json");
+    }
+  };
+  // Reads one whole answer (head and Content-Length body) from fd, waiting
+  // up to timeout_ms between bytes; what came, if the answer did not.
+  auto read_answer = [](int fd, int timeout_ms) {
+    std::string got;
+    std::vector<char> buf(1 << 20);
+    for (;;) {
+      size_t head = got.find("\r\n\r\n");
+      if (head != std::string::npos) {
+        size_t cl = got.find("Content-Length: ");
+        if (cl != std::string::npos && got.size() >= head + 4 + std::stoul(got.substr(cl + 16))) break;
+      }
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, timeout_ms) <= 0) break;
+      ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+      if (n <= 0) break;
+      got.append(buf.data(), static_cast<size_t>(n));
+    }
+    return got;
+  };
+  {
+    ServerOptions o;
+    o.port = 0;
+    o.threads = 1;
+    o.write_timeout_s = 30;
+    Server server(o, handler, PlainError);
+    ASSERT_OK(server.Bind());
+    std::thread serving([&] { server.Serve(); });
+    int slow = aotid::testing::ConnectTcp(server.port(), nullptr, kSmallBuffer);
+    ASSERT_GE(slow, 0);
+    std::string ask = "GET /big HTTP/1.1\r\nHost: a\r\n\r\n";
+    ASSERT_GT(::send(slow, ask.data(), ask.size(), MSG_NOSIGNAL), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its answer fills the socket
+    int fd = aotid::testing::ConnectTcp(server.port());
+    std::string reply =
+        aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 10000);
+    ::close(fd);
+    EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply.substr(0, 200);
+    EXPECT_NE(reply.find("{\"path\":\"/fresh\"}"), std::string::npos) << reply.substr(0, 200);
+    std::string answer = read_answer(slow, 5000);
+    size_t head = answer.find("\r\n\r\n");
+    ASSERT_NE(head, std::string::npos) << answer.substr(0, 200);
+    EXPECT_EQ(answer.substr(0, 12), "HTTP/1.1 200");
+    EXPECT_TRUE(answer.compare(head + 4, std::string::npos, big) == 0)
+        << "the body came " << answer.size() - head - 4 << " bytes long, or changed";
+    reply = aotid::testing::Exchange(slow, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n", 5000);
+    EXPECT_NE(reply.find("{\"path\":\"/after\"}"), std::string::npos) << reply.substr(0, 200);
+    ::close(slow);
+    server.Stop();
+    serving.join();
+  }
+  {
+    ServerOptions o;
+    o.port = 0;
+    o.threads = 1;
+    o.write_timeout_s = 1;
+    Server server(o, handler, PlainError);
+    ASSERT_OK(server.Bind());
+    std::thread serving([&] { server.Serve(); });
+    int never = aotid::testing::ConnectTcp(server.port(), nullptr, kSmallBuffer);
+    ASSERT_GE(never, 0);
+    std::string ask = "GET /big HTTP/1.1\r\nHost: a\r\n\r\n";
+    ASSERT_GT(::send(never, ask.data(), ask.size(), MSG_NOSIGNAL), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past write_timeout_s, unread
+    std::string got = read_answer(never, 2000);
+    EXPECT_LT(got.size(), big.size()) << "a client that did not read within write_timeout_s got it all";
+    ::close(never);
+    int fd = aotid::testing::ConnectTcp(server.port());
+    std::string reply =
+        aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 5000);
+    ::close(fd);
+    EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply.substr(0, 200);
+    server.Stop();
+    serving.join();
+  }
+}
+
 // One client address holds at most max_connections_per_address open
 // connections: the next gets 503 naming its address and the setting, at
 // once; another address is served meanwhile, and a closed connection frees
