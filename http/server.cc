@@ -1445,6 +1445,9 @@ class Server::Impl {
     // What the socket does not take at once is written by the poller: a
     // client that does not read its answer holds no worker.
     std::string head = ResponseHead(res, keep_alive);
+    // HTTP/1.0 closes after each answer unless the answer says it stays
+    // open (ApacheBench's -k, older proxies).
+    if (keep_alive && !http11) head.insert(head.size() - 2, "Connection: keep-alive\r\n");
     iovec v[2] = {{head.data(), head.size()}, {const_cast<char*>(res.body.data()), res.body.size()}};
     if (!WriteOrKeep(c, v, head_only || res.body.empty() ? 1 : 2, opts_.write_timeout_s)) return Next::kClose;
     if (!c.out.empty()) {

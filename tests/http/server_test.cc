@@ -400,6 +400,35 @@ TEST(HttpServer, ClientsThatDoNotReadTheirAnswersHoldNoWorker) {
   }
 }
 
+// An HTTP/1.0 client that asks to keep its connection gets
+// "Connection: keep-alive" (without it, it would close after each answer
+// or wait for the server to) and the connection serves its next request;
+// one that does not ask is answered and closed.
+TEST(HttpServer, Http10KeepAliveIsSaidInTheAnswer) {
+  ServerOptions o;
+  o.port = 0;
+  o.threads = 1;
+  Server server(o, AnswerEmpty, PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  int fd = aotid::testing::ConnectTcp(server.port());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 2; ++i) {
+    std::string reply = aotid::testing::Exchange(fd, "GET /a HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
+    EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << i << ": " << reply;
+    EXPECT_NE(reply.find("\r\nConnection: keep-alive\r\n"), std::string::npos) << reply;
+    EXPECT_NE(reply.find("\r\n\r\n{}"), std::string::npos) << reply;
+  }
+  ::close(fd);
+  fd = aotid::testing::ConnectTcp(server.port());
+  std::string reply = aotid::testing::Exchange(fd, "GET /a HTTP/1.0\r\n\r\n");
+  EXPECT_NE(reply.find("\r\nConnection: close\r\n"), std::string::npos) << reply;
+  EXPECT_EQ(reply.find("keep-alive"), std::string::npos) << reply;
+  ::close(fd);
+  server.Stop();
+  serving.join();
+}
+
 // One client address holds at most max_connections_per_address open
 // connections: the next gets 503 naming its address and the setting, at
 // once; another address is served meanwhile, and a closed connection frees
