@@ -258,10 +258,12 @@ void PrintEvent(const storage::Event& e, bool as_json) {
 // build for an exported program (none before it is built).
 json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
                      const std::vector<storage::BuildRecord>& builds, const std::string& fp) {
-  json out{{"author", json::object()}, {"aoti", json::object()}};
+  json out{{"author", json::object()}, {"aoti", json::object()}, {"inductor_options", json::object()}};
   std::string blob = store.BlobPath(v.artifact);
-  if (auto author = package::ReadAuthorMetadata(blob); author.ok())
-    out["author"] = json::parse(*author, nullptr, false);
+  if (auto record = package::ReadPackageRecord(blob); record.ok()) {
+    out["author"] = json::parse(record->author_metadata, nullptr, false);
+    out["inductor_options"] = json::parse(record->package_options, nullptr, false);
+  }
   if (v.kind != package::PackageKind::kExportedProgram) {
     if (auto md = package::ReadAotiMetadata(blob, v.package_model); md.ok())
       out["aoti"] = json::parse(md->json, nullptr, false);
@@ -598,6 +600,10 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     const json& pm = v["package_metadata"];
     if (!pm["author"].empty()) std::printf("  author meta     %s\n", pm["author"].dump().c_str());
     if (!pm["aoti"].empty()) std::printf("  aoti meta       %s\n", pm["aoti"].dump().c_str());
+    if (!pm["inductor_options"].empty()) {
+      std::printf("  package asks    %s (under the owner's inductor.* settings)\n",
+                  pm["inductor_options"].dump().c_str());
+    }
   }
   if (!j["events"].empty()) {
     std::printf("\nrecent events\n");

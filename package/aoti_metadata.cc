@@ -68,6 +68,8 @@ StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::strin
   if (!extra.is_object()) return InvalidArgument(name + " is not a JSON object");
   if (extra.contains("metadata") && extra["metadata"].is_object())
     record.author_metadata = extra["metadata"].dump();
+  if (extra.contains("inductor_options") && extra["inductor_options"].is_object())
+    record.package_options = extra["inductor_options"].dump();
   if (extra.contains("models") && extra["models"].is_object() && extra["models"].contains(package_model)) {
     const json& one = extra["models"][package_model];
     if (one.is_object() && one.contains("inputs") && one.contains("outputs")) record.model_spec = one.dump();
@@ -75,14 +77,11 @@ StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::strin
   return record;
 }
 
-StatusOr<std::string> ReadAuthorMetadata(const std::string& path) {
+StatusOr<ExportRecord> ReadPackageRecord(const std::string& path) {
   ASSIGN_OR_RETURN(Archive archive, Archive::Open(path));
   auto record = ReadExportRecord(archive, "");
-  if (!record.ok()) {
-    if (record.status().code() == StatusCode::kInvalidArgument) return std::string("{}");
-    return record.status();
-  }
-  return record->author_metadata;
+  if (!record.ok() && record.status().code() == StatusCode::kInvalidArgument) return ExportRecord{};
+  return record;
 }
 
 std::string ExternalWeightsEntry(const Archive& archive) {

@@ -47,14 +47,18 @@ struct ExportRecord {
   // The model's declared {"inputs": [...], "outputs": [...]} as JSON text;
   // empty when the record does not declare both for that model.
   std::string model_spec;
+  // The AOTInductor options the package asks to be built with (its
+  // "inductor_options" object) as JSON text; "{}" without. The compile
+  // worker checks them; the owner's settings override them.
+  std::string package_options = "{}";
 };
 // The record for `package_model`; the defaults above when the package has
 // none. InvalidArgument when extra/aotid.json is there but not a JSON object.
 StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::string& package_model);
 
-// The author's metadata of the package at `path` as JSON text; "{}" when it
-// has none or its record is not JSON.
-StatusOr<std::string> ReadAuthorMetadata(const std::string& path);
+// The record of the package at `path` (its author's metadata, the options
+// it asks for); the defaults when it has none or its record is not JSON.
+StatusOr<ExportRecord> ReadPackageRecord(const std::string& path);
 
 // The first entry that keeps weights outside the compiled code
 // (<root>/data/weights/..., <root>/data/constants/...), or "" when the

@@ -173,8 +173,8 @@ StatusOr<SyncResult> Push(storage::ModelStore& store, const std::string& name, s
   std::string blob = store.BlobPath(v->artifact);
   if (!fs::Exists(blob))
     return NotFound("the blob of " + name + ":" + std::to_string(v->version) + " is missing");
-  auto author = package::ReadAuthorMetadata(blob);
-  std::string config = MakeConfig(*v, author.ok() ? *author : "{}");
+  auto record = package::ReadPackageRecord(blob);
+  std::string config = MakeConfig(*v, record.ok() ? record->author_metadata : "{}");
   std::string manifest = MakeManifest(config, *v, name + "-" + std::to_string(v->version) + ".pt2");
 
   OciRef target = ref;

@@ -136,6 +136,12 @@ TEST_F(GenerateTest, TheBuildUsesTheOptionsThePackageAsksFor) {
     EXPECT_EQ(package["inductor_options"]["cpp.dynamic_threads"], true) << package.dump();
   }
   EXPECT_EQ(found, 1);
+  // `aotid show` says what the package asks for.
+  std::string shown;
+  ASSERT_EQ(RunAotid({"--config", config_, "--store", store_, "show", "tiny_llm"}, &shown), 0) << shown;
+  EXPECT_NE(shown.find(R"(package asks    {"max_autotune":true,"max_autotune_gemm_backends":"CPP,ATEN"})"),
+            std::string::npos)
+      << shown;
 }
 
 TEST_F(GenerateTest, StreamDeliversTheSameTokensAsEventsThenASummary) {

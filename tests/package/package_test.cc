@@ -185,9 +185,26 @@ TEST(ExportRecord, ARecordThatIsNotJsonFailsTheBuildButShowsNoAuthorMetadata) {
   auto archive = Archive::Open(d / "p.pt2");
   ASSERT_TRUE(archive.ok()) << archive.status().ToString();
   EXPECT_EQ(ReadExportRecord(*archive, "model").status().code(), StatusCode::kInvalidArgument);
-  auto author = ReadAuthorMetadata(d / "p.pt2");
-  ASSERT_TRUE(author.ok()) << author.status().ToString();
-  EXPECT_EQ(*author, "{}");
+  auto record = ReadPackageRecord(d / "p.pt2");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(record->author_metadata, "{}");
+  EXPECT_EQ(record->package_options, "{}");
+}
+
+TEST(ExportRecord, TheOptionsAPackageAsksForAreRead) {
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/extra/aotid.json", R"({"format":1,"metadata":{"weights":"int8"},
+                                                   "inductor_options":{"max_autotune":true}})"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto record = ReadPackageRecord(d / "p.pt2");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(record->author_metadata, R"({"weights":"int8"})");
+  EXPECT_EQ(record->package_options, R"({"max_autotune":true})");
+  WriteZip(d / "q.pt2", {{"p/extra/aotid.json", R"({"format":1,"inductor_options":"max_autotune"})"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  record = ReadPackageRecord(d / "q.pt2");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(record->package_options, "{}");  // not an object: the build says why
 }
 
 TEST(ExternalWeights, WeightsOutsideTheCompiledCodeAreFound) {
