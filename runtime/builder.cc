@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
+#include <vector>
 
 #include "base/fs.h"
 #include "base/log.h"
@@ -34,17 +36,40 @@ int64_t SteadyMs() {
 }
 
 // The last `max_lines` lines of a log, for error messages.
+// The end of a failed build's log for its error: the worker's reason (its
+// last "error: " line) first when it gave one, then the last lines of the
+// log without the worker's progress lines ("[aotid-worker] step ..."),
+// which the whole log keeps.
 std::string LogTail(const std::string& path, size_t max_lines = 15) {
   auto text = fs::ReadFile(path);
   if (!text.ok()) return "";
   std::string s = std::move(text).value();
-  if (s.size() > 8192) s = s.substr(s.size() - 8192);
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  size_t pos = s.size();
-  for (size_t n = 0; n < max_lines && pos != std::string::npos && pos > 0; ++n) {
-    pos = s.rfind('\n', pos - 1);
+  if (s.size() > 16384) s = s.substr(s.size() - 16384);
+  std::vector<std::string_view> lines;
+  std::string_view reason;
+  for (size_t at = 0; at < s.size();) {
+    size_t end = s.find('\n', at);
+    std::string_view line = std::string_view(s).substr(at, end == std::string::npos ? end : end - at);
+    at = end == std::string::npos ? s.size() : end + 1;
+    if (line.starts_with("[aotid-worker] ")) continue;
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.remove_suffix(1);
+    if (line.empty()) continue;
+    if (line.starts_with("error: ")) reason = line;
+    lines.push_back(line);
   }
-  return (pos == std::string::npos || pos == 0) ? s : s.substr(pos + 1);
+  if (lines.size() > max_lines) lines.erase(lines.begin(), lines.end() - static_cast<ptrdiff_t>(max_lines));
+  std::string out;
+  if (!reason.empty() && (lines.empty() || lines.front() != reason)) {
+    out += reason;
+    out += '\n';
+  }
+  for (std::string_view line : lines) {
+    if (line == reason && !out.empty()) continue;  // said first
+    out += line;
+    out += '\n';
+  }
+  if (!out.empty()) out.pop_back();
+  return out;
 }
 
 }  // namespace
