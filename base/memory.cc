@@ -6,11 +6,18 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 namespace aotid {
 
 void KeepFreedMemory(size_t keep_bytes) {
 #if defined(__GLIBC__)
+  // An operator who tuned glibc's thresholds (GLIBC_TUNABLES) keeps theirs.
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables &&
+      (std::strstr(tunables, "malloc.mmap_threshold") || std::strstr(tunables, "malloc.trim_threshold")))
+    return;
   constexpr int kLargestMmapThreshold = 32 << 20;  // glibc refuses more on 64-bit
   // Setting either turns off glibc's own moving thresholds, so both are set.
   ::mallopt(M_MMAP_THRESHOLD, kLargestMmapThreshold);

@@ -18,7 +18,9 @@ namespace aotid {
 // ones are still mapped and unmapped. The price: the process stays at the
 // high-water mark of what it used: up to keep_bytes free at the top of its
 // main heap, and each thread's heap (64 MiB at most each) at its peak.
-// Call it before threads start. A no-op where the C library is not glibc.
+// Call it before threads start. A no-op where the C library is not glibc,
+// and where GLIBC_TUNABLES sets malloc.mmap_threshold or
+// malloc.trim_threshold: the operator's choice stands.
 void KeepFreedMemory(size_t keep_bytes);
 
 }  // namespace aotid

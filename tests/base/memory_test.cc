@@ -4,9 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 // The sanitizers bring their own allocator (mallopt is theirs, a no-op),
 // so what is tested here is glibc's, in a build without them.
@@ -48,6 +54,25 @@ TEST(KeepFreedMemory, ABlockFreedAndAskedForAgainIsNotFaultedInAgain) {
   // 8 MiB is 2,048 pages: glibc's defaults map and unmap it each time, so
   // each run faults every page in again.
   EXPECT_LT(FaultsOfSecondRun(), 64);
+}
+
+// An operator's GLIBC_TUNABLES thresholds stand: KeepFreedMemory leaves
+// them alone. In a child, from glibc's default thresholds (this process's
+// may have been changed by the test above).
+TEST(KeepFreedMemory, GlibcTunablesOfTheOperatorAreKept) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::mallopt(M_MMAP_THRESHOLD, 128 << 10);
+    ::mallopt(M_TRIM_THRESHOLD, 128 << 10);
+    ::setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=131072", 1);
+    KeepFreedMemory(size_t{64} << 20);
+    std::_Exit(FaultsOfSecondRun() > 1000 ? 0 : 1);  // mapped and faulted in again, as the operator chose
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "KeepFreedMemory overrode the operator's GLIBC_TUNABLES";
 }
 #endif
 
