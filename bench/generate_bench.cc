@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
     std::string ids;
     for (int32_t id : g->ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
     std::printf("%-8d %10.1f %14.1f %12.2f %s\n", found->options.threads, g->prefill_ms, g->first_token_ms,
-                1000.0 * static_cast<double>(g->ids.size() - 1) / g->decode_ms, ids.c_str());
+                g->DecodeRate(), ids.c_str());
   }
   return 0;
 }

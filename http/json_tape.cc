@@ -94,8 +94,10 @@ bool Tape::Parse(std::string_view text, int max_depth) {
   return pos_ == src_.size();
 }
 
-std::string Tape::ErrorPlace(std::string_view text) const {
-  size_t at = std::min(pos_, text.size());
+std::string Tape::ErrorPlace(std::string_view text) const { return PlaceIn(text, pos_); }
+
+std::string PlaceIn(std::string_view text, size_t at) {
+  at = std::min(at, text.size());
   size_t from = at > 16 ? at - 16 : 0;
   std::string near(text.substr(from, std::min<size_t>(at - from + 16, text.size() - from)));
   for (char& c : near) {

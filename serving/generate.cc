@@ -6,6 +6,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "http/json_tape.h"
+
 namespace aotid::serving {
 namespace {
 
@@ -92,6 +94,15 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
   json j;
   try {
     j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // The parser's reason without its own prefix and echo: "syntax error
+    // while parsing value - invalid string: ill-formed UTF-8 byte".
+    std::string why = e.what();
+    if (size_t c = why.find("column "); c != std::string::npos && why.find(": ", c) != std::string::npos)
+      why = why.substr(why.find(": ", c) + 2);
+    if (size_t last = why.find("; last read"); last != std::string::npos) why.resize(last);
+    return InvalidArgument("the request body is not valid JSON " +
+                           http::json_tape::PlaceIn(body, e.byte > 0 ? e.byte - 1 : 0) + ": " + why);
   } catch (const json::exception& e) {
     return InvalidArgument(std::string("the request body is not valid JSON: ") + e.what());
   }
@@ -258,6 +269,12 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
     return InvalidArgument(what + "its sequence dim is fixed at " + std::to_string(t.shape[1]) +
                            ": decoding needs one token a call");
   }
+  // A token the tokenizer makes must be a row of the model's embedding: a
+  // larger tokenizer would send ids the model indexes out of bounds.
+  if (spec.tokenizer && spec.tokenizer->vocab_size() > l.shape[1]) {
+    return InvalidArgument(what + "its tokenizer has " + std::to_string(spec.tokenizer->vocab_size()) +
+                           " tokens, its logits only " + std::to_string(l.shape[1]));
+  }
   return std::shared_ptr<Generator>(new Generator(std::move(spec), *tok, *logits, l.shape[1], max_prefill));
 }
 
@@ -389,6 +406,7 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
       break;
     }
     Status s = step(&next, 1, pos++);
+    ++r.decode_steps;
     if (!s.ok()) {
       if (error) *error = s;
       r.finish_reason = "error";

@@ -53,7 +53,14 @@ struct GenerateResult {
   double queue_ms = 0;  // waiting for the model
   double prefill_ms = 0;
   double first_token_ms = 0;  // from the start of the prefill to the first token's text
-  double decode_ms = 0;       // the tokens after the first
+  double decode_ms = 0;       // from the first token to the end of the answer
+  // The model calls in decode_ms: one per token after the first, and one
+  // more when the answer ends on the model's end token (made, not shown).
+  int64_t decode_steps = 0;
+  // Decode tokens per second: decode_steps over decode_ms; 0 without any.
+  double DecodeRate() const {
+    return decode_steps > 0 && decode_ms > 0 ? 1000.0 * decode_steps / decode_ms : 0;
+  }
 };
 
 // One served version's generator: its spec and its turn-taking.

@@ -523,9 +523,7 @@ void HttpApi::Routes() {
         j["finish_reason"] = g.finish_reason;
         j["seed"] = g.seed;
         j["usage"] = {{"prompt_tokens", g.prompt_tokens}, {"completion_tokens", g.ids.size()}};
-        double per_s = g.ids.size() > 1 && g.decode_ms > 0
-                           ? 1000.0 * static_cast<double>(g.ids.size() - 1) / g.decode_ms
-                           : 0.0;
+        double per_s = g.DecodeRate();
         j["timings"] = {{"queue_ms", g.queue_ms},
                         {"prefill_ms", g.prefill_ms},
                         {"first_token_ms", g.first_token_ms},

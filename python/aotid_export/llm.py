@@ -158,7 +158,9 @@ class Llama(torch.nn.Module):
 
     def forward(self, tokens, input_pos):
         x = self.tok_embeddings(tokens)
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
+        # Gathered with F.embedding: positions run 0..max_seq_len-1, which the
+        # build records, so /infer refuses others before the model runs.
+        cos, sin = F.embedding(input_pos, self.rope_cos), F.embedding(input_pos, self.rope_sin)
         # The positions in use: up to the last one written now (positions
         # come in order). A query at position p sees the keys at 0..p.
         n = (input_pos[-1] + 1).item()
@@ -212,7 +214,10 @@ class Int8Embedding(torch.nn.Module):
         self.register_buffer("scales", scales)
 
     def forward(self, tokens):
-        return self.weight[tokens].float() * self.scales[tokens].float().unsqueeze(-1)
+        # F.embedding, not indexing: ids run 0..vocab-1 (no Python-style
+        # negatives), which the build records and /infer then checks.
+        rows = F.embedding(tokens, self.weight).float()
+        return rows * F.embedding(tokens, self.scales.unsqueeze(-1)).float()
 
 
 def _quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,18 +237,29 @@ def quantize_int8(model: Llama) -> Llama:
     output's int8 rows when the embeddings are tied). The package is about a
     quarter of float32's size, and so are the bytes a decode step reads.
 
+    Quantize after the weights are loaded: weights loaded into the int8
+    buffers afterwards would be cast, not quantized.
+
     Answers change a little: greedy text stays close to float32's but is not
     the same token for token. The quantized module itself is the eager
     reference for what aotid builds from it."""
     if not isinstance(model, Llama):
         raise TypeError(f"quantize_int8 takes an aotid_export.llm.Llama, not {type(model).__name__}")
+    if any(isinstance(m, (Int8Linear, Int8Embedding)) for m in model.modules()):
+        raise ValueError("quantize_int8: the model is quantized already (its weights would be read as floats)")
     tied = model.config.tie_embeddings and model.output.weight is model.tok_embeddings.weight
-    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+    linears = [(f"{pname}.{name}" if pname else name, parent, name, child)
+               for pname, parent in model.named_modules() for name, child in parent.named_children()
                if isinstance(child, torch.nn.Linear)]
-    for parent, name, child in linears:  # all checked before any is changed
+    for path, _, _, child in linears:  # all checked before any is changed
         if child.bias is not None:
-            raise ValueError(f"quantize_int8: {name} has a bias, which Int8Linear does not take")
-    for parent, name, child in linears:
+            raise ValueError(f"quantize_int8: {path} has a bias, which Int8Linear does not take")
+        # torch's int8 product reads a row 8 values at a time: another width
+        # crashes it (a segfault) on inputs of more than one row.
+        if child.in_features % 8:
+            raise ValueError(f"quantize_int8: {path} takes {child.in_features} inputs; int8 products need "
+                             "a multiple of 8 (dim and hidden_dim)")
+    for _, parent, name, child in linears:
         setattr(parent, name, Int8Linear.from_float(child.weight))
     if tied:
         model.tok_embeddings = Int8Embedding(model.output.weight, model.output.scales)
@@ -331,6 +347,27 @@ def chat_pieces(template: str, bos_token: str = "", eos_token: str = "") -> dict
     return out
 
 
+def _check_tokenizer(tokenizer: Mapping[str, Any], vocab_size: int, eos_token_ids: Sequence[int],
+                     bos_token_id: int | None) -> None:
+    """What aotid would refuse at load, after a whole build, refused now."""
+    kind = tokenizer.get("type") if isinstance(tokenizer, Mapping) else None
+    if kind != "byte_level_bpe":
+        raise ValueError(f"tokenizer type {kind!r}: aotid reads byte-level BPE tokenizers only "
+                         "(\"type\": \"byte_level_bpe\"; docs/GENERATE.md)")
+    for key in ("tokens", "merges", "pre_tokenizer"):
+        if not isinstance(tokenizer.get(key), list):
+            raise ValueError(f"the tokenizer has no {key!r} list")
+    n = len(tokenizer["tokens"])
+    if n > vocab_size:
+        raise ValueError(f"the tokenizer has {n} tokens, the model's vocabulary only {vocab_size}: "
+                         "ids past it would index the embedding out of bounds")
+    for what, ids in (("eos_token_ids", list(eos_token_ids)),
+                      ("bos_token_id", [] if bos_token_id is None else [bos_token_id])):
+        for i in ids:
+            if not 0 <= int(i) < n:
+                raise ValueError(f"{what}: {i} is not a token of the tokenizer (0..{n - 1})")
+
+
 def export_causal_lm(
     model: Llama,
     path: str,
@@ -355,6 +392,9 @@ def export_causal_lm(
     (default ``BUILD_OPTIONS``; ``{}`` for AOTInductor's own defaults).
     """
     c = model.config
+    _check_tokenizer(tokenizer, c.vocab_size, eos_token_ids, bos_token_id)
+    if max_prefill is not None and max_prefill < 1:
+        raise ValueError(f"max_prefill must be at least 1, not {max_prefill}")
     most = min(max_prefill or c.max_seq_len, c.max_seq_len)
     seq = torch.export.Dim("seq", min=1, max=most)
     example = (torch.zeros(1, 4, dtype=torch.int64), torch.arange(4))

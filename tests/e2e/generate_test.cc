@@ -115,6 +115,13 @@ TEST_F(GenerateTest, GreedyTokensAreTheEagerModelsFromTextAndFromIds) {
       EXPECT_EQ(r.body["usage"]["prompt_tokens"], (*cases_)["prompts"][i]["ids"].size());
       EXPECT_EQ(r.body["usage"]["completion_tokens"], want.size());
       EXPECT_FALSE(r.body["text_output"].get<std::string>().empty());
+      // The decode rate counts the model's calls: one per token after the
+      // first, and the one that made the end token.
+      const json& t = r.body["timings"];
+      double calls = static_cast<double>(want.size()) - (ended ? 0 : 1);
+      EXPECT_NEAR(t["decode_tokens_per_s"].get<double>(), 1000.0 * calls / t["decode_ms"].get<double>(),
+                  1e-6 * t["decode_tokens_per_s"].get<double>())
+          << t.dump();
     }
   }
 }
@@ -327,6 +334,36 @@ TEST_F(GenerateTest, ChatMessagesFollowTheModelsTemplate) {
                    json{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}.dump());
   EXPECT_EQ(bad.status, 400);
   EXPECT_NE(bad.body.value("error", "").find("\"tool\""), std::string::npos) << bad.body.dump();
+}
+
+// /infer on a language model takes the token ids and positions the model
+// can read and refuses others before it runs (its build records the range
+// of each: an id past the vocabulary would index the embedding out of
+// bounds, a negative position fail inside the model).
+TEST_F(GenerateTest, InferRefusesIdsAndPositionsOutsideTheModel) {
+  auto infer = [&](int64_t id, int64_t pos) {
+    json body = {{"inputs",
+                  {{{"name", "tokens"}, {"datatype", "INT64"}, {"shape", {1, 1}}, {"data", {id}}},
+                   {{"name", "input_pos"}, {"datatype", "INT64"}, {"shape", {1}}, {"data", {pos}}}}}};
+    return Post(port(), "/v2/models/tiny_llm/infer", body.dump());
+  };
+  const int64_t max_seq_len = (*cases_)["max_seq_len"];
+  Reply ok = infer(5, 0);
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+  for (auto [id, pos, want] :
+       {std::tuple{int64_t{49152}, int64_t{0}, std::string("input 'tokens' holds 49152")},
+        {-5, 0, "input 'tokens' holds -5"},
+        {5, -1, "input 'input_pos' holds -1"},
+        {5, max_seq_len, "input 'input_pos' holds " + std::to_string(max_seq_len)}}) {
+    Reply r = infer(id, pos);
+    EXPECT_EQ(r.status, 400) << r.body.dump();
+    std::string error = r.body.value("error", "");
+    EXPECT_NE(error.find(want), std::string::npos) << error;
+    std::string range = want.find("tokens") != std::string::npos
+                            ? "valid range [0, 49152)"
+                            : "valid range [0, " + std::to_string(max_seq_len) + ")";
+    EXPECT_NE(error.find(range), std::string::npos) << error;
+  }
 }
 
 TEST_F(GenerateTest, BadRequestsAreRefusedWithTheReason) {

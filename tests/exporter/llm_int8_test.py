@@ -89,6 +89,20 @@ def main():
     # ... and nothing was changed before it refused.
     assert isinstance(biased.layers[0].attention.wk, torch.nn.Linear)
     assert isinstance(biased.output, torch.nn.Linear)
+    # A width torch's int8 product cannot read (it crashed on two rows or more).
+    odd = llm.Llama(llm.LlamaConfig(**{**cfg.__dict__, "hidden_dim": 100})).eval()
+    try:
+        llm.quantize_int8(odd)
+        raise AssertionError("quantize_int8 took a layer 100 inputs wide")
+    except ValueError as e:
+        assert "layers.0.feed_forward.w2 takes 100 inputs" in str(e) and "multiple of 8" in str(e), e
+    assert isinstance(odd.layers[0].attention.wq, torch.nn.Linear)
+    # Twice: the second would read int8 weights as floats.
+    try:
+        llm.quantize_int8(untied)
+        raise AssertionError("quantize_int8 quantized a quantized model again")
+    except ValueError as e:
+        assert "quantized already" in str(e), e
     print(f"ok: {len(floats)} products int8, logits within 5% of float32's")
 
 

@@ -104,6 +104,16 @@ TEST(Generator, RefusesAModelThatDoesNotFitTheSpec) {
   gen = Generator::Create(Spec(), model);
   ASSERT_FALSE(gen.ok());
   EXPECT_NE(gen.status().message().find("FP32"), std::string::npos);
+  // A tokenizer larger than the model's vocabulary: its ids would index the
+  // embedding out of bounds (the runner aborted on them).
+  model.outputs[0] = {"logits", runtime::DType::kFloat32, {1, 1000}};
+  gen = Generator::Create(Spec(), model);
+  ASSERT_FALSE(gen.ok());
+  EXPECT_NE(gen.status().message().find("its tokenizer has 49152 tokens, its logits only 1000"),
+            std::string::npos)
+      << gen.status().message();
+  model.outputs[0] = {"logits", runtime::DType::kFloat32, {1, 49152}};
+  EXPECT_TRUE(Generator::Create(Spec(), model).ok());
 }
 
 TEST(GenerateRequest, ReadsParametersAndNamesWhatIsWrong) {
@@ -129,7 +139,13 @@ TEST(GenerateRequest, ReadsParametersAndNamesWhatIsWrong) {
   EXPECT_NE(err(R"({"text_input":"x","input_ids":[1]})").find("not several"), std::string::npos);
   EXPECT_NE(err(R"({"messages":[]})").find("no chat template"), std::string::npos);
   EXPECT_NE(err(R"({"text_input":"x","parameters":{"stop":[1]}})").find("stop"), std::string::npos);
-  EXPECT_NE(err("{\"text_input\":\"x\"").find("not valid JSON"), std::string::npos);
+  // Where it stopped, as /infer says it (not the parser's internals).
+  EXPECT_EQ(err("{\"text_input\":\"x\""),
+            "the request body is not valid JSON at byte 17 (near '\"text_input\":\"x\"'): syntax error while "
+            "parsing object - unexpected end of input; expected '}'");
+  EXPECT_EQ(err("{\"text_input\":\"x\",}"),
+            "the request body is not valid JSON at byte 18 (near 'text_input\":\"x\",}'): syntax error while "
+            "parsing object key - unexpected '}'; expected string literal");
   // A prompt far longer than the context is refused before it is tokenized.
   GenerateRequest big;
   big.prompt = {{std::string(1 << 20, 'a')}};
