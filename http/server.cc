@@ -709,26 +709,34 @@ bool RequestBuffered(std::string_view in, const Limits& limits, bool* send_conti
          in.size() - head.consumed >= framing.length;
 }
 
+ssize_t SendIovecs(int fd, iovec* iov, int count, int flags) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(count);
+  return ::sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
+}
+
+// Moves *iov and *count past the first `sent` bytes.
+void SkipSent(iovec** iov, int* count, size_t sent) {
+  while (*count > 0 && sent >= (*iov)->iov_len) {
+    sent -= (*iov)->iov_len;
+    ++*iov;
+    --*count;
+  }
+  if (*count > 0) {
+    (*iov)->iov_base = static_cast<char*>((*iov)->iov_base) + sent;
+    (*iov)->iov_len -= sent;
+  }
+}
+
 // Writes all of the iovecs (the socket has a send timeout); false when the
 // peer is gone or too slow.
 bool WriteAll(int fd, iovec* iov, int count) {
   while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(count);
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    ssize_t n = SendIovecs(fd, iov, count, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
-    auto left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    SkipSent(&iov, &count, static_cast<size_t>(n));
   }
   return true;
 }
@@ -744,10 +752,7 @@ constexpr int kWorkerWriteStallMs = 10;
 // kWorkerWriteStallMs (empty when all went); false when the peer is gone.
 bool WriteOrKeep(Conn& c, iovec* iov, int count, int write_timeout_s) {
   while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(count);
-    ssize_t n = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = SendIovecs(c.fd, iov, count, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd p{c.fd, POLLOUT, 0};
@@ -757,16 +762,7 @@ bool WriteOrKeep(Conn& c, iovec* iov, int count, int write_timeout_s) {
       continue;
     }
     if (n <= 0) return false;
-    auto left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    SkipSent(&iov, &count, static_cast<size_t>(n));
   }
   c.out.clear();
   c.out_at = 0;

@@ -343,6 +343,24 @@ TEST(HttpServer, ClientsThatDoNotReadTheirAnswersHoldNoWorker) {
     }
     return got;
   };
+  // A client with a small receive buffer that asks for /big (-1 if it could not).
+  auto ask_big = [&](int port) {
+    int fd = aotid::testing::ConnectTcp(port, nullptr, kSmallBuffer);
+    std::string ask = "GET /big HTTP/1.1\r\nHost: a\r\n\r\n";
+    if (fd >= 0 && ::send(fd, ask.data(), ask.size(), MSG_NOSIGNAL) <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  // Another client's whole exchange for /fresh.
+  auto fresh = [](int port, int timeout_ms) {
+    int fd = aotid::testing::ConnectTcp(port);
+    std::string reply = aotid::testing::Exchange(
+        fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", timeout_ms);
+    ::close(fd);
+    return reply;
+  };
   {
     ServerOptions o;
     o.port = 0;
@@ -351,15 +369,10 @@ TEST(HttpServer, ClientsThatDoNotReadTheirAnswersHoldNoWorker) {
     Server server(o, handler, PlainError);
     ASSERT_OK(server.Bind());
     std::thread serving([&] { server.Serve(); });
-    int slow = aotid::testing::ConnectTcp(server.port(), nullptr, kSmallBuffer);
+    int slow = ask_big(server.port());
     ASSERT_GE(slow, 0);
-    std::string ask = "GET /big HTTP/1.1\r\nHost: a\r\n\r\n";
-    ASSERT_GT(::send(slow, ask.data(), ask.size(), MSG_NOSIGNAL), 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its answer fills the socket
-    int fd = aotid::testing::ConnectTcp(server.port());
-    std::string reply =
-        aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 10000);
-    ::close(fd);
+    std::string reply = fresh(server.port(), 10000);
     EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply.substr(0, 200);
     EXPECT_NE(reply.find("{\"path\":\"/fresh\"}"), std::string::npos) << reply.substr(0, 200);
     std::string answer = read_answer(slow, 5000);
@@ -382,18 +395,13 @@ TEST(HttpServer, ClientsThatDoNotReadTheirAnswersHoldNoWorker) {
     Server server(o, handler, PlainError);
     ASSERT_OK(server.Bind());
     std::thread serving([&] { server.Serve(); });
-    int never = aotid::testing::ConnectTcp(server.port(), nullptr, kSmallBuffer);
+    int never = ask_big(server.port());
     ASSERT_GE(never, 0);
-    std::string ask = "GET /big HTTP/1.1\r\nHost: a\r\n\r\n";
-    ASSERT_GT(::send(never, ask.data(), ask.size(), MSG_NOSIGNAL), 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past write_timeout_s, unread
     std::string got = read_answer(never, 2000);
     EXPECT_LT(got.size(), big.size()) << "a client that did not read within write_timeout_s got it all";
     ::close(never);
-    int fd = aotid::testing::ConnectTcp(server.port());
-    std::string reply =
-        aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 5000);
-    ::close(fd);
+    std::string reply = fresh(server.port(), 5000);
     EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply.substr(0, 200);
     server.Stop();
     serving.join();
