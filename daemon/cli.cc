@@ -19,6 +19,7 @@
 #include <set>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "base/shell.h"
 #include "control/store_watch.h"
@@ -122,7 +123,7 @@ json SettingsJson(const storage::VersionSettings& s) {
       case storage::SettingType::kBool: value = s.*f.flag; break;
       case storage::SettingType::kInt: value = s.*f.number; break;
       case storage::SettingType::kOptions:
-        value = (s.*f.text).empty() ? json::object() : json::parse(s.*f.text);
+        value = (s.*f.text).empty() ? json::object() : ParseJsonOrDiscarded(s.*f.text);
         break;
     }
   }
@@ -194,7 +195,7 @@ json BuildJson(const storage::BuildRecord& b, bool daemon_running, const runtime
           {"threads", threads},
           {"fingerprint", b.fingerprint},
           {"device", b.device},
-          {"inductor_options", b.options.empty() ? json::object() : json::parse(b.options, nullptr, false)},
+          {"inductor_options", b.options.empty() ? json::object() : ParseJsonOrDiscarded(b.options)},
           {"state", interrupted ? std::string(kInterrupted) : std::string(storage::BuildStateName(b.state))},
           {"progress", interrupted ? std::string() : b.progress},
           {"attempts", b.attempts},
@@ -234,7 +235,7 @@ json Interface(const runtime::BuildCache& cache, const std::vector<storage::Buil
   if (!b || b->state != storage::BuildState::kReady) return json::object();
   runtime::BuildKey key{b->artifact, b->package_model, b->device, b->fingerprint, b->options};
   auto text = fs::ReadFile(cache.EntryDir(key) + "/spec.json");
-  json spec = text.ok() ? json::parse(*text, nullptr, false) : json();
+  json spec = text.ok() ? ParseJsonOrDiscarded(*text) : json();
   return spec.is_object() ? spec : json::object();
 }
 
@@ -261,12 +262,12 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
   json out{{"author", json::object()}, {"aoti", json::object()}, {"inductor_options", json::object()}};
   std::string blob = store.BlobPath(v.artifact);
   if (auto record = package::ReadPackageRecord(blob); record.ok()) {
-    out["author"] = json::parse(record->author_metadata, nullptr, false);
-    out["inductor_options"] = json::parse(record->package_options, nullptr, false);
+    out["author"] = ParseJsonOrDiscarded(record->author_metadata);
+    out["inductor_options"] = ParseJsonOrDiscarded(record->package_options);
   }
   if (v.kind != package::PackageKind::kExportedProgram) {
     if (auto md = package::ReadAotiMetadata(blob, v.package_model); md.ok())
-      out["aoti"] = json::parse(md->json, nullptr, false);
+      out["aoti"] = ParseJsonOrDiscarded(md->json);
     return out;
   }
   auto b = BuildHere(builds, v, fp);
@@ -274,7 +275,7 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
   runtime::BuildCache cache(store.CacheDir());
   auto entry = cache.Lookup({v.artifact, v.package_model, b->device, fp, b->options});
   if (entry.ok()) {
-    json p = json::parse(entry->package_json, nullptr, false);
+    json p = ParseJsonOrDiscarded(entry->package_json);
     if (p.is_object() && p.contains("aoti")) out["aoti"] = p["aoti"];
   }
   return out;
@@ -393,7 +394,7 @@ std::map<std::string, std::string> ServedStates(const Config& config) {
   if (!SetListen(address, &where).ok()) return out;
   HttpAnswer a =
       ApiCall(where, "POST", "/v2/repository/index", ReadTokenQuietly(config.token_file), 3000, "{}");
-  json index = a.status == 200 ? json::parse(a.body, nullptr, false) : json();
+  json index = a.status == 200 ? ParseJsonOrDiscarded(a.body) : json();
   if (!index.is_array()) return out;
   for (const auto& e : index) {
     if (e.is_object() && e.contains("name") && e.contains("version") && e.contains("state")) {

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "base/json.h"
+
 namespace aotid::http::json_tape {
 namespace {
 
@@ -94,17 +96,7 @@ bool Tape::Parse(std::string_view text, int max_depth) {
   return pos_ == src_.size();
 }
 
-std::string Tape::ErrorPlace(std::string_view text) const { return PlaceIn(text, pos_); }
-
-std::string PlaceIn(std::string_view text, size_t at) {
-  at = std::min(at, text.size());
-  size_t from = at > 16 ? at - 16 : 0;
-  std::string near(text.substr(from, std::min<size_t>(at - from + 16, text.size() - from)));
-  for (char& c : near) {
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-  }
-  return "at byte " + std::to_string(at) + " (near '" + near + "')";
-}
+std::string Tape::ErrorPlace(std::string_view text) const { return JsonPlace(text, pos_); }
 
 void Tape::SkipSpace() {
   while (pos_ < src_.size()) {

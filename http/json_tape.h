@@ -35,11 +35,6 @@ enum class Kind : uint8_t { kNull, kFalse, kTrue, kNumber, kString, kArray, kObj
 // "string", "array", "object".
 const char* KindName(Kind k);
 
-// "at byte N (near '...')": a place in `text` for an error message, with up
-// to 16 bytes of the text before it and 16 after (bytes outside printable
-// ASCII shown as '?').
-std::string PlaceIn(std::string_view text, size_t at);
-
 class Tape {
  public:
   // Reads `text` (the whole of it, surrounded by whitespace at most);
@@ -50,7 +45,7 @@ class Tape {
   bool too_deep() const { return too_deep_; }
   size_t error_offset() const { return pos_; }
   // "at byte N (near '...')": where a failed Parse of `text` stopped
-  // (PlaceIn).
+  // (JsonPlace, base/json.h).
   std::string ErrorPlace(std::string_view text) const;
 
   static constexpr uint32_t kPackAt = 16;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "base/shell.h"
 #include "package/archive.h"
 
@@ -354,11 +355,11 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
                            "'");
   }
   ASSIGN_OR_RETURN(std::string cf_text, archive.Read(compile_flags_name));
-  json cf = json::parse(cf_text, nullptr, false);
+  json cf = ParseJsonOrDiscarded(cf_text);
   json lf = json::object();
   if (!linker_flags_name.empty()) {
     ASSIGN_OR_RETURN(std::string lf_text, archive.Read(linker_flags_name));
-    lf = json::parse(lf_text, nullptr, false);
+    lf = ParseJsonOrDiscarded(lf_text);
   }
   if (!cf.is_object() || !lf.is_object())
     return InvalidArgument("the source package's build flags are not JSON objects");

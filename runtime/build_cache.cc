@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "base/json.h"
 
 namespace aotid::runtime {
 namespace {
@@ -82,7 +83,7 @@ StatusOr<CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
     return NotFound("no build in cache for " + e.dir);
   }
   ASSIGN_OR_RETURN(std::string text, fs::ReadFile(manifest_path));
-  auto m = nlohmann::json::parse(text, nullptr, false);
+  auto m = ParseJsonOrDiscarded(text);
   if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
     return Corruption("cache entry " + e.dir + " has an unreadable manifest");
   }
@@ -127,7 +128,7 @@ StatusOr<CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
 
 Status BuildCache::VerifyDigest(const CacheEntry& e) const {
   ASSIGN_OR_RETURN(std::string text, fs::ReadFile(e.dir + "/manifest.json"));
-  auto m = nlohmann::json::parse(text, nullptr, false);
+  auto m = ParseJsonOrDiscarded(text);
   if (m.is_discarded()) return Corruption("cache entry " + e.dir + " has an unreadable manifest");
   auto want = m.contains("sha256") && m["sha256"].is_object() ? m["sha256"].value("model.so", "") : "";
   if (want.empty()) return Status::OK();  // written before digests were recorded
@@ -158,7 +159,7 @@ std::vector<RecordedThreads> BuildCache::ListThreads(const std::string& entry_di
   std::vector<RecordedThreads> out;
   auto text = fs::ReadFile(entry_dir + "/threads.json");
   if (!text.ok() || text->size() > (1 << 20)) return out;
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
   if (!j.is_object()) return out;
   for (const auto& [key, r] : j.items()) {
     if (!r.is_object() || !r.contains("threads") || !r["threads"].is_number_integer()) continue;
@@ -304,7 +305,7 @@ std::vector<CacheListing> BuildCache::List() const {
         if (f.is_regular_file()) l.bytes += static_cast<int64_t>(f.file_size());
       }
       auto text = fs::ReadFile(l.dir + "/manifest.json");
-      auto m = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+      auto m = text.ok() ? ParseJsonOrDiscarded(*text) : nlohmann::json();
       if (!m.is_object()) {
         l.status = Corruption("no readable manifest (an interrupted or damaged entry)");
       } else {

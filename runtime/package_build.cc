@@ -14,6 +14,7 @@
 #include <streambuf>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "package/package.h"
 #include "runtime/aoti_build.h"
 #include "runtime/install_layout.h"
@@ -292,8 +293,8 @@ int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>&
   if (s.ok()) {
     s = WriteJson(args.out + "/package.json", {{"kind", std::string(package::PackageKindName(req.kind))},
                                                {"package_model", args.package_model},
-                                               {"aoti", nlohmann::json::parse(built->metadata.json)},
-                                               {"author", nlohmann::json::parse(built->author_metadata)}});
+                                               {"aoti", ParseJsonOrDiscarded(built->metadata.json)},
+                                               {"author", ParseJsonOrDiscarded(built->author_metadata)}});
   }
   if (!s.ok()) {
     std::cout << "error: " << s.message() << std::endl;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "base/json.h"
+
 namespace aotid::runtime {
 namespace {
 struct DTypeInfo {
@@ -142,7 +144,7 @@ Status CheckValues(const HostTensor& t, const ValueRange& r, const std::string& 
 }  // namespace
 
 StatusOr<ModelSpec> ModelSpec::FromJson(std::string_view json) {
-  auto j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  auto j = ParseJsonOrDiscarded(json);
   if (j.is_discarded() || !j.is_object()) return Corruption("model spec is not a JSON object");
   ModelSpec spec;
   for (const char* key : {"inputs", "outputs"}) {

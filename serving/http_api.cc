@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "base/json.h"
 #include "base/log.h"
 #include "http/host.h"
 #include "http/json_tape.h"
@@ -350,7 +351,7 @@ void HttpApi::Routes() {
     if (sm.state == ServeState::kFailed) j["error"] = sm.message;
     if (!sm.device_note.empty()) j["device_note"] = sm.device_note;
     if (!sm.package_json.empty()) {
-      json p = json::parse(sm.package_json, nullptr, false);
+      json p = ParseJsonOrDiscarded(sm.package_json);
       if (p.is_object()) {
         j["parameters"] = {{"package_kind", p.value("kind", "")},
                            {"aoti", p.value("aoti", json::object())},

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "base/json.h"
 #include "storage/sqlite.h"
 
 namespace aotid::storage {
@@ -141,7 +142,7 @@ Status SettingField::Validate(const VersionSettings& s) const {
     case SettingType::kOptions: {
       const std::string& options = s.*text;
       if (options.empty()) break;
-      auto j = nlohmann::json::parse(options, nullptr, false);
+      auto j = ParseJsonOrDiscarded(options);
       if (j.is_discarded() || !j.is_object()) {
         return InvalidArgument(std::string(key) + " must be a JSON object, got '" + options + "'");
       }
@@ -332,7 +333,7 @@ Status ValidateInductorOption(std::string_view name, std::string_view json_value
     return InvalidArgument("inductor option '" + std::string(name) +
                            "' is not a dotted name like max_autotune or cpp.simdlen");
   }
-  auto v = nlohmann::json::parse(json_value, nullptr, false);
+  auto v = ParseJsonOrDiscarded(json_value);
   if (v.is_discarded() || v.is_structured()) {
     return InvalidArgument("inductor option " + std::string(name) +
                            " must be a number, true, false or a string");
@@ -344,7 +345,7 @@ StatusOr<std::string> SetInductorOption(const std::string& options, const std::s
                                         const std::string& value) {
   nlohmann::json obj = nlohmann::json::object();
   if (!options.empty()) {
-    obj = nlohmann::json::parse(options, nullptr, false);
+    obj = ParseJsonOrDiscarded(options);
     if (obj.is_discarded() || !obj.is_object()) {
       return InvalidArgument("stored inductor_options are not a JSON object");
     }
@@ -352,7 +353,7 @@ StatusOr<std::string> SetInductorOption(const std::string& options, const std::s
   if (value.empty()) {
     obj.erase(name);
   } else {
-    auto v = nlohmann::json::parse(value, nullptr, false);
+    auto v = ParseJsonOrDiscarded(value);
     if (v.is_discarded()) v = value;  // a bare word is a string
     RETURN_IF_ERROR(ValidateInductorOption(name, v.dump()));
     obj[name] = v;

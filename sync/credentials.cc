@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "sync/registry.h"
 
 namespace aotid::sync {
@@ -16,7 +17,7 @@ StatusOr<Credentials> ReadCredentials(const std::string& file, const OciRef& ref
     path = candidate;
   }
   ASSIGN_OR_RETURN(std::string text, fs::ReadFile(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(text);
   if (!j.is_object()) return InvalidArgument(path + " is not a JSON object");
   std::string host = ref.host + (ref.port ? ":" + std::to_string(ref.port) : "");
   if (!j.contains("auths") || !j["auths"].is_object()) return Credentials{};

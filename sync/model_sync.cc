@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "package/aoti_metadata.h"
 #include "package/package.h"
 
@@ -73,8 +74,12 @@ struct Parsed {
   Layer layer;
 };
 
+// A manifest or a config nests four levels; a registry's documents deeper
+// than this are refused before they are built (base/json.h).
+constexpr JsonLimits kRegistryJson{.max_depth = 32};
+
 StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& limits) {
-  json m = json::parse(text, nullptr, false);
+  ASSIGN_OR_RETURN(json m, ParseJson(text, "the manifest", kRegistryJson));
   if (!m.is_object()) return InvalidArgument("the manifest is not a JSON object");
   auto str = [&](const json& o, const char* k) {
     return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
@@ -134,7 +139,7 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
 }  // namespace
 
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata) {
-  json metadata = json::parse(author_metadata, nullptr, false);
+  json metadata = ParseJsonOrDiscarded(author_metadata);
   json c = {{"name", v.model},
             {"version", v.version},
             {"package_model", v.package_model},
@@ -212,7 +217,7 @@ StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std:
   std::string index_path = dir + "/index.json";
   if (fs::Exists(index_path)) {
     ASSIGN_OR_RETURN(std::string text, fs::ReadFile(index_path));
-    json index = json::parse(text, nullptr, false);
+    json index = ParseJsonOrDiscarded(text);
     if (!index.is_object() || !index.contains("models") || !index["models"].is_array())
       return InvalidArgument(index_path + ": expected {\"models\": [{\"file\": ..., \"name\": ...}]}");
     for (const auto& m : index["models"]) {
@@ -300,7 +305,9 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
     return Corruption(ref.ToString() + ": the config is " + std::to_string(config_text.size()) +
                       " bytes, not the " + std::to_string(parsed->config_size) + " its manifest says");
   }
-  json config = json::parse(config_text, nullptr, false);
+  auto config_json = ParseJson(config_text, "the config", kRegistryJson);
+  if (!config_json.ok()) return config_json.status().WithContext(ref.ToString());
+  const json& config = *config_json;
   if (!config.is_object()) return InvalidArgument(ref.ToString() + ": the config is not a JSON object");
   // The store's name is this side's to choose: --name, else the
   // repository's last part. The config's name is only a suggestion a

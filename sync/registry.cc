@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "base/mutex.h"
 
 namespace aotid::sync {
@@ -336,7 +337,7 @@ Status Registry::Authorize(const std::string& challenge) {
     return FailedPrecondition(origin + " refused the credentials (HTTP " + std::to_string(res->status) + ")");
   if (res->status != 200)
     return Unavailable(origin + " answered HTTP " + std::to_string(res->status) + " for a token");
-  nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(res->body);
   std::string token;
   if (j.is_object() && j.contains("token") && j["token"].is_string()) token = j["token"];
   if (token.empty() && j.is_object() && j.contains("access_token") && j["access_token"].is_string())
@@ -470,7 +471,7 @@ namespace {
 
 Status HttpError(const std::string& what, int status, const std::string& body) {
   std::string detail;
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(body);
   if (j.is_object() && j.contains("errors") && j["errors"].is_array() && !j["errors"].empty() &&
       j["errors"][0].is_object() && j["errors"][0].contains("message") &&
       j["errors"][0]["message"].is_string()) {
@@ -578,7 +579,7 @@ StatusOr<std::string> Registry::GetManifest(const std::string& reference) {
 StatusOr<std::vector<std::string>> Registry::ListTags() {
   ASSIGN_OR_RETURN(Answer a, Call("GET", "/v2/" + ref_.repo + "/tags/list?n=1000", {}, "", 1 << 20));
   if (a.status != 200) return HttpError("the tags of " + ref_.repo, a.status, a.body);
-  nlohmann::json j = nlohmann::json::parse(a.body, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(a.body);
   std::vector<std::string> tags;
   if (!j.is_object() || !j.contains("tags"))
     return Corruption("the tag list of " + ref_.repo + " is not JSON");

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "storage/model_store.h"
 #include "sync/model_sync.h"
@@ -272,7 +273,7 @@ std::vector<SourceStatus> ReadSyncStatus(const std::string& status_file) {
   std::vector<SourceStatus> out;
   auto text = fs::ReadFile(status_file);
   if (!text.ok()) return out;
-  json j = json::parse(*text, nullptr, false);
+  json j = ParseJsonOrDiscarded(*text);
   if (!j.is_array()) return out;
   for (const auto& e : j) {
     if (!e.is_object()) continue;

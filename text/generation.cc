@@ -5,6 +5,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "base/json.h"
+
 namespace aotid::text {
 
 using nlohmann::json;
@@ -60,7 +62,7 @@ StatusOr<int64_t> IntField(const json& j, const char* name, int64_t lo, int64_t 
 }  // namespace
 
 StatusOr<GenerateSpec> GenerateSpec::FromJson(std::string_view text) {
-  json j = json::parse(text, nullptr, false);
+  json j = ParseJsonOrDiscarded(text);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("generate.json is not a JSON object");
   if (j.value("kind", "") != "causal_lm") {
     return InvalidArgument("generate.json's kind is not \"causal_lm\", the one aotid runs");

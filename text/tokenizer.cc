@@ -8,6 +8,8 @@
 #include <queue>
 #include <unordered_map>
 
+#include "base/json.h"
+
 namespace aotid::text {
 namespace {
 
@@ -266,7 +268,7 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view description) {
-  auto j = nlohmann::json::parse(description, nullptr, false);
+  auto j = ParseJsonOrDiscarded(description);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("the tokenizer is not a JSON object");
   if (j.value("type", "") != "byte_level_bpe") {
     return InvalidArgument("the tokenizer's type is not \"byte_level_bpe\", the one aotid reads");

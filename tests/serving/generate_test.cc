@@ -146,6 +146,11 @@ TEST(GenerateRequest, ReadsParametersAndNamesWhatIsWrong) {
   EXPECT_EQ(err("{\"text_input\":\"x\",}"),
             "the request body is not valid JSON at byte 18 (near 'text_input\":\"x\",}'): syntax error while "
             "parsing object key - unexpected '}'; expected string literal");
+  // 16 MiB of '[' is refused at its 33rd byte by the depth /infer allows,
+  // not built into a DOM (once 1.2 GB at peak, 1.06 GB kept).
+  EXPECT_EQ(
+      err(std::string(16 << 20, '[').c_str()),
+      "the request body nests deeper than 32 levels at byte 32 (near '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[')");
   // A prompt far longer than the context is refused before it is tokenized.
   GenerateRequest big;
   big.prompt = {{std::string(1 << 20, 'a')}};

@@ -40,6 +40,10 @@ import urllib.request
 AOTID, TESTDATA = sys.argv[1], sys.argv[2]
 
 
+# 300,000 arrays, one inside the other.
+NESTING_BOMB = "[" * 300_000 + "]" * 300_000
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -417,6 +421,7 @@ class FakeRegistry:
         self.hang = False
         self.ranges = []
         self.manifest = self.make_manifest()
+        self.manifest_raw = None  # bytes sent instead of `manifest`, when set
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -442,7 +447,8 @@ class FakeRegistry:
                     if fake.manifest_status != 200:
                         return self.send(fake.manifest_status,
                                          json.dumps({"errors": [{"message": fake.error_message}]}).encode())
-                    return self.send(200, json.dumps(fake.manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+                    body = fake.manifest_raw if fake.manifest_raw is not None else json.dumps(fake.manifest).encode()
+                    return self.send(200, body, "application/vnd.oci.image.manifest.v1+json")
                 if self.path.endswith(fake.config_digest):
                     return self.send(200, fake.config, "application/octet-stream")
                 if "/blobs/" in self.path:
@@ -471,7 +477,10 @@ class FakeRegistry:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def set_config(self, config):
-        self.config = json.dumps(config).encode()
+        self.set_config_bytes(json.dumps(config).encode())
+
+    def set_config_bytes(self, config):
+        self.config = config
         self.config_digest = "sha256:" + hashlib.sha256(self.config).hexdigest()
         self.manifest = self.make_manifest()
 
@@ -571,7 +580,9 @@ def resume_and_refuse(work):
             assert (store_files(fresh), run(fresh, "ls", "--json").stdout) == before, f"{why}: the store changed"
             assert not os.path.exists("/etc/passwd.partial")
             print(f"refused in {time.time() - started:.1f} s: {p.stderr.strip()}")
+            fake.set_config({"name": "mlp", "version": 7, "package_model": "", "settings": {}})
             fake.manifest, fake.layer_bytes, fake.manifest_status, fake.hang = fake.make_manifest(), blob, 200, False
+            fake.manifest_raw = None
             fake.error_message = "the disk is on fire"
             return p.stderr
 
@@ -615,6 +626,20 @@ def resume_and_refuse(work):
             fake.error_message = "oops\nsynced oci://evil as mlp:9\x1b[2J"
         err = refused("HTTP 500: oops", forging)
         assert "\nsynced oci://evil" not in err and "\x1b" not in err, repr(err)
+
+        # Documents nested 300,000 deep, where the manifest's config and the
+        # config's settings belong: refused by their depth before they are
+        # built (once a SIGSEGV: the DOM's copy recursed once a level).
+        def nested_manifest():
+            fake.manifest_raw = json.dumps(fake.manifest).replace(
+                json.dumps(fake.manifest["config"]), NESTING_BOMB).encode()
+
+        def nested_settings():
+            fake.set_config_bytes(('{"name": "mlp", "version": 7, "package_model": "", "settings": ' +
+                                   NESTING_BOMB + '}').encode())
+
+        refused("the manifest nests deeper than 32 levels at byte", nested_manifest)
+        refused("the config nests deeper than 32 levels at byte", nested_settings)
     finally:
         fake.close()
 
@@ -644,6 +669,31 @@ def daemon_stops_during_a_silent_sync(work):
         fake.close()
 
 
+def daemon_survives_a_nesting_bomb(work):
+    """A daemon whose [[sync]] source serves a manifest nested 300,000 deep
+    starts, records the sync as failed with the reason, and serves."""
+    fake = FakeRegistry(open(os.path.join(TESTDATA, "mlp.pt2"), "rb").read())
+    fake.manifest_raw = json.dumps(fake.manifest).replace(json.dumps(fake.manifest["config"]), NESTING_BOMB).encode()
+    try:
+        store, config = os.path.join(work, "device-bomb"), os.path.join(work, "bomb.toml")
+        with open(config, "w") as f:
+            f.write(f'[[sync]]\nsource = "oci://127.0.0.1:{fake.port}/models/mlp:v7"\n')
+        log_path = os.path.join(work, "bomb.log")
+        daemon, port = start_daemon(store, log_path, "--config", config)
+        try:
+            wait_for("the failed sync recorded", lambda: "sync_failed" in run(store, "events").stdout, log_path, 120)
+            assert daemon.poll() is None, open(log_path).read()[-3000:]
+            assert call(port, "/v2/health/live")[0] == 200
+            events = run(store, "events").stdout
+            assert "nests deeper than 32 levels" in events, events
+            print("a [[sync]] source with a manifest nested 300,000 deep: sync_failed, the daemon serving")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    finally:
+        fake.close()
+
+
 def main():
     work = tempfile.mkdtemp()
     try:
@@ -654,6 +704,7 @@ def main():
         oras_interop(work)
         daemon_follows_tag(work)
         daemon_stops_during_a_silent_sync(work)
+        daemon_survives_a_nesting_bomb(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("oci sync: pushed, synced, served; resumed; lies and failures refused with the store unchanged")

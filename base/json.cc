@@ -1,0 +1,72 @@
+#include "base/json.h"
+
+#include <algorithm>
+
+namespace aotid {
+
+std::string JsonPlace(std::string_view text, size_t at) {
+  at = std::min(at, text.size());
+  size_t from = at > 16 ? at - 16 : 0;
+  std::string near(text.substr(from, std::min<size_t>(at - from + 16, text.size() - from)));
+  for (char& c : near) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  }
+  return "at byte " + std::to_string(at) + " (near '" + near + "')";
+}
+
+Status CheckJsonDepth(std::string_view text, int max_depth) {
+  int depth = 0;
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (p < end) {
+    char c = *p;
+    if (c == '"') {
+      // Skip the string: an escaped quote does not end it. An unterminated
+      // string ends the scan; the parser reports it.
+      for (++p; p < end && *p != '"'; ++p) {
+        if (*p == '\\') ++p;
+      }
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return InvalidArgument("nests deeper than " + std::to_string(max_depth) + " levels " +
+                               JsonPlace(text, static_cast<size_t>(p - text.data())));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+    ++p;
+  }
+  return Status::OK();
+}
+
+StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what, const JsonLimits& limits) {
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgument(std::string(what) + (what.empty() ? "" : " ") + why);
+  };
+  if (text.size() > limits.max_bytes) {
+    return refuse("is " + std::to_string(text.size()) + " bytes, over the limit of " +
+                  std::to_string(limits.max_bytes));
+  }
+  if (Status s = CheckJsonDepth(text, limits.max_depth); !s.ok()) return refuse(s.message());
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    // The parser's reason without its own prefix and echo: "syntax error
+    // while parsing value - invalid string: ill-formed UTF-8 byte".
+    std::string why = e.what();
+    if (size_t c = why.find("column "); c != std::string::npos && why.find(": ", c) != std::string::npos)
+      why = why.substr(why.find(": ", c) + 2);
+    if (size_t last = why.find("; last read"); last != std::string::npos) why.resize(last);
+    return refuse("is not valid JSON " + JsonPlace(text, e.byte > 0 ? e.byte - 1 : 0) + ": " + why);
+  } catch (const std::exception& e) {
+    return refuse(std::string("is not valid JSON: ") + e.what());
+  }
+}
+
+nlohmann::json ParseJsonOrDiscarded(std::string_view text, const JsonLimits& limits) {
+  if (text.size() > limits.max_bytes || !CheckJsonDepth(text, limits.max_depth).ok())
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  return nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace aotid

@@ -1,0 +1,53 @@
+// JSON from outside the process, read with bounds.
+//
+// Every JSON document aotid reads from a registry, a package, a request, a
+// config or a column of its store goes through ParseJson. nlohmann's parser
+// is iterative, but copying, comparing and dumping its DOM recurse once per
+// level, and a DOM node costs far more than the byte that made it: 300,000
+// '[' copied by `m["config"]` overflow the stack, and 16 MiB of them cost
+// about 1.2 GB. So the text's nesting is measured first, by a scan that
+// allocates nothing, and a document deeper than its limit is refused, with
+// the place, before any node exists.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace aotid {
+
+struct JsonLimits {
+  // Arrays and objects inside one another. Nothing aotid reads legitimately
+  // goes past 16 (a tokenizer's, an OCI manifest's, a package's metadata).
+  int max_depth = 64;
+  // The whole document's size in bytes.
+  size_t max_bytes = size_t{64} << 20;
+};
+
+// "at byte N (near '...')": a place in `text` for an error message, with up
+// to 16 bytes of the text before it and 16 after (bytes outside printable
+// ASCII shown as '?').
+std::string JsonPlace(std::string_view text, size_t at);
+
+// OK when no array or object in `text` lies deeper than `max_depth` (the
+// top level is depth 1); otherwise InvalidArgument naming the depth and the
+// byte where it was passed. Brackets inside strings do not count. It does
+// not validate anything else: ParseJson does that.
+Status CheckJsonDepth(std::string_view text, int max_depth);
+
+// Parses `text` into a DOM within `limits`. InvalidArgument, beginning with
+// `what` ("the manifest"), for a document over the size or depth limit or
+// one that is not JSON (RFC 8259, UTF-8), naming the byte and the reason.
+// Never throws.
+StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
+                                   const JsonLimits& limits = {});
+
+// For JSON aotid wrote itself and reads back (its store's columns, its
+// cache's records): the DOM, or a discarded value (is_discarded(), and not
+// an object, array or string) when `text` is not JSON within `limits`.
+nlohmann::json ParseJsonOrDiscarded(std::string_view text, const JsonLimits& limits = {});
+
+}  // namespace aotid
