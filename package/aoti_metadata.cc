@@ -2,12 +2,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json.h"
+
 namespace aotid::package {
 namespace {
 
 using nlohmann::json;
 
 constexpr std::string_view kExportRecord = "extra/aotid.json";
+
+// A package's metadata is copied into the store, the cache and a registry's
+// config, and shown by `aotid show`: it is refused at add when it is larger
+// or deeper than this, so nothing a package holds grows without bound on
+// its way (an exporter's record is a few KB and four levels deep).
+constexpr JsonLimits kMetadataLimits{.max_depth = 16, .max_bytes = size_t{1} << 20};
 
 // The name of <root>/extra/aotid.json, or "" when the package has none.
 std::string ExportRecordEntry(const Archive& archive) {
@@ -41,8 +49,8 @@ StatusOr<AotiMetadata> ReadAotiMetadata(const Archive& archive, const std::strin
   }
   if (meta_name.empty())
     return InvalidArgument("the package has no AOTInductor metadata for '" + package_model + "'");
-  ASSIGN_OR_RETURN(std::string meta_text, archive.Read(meta_name));
-  json meta = json::parse(meta_text, nullptr, false);
+  ASSIGN_OR_RETURN(std::string meta_text, archive.Read(meta_name, kMetadataLimits.max_bytes));
+  ASSIGN_OR_RETURN(json meta, ParseJson(meta_text, meta_name, kMetadataLimits));
   if (!meta.is_object()) return InvalidArgument(meta_name + " is not a JSON object");
   auto field = [&](const char* k) {
     return meta.contains(k) && meta[k].is_string() ? meta[k].get<std::string>() : "";
@@ -59,12 +67,23 @@ StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::stri
   return ReadAotiMetadata(archive, package_model);
 }
 
+Status CheckPackageMetadata(const Archive& archive) {
+  for (const std::string& name : archive.names()) {
+    std::string_view rest = AfterRoot(name);
+    bool aoti = rest.starts_with("data/aotinductor/") && rest.ends_with("_metadata.json");
+    if (!aoti && rest != kExportRecord) continue;
+    ASSIGN_OR_RETURN(std::string text, archive.Read(name, kMetadataLimits.max_bytes));
+    RETURN_IF_ERROR(ParseJson(text, name, kMetadataLimits).status());
+  }
+  return Status::OK();
+}
+
 StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::string& package_model) {
   ExportRecord record;
   std::string name = ExportRecordEntry(archive);
   if (name.empty()) return record;
-  ASSIGN_OR_RETURN(std::string text, archive.Read(name));
-  json extra = json::parse(text, nullptr, false);
+  ASSIGN_OR_RETURN(std::string text, archive.Read(name, kMetadataLimits.max_bytes));
+  ASSIGN_OR_RETURN(json extra, ParseJson(text, name, kMetadataLimits));
   if (!extra.is_object()) return InvalidArgument(name + " is not a JSON object");
   if (extra.contains("metadata") && extra["metadata"].is_object())
     record.author_metadata = extra["metadata"].dump();

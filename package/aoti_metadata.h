@@ -40,6 +40,14 @@ StatusOr<AotiMetadata> ReadAotiMetadata(const Archive& archive, const std::strin
 // The same, opening the package at `path` (Archive::Open's errors).
 StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model);
 
+// Every JSON document of the package that aotid copies into its store, its
+// cache and a registry (each model's AOTInductor metadata, extra/aotid.json):
+// OK when each is JSON within 1 MiB and 16 levels of nesting; otherwise
+// InvalidArgument naming the entry, the limit and the place. Add and sync
+// refuse a package that fails it (InspectPackage), so nothing a package
+// holds grows without bound on its way into the cache.
+Status CheckPackageMetadata(const Archive& archive);
+
 // aotid_export's record in <root>/extra/aotid.json.
 struct ExportRecord {
   // The author's metadata (its "metadata" object) as JSON text; "{}" without.

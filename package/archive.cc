@@ -60,7 +60,9 @@ StatusOr<Archive> Archive::Open(const std::string& path) {
 StatusOr<std::string> Archive::Read(const std::string& name, size_t limit) const {
   zip_stat_t st;
   if (zip_stat(zip_.get(), name.c_str(), 0, &st) != 0) return NotFound("no " + name + " in the package");
-  if (st.size > limit) return InvalidArgument(name + " is too large (" + std::to_string(st.size) + " bytes)");
+  if (st.size > limit)
+    return InvalidArgument(name + " is too large (" + std::to_string(st.size) + " bytes, the limit is " +
+                           std::to_string(limit) + ")");
   ZipFile f(zip_fopen(zip_.get(), name.c_str(), 0));
   if (!f) return InvalidArgument("cannot read " + name + " from the package");
   std::string out(st.size, '\0');

@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "package/aoti_metadata.h"
 #include "package/archive.h"
 
 namespace aotid::package {
@@ -64,6 +65,7 @@ StatusOr<PackageInfo> InspectPackage(const std::string& path) {
                            " is a zip archive but holds no model: expected an exported program "
                            "(torch.export.save) or an AOTInductor package");
   }
+  RETURN_IF_ERROR(CheckPackageMetadata(archive).WithContext(path));
   return info;
 }
 

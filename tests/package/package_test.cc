@@ -1,32 +1,19 @@
 #include "package/package.h"
 
-#include <zip.h>
-
 #include <map>
 
 #include "base/fs.h"
 #include "package/aoti_metadata.h"
 #include "package/archive.h"
 #include "test_util.h"
+#include "zip_util.h"
 
 namespace aotid::package {
 namespace {
 
 using testing::TempDir;
 using testing::TestData;
-
-// Writes a zip archive holding `entries` (name -> bytes).
-void WriteZip(const std::string& path, const std::map<std::string, std::string>& entries) {
-  int err = 0;
-  zip_t* z = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
-  ASSERT_NE(z, nullptr) << "libzip error " << err;
-  for (const auto& [name, bytes] : entries) {
-    zip_source_t* src = zip_source_buffer(z, bytes.data(), bytes.size(), 0);
-    ASSERT_NE(src, nullptr);
-    ASSERT_GE(zip_file_add(z, name.c_str(), src, ZIP_FL_ENC_UTF_8), 0) << zip_strerror(z);
-  }
-  ASSERT_EQ(zip_close(z), 0);
-}
+using testing::WriteZip;
 
 constexpr char kCpuMetadata[] =
     R"({"AOTI_DEVICE_KEY": "cpu", "AOTI_PLATFORM": "linux", "AOTI_MACHINE": "x86_64", "AOTI_CPU_ISA": "AVX2"})";
@@ -179,12 +166,52 @@ TEST(ExportRecord, DeclaresTheModelsSpecAndTheAuthorsMetadata) {
   EXPECT_TRUE(none->model_spec.empty());
 }
 
-TEST(ExportRecord, ARecordThatIsNotJsonFailsTheBuildButShowsNoAuthorMetadata) {
+TEST(InspectPackage, MetadataNestedDeeperThanTheLimitIsRefusedNamingTheEntry) {
+  // 30,000 levels once became a 1.7 GB package.json in the cache (written
+  // indented) and 1.8 GB of the daemon's memory when read back.
+  TempDir d;
+  const std::string deep =
+      R"({"format": 1, "metadata": {"x": )" + std::string(30000, '[') + std::string(30000, ']') + "}}";
+  WriteZip(d / "p.pt2", {{"p/extra/aotid.json", deep},
+                         {"p/data/aotinductor/model/wrapper_metadata.json", kCpuMetadata},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto info = InspectPackage(d / "p.pt2");
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(info.status().message().find("p/extra/aotid.json nests deeper than 16 levels at byte 46"),
+            std::string::npos)
+      << info.status().message();
+}
+
+TEST(InspectPackage, MetadataLargerThanTheLimitIsRefusedNamingTheEntry) {
+  TempDir d;
+  const std::string big = R"j({"AOTI_DEVICE_KEY": "cpu", "pad": ")j" + std::string(2 << 20, 'x') + "\"}";
+  WriteZip(d / "p.pt2", {{"p/data/aotinductor/model/wrapper_metadata.json", big},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto info = InspectPackage(d / "p.pt2");
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("wrapper_metadata.json is too large"), std::string::npos)
+      << info.status().message();
+  // Within the limits, the same package is a compiled one.
+  WriteZip(d / "q.pt2", {{"p/data/aotinductor/model/wrapper_metadata.json", kCpuMetadata},
+                         {"p/extra/aotid.json", R"({"format": 1, "metadata": {"x": [[[[1]]]]}})"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto fine = InspectPackage(d / "q.pt2");
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_EQ(fine->kind, PackageKind::kAotiCompiled);
+}
+
+TEST(ExportRecord, ARecordThatIsNotJsonIsRefusedAtAddAndShowsNoAuthorMetadata) {
   TempDir d;
   WriteZip(d / "p.pt2", {{"p/extra/aotid.json", "not json"}, {"p/data/aotinductor/model/m.so", "so"}});
   auto archive = Archive::Open(d / "p.pt2");
   ASSERT_TRUE(archive.ok()) << archive.status().ToString();
   EXPECT_EQ(ReadExportRecord(*archive, "model").status().code(), StatusCode::kInvalidArgument);
+  auto info = InspectPackage(d / "p.pt2");
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("p/extra/aotid.json is not valid JSON at byte 1 (near 'not json')"),
+            std::string::npos)
+      << info.status().message();
   auto record = ReadPackageRecord(d / "p.pt2");
   ASSERT_TRUE(record.ok()) << record.status().ToString();
   EXPECT_EQ(record->author_metadata, "{}");

@@ -12,6 +12,7 @@
 
 #include "base/fs.h"
 #include "test_util.h"
+#include "zip_util.h"
 
 namespace aotid::storage {
 namespace {
@@ -128,6 +129,13 @@ TEST(ModelStore, BadFilesAndNamesAreRefusedAndStoreUnchanged) {
   auto store = ModelStore::Open(d.path());
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp")).ok());
+  // A package whose metadata nests past the limit (it would grow into a
+  // gigabyte-sized record in the cache).
+  TempDir t;
+  ASSERT_NO_FATAL_FAILURE(testing::WriteZip(
+      t / "deep.pt2",
+      {{"p/extra/aotid.json", R"({"metadata": )" + std::string(30000, '[') + std::string(30000, ']') + "}"},
+       {"p/data/aotinductor/model/m.so", "so"}}));
   auto before = DirSnapshot(d.path());
   struct Case {
     AddRequest req;
@@ -141,6 +149,7 @@ TEST(ModelStore, BadFilesAndNamesAreRefusedAndStoreUnchanged) {
       {Req(TestData("mlp.pt2"), "a..b"), StatusCode::kInvalidArgument, ".."},
       {Req(TestData("mlp.pt2"), ""), StatusCode::kInvalidArgument, "1 to 128"},
       {Req(TestData("mlp.pt2"), "ok", 0), StatusCode::kInvalidArgument, "version"},
+      {Req(t / "deep.pt2", "m"), StatusCode::kInvalidArgument, "aotid.json nests deeper than 16 levels"},
   };
   for (const auto& c : cases) {
     auto r = (*store)->Add(c.req);
