@@ -18,6 +18,7 @@
 #include "base/fs.h"
 #include "base/json.h"
 #include "base/mutex.h"
+#include "http/host.h"
 
 namespace aotid::sync {
 namespace {
@@ -61,8 +62,12 @@ class LiveClient {
 constexpr char kManifestMediaType[] = "application/vnd.oci.image.manifest.v1+json";
 constexpr int kMaxRedirects = 5;
 
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "[::1]" || host.starts_with("127.");
+// Whether a reference's or an origin's host ("127.0.0.1", "[::1]",
+// "localhost") is this machine: the HTTP layer's address check, not a
+// prefix ("127.example.com" is a name anyone's DNS may answer).
+bool IsLoopback(std::string host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return http::IsLoopbackHost(host);
 }
 
 // OCI distribution's repository name: path components of lowercase
@@ -185,10 +190,7 @@ std::string CanonicalOrigin(const std::string& origin) {
   return has_port ? origin : origin + (s == "https" ? ":443" : ":80");
 }
 
-bool IsLoopbackOrigin(const std::string& origin) {
-  std::string host = HostOf(origin);
-  return host == "localhost" || host == "[::1]" || host.starts_with("127.");
-}
+bool IsLoopbackOrigin(const std::string& origin) { return IsLoopback(HostOf(origin)); }
 
 std::string ErrorText(httplib::Error e) {
   switch (e) {

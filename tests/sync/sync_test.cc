@@ -41,6 +41,15 @@ TEST(OciRef, ParsesHostPortRepoAndTagAndUsesTlsOffLoopback) {
   EXPECT_EQ(r->host, "[::1]");
   EXPECT_TRUE(r->plain_http);
   EXPECT_TRUE(ParseOciRef("oci://10.0.0.5:5000/m:v1", true)->plain_http);  // --insecure
+  EXPECT_TRUE(ParseOciRef("oci://127.1.2.3:5000/m:v1", false)->plain_http);
+  EXPECT_TRUE(ParseOciRef("oci://localhost:5000/m:v1", false)->plain_http);
+  // Names that only look like loopback are anyone's DNS: TLS, unless --insecure.
+  for (const char* look_alike : {"oci://127.example.com:5000/m:v1", "oci://127.0.0.1.nip.io/m:v1",
+                                 "oci://localhost.example.com/m:v1"}) {
+    auto p = ParseOciRef(look_alike, false);
+    ASSERT_TRUE(p.ok()) << look_alike << ": " << p.status().ToString();
+    EXPECT_FALSE(p->plain_http) << look_alike;
+  }
 
   for (const std::string& bad : std::vector<std::string>{
            "http://host/m", "oci://host", "oci:///m", "oci://host:0/m", "oci://host:99999/m",
