@@ -985,7 +985,14 @@ class Server::Impl {
       }
       parked.swap(still);
     }
-    stopping_.store(true);
+    if (TEST_before_stopping_workers_) TEST_before_stopping_workers_();
+    {
+      // Set under the lock the workers check it under: a worker between
+      // its check and its wait would otherwise miss the signal and sleep
+      // forever, and the join below with it.
+      MutexLock lock(&shared_->mu);
+      stopping_.store(true);
+    }
     shared_->cv.SignalAll();
     for (auto& t : workers) t.join();
     // Closed outside the lock: a connection's end may answer a Reply.
@@ -1000,6 +1007,8 @@ class Server::Impl {
 
   // Stops taking connections and lets the requests that have arrived
   // finish (bounded by drain_timeout_s); Serve() then returns.
+  bool TEST_stopping() const { return stopping_.load(); }
+
   void Stop() {
     draining_.store(true);
     shared_->cv.SignalAll();
@@ -1179,7 +1188,10 @@ class Server::Impl {
       std::unique_ptr<Conn> c;
       {
         MutexLock lock(&shared_->mu);
-        while (!stopping_.load() && shared_->ready.empty()) shared_->cv.Wait(&shared_->mu);
+        while (!stopping_.load() && shared_->ready.empty()) {
+          if (TEST_before_worker_waits_) TEST_before_worker_waits_();
+          shared_->cv.Wait(&shared_->mu);
+        }
         if (stopping_.load()) return;
         c = std::move(shared_->ready.front());
         shared_->ready.pop_front();
@@ -1531,6 +1543,8 @@ class Server::Impl {
   bool bound_ = false;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
+  std::function<void()> TEST_before_worker_waits_;
+  std::function<void()> TEST_before_stopping_workers_;
   std::atomic<bool> draining_{false};  // Stop() was called: finishing what arrived
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
 
@@ -1551,5 +1565,15 @@ Status Server::Bind() {
 void Server::Serve() { impl_->Serve(); }
 
 void Server::Stop() { impl_->Stop(); }
+
+void Server::TEST_SetBeforeWorkerWaits(std::function<void()> hook) {
+  impl_->TEST_before_worker_waits_ = std::move(hook);
+}
+
+void Server::TEST_SetBeforeStoppingWorkers(std::function<void()> hook) {
+  impl_->TEST_before_stopping_workers_ = std::move(hook);
+}
+
+bool Server::TEST_stopping() const { return impl_->TEST_stopping(); }
 
 }  // namespace aotid::http

@@ -233,6 +233,15 @@ class Server {
   // Safe from any thread and from a signal-driven loop.
   void Stop();
 
+  // Test hooks, set before Serve(). TEST_SetBeforeWorkerWaits: `hook` runs
+  // on a worker that found no connection to serve, with the queue's lock
+  // held, just before it waits for one. TEST_SetBeforeStoppingWorkers:
+  // `hook` runs on the poller once the drain is done, just before it tells
+  // the workers to end. TEST_stopping: whether they have been told.
+  void TEST_SetBeforeWorkerWaits(std::function<void()> hook);
+  void TEST_SetBeforeStoppingWorkers(std::function<void()> hook);
+  bool TEST_stopping() const;
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

@@ -11,7 +11,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -653,6 +656,46 @@ TEST(HttpServer, StopWaitsForDeferredAnswers) {
   ::close(fd);
   EXPECT_NE(r.find("{\"late\":1}"), std::string::npos) << r;
   EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+}
+
+// A worker that has found the queue empty and is about to wait when the
+// server stops must still be woken: the flag and the signal were once set
+// outside the lock it checks under, so the wake was lost, the worker slept
+// forever, and Serve() never returned.
+TEST(HttpServer, StopWakesAWorkerBetweenItsCheckAndItsWait) {
+  ServerOptions o;
+  o.port = 0;
+  o.threads = 1;
+  auto server = std::make_unique<Server>(
+      o, [](Request&, Response& res) { res.Set("ok", "text/plain"); }, PlainError);
+  ASSERT_OK(server->Bind());
+  Server* s = server.get();
+  std::atomic<bool> armed{false}, in_window{false};
+  // The worker, woken once the drain is done, stays between its check and
+  // its wait until it is told to end (the lost wake) or, when telling it
+  // takes the lock it holds, as it must, for two seconds at most.
+  server->TEST_SetBeforeWorkerWaits([&] {
+    if (!armed.load() || in_window.exchange(true)) return;
+    for (int i = 0; i < 200 && !s->TEST_stopping(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  // The poller, before it tells the workers to end, wakes the worker into
+  // that window (a second Stop signals the workers) and waits till it is there.
+  server->TEST_SetBeforeStoppingWorkers([&] {
+    armed.store(true);
+    s->Stop();
+    for (int i = 0; i < 500 && !in_window.load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  auto serve = std::async(std::launch::async, [s] { s->Serve(); });
+  server->Stop();
+  if (serve.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "Serve() did not return 20 s after Stop(): a worker missed its wake";
+    // The worker sleeps for good; leave it the server rather than hang here.
+    (void)server.release();
+    std::quick_exit(1);
+  }
+  EXPECT_TRUE(in_window.load()) << "the worker never reached the window the test is about";
 }
 
 // A second server on the same unix socket (another store's daemon) is
