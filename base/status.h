@@ -24,8 +24,13 @@ enum class StatusCode {
   kCorruption,
   kIOError,
   kInternal,
-  kCancelled,  // the caller no longer wants the result (a client that hung up)
+  kCancelled,         // the caller no longer wants the result (a client that hung up)
   kDeadlineExceeded,  // the work ran past its time limit
+  // Over a fixed limit of this machine's (a runner's memory, a slot's
+  // size): the same request fails the same way every time, so unlike
+  // kResourceExhausted (a full queue, which drains) it is not retried.
+  kLimitExceeded,
+  kLast = kLimitExceeded,  // the highest code: codes read from a runner are checked against it
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -66,6 +71,7 @@ inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status LimitExceeded(std::string m) { return {StatusCode::kLimitExceeded, std::move(m)}; }
 // IOError naming `what` (usually a path) and strerror(errno_value).
 Status ErrnoError(std::string_view what, int errno_value);
 

@@ -137,8 +137,9 @@ StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<runtime::Hos
     end = AlignUp(end + t.data.size());
   }
   if (end > slot.size()) {
-    return ResourceExhausted("the tensors of one run take " + std::to_string(end) +
-                             " bytes; a runner slot holds " + std::to_string(slot.size()));
+    return LimitExceeded("the tensors of one run take " + std::to_string(end) +
+                         " bytes; a runner slot holds " + std::to_string(slot.size()) +
+                         " (a fixed limit: send a smaller batch)");
   }
   std::byte* base = slot.base();
   MessageHead head{static_cast<uint32_t>(tensors.size()), 0};

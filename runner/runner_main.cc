@@ -84,7 +84,9 @@ void Serve(runtime::LoadedModel* model, Slot* slot) {
     try {
       done = Handle(*model, *slot, max_inputs);
     } catch (const std::bad_alloc&) {
-      done = ResourceExhausted("the run needs more memory than the runner may use (runner.memory_limit_mb)");
+      done = LimitExceeded(
+          "the run needs more memory than the runner may use (runner.memory_limit_mb); send fewer or smaller "
+          "inputs, or raise the limit");
     }
     h->status = static_cast<uint32_t>(done.status().code());
     h->payload_bytes = done.ok() ? *done : WriteText(*slot, WithoutBacktrace(done.status().message()));

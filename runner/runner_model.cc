@@ -235,7 +235,7 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
     std::string rest = reply.substr(6, reply.find('\n') - 6);
     size_t space = rest.find(' ');
     int code = std::atoi(rest.substr(0, space).c_str());
-    if (code <= 0 || code > static_cast<int>(StatusCode::kDeadlineExceeded))
+    if (code <= 0 || code > static_cast<int>(StatusCode::kLast))
       code = static_cast<int>(StatusCode::kInternal);
     std::string message = space == std::string::npos ? rest : rest.substr(space + 1);
     return Status(static_cast<StatusCode>(code), message + MemoryNote(message));
@@ -535,9 +535,8 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
   const uint64_t payload = h->payload_bytes;
   StatusOr<std::vector<runtime::HostTensor>> result = Internal("unset");
   if (code != 0) {
-    StatusCode c = code <= static_cast<uint32_t>(StatusCode::kDeadlineExceeded)
-                       ? static_cast<StatusCode>(code)
-                       : StatusCode::kInternal;
+    StatusCode c = code <= static_cast<uint32_t>(StatusCode::kLast) ? static_cast<StatusCode>(code)
+                                                                    : StatusCode::kInternal;
     result = Status(c, ReadText(slot, payload));
   } else {
     size_t max_outputs = spec_.outputs.empty() ? 256 : spec_.outputs.size();

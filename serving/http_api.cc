@@ -159,6 +159,7 @@ int HttpStatusFor(const Status& s) {
     case StatusCode::kCancelled: return 499;  // client closed the request, as nginx counts it
     case StatusCode::kResourceExhausted: return 503;
     case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kLimitExceeded: return 413;  // a retry gets the same answer: no Retry-After
     default: return 500;
   }
 }

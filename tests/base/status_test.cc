@@ -1,5 +1,8 @@
 #include "base/status.h"
 
+#include <set>
+#include <string_view>
+
 #include "test_util.h"
 
 namespace aotid {
@@ -14,6 +17,16 @@ TEST(Status, OkIsCheapAndErrorsCarryCodeAndMessage) {
   EXPECT_EQ(nf.code(), StatusCode::kNotFound);
   EXPECT_EQ(nf.ToString(), "NotFound: model 'x'");
   EXPECT_EQ(nf.WithContext("ls").message(), "ls: model 'x'");
+}
+
+TEST(Status, EveryCodeHasItsOwnName) {
+  std::set<std::string_view> names;
+  for (int c = 0; c <= static_cast<int>(StatusCode::kLast); ++c) {
+    std::string_view name = StatusCodeName(static_cast<StatusCode>(c));
+    EXPECT_NE(name, "Unknown") << c;
+    EXPECT_TRUE(names.insert(name).second) << name;
+  }
+  EXPECT_EQ(LimitExceeded("x").ToString(), "LimitExceeded: x");
 }
 
 TEST(StatusOr, HoldsValueOrError) {

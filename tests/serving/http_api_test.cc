@@ -248,6 +248,15 @@ TEST_F(HttpApiTest, ServerMetadataNamesItsExtensionsAndA503SaysWhenToRetry) {
   EXPECT_EQ(failed.find("Retry-After"), std::string::npos) << failed;
 }
 
+// A full queue drains: 503, and clients (Triton's, OpenAI's) retry it by
+// themselves. A run over a fixed limit (a runner's memory, a slot) fails
+// the same way every time: 413, which no client retries.
+TEST(HttpStatusFor, AFullQueueIsRetryableAndAFixedLimitIsNot) {
+  EXPECT_EQ(HttpStatusFor(ResourceExhausted("the model's queue is full")), 503);
+  EXPECT_EQ(HttpStatusFor(LimitExceeded("the run needs more memory than the runner may use")), 413);
+  EXPECT_EQ(HttpStatusFor(DeadlineExceeded("late")), 504);
+}
+
 TEST(ErrorBody, InvalidUtf8BecomesReplacementCharacters) {
   auto body = nlohmann::json::parse(ErrorBody("bad \xff\xfe byte"), nullptr, false);
   ASSERT_TRUE(body.is_object());
