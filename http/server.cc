@@ -521,6 +521,10 @@ struct Conn {
   size_t out_at = 0;
   int64_t out_until_ms = 0;
   bool close_after_out = false;
+  // A refusal the poller sent (a request past its deadline): once it is
+  // out, the client's further bytes are read and dropped until then, so
+  // that it reads the answer rather than a reset. 0: none.
+  int64_t linger_until_ms = 0;
   struct {
     bool keep_alive = false;  // the client's wish; draining may still close
     bool head_only = false;
@@ -925,6 +929,14 @@ class Server::Impl {
       std::vector<std::unique_ptr<Conn>> still;
       for (size_t i = 0; i < parked.size(); ++i) {
         Conn& c = *parked[i];
+        if (c.linger_until_ms != 0 && c.out.empty()) {
+          if (now >= c.linger_until_ms || (fds[i + 2].revents != 0 && !DropSome(c.fd))) {
+            parked[i].reset();
+          } else {
+            still.push_back(std::move(parked[i]));
+          }
+          continue;
+        }
         if (!c.out.empty()) {
           // An answer being written: more of it as the socket takes it.
           // Once it is all out the connection closes or, kept alive, waits
@@ -939,6 +951,9 @@ class Server::Impl {
             } else {
               still.push_back(std::move(parked[i]));
             }
+          } else if (c.linger_until_ms != 0) {
+            ::shutdown(c.fd, SHUT_WR);
+            still.push_back(std::move(parked[i]));
           } else if (c.close_after_out) {
             parked[i].reset();
           } else {
@@ -976,8 +991,10 @@ class Server::Impl {
         if (!c.in.Empty() ? now >= c.request_deadline_ms : now >= c.idle_until_ms) {
           if (c.in.Empty()) {
             parked[i].reset();
+          } else if (RefuseLate(c, now)) {
+            still.push_back(std::move(parked[i]));
           } else {
-            Enqueue(std::move(parked[i]));  // the worker answers 408
+            parked[i].reset();
           }
         } else {
           still.push_back(std::move(parked[i]));
@@ -1136,6 +1153,37 @@ class Server::Impl {
   }
 
   void Enqueue(std::unique_ptr<Conn> c) { shared_->Enqueue(std::move(c)); }
+
+  // Answers 408 to a parked request past its deadline, from the poller: a
+  // worker would drain each client for up to a second, and 200 tricklers
+  // cut at once held every worker for half a minute. The answer is written
+  // as the socket takes it, and the client's bytes dropped for a second
+  // after (Conn::linger_until_ms). False when the client is gone.
+  bool RefuseLate(Conn& c, int64_t now) {
+    Response res;
+    res.status = 408;
+    res.Set(error_body_("the request was not received within server.request_timeout_s"), "application/json");
+    c.in.Consume(c.in.View().size());
+    c.out = ResponseHead(res, /*keep_alive=*/false) + res.body;
+    c.out_at = 0;
+    c.out_until_ms = now + int64_t{opts_.write_timeout_s} * 1000;
+    c.close_after_out = true;
+    c.linger_until_ms = now + 1000;
+    if (!WriteKept(c, opts_.write_timeout_s)) return false;
+    if (c.out.empty()) ::shutdown(c.fd, SHUT_WR);
+    return true;
+  }
+
+  // Reads and drops what a lingering client sends; false at its end.
+  static bool DropSome(int fd) {
+    char sink[16384];
+    for (int round = 0; round < 64; ++round) {  // at most 1 MiB a turn: others wait
+      ssize_t n = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+      if (n > 0) continue;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+    }
+    return true;
+  }
 
   // Whether a whole request is in `c` (RequestBuffered); sends "100
   // Continue" first when its client waits for one. False too when that

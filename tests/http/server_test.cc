@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -305,6 +306,69 @@ TEST(HttpServer, TricklingClientsDoNotHoldTheWorkers) {
   EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply;
   EXPECT_TRUE(answered_while_they_trickled);
   for (int f : slow) ::close(f);
+  server.Stop();
+  serving.join();
+}
+
+// 200 clients trickling chunked bodies are all cut at their deadline at
+// about the same moment. Their 408s come from the poller: a fresh client is
+// answered at once, at the cut-off as before it. (Each was once handed to a
+// worker that drained it for up to a second: /v2/health/live then waited
+// 25-36 s behind them.)
+TEST(HttpServer, TricklersCutAtTheirDeadlineHoldNoWorker) {
+  ServerOptions o;
+  o.port = 0;
+  o.threads = 2;
+  o.request_timeout_s = 1;
+  Server server(o, AnswerEmpty, PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  std::vector<int> slow;
+  const std::string head = "POST /slow HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 200; ++i) {
+    int fd = aotid::testing::ConnectTcp(server.port());
+    ASSERT_GE(fd, 0);
+    ASSERT_GT(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), 0);
+    slow.push_back(fd);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int step = 0; step < 40 && !done.load(); ++step) {  // 4 s at most, past the cut-off
+      for (int fd : slow) (void)::send(fd, "1\r\nx\r\n", 6, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  // Fresh clients from just before the cut-off (1 s) to well after it.
+  std::vector<double> waits_ms;
+  while (std::chrono::steady_clock::now() - started < std::chrono::milliseconds(3000)) {
+    if (std::chrono::steady_clock::now() - started > std::chrono::milliseconds(800)) {
+      auto t0 = std::chrono::steady_clock::now();
+      int fd = aotid::testing::ConnectTcp(server.port());
+      std::string reply =
+          aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 30000);
+      waits_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      ::close(fd);
+      EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  done = true;
+  trickle.join();
+  ASSERT_FALSE(waits_ms.empty());
+  // A bound far above this path's few milliseconds and far below the
+  // seconds a fresh client waited when workers drained the cut clients.
+  EXPECT_LT(*std::max_element(waits_ms.begin(), waits_ms.end()), 250.0)
+      << waits_ms.size() << " fresh clients, the slowest shown";
+  // Each trickler got its 408, not a reset.
+  int refused = 0;
+  for (int fd : slow) {
+    std::string r = aotid::testing::Exchange(fd, "", 2000);
+    if (r.starts_with("HTTP/1.1 408")) ++refused;
+    ::close(fd);
+  }
+  EXPECT_EQ(refused, 200);
   server.Stop();
   serving.join();
 }
