@@ -43,14 +43,24 @@ std::function<void()> Reconciler::Guard(std::function<void()> fn) {
   };
 }
 
-std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::ModelVersion& v,
-                                                             std::shared_ptr<runtime::LoadedModel> model) {
-  if (v.settings.max_batch_size <= 1) return model;
+std::shared_ptr<runtime::LoadedModel> Reconciler::Queue(const storage::ModelVersion& v,
+                                                        std::shared_ptr<runtime::LoadedModel> model,
+                                                        bool language_model) {
+  if (language_model) return model;
+  serving::BatchOptions opts;
+  opts.max_delay_us = v.settings.max_batch_delay_us;
+  opts.max_queued = options_.max_queued_requests;
+  opts.workers = v.settings.num_runners;
+  auto queue_only = [&] {
+    opts.max_batch_size = 1;
+    return std::make_shared<serving::BatchingModel>(std::move(model), opts);
+  };
+  if (v.settings.max_batch_size <= 1) return queue_only();
   if (Status ok = serving::CanBatch(model->spec()); !ok.ok()) {
     LOG_WARNING << Name(v) << ": max_batch_size " << v.settings.max_batch_size
                 << " ignored: " << ok.message();
     Record(v, "batching_off", ok.message());
-    return model;
+    return queue_only();
   }
   // A batch must stay within the rows the model was traced for: joined
   // rows past an input's dim 0 range would run the kernels outside it.
@@ -68,13 +78,9 @@ std::shared_ptr<runtime::LoadedModel> Reconciler::MaybeBatch(const storage::Mode
                       std::to_string(rows) + " rows";
     LOG_WARNING << Name(v) << ": " << why;
     Record(v, rows > 1 ? "batching_capped" : "batching_off", why);
-    if (rows <= 1) return model;
+    if (rows <= 1) return queue_only();
   }
-  serving::BatchOptions opts;
   opts.max_batch_size = static_cast<int>(rows);
-  opts.max_delay_us = v.settings.max_batch_delay_us;
-  opts.max_queued = options_.max_queued_requests;
-  opts.workers = v.settings.num_runners;
   serving::Metrics* metrics = metrics_;
   std::string name = v.model;
   int64_t version = v.version;
@@ -555,18 +561,17 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
   } else if (!IsDesired(v.model, v.version)) {
     LOG_INFO << "dropping the load of " << Name(v) << ": its version policy no longer serves it";
   } else {
-    std::shared_ptr<runtime::LoadedModel> model = MaybeBatch(v, std::move(result.model).value());
+    std::shared_ptr<runtime::LoadedModel> model =
+        Queue(v, std::move(result.model).value(), /*language_model=*/result.generator != nullptr);
     std::string how = built_now ? "after build" : "from cache";
+    auto* batched = dynamic_cast<serving::BatchingModel*>(model.get());
+    if (batched && batched->options().max_batch_size <= 1) batched = nullptr;
     LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
              << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
              << result.threads << " thread" << (result.threads == 1 ? "" : "s")
              << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
-             << (dynamic_cast<serving::BatchingModel*>(model.get())
-                     ? ", batching up to " +
-                           std::to_string(
-                               dynamic_cast<serving::BatchingModel*>(model.get())->options().max_batch_size) +
-                           " rows"
-                     : std::string())
+             << (batched ? ", batching up to " + std::to_string(batched->options().max_batch_size) + " rows"
+                         : std::string())
              << ")";
     Record(v, "loaded",
            "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));

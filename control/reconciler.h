@@ -144,10 +144,16 @@ class Reconciler {
   void ScheduleRetry(int64_t at_ms);
   // Wraps a callback so it does nothing once the reconciler is stopped or gone.
   std::function<void()> Guard(std::function<void()> fn);
-  // Puts the dynamic batcher in front of a loaded model when its settings
-  // ask for batching and its spec allows it.
-  std::shared_ptr<runtime::LoadedModel> MaybeBatch(const storage::ModelVersion& v,
-                                                   std::shared_ptr<runtime::LoadedModel> model);
+  // Puts a queue in front of a loaded model: the dynamic batcher when its
+  // settings ask for batching and its spec allows it, else a queue that
+  // joins nothing. Either way a request waiting for the model's runners
+  // holds no HTTP worker, and the model's waiting requests are bounded on
+  // their own (server.max_queued_requests), so a runner that hangs costs
+  // its own requests, not every model's. A language model (its generator
+  // calls the model once a token) is left as it is.
+  std::shared_ptr<runtime::LoadedModel> Queue(const storage::ModelVersion& v,
+                                              std::shared_ptr<runtime::LoadedModel> model,
+                                              bool language_model);
   void Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                std::shared_ptr<runtime::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
                std::string package_json = "", std::shared_ptr<const serving::Generator> generator = nullptr);

@@ -482,7 +482,8 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
         changed_.Wait(&mu_);
       } else if (!changed_.WaitUntil(&mu_, deadline)) {
         if (!up_ && !failed_) {
-          return Unavailable(options_.label + "'s runner is restarting (" + down_cause_ + "); try again");
+          return Unavailable(options_.label + "'s runner is restarting" +
+                             (down_cause_.empty() ? "" : " (" + down_cause_ + ")") + "; try again");
         }
         return DeadlineExceeded("no runner of " + options_.label + " was free within its time limit of " +
                                 std::to_string(options_.run_timeout_ms) + " ms");

@@ -83,12 +83,19 @@ Status BatchingModel::Enqueue(Pending* p) {
   return Status::OK();
 }
 
+// A request's rows: dim 0 of its first input; 1 in a queue that joins
+// nothing (its inputs need no batch dim).
+StatusOr<int64_t> BatchingModel::RowsOf(const std::vector<HostTensor>& inputs) const {
+  if (options_.max_batch_size <= 1) return int64_t{1};
+  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
+  return inputs[0].shape[0];
+}
+
 StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs,
                                                        const runtime::RunContext& ctx) {
-  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
   Pending p;
+  ASSIGN_OR_RETURN(p.rows, RowsOf(inputs));
   p.inputs = &inputs;
-  p.rows = inputs[0].shape[0];
   p.enqueued = Clock::now();
   p.ctx = &ctx;
   MutexLock lock(&mu_);
@@ -99,13 +106,12 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
 
 Status BatchingModel::Submit(std::vector<HostTensor> inputs, runtime::RunContext ctx, Done done,
                              Incoming* incoming) {
-  if (inputs.empty() || inputs[0].shape.empty()) return InvalidArgument("batched model got no batch dim");
   auto p = std::make_unique<Pending>();
+  ASSIGN_OR_RETURN(p->rows, RowsOf(inputs));
   p->own_inputs = std::move(inputs);
   p->own_ctx = std::move(ctx);
   p->inputs = &p->own_inputs;
   p->ctx = &p->own_ctx;
-  p->rows = p->own_inputs[0].shape[0];
   p->enqueued = Clock::now();
   p->answer = std::move(done);
   MutexLock lock(&mu_);

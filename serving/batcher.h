@@ -27,7 +27,10 @@
 namespace aotid::serving {
 
 struct BatchOptions {
-  int max_batch_size = 8;  // rows per run
+  // Rows per run. 1: a queue only, for a model that is not batched: each
+  // request runs alone, whatever its shape, and waits for its turn holding
+  // no thread of its caller's.
+  int max_batch_size = 8;
   int max_delay_us = 0;    // the most the oldest request may wait for more (see above)
   int max_queued = 256;    // requests waiting; beyond this Infer answers ResourceExhausted
   int workers = 1;         // batches run at once (the model's runner count)
@@ -53,6 +56,8 @@ class BatchingModel final : public runtime::LoadedModel {
   const runtime::ModelSpec& spec() const override { return inner_->spec(); }
   const std::string& device() const override { return inner_->device(); }
   const BatchOptions& options() const { return options_; }
+  // The model this queue is in front of.
+  const std::shared_ptr<runtime::LoadedModel>& inner() const { return inner_; }
   // What a queued request's caller gets: its rows, or why not.
   using Done = std::function<void(StatusOr<std::vector<runtime::HostTensor>>)>;
 
@@ -104,6 +109,7 @@ class BatchingModel final : public runtime::LoadedModel {
     runtime::RunContext own_ctx;
     Done answer;
   };
+  StatusOr<int64_t> RowsOf(const std::vector<runtime::HostTensor>& inputs) const;
   // An announced request that will not come (~Incoming).
   void Unannounce() EXCLUDES(mu_);
   Status Enqueue(Pending* p) REQUIRES(mu_);

@@ -20,6 +20,13 @@ using testing::FakeLoader;
 using testing::FakeLoop;
 using testing::InertModel;
 
+// The build folder of a served fake model, behind the queue every served
+// model has in front of it.
+std::string InertDir(const std::shared_ptr<runtime::LoadedModel>& served) {
+  auto* queue = dynamic_cast<const serving::BatchingModel*>(served.get());
+  return std::static_pointer_cast<InertModel>(queue ? queue->inner() : served)->dir();
+}
+
 constexpr int kRetryMs = 10'000;
 
 runtime::ModelSpec MlpSpec() {
@@ -504,7 +511,7 @@ TEST_F(ReconcilerTest, DamagedCacheEntryIsRebuilt) {
   int64_t v = Add("mlp");
   Reconcile();
   BuildAndLoad();
-  std::string so = std::static_pointer_cast<InertModel>(Served("mlp", v)->model)->dir() + "/model.so";
+  std::string so = InertDir(Served("mlp", v)->model) + "/model.so";
   ASSERT_OK(fs::WriteFileAtomic(so, "x"));  // another size than its manifest says
   Start();
   Reconcile();
@@ -535,7 +542,7 @@ TEST_F(ReconcilerTest, RunnerWhoseBuildLeftTheCacheIsRebuiltNotFailed) {
   int64_t v = Add("mlp");
   Reconcile();
   BuildAndLoad();
-  std::string dir = std::static_pointer_cast<InertModel>(Served("mlp", v)->model)->dir();
+  std::string dir = InertDir(Served("mlp", v)->model);
   ASSERT_OK(fs::RemoveAll(dir));
   loader_->requests.back().on_runner_event(
       {runner::RunnerEvent::Kind::kFailed,
@@ -614,7 +621,7 @@ TEST_F(ReconcilerTest, BuildThatEndedTheDaemonTwiceWhileLoadingIsNotLoadedAgain)
   int64_t v = Add("mlp");
   Reconcile();
   BuildAndLoad();
-  std::string dir = std::static_pointer_cast<InertModel>(Served("mlp", v)->model)->dir();
+  std::string dir = InertDir(Served("mlp", v)->model);
   ASSERT_OK(fs::WriteFileAtomic(dir + "/load.pending", "999999999 2\n"));  // two crashed starts
   Start();
   Reconcile();
@@ -641,8 +648,24 @@ TEST_F(ReconcilerTest, BatchingWrapsTheModelOnlyWhenItsShapesAllowIt) {
   int64_t v = Add("mlp", {{"max_batch_size", "8"}, {"max_batch_delay_us", "100"}});
   Reconcile();
   BuildAndLoad();
-  EXPECT_NE(dynamic_cast<const serving::BatchingModel*>(Served("mlp", v)->model.get()), nullptr);
+  auto* batching = dynamic_cast<const serving::BatchingModel*>(Served("mlp", v)->model.get());
+  ASSERT_NE(batching, nullptr);
+  EXPECT_EQ(batching->options().max_batch_size, 8);
   EXPECT_EQ(loader_->requests[0].choose_threads_at_batch, 8);  // auto threads timed at the batch it will see
+}
+
+// A model that is not batched still gets a queue of its own that joins
+// nothing: its requests wait for its runners holding no HTTP worker, so a
+// runner that hangs cannot take the workers every other model needs.
+TEST_F(ReconcilerTest, AnUnbatchedModelIsQueuedAloneWithItsOwnBound) {
+  int64_t v = Add("mlp", {{"num_runners", "2"}});
+  Reconcile();
+  BuildAndLoad();
+  auto* queue = dynamic_cast<const serving::BatchingModel*>(Served("mlp", v)->model.get());
+  ASSERT_NE(queue, nullptr);
+  EXPECT_EQ(queue->options().max_batch_size, 1);
+  EXPECT_EQ(queue->options().workers, 2);  // one run per runner at once
+  EXPECT_GT(queue->options().max_queued, 0);
 }
 
 // Joined rows never pass the range dim 0 was traced for: max_batch_size is
@@ -660,11 +683,11 @@ TEST_F(ReconcilerTest, BatchesStayWithinTheTracedRowsOfDimZero) {
     builds_->Succeed(spec);
     loader_->Succeed();
     auto* batching = dynamic_cast<const serving::BatchingModel*>(Served(name, v)->model.get());
+    ASSERT_NE(batching, nullptr);
     if (traced_max == 1) {
-      EXPECT_EQ(batching, nullptr);
+      EXPECT_EQ(batching->options().max_batch_size, 1);  // queued, never joined
       EXPECT_TRUE(HasEvent(name, v, "batching_off"));
     } else {
-      ASSERT_NE(batching, nullptr);
       EXPECT_EQ(batching->options().max_batch_size, 4);
       EXPECT_TRUE(HasEvent(name, v, "batching_capped"));
     }

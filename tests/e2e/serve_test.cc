@@ -269,12 +269,41 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
   ASSERT_TRUE(WaitFor(embed_serves, 10)) << daemon_->Log();
 
   // A runner that hangs: 504 after runner.timeout_s (3 s here), and it is
-  // replaced.
+  // replaced. The 16 requests sent to it meanwhile wait holding no HTTP
+  // worker (this daemon has 4): the other model and the health route are
+  // answered at once. (Each once held a worker: the 4 were taken, and every
+  // model waited for the timeout.)
   runner = runner_of(embed);
   ASSERT_EQ(::kill(runner, SIGSTOP), 0);
-  Reply hung = Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5"));
-  EXPECT_EQ(hung.status, 504) << hung.body.dump();
-  EXPECT_NE(hung.body.dump().find("time limit"), std::string::npos) << hung.body.dump();
+  std::vector<Reply> held_replies(16);
+  std::vector<std::thread> holders;
+  for (auto& r : held_replies)
+    holders.emplace_back([&r, this, &ids] { r = Post(port(), "/v2/models/embed/infer", ids("1,2,3,4,5")); });
+  // All 16 are in (bounded: the metrics route needs a free worker too).
+  ASSERT_TRUE(WaitFor([&] { return Scrape(port())["aotid_inflight_requests"] >= 16; }, 2)) << daemon_->Log();
+  json mlp_case = json::parse(*fs::ReadFile(TestData("cases.json")))["mlp"][0];
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    Reply live = Get(port(), "/v2/health/live");
+    Reply other = Post(port(), "/v2/models/mlp/infer", json{{"inputs", mlp_case["inputs"]}}.dump());
+    double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(live.status, 200);
+    EXPECT_EQ(other.status, 200) << other.body.dump();
+    EXPECT_LT(took_s, 1.0) << "the other model waited behind the hung runner's requests";
+  }
+  for (auto& t : holders) t.join();
+  int timed_out = 0;
+  for (const Reply& hung : held_replies) {
+    if (hung.status == 504) {
+      ++timed_out;
+      EXPECT_NE(hung.body.dump().find("time limit"), std::string::npos) << hung.body.dump();
+    } else {
+      // Run by the runner that replaced it, or told to try again while it
+      // started (a request that waited its whole time for a runner).
+      EXPECT_TRUE(hung.status == 200 || hung.status == 503) << hung.status << " " << hung.body.dump();
+    }
+  }
+  EXPECT_GE(timed_out, 1);
   ASSERT_TRUE(WaitFor(embed_serves, 10)) << daemon_->Log();
   EXPECT_NE(runner_of(embed), runner);
   ExpectCasesMatchEager(port(), "embed");

@@ -1,5 +1,6 @@
 #include "serving/batcher.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -70,6 +71,49 @@ std::vector<float> Floats(const HostTensor& t) {
   std::vector<float> v(t.data.size() / 4);
   std::memcpy(v.data(), t.data.data(), t.data.size());
   return v;
+}
+
+// max_batch_size 1 is a queue: while the model's one run is held (a runner
+// that hangs), further requests are queued and their callers return at
+// once, holding nothing; each then runs alone, never joined.
+TEST(Batcher, AQueueOfOneHoldsNoCallerAndJoinsNothing) {
+  auto fake = std::make_shared<FakeModel>();
+  fake->hold = true;
+  BatchOptions opts;
+  opts.max_batch_size = 1;
+  opts.workers = 1;
+  BatchingModel queue(fake, opts);
+  Mutex mu;
+  std::vector<std::vector<float>> answers;
+  auto answer = [&](StatusOr<std::vector<HostTensor>> out) {
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    MutexLock lock(&mu);
+    answers.push_back(Floats((*out)[0]));
+  };
+  // The first runs on its caller's thread (nothing to wait for) and holds.
+  std::thread first([&] { ASSERT_OK(queue.Submit({Rows({1, 2}, 1)}, {}, answer)); });
+  for (int i = 0; i < 1000 && fake->calls.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(fake->calls.load(), 1);
+  // These return while the run is held: queued, not run, not waited for.
+  ASSERT_OK(queue.Submit({Rows({3, 4}, 1)}, {}, answer));
+  ASSERT_OK(queue.Submit({Rows({5, 6}, 1)}, {}, answer));
+  EXPECT_EQ(fake->calls.load(), 1);
+  fake->hold = false;
+  first.join();
+  for (int i = 0; i < 1000; ++i) {
+    {
+      MutexLock lock(&mu);
+      if (answers.size() == 3) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  MutexLock lock(&mu);
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_EQ(fake->calls.load(), 3);     // one run each
+  EXPECT_EQ(fake->max_rows.load(), 2);  // never joined
+  std::sort(answers.begin(), answers.end());
+  EXPECT_EQ(answers, (std::vector<std::vector<float>>{{3, 5}, {7, 9}, {11, 13}}));
 }
 
 TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
