@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "base/memory.h"
 #include "base/mutex.h"
+#include "control/model_commands.h"
 #include "control/reconciler.h"
 #include "control/store_watch.h"
 #include "daemon/daemon_lock.h"
@@ -36,29 +37,34 @@ namespace {
 // Repository loads of models that are loaded already, handed from HTTP
 // workers to the loop thread, where the reconciler retries their failed
 // versions.
-struct LoadRetries {
+// Repository loads and unloads, handed from HTTP workers to the control
+// loop (control::ModelCommands), which answers each when it has acted.
+struct RepositoryCommands {
   uv_async_t async{};
-  control::Reconciler* reconciler = nullptr;
+  control::ModelCommands* commands = nullptr;
+  struct Command {
+    std::string name;
+    bool enable = false;
+    std::function<void(Status)> done;
+  };
   Mutex mu;
-  std::vector<std::string> names GUARDED_BY(mu);
+  std::vector<Command> queued GUARDED_BY(mu);
 
-  void Post(const std::string& name) EXCLUDES(mu) {
+  void Post(Command c) EXCLUDES(mu) {
     {
       MutexLock lock(&mu);
-      names.push_back(name);
+      queued.push_back(std::move(c));
     }
     uv_async_send(&async);
   }
   static void Run(uv_async_t* handle) {
-    auto* self = static_cast<LoadRetries*>(handle->data);
-    std::vector<std::string> now;
+    auto* self = static_cast<RepositoryCommands*>(handle->data);
+    std::vector<Command> now;
     {
       MutexLock lock(&self->mu);
-      now.swap(self->names);
+      now.swap(self->queued);
     }
-    for (const auto& name : now) {
-      if (Status s = self->reconciler->RetryFailed(name); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
-    }
+    for (auto& c : now) self->commands->SetEnabled(c.name, c.enable, std::move(c.done));
   }
 };
 
@@ -331,7 +337,7 @@ struct Reload {
 struct Shutdown {
   uv_signal_t sigterm{}, sigint{};
   Reload* reload = nullptr;
-  LoadRetries* load_retries = nullptr;
+  RepositoryCommands* repository = nullptr;
   ServiceStatus* status = nullptr;
   control::UvLoop* timers = nullptr;
   control::StoreWatch* watch = nullptr;
@@ -355,7 +361,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->timers->Close();
   s->loader->Close();
   s->http->Stop();
-  uv_close(reinterpret_cast<uv_handle_t*>(&s->load_retries->async), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&s->repository->async), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->reload->sighup), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
@@ -529,11 +535,15 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   }
   serving::HttpApi http(&registry, &metrics, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
-  LoadRetries load_retries;
-  load_retries.reconciler = &reconciler;
-  load_retries.async.data = &load_retries;
-  uv_async_init(&loop, &load_retries.async, LoadRetries::Run);
-  http.OnLoadOfLoaded([&load_retries](const std::string& name) { load_retries.Post(name); });
+  control::ModelCommands commands({.store_dir = config.store_path}, &reconciler, &registry, &timers);
+  RepositoryCommands repository;
+  repository.commands = &commands;
+  repository.async.data = &repository;
+  uv_async_init(&loop, &repository.async, RepositoryCommands::Run);
+  http.OnRepositoryCommand(
+      [&repository](const std::string& name, bool enable, std::function<void(Status)> done) {
+        repository.Post({name, enable, std::move(done)});
+      });
 
   control::StoreWatch watch(store->get(), &timers, [&reconciler] {
     LOG_DEBUG << "store changed; reconciling";
@@ -559,7 +569,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   uv_signal_start(&reload.sighup, Reload::OnSignal, SIGHUP);
   Shutdown shutdown;
   shutdown.reload = &reload;
-  shutdown.load_retries = &load_retries;
+  shutdown.repository = &repository;
   shutdown.status = &status;
   shutdown.timers = &timers;
   shutdown.watch = &watch;

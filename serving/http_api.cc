@@ -648,37 +648,23 @@ void HttpApi::Routes() {
     }
     res.Set(Dump(out), kJson);
   });
-  auto set_enabled = [reg, dir = options_.store_dir, hook = load_hook_](bool enable) {
-    return [reg, dir, hook, enable](const http::Request& req, http::Response& res) {
+  // Load and unload are commands to the control plane, which completes
+  // the deferred answer once it has acted: no worker waits for it.
+  auto set_enabled = [reg, control = model_control_](bool enable) {
+    return [reg, control, enable](const http::Request& req, http::Response& res) {
       std::string name = req.params[0];
       if (Status s = storage::ValidateModelName(name); !s.ok()) return SendStatus(res, s);
-      auto store = storage::ModelStore::Open(dir, /*create=*/false);
-      if (!store.ok()) return SendStatus(res, store.status());
-      auto changed = (*store)->Set(name, std::nullopt, {{"enabled", enable ? "true" : "false"}});
-      if (!changed.ok()) return SendStatus(res, changed.status());
-      // Loading a model that is loaded already tries its failed versions
-      // again (a runner that crashed too often, a load that failed), as
-      // unloading and loading it would, without unloading what serves.
-      bool retried = enable && changed->empty() && *hook;
-      if (retried) (*hook)(name);
-      // The store watch sees the commit within milliseconds and the control
-      // loop acts on it; wait (at most 5 s) until the registry shows that,
-      // so the reply describes the result.
-      (void)reg->WaitFor(
-          [&](const ModelRegistry::Snapshot& s) {
-            auto it = s.find(name);
-            if ((it != s.end()) != enable) return false;
-            if (!retried) return true;
-            for (const auto& [v, m] : it->second) {
-              if (m->state != ServeState::kReady) return false;
-            }
-            return true;
-          },
-          std::chrono::seconds(5));
-      auto sm = reg->Find(name);
-      json j{{"name", name}, {"enabled", enable}};
-      j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";
-      res.Set(Dump(j), kJson);
+      if (!*control) return SendStatus(res, Unavailable("models cannot be loaded or unloaded here"));
+      http::Reply reply = res.Defer();
+      (*control)(name, enable, [reg, reply, name, enable](Status s) {
+        reply([reg, name, enable, s](http::Response& res) {
+          if (!s.ok()) return SendStatus(res, s);
+          auto sm = reg->Find(name);
+          json j{{"name", name}, {"enabled", enable}};
+          j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";
+          res.Set(Dump(j), kJson);
+        });
+      });
     };
   };
   r.Add("POST", "/v2/repository/models/*/load", set_enabled(true));

@@ -61,10 +61,16 @@ class HttpApi {
   void Serve();
   // Safe from any thread.
   void Stop();
-  // Called (on an HTTP worker) when POST .../NAME/load finds the model
-  // loaded already: the daemon then tries its failed versions again. Set
-  // before Serve().
-  void OnLoadOfLoaded(std::function<void(const std::string& name)> retry) { *load_hook_ = std::move(retry); }
+  // What POST /v2/repository/models/NAME/load and .../unload ask of the
+  // control plane: enable (load) or disable (unload) the model in the
+  // store, and act on it. It must not block: it calls `done` once, later,
+  // on any thread, with OK once the served models show the change (or its
+  // time to show it has passed), or why it could not be made. The route's
+  // worker is free meanwhile. Set before Serve(); without it the routes
+  // answer 503.
+  using ModelControl =
+      std::function<void(const std::string& name, bool enable, std::function<void(Status)> done)>;
+  void OnRepositoryCommand(ModelControl control) { *model_control_ = std::move(control); }
   // A reload's token, token scope, allowed hosts and CORS origins: every
   // request that starts after it is admitted by them. Safe from any thread.
   void UpdateAccess(const HttpOptions& fresh) EXCLUDES(access_mu_);
@@ -85,8 +91,7 @@ class HttpApi {
   // Set by Stop(): sequences being generated end (as "cancelled") rather
   // than hold the stop for as long as they would run.
   std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
-  std::shared_ptr<std::function<void(const std::string&)>> load_hook_ =
-      std::make_shared<std::function<void(const std::string&)>>();
+  std::shared_ptr<ModelControl> model_control_ = std::make_shared<ModelControl>();
 };
 
 }  // namespace aotid::serving

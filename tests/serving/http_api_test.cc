@@ -19,10 +19,11 @@ using aotid::testing::Exchange;
 class HttpApiTest : public ::testing::Test {
  protected:
   void SetUp() override { Start({}); }
-  void Start(HttpOptions o) {
+  void Start(HttpOptions o, HttpApi::ModelControl control = nullptr) {
     o.server.port = 0;
     o.server.threads = 2;
     api_ = std::make_unique<HttpApi>(&registry_, &metrics_, o);
+    if (control) api_->OnRepositoryCommand(std::move(control));
     ASSERT_OK(api_->Bind());
     serving_ = std::thread([this] { api_->Serve(); });
   }
@@ -246,6 +247,64 @@ TEST_F(HttpApiTest, ServerMetadataNamesItsExtensionsAndA503SaysWhenToRetry) {
   std::string failed = Send("POST /v2/models/b/infer" + infer);
   EXPECT_EQ(StatusOf(failed), 503) << failed;
   EXPECT_EQ(failed.find("Retry-After"), std::string::npos) << failed;
+}
+
+// Load and unload are commands the control plane completes later: while 16
+// of them wait (a model whose load keeps failing), the route's workers (2
+// here) are free, and every other route answers at once. (Each once held a
+// worker for up to 5 s: another model's infer waited 9.5 s behind them.)
+TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
+  Stop();
+  Mutex mu;
+  std::vector<std::pair<std::string, std::function<void(Status)>>> commands;
+  Start({}, [&](const std::string& name, bool enable, std::function<void(Status)> done) {
+    MutexLock lock(&mu);
+    commands.emplace_back(name + (enable ? ":load" : ":unload"), std::move(done));
+  });
+  std::vector<int> fds;
+  for (int i = 0; i < 16; ++i) {
+    int fd = ConnectTcp(api_->port());
+    ASSERT_GE(fd, 0);
+    std::string load = Post(i % 2 ? "/v2/repository/models/m/load" : "/v2/repository/models/m/unload", "");
+    ASSERT_GT(::send(fd, load.data(), load.size(), MSG_NOSIGNAL), 0);
+    fds.push_back(fd);
+  }
+  for (int i = 0; i < 500; ++i) {
+    {
+      MutexLock lock(&mu);
+      if (commands.size() == 16) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  {
+    MutexLock lock(&mu);
+    ASSERT_EQ(commands.size(), 16u);
+  }
+  std::string live = Send("GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  EXPECT_EQ(StatusOf(live), 200) << live;
+  // Each is answered when its command completes: the model's state, or
+  // the control plane's error with its status.
+  {
+    MutexLock lock(&mu);
+    for (size_t i = 0; i < commands.size(); ++i)
+      commands[i].second(i == 3 ? NotFound("no model 'm' in the store") : Status::OK());
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    std::string reply = Exchange(fds[i], "");
+    ::close(fds[i]);
+    if (i == 3) {
+      EXPECT_EQ(StatusOf(reply), 404) << reply;
+      continue;
+    }
+    EXPECT_EQ(StatusOf(reply), 200) << reply;
+    EXPECT_EQ(BodyOf(reply)["state"], "unloaded") << reply;  // the empty registry's answer
+    EXPECT_EQ(BodyOf(reply)["enabled"], i % 2 == 1) << reply;
+  }
+}
+
+TEST_F(HttpApiTest, WithoutAControlPlaneLoadsAreUnavailable) {
+  std::string reply = Send(Post("/v2/repository/models/m/load", ""));
+  EXPECT_EQ(StatusOf(reply), 503) << reply;
 }
 
 // A full queue drains: 503, and clients (Triton's, OpenAI's) retry it by

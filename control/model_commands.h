@@ -1,0 +1,56 @@
+// Load and unload as the repository routes ask for them, carried out by the
+// control plane on its loop (the way a lifecycle owner takes asynchronous
+// loads), never on an HTTP worker.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "control/loop.h"
+#include "serving/model_registry.h"
+
+namespace aotid::control {
+
+class Reconciler;
+
+struct ModelCommandOptions {
+  std::string store_dir;  // written through a connection of its own, as any other writer's
+  // How long a command waits for the served models to show its result
+  // before it answers with the state they are in.
+  int64_t wait_ms = 5000;
+  int64_t poll_ms = 20;  // how often it looks meanwhile
+};
+
+class ModelCommands {
+ public:
+  // All three must outlive it. Runs on `loop`'s thread.
+  ModelCommands(ModelCommandOptions options, Reconciler* reconciler, const serving::ModelRegistry* registry,
+                Loop* loop);
+  ~ModelCommands();
+  ModelCommands(const ModelCommands&) = delete;
+  ModelCommands& operator=(const ModelCommands&) = delete;
+
+  // On the loop thread: enables (load) or disables (unload) every version
+  // of `name` in the store; a load of a model enabled already tries its
+  // failed versions again instead. `done` runs once, on the loop thread:
+  // with the store's error (NotFound for a model it does not have), or OK
+  // once the registry shows the model served (each version ready, for a
+  // retry) or gone, or after wait_ms. Commands pending when this is
+  // destroyed are answered Unavailable.
+  void SetEnabled(const std::string& name, bool enable, std::function<void(Status)> done);
+
+ private:
+  struct Pending;
+  void Check(const std::shared_ptr<Pending>& p);
+
+  ModelCommandOptions options_;
+  Reconciler* reconciler_;
+  const serving::ModelRegistry* registry_;
+  Loop* loop_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace aotid::control
