@@ -53,7 +53,6 @@ void ModelRegistry::Put(ServedModel m) {
   auto next = std::make_shared<Snapshot>(*snapshot_);
   (*next)[entry->name][entry->version] = std::move(entry);
   snapshot_ = std::move(next);
-  changed_.SignalAll();
 }
 
 void ModelRegistry::Remove(const std::string& name, int64_t version) {
@@ -65,17 +64,6 @@ void ModelRegistry::Remove(const std::string& name, int64_t version) {
   versions.erase(version);
   if (versions.empty()) next->erase(name);
   snapshot_ = std::move(next);
-  changed_.SignalAll();
-}
-
-bool ModelRegistry::WaitFor(const std::function<bool(const Snapshot&)>& done,
-                            std::chrono::milliseconds timeout) const {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  MutexLock lock(&mu_);
-  while (!done(*snapshot_)) {
-    if (!changed_.WaitUntil(&mu_, deadline) && !done(*snapshot_)) return false;
-  }
-  return true;
 }
 
 }  // namespace aotid::serving

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -73,12 +72,6 @@ class ModelRegistry {
   void Put(ServedModel m) EXCLUDES(mu_);
   void Remove(const std::string& name, int64_t version) EXCLUDES(mu_);
 
-  // Blocks until `done` holds for the served set, or `timeout` passes;
-  // returns whether it holds. `done` is checked at once and after every Put
-  // and Remove, under the registry's lock (keep it short; it must not call
-  // the registry). For callers that answer once the control loop has acted.
-  bool WaitFor(const std::function<bool(const Snapshot&)>& done, std::chrono::milliseconds timeout) const;
-
   // Server readiness: set by the control loop once every model present at
   // start has been built and loaded, or has failed.
   void SetStartupDone() { startup_done_.store(true); }
@@ -86,7 +79,6 @@ class ModelRegistry {
 
  private:
   mutable Mutex mu_;
-  mutable CondVar changed_;  // signalled after each Put and Remove
   std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_) = std::make_shared<Snapshot>();
   std::shared_ptr<const Catalog> catalog_ GUARDED_BY(mu_) = std::make_shared<Catalog>();
   std::atomic<bool> startup_done_{false};

@@ -1,7 +1,5 @@
 #include "serving/model_registry.h"
 
-#include <thread>
-
 #include "test_util.h"
 
 namespace aotid::serving {
@@ -36,27 +34,6 @@ TEST(ModelRegistry, ReaderKeepsItsSnapshotThroughAReplacement) {
   reg.Put(Version("m", 1, ServeState::kFailed));
   reg.Remove("m", 1);
   EXPECT_EQ(held->state, ServeState::kReady);  // a request in flight keeps what it started with
-}
-
-TEST(ModelRegistry, WaitForWakesOnTheChangeItWaitsFor) {
-  ModelRegistry reg;
-  std::thread control([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    reg.Put(Version("other", 1, ServeState::kReady));  // wakes the waiter, which keeps waiting
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    reg.Put(Version("m", 1, ServeState::kReady));
-  });
-  bool seen = reg.WaitFor([](const ModelRegistry::Snapshot& s) { return s.count("m") != 0; },
-                          std::chrono::seconds(10));
-  control.join();
-  EXPECT_TRUE(seen);
-}
-
-TEST(ModelRegistry, WaitForGivesUpAtItsTimeout) {
-  ModelRegistry reg;
-  bool seen = reg.WaitFor([](const ModelRegistry::Snapshot& s) { return s.count("m") != 0; },
-                          std::chrono::milliseconds(30));
-  EXPECT_FALSE(seen);
 }
 
 }  // namespace
