@@ -1,5 +1,6 @@
-// A JSON document read into a flat tape of spans over its text, for the
-// infer request decoder (tensor_codec.cc).
+// A JSON document read into a flat tape of spans over its text: a reader
+// for request bodies that are mostly numbers, with nothing of models in it
+// (serving/tensor_codec.cc reads infer requests with it).
 //
 // Why not a DOM library: a request's tensor data is thousands of numbers,
 // and a DOM allocates a node for each and converts each to double whether

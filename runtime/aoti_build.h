@@ -11,8 +11,8 @@
 // inputs and outputs come from the package's extra/aotid.json (written by
 // aotid_export) when it has one; otherwise the inputs are read from the
 // input checks in the generated C++ (names, datatypes, fixed and dynamic
-// dims) and the outputs are found by running the model once
-// (daemon/internal_build.cc).
+// dims) and the outputs are found by running the model once in the build
+// child (runtime/package_build.cc).
 #pragma once
 
 #include <ostream>

@@ -1,4 +1,4 @@
-// The HTTP API (Open Inference Protocol v2) over aotid's HTTP server (http_server.h).
+// The HTTP API (Open Inference Protocol v2) over aotid's HTTP server (http/server.h).
 //
 // Handlers never throw: every error becomes {"error": "..."} with the status
 // from HttpStatusFor(). HTTP threads never wait on a build: a model that is

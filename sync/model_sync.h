@@ -9,8 +9,9 @@
 // Pulling checks every digest's form before it is used, reads manifests and
 // configs up to limits, downloads the layer into a partial file under the
 // store (resumed by the next sync after an interruption), checks its
-// sha256, and only then adds it to the store, which copies it into the
-// blob store and records the version in one transaction. A failed sync
+// sha256, and only then adds it to the store, which moves it into the
+// blob store (a rename: the download is not copied again) and records the
+// version in one transaction. A failed sync
 // leaves the store as it was.
 #pragma once
 
