@@ -538,6 +538,28 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   CrashPoint("add:copied");
 
   ASSIGN_OR_RETURN(BlobLock blob_lock, BlobLock::Take(dir_, /*exclusive=*/false));
+  // The slow checks, read the whole file, before the store's write lock
+  // (a multi-GB package held every other writer, the daemon's events
+  // included, past their busy timeout). The shared blob lock keeps gc from
+  // removing a blob found here until the rows referencing it commit.
+  std::string final_path = BlobPath(sha);
+  bool have_blob = false;
+  if (fs::Exists(final_path)) {
+    if (TEST_while_checking_blob_) TEST_while_checking_blob_();
+    auto existing = fs::Sha256File(final_path);
+    have_blob = existing.ok() && *existing == sha;  // otherwise replaced by our verified copy
+  }
+  if (!have_blob && !req.move_file) {
+    // A copy is read back (a file changing while it was copied hashes
+    // differently); a moved file was hashed as it lies.
+    if (TEST_while_checking_blob_) TEST_while_checking_blob_();
+    ASSIGN_OR_RETURN(std::string check, fs::Sha256File(tmp->path()));
+    if (check != sha) {
+      return Corruption(
+          "the copy of " + req.file + " read back with a different digest (sha256:" + check.substr(0, 12) +
+          ", expected sha256:" + sha.substr(0, 12) + "); was the file changing while it was added?");
+    }
+  }
   int64_t now = NowMs();
   ASSIGN_OR_RETURN(auto txn, WriteTxn::Begin(db_.get()));
   {
@@ -583,24 +605,9 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   RETURN_IF_ERROR(
       AppendEvent(req.name, version, "added", "added " + req.file + " as sha256:" + sha.substr(0, 12)));
 
-  // The blob enters blobs/sha256 under the write lock, verified against its
-  // digest, and durable before the rows that reference it commit.
-  std::string final_path = BlobPath(sha);
-  bool have_blob = false;
-  if (fs::Exists(final_path)) {
-    auto existing = fs::Sha256File(final_path);
-    have_blob = existing.ok() && *existing == sha;  // otherwise replaced by our verified copy
-  }
+  // The blob, verified above, enters blobs/sha256 under the write lock,
+  // durable before the rows that reference it commit.
   if (!have_blob) {
-    // A copy is read back (a file changing while it was copied hashes
-    // differently); a moved file was hashed as it lies.
-    ASSIGN_OR_RETURN(std::string check,
-                     req.move_file ? StatusOr<std::string>(sha) : fs::Sha256File(tmp->path()));
-    if (check != sha) {
-      return Corruption(
-          "the copy of " + req.file + " read back with a different digest (sha256:" + check.substr(0, 12) +
-          ", expected sha256:" + sha.substr(0, 12) + "); was the file changing while it was added?");
-    }
     if (::rename(tmp->path().c_str(), final_path.c_str()) != 0) {
       return ErrnoError("rename blob into " + final_path, errno);
     }

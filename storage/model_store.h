@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -161,6 +162,9 @@ class ModelStore {
   // directory and records the version. On any error the store is unchanged
   // (at most an unreferenced blob remains, which gc removes).
   StatusOr<ModelVersion> Add(const AddRequest& req);
+  // Test hook: runs in Add while it reads a blob back to check its digest
+  // (the part that takes as long as the file is large).
+  void TEST_SetWhileCheckingBlob(std::function<void()> hook) { TEST_while_checking_blob_ = std::move(hook); }
 
   // All versions of all models, by model name then version.
   StatusOr<std::vector<ModelVersion>> ListVersions();
@@ -236,6 +240,7 @@ class ModelStore {
 
   std::string dir_;
   std::unique_ptr<Db> db_;
+  std::function<void()> TEST_while_checking_blob_;
   int schema_version_ = 0;
 };
 

@@ -71,6 +71,31 @@ TEST(ModelStore, AddSameVersionTwiceIsAlreadyExistsAndChangesNothing) {
 // A sync's download is moved into the blob store, not copied; an add that
 // fails after the move (here: the database refuses the row) puts it back
 // for the next try.
+// The whole file is read back to check its digest before the store's write
+// lock is taken: another writer (the daemon's events) gets the lock
+// meanwhile at once. (With a multi-GB package it once waited past its 10 s
+// busy timeout.) Both reads are covered: a new blob's copy, and a blob the
+// store has already.
+TEST(ModelStore, AddChecksTheBlobWithoutHoldingTheWriteLock) {
+  TempDir d;
+  auto store = ModelStore::Open(d.path());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  int checks = 0, writes_refused = 0;
+  (*store)->TEST_SetWhileCheckingBlob([&] {
+    ++checks;
+    sqlite3* other = nullptr;
+    ASSERT_EQ(sqlite3_open((d.path() + "/aotid.db").c_str(), &other), SQLITE_OK);
+    sqlite3_busy_timeout(other, 0);  // no waiting: the lock is free, or it is refused
+    if (sqlite3_exec(other, "BEGIN IMMEDIATE; COMMIT;", nullptr, nullptr, nullptr) != SQLITE_OK)
+      ++writes_refused;
+    sqlite3_close(other);
+  });
+  ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp")).ok());  // its copy read back
+  ASSERT_TRUE((*store)->Add(Req(TestData("mlp.pt2"), "mlp")).ok());  // the stored blob read
+  EXPECT_EQ(checks, 2);
+  EXPECT_EQ(writes_refused, 0);
+}
+
 TEST(ModelStore, MovedFileGoesIntoTheBlobStoreOrBackWhereItWas) {
   TempDir d;
   auto store = ModelStore::Open(d.path());
