@@ -1104,6 +1104,7 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
                     plugin->substr(0, plugin->rfind('/'))};
   box.write_paths = {args.out};
   box.gpu = args.device != "cpu";
+  box.processes = true;  // the compiler
   std::string tmp = args.out + "/tmp";
   if (Status s = fs::MakeDirs(tmp); !s.ok()) {
     std::cout << "error: " << s.message() << std::endl;

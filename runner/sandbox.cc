@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #ifdef __linux__
@@ -126,6 +127,23 @@ Status AddPathRule(int ruleset, const std::string& path, uint64_t access, uint64
   return Status::OK();
 }
 
+// Beneath /etc, only what the dynamic loader and glibc's time code read:
+// the rest of /etc holds the machine's secrets (the system service's config
+// and token file among them), and Landlock cannot take back a file beneath
+// a directory it allows, so these are allowed one by one.
+constexpr const char* kEtcFiles[] = {"/etc/ld.so.cache",  "/etc/ld.so.preload", "/etc/ld.so.conf",
+                                     "/etc/ld.so.conf.d", "/etc/localtime",     "/etc/timezone"};
+// What a compiler and Python read there besides: the alternatives' links
+// (/usr/bin/c++), and the user database (Python's getpass and pwd when the
+// environment names no user).
+constexpr const char* kEtcFilesForProcesses[] = {"/etc/alternatives", "/etc/passwd", "/etc/group",
+                                                 "/etc/nsswitch.conf"};
+// Beneath /proc, the process's own directory (allowed separately) and what
+// glibc, OpenMP and torch read of the machine; never another process's.
+constexpr const char* kProcFiles[] = {"/proc/cpuinfo", "/proc/meminfo", "/proc/stat",
+                                      "/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/random"};
+constexpr const char* kProcFilesForGpus[] = {"/proc/driver/nvidia", "/proc/devices"};
+
 // 0 when the kernel has no Landlock (or it is turned off).
 StatusOr<int> LandlockSelf(const SandboxOptions& options) {
   long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
@@ -147,8 +165,37 @@ StatusOr<int> LandlockSelf(const SandboxOptions& options) {
   if (ruleset < 0) return Internal(std::string("landlock: cannot create a ruleset: ") + std::strerror(errno));
   const uint64_t handled = attr.handled_access_fs;
   Status s;
-  for (const char* dir : {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc", "/proc", "/sys"}) {
+  for (const char* dir : {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sys"}) {
     if (s.ok()) s = AddPathRule(ruleset, dir, kFsRead, handled);
+  }
+  for (const char* file : kEtcFiles) {
+    if (s.ok()) s = AddPathRule(ruleset, file, kFsRead, handled);
+  }
+  if (options.processes) {
+    for (const char* file : kEtcFilesForProcesses) {
+      if (s.ok()) s = AddPathRule(ruleset, file, kFsRead, handled);
+    }
+    // Debian's Python reads its sitecustomize.py from /etc/pythonX.Y.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/etc", ec)) {
+      if (s.ok() && e.path().filename().string().starts_with("python")) {
+        s = AddPathRule(ruleset, e.path().string(), kFsRead, handled);
+      }
+    }
+  }
+  // /proc/self is resolved here, once: the rule is for this process's own
+  // directory, /proc/PID, which is what the link names for each of its
+  // threads later too (/proc/thread-self is PID/task/TID, beneath it). A
+  // process it starts has another PID: that one's /proc/self is closed to
+  // it, as every other process's directory is.
+  if (s.ok()) s = AddPathRule(ruleset, "/proc/self", kFsRead, handled);
+  for (const char* file : kProcFiles) {
+    if (s.ok()) s = AddPathRule(ruleset, file, kFsRead, handled);
+  }
+  if (options.gpu) {
+    for (const char* file : kProcFilesForGpus) {
+      if (s.ok()) s = AddPathRule(ruleset, file, kFsRead, handled);
+    }
   }
   for (const std::string& dir : LoadedLibraryDirs()) {
     if (s.ok()) s = AddPathRule(ruleset, dir, kFsRead, handled);

@@ -7,13 +7,16 @@
 //    run, not the machine), no core files, a bound on files it writes;
 //  - no new privileges, and death with the daemon (PR_SET_PDEATHSIG);
 //  - Landlock (kernel 5.13+): files can be read only beneath the system's
-//    library and configuration directories, the directories of the
-//    libraries already loaded (libtorch's), and the build's own cache
-//    entry; written only in the runner's scratch directory. Another blob
-//    of the store, another build, the config and the token cannot be
-//    opened. Where the kernel has Landlock's network and scope rules (ABI 4
-//    and 6) TCP and abstract sockets and signals to processes outside the
-//    sandbox are refused too;
+//    library directories (/usr, /lib*, /bin, /sys), a handful of files
+//    under /etc (the dynamic loader's, the time zone's), its own /proc/PID
+//    and a few of /proc's files about the machine, the directories of the
+//    libraries already loaded (libtorch's), and the paths it is given;
+//    written only beneath the paths it is given to write. The rest of /etc
+//    (the config and the token file), another blob of the store, another
+//    build and every other process's /proc (the daemon's environment) cannot
+//    be opened. Where the kernel has Landlock's network and scope rules
+//    (ABI 4 and 6) TCP and abstract sockets and signals to processes outside
+//    the sandbox are refused too;
 //  - seccomp (libseccomp): no sockets of any kind, no exec, no fork (threads
 //    only), no ptrace, mount, namespaces, BPF, io_uring, kernel keys or
 //    modules, and signals only to itself. A refused call fails with EPERM
@@ -38,6 +41,10 @@ struct SandboxOptions {
   std::vector<std::string> write_paths;  // read, write, create and remove beneath these
   uint64_t memory_limit_bytes = 0;       // RLIMIT_DATA; 0 leaves it as it is
   bool gpu = false;                      // allow the GPU's device files (/dev/nvidia*)
+  // A compiler and Python run inside: the few more files they read under
+  // /etc are allowed (the alternatives' links, the user database, Debian's
+  // /etc/pythonX.Y).
+  bool processes = false;
 };
 
 // What was put in place, for the runner's log line.

@@ -368,6 +368,29 @@ TEST_F(ApiSecurity, HttpFramingAndMoreConnectionsThanThreads) {
   EXPECT_TRUE(daemon_->Alive());
 }
 
+// A secret under /etc, where the system service keeps its config and token
+// file, that no child of the daemon may read: made for the test where it can
+// be (the tests run as root), else /etc/hostname, which is not on the list
+// a child may read either. Removed at the end.
+class EtcSecret {
+ public:
+  EtcSecret() {
+    std::string made = "/etc/aotid-test-secret-" + std::to_string(::getpid());
+    if (fs::WriteFileAtomic(made, "ETC-SECRET-TOKEN\n").ok()) {
+      path_ = made;
+      made_ = true;
+    }
+  }
+  ~EtcSecret() {
+    if (made_) ::unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_ = "/etc/hostname";
+  bool made_ = false;
+};
+
 // A package whose model.so attacks at load (its constructor runs inside
 // the runner): each attempt is refused, and the refusals are logged; the
 // one place it may write is its scratch directory. The real runner binary,
@@ -386,6 +409,8 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
   ASSERT_OK(fs::WriteFileAtomic(entry + "/spec.json", R"({"inputs":[],"outputs":[]})"));
   ::setenv("HOSTILE_BLOB", (blobs + "/secret").c_str(), 1);
   ::setenv("HOSTILE_PLANT", (cache + "/planted").c_str(), 1);
+  EtcSecret etc;
+  ::setenv("HOSTILE_ETC", etc.path().c_str(), 1);
 
   runtime::CacheEntry e;
   e.dir = entry;
@@ -400,6 +425,7 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
   std::string log = ::testing::internal::GetCapturedStderr();
   ::unsetenv("HOSTILE_BLOB");
   ::unsetenv("HOSTILE_PLANT");
+  ::unsetenv("HOSTILE_ETC");
 
   // It is no model, so it does not load; what matters is what it could do first.
   ASSERT_FALSE(started.ok());
@@ -411,11 +437,16 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
         "hostile: read another blob: Permission denied", "hostile: write into the cache: Permission denied",
         "hostile: fork: Operation not permitted", "hostile: signal its parent: Operation not permitted",
         "hostile: allocate 512 MiB: Cannot allocate memory",
+        "hostile: read a secret under /etc: Permission denied",
+        "hostile: read its parent's environ: Permission denied",
+        "hostile: read its parent's cmdline: Permission denied",
+        "hostile: read its own /proc/self/status: DONE",
         // seccomp's refusals name the call in the log
         "the sandbox refused socket()", "the sandbox refused clone()", "the sandbox refused kill()"}) {
     EXPECT_NE(log.find(refused), std::string::npos) << refused << "\n" << log;
   }
   EXPECT_EQ(log.find("TOP-SECRET"), std::string::npos) << log;
+  EXPECT_EQ(log.find("hostile: leaked"), std::string::npos) << log;
   EXPECT_FALSE(fs::Exists(cache + "/planted"));
 }
 
@@ -453,8 +484,10 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   std::string cmd = "cc -shared -fPIC -o " + so + " " + AOTID_SOURCE_DIR + "/tests/runner/hostile_model.c";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   RepackWith(TestData("mlp_so.pt2"), dir / "evil_so.pt2", ".so", *fs::ReadFile(so));
+  EtcSecret etc;
   RunOptions env;
-  env.env = {"HOSTILE_BLOB=" + blobs + "/secret", "HOSTILE_PLANT=" + cache + "/planted"};
+  env.env = {"HOSTILE_BLOB=" + blobs + "/secret", "HOSTILE_PLANT=" + cache + "/planted",
+             "HOSTILE_ETC=" + etc.path()};
   std::string out;
   int rc = RunAotid({"internal-build", "--artifact", dir / "evil_so.pt2", "--out", cache + "/.staging/b1",
                      "--kind", "aoti_compiled"},
@@ -464,10 +497,14 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   for (const char* refused :
        {"hostile: inet socket: Operation not permitted", "hostile: read another blob: Permission denied",
         "hostile: write into the cache: Permission denied", "hostile: fork: Operation not permitted",
-        "the sandbox refused socket()"}) {
+        "hostile: read a secret under /etc: Permission denied",
+        "hostile: read its parent's environ: Permission denied",
+        "hostile: read its parent's cmdline: Permission denied",
+        "hostile: read its own /proc/self/status: DONE", "the sandbox refused socket()"}) {
     EXPECT_NE(out.find(refused), std::string::npos) << refused << "\n" << out;
   }
   EXPECT_EQ(out.find("TOP-SECRET"), std::string::npos) << out;
+  EXPECT_EQ(out.find("hostile: leaked"), std::string::npos) << out;
   EXPECT_FALSE(fs::Exists(cache + "/planted"));
 
   // A source package whose flags would run a shell command: refused, not run.

@@ -28,6 +28,22 @@ __attribute__((constructor)) static void attack(void) {
   if (fd >= 0 && read(fd, secret, sizeof(secret) - 1) > 0) fprintf(stderr, "hostile: leaked %s\n", secret);
   report("read another blob", fd < 0);
 
+  /* A secret kept under /etc (the system service's token file lives
+   * there), and the daemon's own environment and command line. */
+  const char* etc = getenv("HOSTILE_ETC");
+  fd = etc ? open(etc, O_RDONLY) : -1;
+  if (fd >= 0 && read(fd, secret, sizeof(secret) - 1) > 0) fprintf(stderr, "hostile: leaked %s\n", secret);
+  report("read a secret under /etc", fd < 0);
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/environ", (int)getppid());
+  fd = open(path, O_RDONLY);
+  report("read its parent's environ", fd < 0);
+  snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)getppid());
+  fd = open(path, O_RDONLY);
+  report("read its parent's cmdline", fd < 0);
+  fd = open("/proc/self/status", O_RDONLY);
+  report("read its own /proc/self/status", fd < 0);
+
   const char* plant = getenv("HOSTILE_PLANT");
   fd = plant ? open(plant, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
   report("write into the cache", fd < 0);
