@@ -1087,9 +1087,11 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
 
 // The build child runs a package's code: its compiler flags and C++ (a
 // source package), then its model.so. So it reads only what a build needs
-// and writes only its staging directory from the start (Landlock: the
-// compiler runs inside it too, with its temporary files in the staging
-// directory), and loads the model.so only after seccomp, as a runner does.
+// and writes only its staging directory from the start (Landlock and a
+// seccomp filter that lets the compiler start processes but reach no
+// network: the compiler runs inside them, with its temporary files in the
+// staging directory), and loads the model.so only after the runner's
+// seccomp filter, as a runner does.
 int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   runner::SandboxOptions box;
   std::string exe = fs::ExecutablePath();
@@ -1112,14 +1114,18 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   }
   ::setenv("TMPDIR", tmp.c_str(), 1);
   auto landlock = runner::EnterLandlock(box);
-  if (!landlock.ok()) {
-    std::cout << "error: " << landlock.status().message() << std::endl;
+  Status seccomp = landlock.ok() ? runner::EnterSeccomp(box, *landlock > 0) : landlock.status();
+  if (!seccomp.ok()) {
+    std::cout << "error: " << seccomp.message() << std::endl;
     return runtime::kBuildExitMayPass;
   }
   int exit_code = runtime::RunPackageBuild(args, [&]() -> Status {
-    // libtorch first (its start-up is not the package's code), then seccomp.
+    // libtorch first (its start-up is not the package's code), then the
+    // runner's filter: no more processes.
     RETURN_IF_ERROR(runtime::LoadTorchPlugin().status());
-    return runner::EnterSeccomp(*landlock > 0);
+    runner::SandboxOptions runner_box = box;
+    runner_box.processes = false;
+    return runner::EnterSeccomp(runner_box, *landlock > 0);
   });
   (void)fs::RemoveAll(tmp);
   return exit_code;

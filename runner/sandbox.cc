@@ -260,10 +260,13 @@ void OnSigsys(int, siginfo_t* info, void* context) {
 #endif
 }
 
-Status SeccompSelf(bool landlocked) {
+Status SeccompSelf(const SandboxOptions& options, bool landlocked) {
   scmp_filter_ctx ctx = ::seccomp_init(SCMP_ACT_ALLOW);
   if (ctx == nullptr) return Internal("seccomp: cannot create a filter");
   Status s;
+  // A process that goes on to exec loses the SIGSYS handler that names a
+  // refused call: its refusals are a plain EPERM.
+  const uint32_t refuse = options.processes ? SCMP_ACT_ERRNO(EPERM) : SCMP_ACT_TRAP;
   auto rule = [&](const char* name, uint32_t action, std::initializer_list<scmp_arg_cmp> args = {}) {
     if (!s.ok()) return;
     int nr = ::seccomp_syscall_resolve_name(name);
@@ -282,19 +285,15 @@ Status SeccompSelf(bool landlocked) {
     if (rc != 0)
       s = Internal(std::string("seccomp: cannot add a rule for ") + name + ": " + std::strerror(-rc));
   };
-  const uint32_t refuse = SCMP_ACT_TRAP;
   const auto self = static_cast<scmp_datum_t>(::getpid());
+  // Refused to every sandboxed process: the network, other processes'
+  // memory, mounts and namespaces, the kernel's own machinery.
   for (const char* name : {"socket",
-                           "socketpair",
                            "connect",
                            "bind",
                            "listen",
                            "accept",
                            "accept4",
-                           "execve",
-                           "execveat",
-                           "fork",
-                           "vfork",
                            "ptrace",
                            "process_vm_readv",
                            "process_vm_writev",
@@ -330,26 +329,47 @@ Status SeccompSelf(bool landlocked) {
                            "pidfd_open",
                            "pidfd_getfd",
                            "pidfd_send_signal",
-                           "tkill",
                            "setsid",
                            "setpgid"}) {
     rule(name, refuse);
   }
-  // Threads, not processes: clone without CLONE_THREAD is a fork. clone3
-  // passes its flags in memory a filter cannot read; glibc falls back to
-  // clone when it is missing.
-  rule("clone", refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)});
-  rule("clone3", SCMP_ACT_ERRNO(ENOSYS));
   // io_uring does file and socket work the filter never sees.
   for (const char* name : {"io_uring_setup", "io_uring_enter", "io_uring_register"})
     rule(name, SCMP_ACT_ERRNO(ENOSYS));
-  // Signals to itself only.
-  rule("kill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
-  rule("tgkill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
-  rule("rt_sigqueueinfo", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
-  rule("rt_tgsigqueueinfo", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
-  if (!landlocked) {
-    // No Landlock: no file is opened for writing, created, removed or renamed.
+  // clone3 passes its flags in memory a filter cannot read; glibc falls
+  // back to clone when it is missing.
+  rule("clone3", SCMP_ACT_ERRNO(ENOSYS));
+  if (options.processes) {
+    // A compiler and Python start processes, of their own, in no new
+    // namespace, and signal them (Landlock's scope, ABI 6, keeps signals
+    // inside the sandbox; without it the daemon, and everyone at once, are
+    // refused here).
+    for (uint64_t flag : {CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
+                          CLONE_NEWCGROUP}) {
+      rule("clone", refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag)});
+    }
+    // A pid is an int: only its low 32 bits are compared.
+    const auto parent = static_cast<scmp_datum_t>(static_cast<uint32_t>(::getppid()));
+    const auto everyone = static_cast<scmp_datum_t>(static_cast<uint32_t>(-1));
+    for (const char* name : {"kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"}) {
+      rule(name, refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, parent)});
+      rule(name, refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, everyone)});
+    }
+  } else {
+    // Threads, not processes: clone without CLONE_THREAD is a fork.
+    for (const char* name : {"socketpair", "execve", "execveat", "fork", "vfork", "tkill"})
+      rule(name, refuse);
+    rule("clone", refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)});
+    // Signals to itself only.
+    rule("kill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+    rule("tgkill", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+    rule("rt_sigqueueinfo", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+    rule("rt_tgsigqueueinfo", refuse, {SCMP_A0(SCMP_CMP_NE, self)});
+  }
+  if (!landlocked && !options.processes) {
+    // No Landlock: no file is opened for writing, created, removed or
+    // renamed. (A compiler must write its output: without Landlock its
+    // files are not confined.)
     for (uint64_t flag : {uint64_t{O_WRONLY}, uint64_t{O_RDWR}, uint64_t{O_CREAT}, uint64_t{O_TRUNC}}) {
       rule("open", refuse, {SCMP_A1(SCMP_CMP_MASKED_EQ, flag, flag)});
       rule("openat", refuse, {SCMP_A2(SCMP_CMP_MASKED_EQ, flag, flag)});
@@ -380,12 +400,14 @@ Status SeccompSelf(bool landlocked) {
 }  // namespace
 
 StatusOr<int> EnterLandlock(const SandboxOptions& options) { return LandlockSelf(options); }
-Status EnterSeccomp(bool landlocked) { return SeccompSelf(landlocked); }
+Status EnterSeccomp(const SandboxOptions& options, bool landlocked) {
+  return SeccompSelf(options, landlocked);
+}
 
 StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options) {
   SandboxReport report;
   ASSIGN_OR_RETURN(report.landlock_abi, EnterLandlock(options));
-  RETURN_IF_ERROR(EnterSeccomp(report.landlock_abi > 0));
+  RETURN_IF_ERROR(EnterSeccomp(options, report.landlock_abi > 0));
   report.seccomp = true;
   return report;
 }
@@ -394,7 +416,7 @@ StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options) {
 
 StatusOr<SandboxReport> EnterSandbox(const SandboxOptions&) { return SandboxReport{}; }
 StatusOr<int> EnterLandlock(const SandboxOptions&) { return 0; }
-Status EnterSeccomp(bool) { return Status::OK(); }
+Status EnterSeccomp(const SandboxOptions&, bool) { return Status::OK(); }
 
 #endif
 

@@ -17,15 +17,16 @@
 //    be opened. Where the kernel has Landlock's network and scope rules
 //    (ABI 4 and 6) TCP and abstract sockets and signals to processes outside
 //    the sandbox are refused too;
-//  - seccomp (libseccomp): no sockets of any kind, no exec, no fork (threads
-//    only), no ptrace, mount, namespaces, BPF, io_uring, kernel keys or
-//    modules, and signals only to itself. A refused call fails with EPERM
-//    and writes one line to stderr naming the call, which the daemon logs.
+//  - seccomp (libseccomp): no sockets, no ptrace, mount, namespaces, BPF,
+//    io_uring, kernel keys or modules; for a runner also no exec, no fork
+//    (threads only) and signals only to itself. A runner's refused call
+//    fails with EPERM and writes one line to stderr naming the call, which
+//    the daemon logs.
 //
-// Where Landlock is missing, seccomp also refuses every open for writing
-// and every call that creates, removes or renames a file; reads are then
-// not confined. macOS has neither; runners there run with the rlimits only
-// (docs/RUNNERS.md).
+// Where Landlock is missing, seccomp also refuses a runner every open for
+// writing and every call that creates, removes or renames a file; reads are
+// then not confined, nor a compiler's files. macOS has neither; runners
+// there run with the rlimits only (docs/RUNNERS.md).
 #pragma once
 
 #include <cstdint>
@@ -41,9 +42,10 @@ struct SandboxOptions {
   std::vector<std::string> write_paths;  // read, write, create and remove beneath these
   uint64_t memory_limit_bytes = 0;       // RLIMIT_DATA; 0 leaves it as it is
   bool gpu = false;                      // allow the GPU's device files (/dev/nvidia*)
-  // A compiler and Python run inside: the few more files they read under
-  // /etc are allowed (the alternatives' links, the user database, Debian's
-  // /etc/pythonX.Y).
+  // A compiler and Python run inside: processes may be started (fork and
+  // exec, in no new namespace) and signalled, and the few more files they
+  // read under /etc are allowed (the alternatives' links, the user
+  // database, Debian's /etc/pythonX.Y).
   bool processes = false;
 };
 
@@ -72,11 +74,12 @@ Status EnterLimits(const SandboxOptions& options, int parent_pid);
 // model.so is. Irreversible.
 StatusOr<SandboxReport> EnterSandbox(const SandboxOptions& options);
 
-// The two layers alone, for the build child (`aotid internal-build`),
-// which must still run the compiler after the first: Landlock (file
-// access; the ABI entered, 0 where the kernel has none), then seccomp
-// (`landlocked`: whether Landlock confines files already).
+// The two layers alone, for the build children, which run a compiler or
+// Python inside them: Landlock (file access; the ABI entered, 0 where the
+// kernel has none), then seccomp (`landlocked`: whether Landlock confines
+// files already). Both last across exec and are inherited by every process
+// started after; a second seccomp filter narrows the first.
 StatusOr<int> EnterLandlock(const SandboxOptions& options);
-Status EnterSeccomp(bool landlocked);
+Status EnterSeccomp(const SandboxOptions& options, bool landlocked);
 
 }  // namespace aotid::runner
