@@ -4,8 +4,13 @@
 #include <unistd.h>
 #include <uv.h>
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <csignal>
@@ -36,6 +41,7 @@
 #include "runtime/aoti_build.h"
 #include "runtime/build_cache.h"
 #include "runtime/cache_policy.h"
+#include "runtime/confined_command.h"
 #include "runtime/hardware.h"
 #include "runtime/install_layout.h"
 #include "runtime/package_build.h"
@@ -1131,6 +1137,36 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   return exit_code;
 }
 
+// `aotid internal-confine ... -- COMMAND` (runtime/confined_command.h): the
+// compile worker's sandbox, entered here and kept across the exec. Files as
+// the build child's (Landlock), processes allowed, no network, no
+// ptrace, no namespaces (seccomp), no new privileges, death with the daemon.
+int RunConfined(const runtime::ConfineArgs& args) {
+  runner::SandboxOptions box;
+  box.read_paths = args.read_paths;
+  box.write_paths = args.write_paths;
+  box.gpu = args.gpu;
+  box.processes = true;  // Python and the compiler
+  auto fail = [](const Status& s) {
+    std::cout << "error: cannot confine the build: " << s.message() << std::endl;
+    return runtime::kBuildExitMayPass;
+  };
+#ifdef __linux__
+  pid_t parent = ::getppid();
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail(ErrnoError("no_new_privs", errno));
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (::getppid() != parent) return fail(FailedPrecondition("the daemon that started the build is gone"));
+#endif
+  auto landlock = runner::EnterLandlock(box);
+  if (!landlock.ok()) return fail(landlock.status());
+  if (Status s = runner::EnterSeccomp(box, *landlock > 0); !s.ok()) return fail(s);
+  std::vector<char*> argv;
+  for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  return fail(ErrnoError("run " + args.command[0], errno));
+}
+
 }  // namespace
 
 // Root changing a store another user owns (`sudo aotid --store
@@ -1225,6 +1261,15 @@ int RunCli(int argc, char** argv) {
       return 2;
     }
     return RunConfinedPackageBuild(*args);
+  }
+  // The compile worker's sandbox (runtime/confined_command.h); not for people.
+  if (argc >= 2 && std::string_view(argv[1]) == runtime::kConfineCommand) {
+    auto args = runtime::ParseConfineArgs(std::vector<std::string>(argv + 2, argv + argc));
+    if (!args.ok()) {
+      std::cerr << args.status().message() << "\n";
+      return 2;
+    }
+    return RunConfined(*args);
   }
   // The runner process the daemon runs each model in (runner/runner_main.h).
   if (argc >= 2 && std::string_view(argv[1]) == runner::kRunnerCommand) {

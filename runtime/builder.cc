@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
@@ -13,6 +14,7 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "runtime/confined_command.h"
 #include "runtime/package_build.h"
 
 extern char** environ;
@@ -22,6 +24,45 @@ namespace {
 
 // Inductor's cache, inside a build's staging folder.
 constexpr const char* kInductorScratch = ".inductor";
+// The compile worker's TMPDIR, inside it too: the one other place it writes.
+constexpr const char* kWorkerTmp = ".inductor/tmp";
+
+// Where `program` (a path, or a name looked up on PATH) is, when it can be
+// executed; "" when not.
+std::string FindExecutable(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0 ? program : "";
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  for (size_t at = 0; at <= dirs.size();) {
+    size_t end = std::min(dirs.find(':', at), dirs.size());
+    std::string dir(dirs.substr(at, end - at));
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    at = end + 1;
+  }
+  return "";
+}
+
+// The installation a Python runs from: two levels above its executable
+// (a venv's root, /usr, a conda prefix), and the same for the executable a
+// venv's link points to (the interpreter's own standard library).
+std::vector<std::string> PythonInstallDirs(const std::string& python) {
+  std::vector<std::string> dirs;
+  auto up_two = [&](const std::string& exe) {
+    std::string d = exe.substr(0, exe.rfind('/'));
+    d = d.substr(0, d.rfind('/'));
+    if (!d.empty() && std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  };
+  std::string found = FindExecutable(python);
+  if (found.empty()) return dirs;
+  std::error_code ec;
+  found = std::filesystem::absolute(found, ec).string();
+  if (ec) return dirs;
+  up_two(found);
+  std::string real = std::filesystem::canonical(found, ec).string();
+  if (!ec) up_two(real);
+  return dirs;
+}
 
 // Kills a build child and what it started (it leads its own process group).
 void KillGroup(uv_process_t* process) {
@@ -176,21 +217,34 @@ void Builder::Shutdown() {
 
 std::vector<std::string> Builder::Command(const BuildJob& job, const std::string& staging) const {
   if (job.kind == package::PackageKind::kExportedProgram) {
-    return {options_.python,
-            "-m",
-            "aotid_worker.compile",
-            "--artifact",
-            job.artifact_path,
-            "--out",
-            staging,
-            "--device",
-            job.key.device,
-            "--package-model",
-            job.key.package_model,
-            "--inductor-options",
-            job.key.options,
-            "--expect-torch",
-            options_.torch_version};
+    std::vector<std::string> worker = {options_.python,
+                                       "-m",
+                                       "aotid_worker.compile",
+                                       "--artifact",
+                                       job.artifact_path,
+                                       "--out",
+                                       staging,
+                                       "--device",
+                                       job.key.device,
+                                       "--package-model",
+                                       job.key.package_model,
+                                       "--inductor-options",
+                                       job.key.options,
+                                       "--expect-torch",
+                                       options_.torch_version};
+    if (options_.self_exe.empty()) return worker;
+    // The worker deserializes a package that may come from a registry, and
+    // runs the compiler on what it made of it: it starts in the build
+    // child's sandbox, reading its Python's installation, aotid_worker/
+    // and the package, writing only its staging folder.
+    ConfineArgs confine;
+    confine.read_paths = PythonInstallDirs(options_.python);
+    confine.read_paths.push_back(options_.worker_dir);
+    confine.read_paths.push_back(job.artifact_path);
+    confine.write_paths = {staging};
+    confine.gpu = job.key.device != "cpu";
+    confine.command = std::move(worker);
+    return ConfineArgv(options_.self_exe, confine);
   }
   PackageBuildArgs args;
   args.artifact = job.artifact_path;
@@ -241,6 +295,15 @@ void Builder::Start(BuildJob job) {
     res.permanent = permanent;
     if (j.on_done) j.on_done(res);
   };
+  // A worker started through the sandbox is exec'd by aotid, not by
+  // libuv: a Python that is not there is told here, as the spawn would.
+  if (job.kind == package::PackageKind::kExportedProgram && !options_.self_exe.empty() &&
+      FindExecutable(options_.python).empty()) {
+    return fail_now(job,
+                    FailedPrecondition("cannot start the build " + options_.python +
+                                       ": no such file or directory (set build.python in the config)"),
+                    true);
+  }
   auto staging = cache_->NewStaging(job.key);
   if (!staging.ok()) return fail_now(job, staging.status(), false);
 
@@ -256,9 +319,18 @@ void Builder::Start(BuildJob job) {
     return fail_now(j, s, false);
   }
 
+  if (Status s = fs::MakeDirs(r->staging + "/" + kWorkerTmp); !s.ok()) {
+    ::close(log_fd);
+    (void)fs::RemoveAll(r->staging);
+    BuildJob j = std::move(r->job);
+    delete r;
+    return fail_now(j, s, false);
+  }
+
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "PYTHONPATH=", 11) != 0 && std::strncmp(*e, "TORCHINDUCTOR_CACHE_DIR=", 24) != 0) {
+    if (std::strncmp(*e, "PYTHONPATH=", 11) != 0 && std::strncmp(*e, "TORCHINDUCTOR_CACHE_DIR=", 24) != 0 &&
+        std::strncmp(*e, "TMPDIR=", 7) != 0 && std::strncmp(*e, "TRITON_CACHE_DIR=", 17) != 0) {
       env.emplace_back(*e);
     }
   }
@@ -268,6 +340,10 @@ void Builder::Start(BuildJob job) {
   // weights), and a rebuild here is for other options or another torch,
   // which would not hit it anyway.
   env.push_back("TORCHINDUCTOR_CACHE_DIR=" + r->staging + "/" + kInductorScratch);
+  // Its temporary files (Python's tempfile, the compiler's) and Triton's
+  // cache go there too: the sandbox lets it write nowhere else.
+  env.push_back("TMPDIR=" + r->staging + "/" + kWorkerTmp);
+  env.push_back("TRITON_CACHE_DIR=" + r->staging + "/" + kInductorScratch + "/triton");
   env.push_back("PYTHONUNBUFFERED=1");
   // Every torch.load in the worker (torch.export.load reads the package's
   // sample inputs and constants with it) takes tensors and plain data only:

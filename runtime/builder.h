@@ -25,7 +25,10 @@ struct BuilderOptions {
   std::string torch_version;  // the worker must match it
   int jobs = 1;               // builds at once
   int timeout_s = 1800;       // a build running longer is killed
-  std::string self_exe;       // this aotid, for internal builds
+  // This aotid: it runs builds of packages (`internal-build`) and starts
+  // the compile worker confined (`internal-confine`). Empty: the worker
+  // runs unconfined, for tests of the Builder's own logic with a stand-in.
+  std::string self_exe;
   std::string cxx = "c++";    // compiler for source packages
 };
 

@@ -12,12 +12,14 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
+#include "e2e/http_util.h"
 #include "raw_http.h"
 #include "runner/runner_model.h"
 #include "test_util.h"
@@ -520,6 +522,95 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
             std::string::npos)
       << out;
   EXPECT_FALSE(fs::Exists(dir / "wrapped"));
+}
+
+// The compile worker deserializes exported programs that may come from a
+// registry, with torch: a flaw there runs the package's code in the worker.
+// A stand-in worker (build.worker_dir points at it) runs such code from the
+// first line, as the daemon starts the real one: each attempt is refused
+// but the compiler and its staging folder, and its own /proc/self/status
+// says it runs with seccomp and no new privileges.
+TEST(RunnerSandbox, CompileWorkerIsConfinedLikeARunner) {
+  TempDir dir;
+  std::string store = dir / "store", worker = dir / "worker";
+  ASSERT_OK(fs::MakeDirs(worker + "/aotid_worker"));
+  ASSERT_OK(fs::MakeDirs(store + "/blobs"));
+  ASSERT_OK(fs::WriteFileAtomic(store + "/blobs/secret", "TOP-SECRET-WEIGHTS"));
+  EtcSecret etc;
+  ASSERT_OK(fs::WriteFileAtomic(worker + "/aotid_worker/__init__.py", ""));
+  ASSERT_OK(
+      fs::WriteFileAtomic(worker + "/aotid_worker/compile.py", R"(import os, socket, subprocess, sys, tempfile
+def attempt(what, act):
+    try:
+        got = act()
+        print(f"hostile worker: {what}: DONE {got or ''}", flush=True)
+    except OSError as e:
+        print(f"hostile worker: {what}: {e.strerror}", flush=True)
+def read(path):
+    with open(path, "rb") as f:
+        print("hostile worker: leaked", f.read(64), flush=True)
+def write(path):
+    with open(path, "w") as f:
+        f.write("planted")
+out = sys.argv[sys.argv.index("--out") + 1]
+parent = os.getppid()
+attempt("read a secret under /etc", lambda: read(")" + etc.path() + R"("))
+attempt("read another blob", lambda: read(")" + store + R"(/blobs/secret"))
+attempt("read its parent's environ", lambda: read(f"/proc/{parent}/environ"))
+attempt("read its parent's cmdline", lambda: read(f"/proc/{parent}/cmdline"))
+attempt("inet socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+attempt("unix socket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+attempt("write into the cache", lambda: write(")" + store + R"(/cache/planted"))
+attempt("write its staging folder", lambda: write(os.path.join(out, "ok")))
+attempt("write its TMPDIR", lambda: tempfile.NamedTemporaryFile().close())
+attempt("signal its parent", lambda: os.kill(parent, 0))
+attempt("run the compiler", lambda: subprocess.run(["c++", "--version"], check=True, capture_output=True).args[0])
+with open("/proc/self/status") as f:
+    for line in f:
+        if line.startswith(("NoNewPrivs:", "Seccomp:")):
+            print("hostile worker:", " ".join(line.split()), flush=True)
+print("error: the hostile worker is done", flush=True)
+sys.exit(2)
+)"));
+  std::string config = dir / "aotid.toml";
+  ASSERT_OK(fs::WriteFileAtomic(config, "[build]\nworker_dir = \"" + worker + "\"\n"));
+  std::string out;
+  ASSERT_EQ(
+      RunAotid({"--config", config, "--store", store, "add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0)
+      << out;
+  auto d = DaemonProcess::Start({"--config", config, "--store", store, "--listen", "127.0.0.1:0"},
+                                dir / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  std::string log;
+  bool failed = WaitFor(
+      [&] {
+        std::error_code ec;
+        for (auto it = std::filesystem::recursive_directory_iterator(store + "/cache", ec);
+             !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+          if (it->path().string().ends_with(".failed.log")) log = *fs::ReadFile(it->path().string());
+        }
+        return log.find("error: the hostile worker is done") != std::string::npos;
+      },
+      60);
+  ASSERT_TRUE(failed) << log << (*d)->Log();
+  for (const char* want :
+       {"hostile worker: read a secret under /etc: Permission denied",
+        "hostile worker: read another blob: Permission denied",
+        "hostile worker: read its parent's environ: Permission denied",
+        "hostile worker: read its parent's cmdline: Permission denied",
+        "hostile worker: inet socket: Operation not permitted",
+        "hostile worker: unix socket: Operation not permitted",
+        "hostile worker: write into the cache: Permission denied",
+        "hostile worker: signal its parent: Operation not permitted",
+        "hostile worker: write its staging folder: DONE", "hostile worker: write its TMPDIR: DONE",
+        "hostile worker: run the compiler: DONE c++", "hostile worker: NoNewPrivs: 1",
+        "hostile worker: Seccomp: 2"}) {
+    EXPECT_NE(log.find(want), std::string::npos) << want << "\n" << log;
+  }
+  EXPECT_EQ(log.find("hostile worker: leaked"), std::string::npos) << log;
+  EXPECT_FALSE(fs::Exists(store + "/cache/planted"));
+  EXPECT_TRUE((*d)->Alive());
+  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
 }
 
 // A compiled package whose extra/aotid.json states other shapes than its

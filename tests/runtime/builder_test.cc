@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/fs.h"
+#include "runtime/confined_command.h"
 #include "runtime/package_build.h"
 #include "test_util.h"
 
@@ -111,6 +112,44 @@ TEST_F(BuilderTest, SuccessfulBuildLandsInTheCacheWithItsLog) {
   EXPECT_NE(log->find("step 2/2: writing the build"), std::string::npos) << *log;
   EXPECT_TRUE(cache_.Lookup(Job().key).ok());
   EXPECT_EQ(b.running(), 0);
+}
+
+// With its own binary known, the Builder starts the compile worker through
+// `aotid internal-confine`, allowed to write its staging folder alone; here a
+// script stands in for aotid and runs the worker as the real one would
+// after entering the sandbox.
+TEST_F(BuilderTest, CompileWorkerStartsThroughTheSandbox) {
+  std::string seen = dir_ / "confine-args";
+  std::string confine = dir_ / "confine.sh";
+  ASSERT_OK(
+      fs::WriteFileAtomic(confine, "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + seen +
+                                       "\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n"));
+  ::chmod(confine.c_str(), 0755);
+  options_.self_exe = confine;
+  Builder& b = Make();
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  ASSERT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+  auto args = fs::ReadFile(seen);
+  ASSERT_TRUE(args.ok());
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; (nl = args->find('\n', at)) != std::string::npos; at = nl + 1)
+    lines.push_back(args->substr(at, nl - at));
+  auto parsed = ParseConfineArgs(std::vector<std::string>(lines.begin() + 1, lines.end()));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString() << "\n" << *args;
+  EXPECT_EQ(lines[0], kConfineCommand);
+  ASSERT_EQ(parsed->write_paths.size(), 1u) << *args;
+  EXPECT_NE(parsed->write_paths[0].find(cache_.root() + "/.staging/"), std::string::npos) << *args;
+  EXPECT_NE(std::find(parsed->read_paths.begin(), parsed->read_paths.end(), artifact_),
+            parsed->read_paths.end())
+      << *args;
+  EXPECT_NE(std::find(parsed->read_paths.begin(), parsed->read_paths.end(), options_.worker_dir),
+            parsed->read_paths.end())
+      << *args;
+  EXPECT_FALSE(parsed->gpu);
+  ASSERT_GE(parsed->command.size(), 3u);
+  EXPECT_EQ(parsed->command[0], options_.python);
+  EXPECT_EQ(parsed->command[2], "aotid_worker.compile");
 }
 
 TEST_F(BuilderTest, ProgressIsTheLastStepTheChildPrinted) {
@@ -257,6 +296,33 @@ TEST(PackageBuild, BadCommandLinesNameTheProblem) {
   EXPECT_NE(twice.status().message().find("--out given twice"), std::string::npos);
   auto dangling = ParsePackageBuildArgs({"--artifact"});
   EXPECT_NE(dangling.status().message().find("needs a value"), std::string::npos);
+}
+
+TEST(ConfinedCommand, CommandLineIsReadBackAsWritten) {
+  ConfineArgs a;
+  a.read_paths = {"/venv", "/store/blobs/ab"};
+  a.write_paths = {"/store/cache/.staging/x"};
+  a.gpu = true;
+  a.command = {"/venv/bin/python", "-m", "aotid_worker.compile", "--read", "--"};
+  std::vector<std::string> argv = ConfineArgv("/usr/bin/aotid", a);
+  ASSERT_GE(argv.size(), 2u);
+  EXPECT_EQ(argv[1], kConfineCommand);
+  auto back = ParseConfineArgs(std::vector<std::string>(argv.begin() + 2, argv.end()));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->read_paths, a.read_paths);
+  EXPECT_EQ(back->write_paths, a.write_paths);
+  EXPECT_TRUE(back->gpu);
+  EXPECT_EQ(back->command, a.command);  // its own flags are not the sandbox's
+}
+
+TEST(ConfinedCommand, BadCommandLinesNameTheProblem) {
+  auto unknown = ParseConfineArgs({"--evil", "x", "--", "python"});
+  EXPECT_NE(unknown.status().message().find("unknown argument '--evil'"), std::string::npos);
+  auto dangling = ParseConfineArgs({"--write", "--", "python"});
+  EXPECT_NE(dangling.status().message().find("--write needs a path"), std::string::npos);
+  auto none = ParseConfineArgs({"--write", "/x", "--"});
+  EXPECT_NE(none.status().message().find("no command after --"), std::string::npos);
+  EXPECT_FALSE(ParseConfineArgs({"--write", "/x"}).ok());
 }
 
 }  // namespace
