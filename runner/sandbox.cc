@@ -342,18 +342,21 @@ Status SeccompSelf(const SandboxOptions& options, bool landlocked) {
   if (options.processes) {
     // A compiler and Python start processes, of their own, in no new
     // namespace, and signal them (Landlock's scope, ABI 6, keeps signals
-    // inside the sandbox; without it the daemon, and everyone at once, are
-    // refused here).
+    // inside the sandbox; without it the daemon, its process group and
+    // everyone at once are refused here).
     for (uint64_t flag : {CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
                           CLONE_NEWCGROUP}) {
       rule("clone", refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag)});
     }
-    // A pid is an int: only its low 32 bits are compared.
-    const auto parent = static_cast<scmp_datum_t>(static_cast<uint32_t>(::getppid()));
-    const auto everyone = static_cast<scmp_datum_t>(static_cast<uint32_t>(-1));
+    // A pid is an int: only its low 32 bits are compared. The daemon, its
+    // process group, and everyone.
+    const pid_t parent = ::getppid();
     for (const char* name : {"kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"}) {
-      rule(name, refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, parent)});
-      rule(name, refuse, {SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, everyone)});
+      for (pid_t target : {parent, -parent, pid_t{-1}}) {
+        rule(name, refuse,
+             {SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu,
+                      static_cast<scmp_datum_t>(static_cast<uint32_t>(target)))});
+      }
     }
   } else {
     // Threads, not processes: clone without CLONE_THREAD is a fork.
