@@ -155,7 +155,11 @@ void BatchingModel::Work() {
   std::vector<Pending*> answers;  // finished submitted requests, answered outside the lock
   MutexLock lock(&mu_);
   for (;;) {
-    while (!stopping_ && queue_.empty()) arrived_.Wait(&mu_);
+    // A run starts only when one of the model's `workers` runs is free (a
+    // caller's own run, Submit's, counts): started beside a held one it
+    // would wait inside the model for a runner, where its batch could no
+    // longer grow, and two waiting there are one too many.
+    while (!stopping_ && (queue_.empty() || running_ >= options_.workers)) arrived_.Wait(&mu_);
     if (queue_.empty()) return;  // stopping, nothing left
     // Requests wait in the queue (counted against its bound) until a batch
     // is full, or the oldest has waited long enough, or nothing more is on
