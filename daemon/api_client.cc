@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/fd.h"
 #include "base/fs.h"
 
 namespace aotid::daemon {
@@ -25,7 +26,7 @@ HttpAnswer ApiCall(const http::ServerOptions& where, const std::string& method, 
     addr.sun_family = AF_UNIX;
     if (where.unix_path.size() >= sizeof addr.sun_path) return {0, "", "socket path too long"};
     std::memcpy(addr.sun_path, where.unix_path.c_str(), where.unix_path.size());
-    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = fd::Socket(AF_UNIX, SOCK_STREAM);
     if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       a.error = std::strerror(errno);
       if (fd >= 0) ::close(fd);
@@ -41,7 +42,7 @@ HttpAnswer ApiCall(const http::ServerOptions& where, const std::string& method, 
     if (int rc = ::getaddrinfo(host.c_str(), std::to_string(where.port).c_str(), &hints, &res); rc != 0) {
       return {0, "", ::gai_strerror(rc)};
     }
-    fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = fd::Socket(res->ai_family, SOCK_STREAM);
     int rc = fd < 0 ? -1 : ::connect(fd, res->ai_addr, res->ai_addrlen);
     int e = errno;
     ::freeaddrinfo(res);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/fd.h"
 #include "base/log.h"
 
 namespace aotid::daemon {
@@ -62,7 +63,7 @@ void ServiceManager::Notify(const std::string& state) {
   } else {
     ++len;  // a path: with its terminating NUL
   }
-  int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int fd = fd::Socket(AF_UNIX, SOCK_DGRAM);
   if (fd < 0) return;
   ssize_t sent =
       ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr), len);

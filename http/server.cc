@@ -23,6 +23,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/fd.h"
 #include "base/log.h"
 #include "base/mutex.h"
 
@@ -815,13 +816,7 @@ class Server::Impl {
   Impl(ServerOptions options, std::function<void(Request&, Response&)> handler,
        std::function<std::string(std::string_view)> error_body)
       : opts_(std::move(options)), handler_(std::move(handler)), error_body_(std::move(error_body)) {
-    if (::pipe(wake_) != 0) wake_[0] = wake_[1] = -1;
-    for (int fd : wake_) {
-      if (fd >= 0) {
-        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-      }
-    }
+    if (!fd::Pipe(wake_, /*nonblocking=*/true).ok()) wake_[0] = wake_[1] = -1;
   }
   ~Impl() {
     for (int fd : wake_) {
@@ -846,9 +841,8 @@ class Server::Impl {
       return InvalidArgument("cannot listen on " + opts_.host + ": " + ::gai_strerror(rc));
     }
     std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
-    listen_fd_ = ::socket(res->ai_family, SOCK_STREAM, 0);
+    listen_fd_ = fd::Socket(res->ai_family, SOCK_STREAM);
     if (listen_fd_ < 0) return ErrnoError("socket", errno);
-    ::fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
     int one = 1;
     ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (::bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
@@ -1058,15 +1052,14 @@ class Server::Impl {
     struct stat st;
     if (::lstat(path.c_str(), &st) == 0) {
       if (!S_ISSOCK(st.st_mode)) return FailedPrecondition(path + " exists and is not a socket");
-      int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      int probe = fd::Socket(AF_UNIX, SOCK_STREAM);
       bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
       if (probe >= 0) ::close(probe);
       if (live) return Unavailable("cannot listen on unix:" + path + ": another process is listening on it");
       ::unlink(path.c_str());
     }
-    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    listen_fd_ = fd::Socket(AF_UNIX, SOCK_STREAM);
     if (listen_fd_ < 0) return ErrnoError("socket", errno);
-    ::fcntl(listen_fd_, F_SETFD, FD_CLOEXEC);
     mode_t old = ::umask(0117);  // created 0660: owner and group
     int rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
     int e = errno;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/fd.h"
 #include "base/fs.h"
 #include "base/log.h"
 #include "runner/runner_main.h"
@@ -79,7 +80,7 @@ StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const runtime::CacheEn
     ASSIGN_OR_RETURN(Slot slot, Slot::Create("aotid-slot " + m->options_.label));
     m->slots_.push_back(std::move(slot));
   }
-  if (::pipe2(m->stop_fd_, O_CLOEXEC) != 0) return IOError(std::string("pipe: ") + std::strerror(errno));
+  RETURN_IF_ERROR(fd::Pipe(m->stop_fd_));
   ASSIGN_OR_RETURN(m->proc_, m->Spawn(m->options_.load.threads, m->options_.choose_threads_at_batch));
   m->threads_ = m->proc_.threads;
   m->threads_note_ = m->proc_.threads_note;
@@ -126,11 +127,11 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
   std::vector<std::string> argv = RunnerArgv(options_.self_exe, args);
 
   int err[2], ready[2];
-  if (::pipe2(err, O_CLOEXEC) != 0) return IOError(std::string("pipe: ") + std::strerror(errno));
-  if (::pipe2(ready, O_CLOEXEC) != 0) {
+  RETURN_IF_ERROR(fd::Pipe(err));
+  if (Status s = fd::Pipe(ready); !s.ok()) {
     ::close(err[0]);
     ::close(err[1]);
-    return IOError(std::string("pipe: ") + std::strerror(errno));
+    return s;
   }
   // Every descriptor the child gets, moved above the numbers it gets them
   // at, so placing one never overwrites another.
@@ -156,7 +157,12 @@ StatusOr<RunnerModel::Process> RunnerModel::Spawn(int threads, int64_t choose_th
   posix_spawnattr_init(&attr);
   // Its own process group: a terminal's ^C goes to the daemon, which stops
   // its runners itself.
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  short spawn_flags = POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+#ifdef POSIX_SPAWN_CLOEXEC_DEFAULT
+  // macOS's closefrom: only the descriptors placed above reach the runner.
+  spawn_flags |= POSIX_SPAWN_CLOEXEC_DEFAULT;
+#endif
+  posix_spawnattr_setflags(&attr, spawn_flags);
   posix_spawnattr_setpgroup(&attr, 0);
   sigset_t none, all;
   sigemptyset(&none);

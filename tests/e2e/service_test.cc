@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/fd.h"
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
 #include "e2e/http_util.h"
@@ -31,7 +32,7 @@ namespace {
 class NotifySocket {
  public:
   explicit NotifySocket(const std::string& path) : path_(path) {
-    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    fd_ = fd::Socket(AF_UNIX, SOCK_DGRAM);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
@@ -129,7 +130,7 @@ TEST(ServiceManager, NotifiesReadyStatusAndStopping) {
 TEST(ServiceManager, ServesOnTheSocketItIsHanded) {
   TempDir dir;
   std::string store = dir / "store";
-  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int listener = fd::Socket(AF_INET, SOCK_STREAM);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -164,7 +165,7 @@ TEST(ServiceManager, ServesOnTheSocketItIsHanded) {
 
   // A socket that is not a listening stream socket: refused, naming why.
   std::string out;
-  int dgram = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int dgram = fd::Socket(AF_INET, SOCK_DGRAM);
   RunOptions wrong;
   wrong.listen_fd = dgram;
   EXPECT_EQ(RunAotid({"--store", store, "serve"}, wrong, &out), 1) << out;

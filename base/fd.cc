@@ -1,0 +1,54 @@
+#include "base/fd.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace aotid::fd {
+
+bool SetCloseOnExec(int fd, bool nonblocking) {
+  if (::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return false;
+  if (!nonblocking) return true;
+  int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+Status Pipe(int fds[2], bool nonblocking) {
+#ifdef __linux__
+  if (::pipe2(fds, O_CLOEXEC | (nonblocking ? O_NONBLOCK : 0)) != 0)
+    return IOError(std::string("pipe: ") + std::strerror(errno));
+#else
+  if (::pipe(fds) != 0) return IOError(std::string("pipe: ") + std::strerror(errno));
+  for (int i = 0; i < 2; ++i) {
+    if (!SetCloseOnExec(fds[i], nonblocking)) {
+      int e = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      fds[0] = fds[1] = -1;
+      return IOError(std::string("pipe: fcntl: ") + std::strerror(e));
+    }
+  }
+#endif
+  return Status::OK();
+}
+
+int Socket(int domain, int type, int protocol) {
+#ifdef SOCK_CLOEXEC
+  return ::socket(domain, type | SOCK_CLOEXEC, protocol);
+#else
+  int fd = ::socket(domain, type, protocol);
+  if (fd >= 0 && !SetCloseOnExec(fd)) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+#endif
+}
+
+}  // namespace aotid::fd

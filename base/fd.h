@@ -1,0 +1,25 @@
+// File descriptors made close-on-exec from the start: pipes and sockets
+// that no process aotid starts (runners, builds) inherits by accident.
+#pragma once
+
+#include "base/status.h"
+
+namespace aotid::fd {
+
+// Creates a pipe whose ends are close-on-exec, and non-blocking when asked.
+// Linux makes it atomically (pipe2). Elsewhere (macOS has no pipe2 before
+// macOS 27) it is pipe + fcntl: a process another thread starts between the
+// two calls may inherit the ends, which is why the runner's spawn closes
+// every descriptor it does not hand over. IOError when out of descriptors.
+Status Pipe(int fds[2], bool nonblocking = false);
+
+// socket(2) with close-on-exec set: atomically where the platform has
+// SOCK_CLOEXEC (Linux), else with fcntl at once. -1 with errno set, as
+// socket(2).
+int Socket(int domain, int type, int protocol = 0);
+
+// Sets close-on-exec on `fd` (and O_NONBLOCK when asked); false with errno
+// set when fcntl fails.
+bool SetCloseOnExec(int fd, bool nonblocking = false);
+
+}  // namespace aotid::fd
