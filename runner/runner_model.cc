@@ -40,14 +40,40 @@ int64_t NowMs() {
       .count();
 }
 
+// The name of a signal a runner is likely to die of; nullptr for others.
+// POSIX has no call for it (glibc's sigabbrev_np is glibc's alone), and the
+// numbers differ between Linux and macOS, so the table names the macros.
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return nullptr;
+  }
+}
+
 std::string DescribeExit(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
-    const char* abbrev = ::sigabbrev_np(sig);
-    const char* desc = ::sigdescr_np(sig);
-    return "was killed by signal " + std::to_string(sig) +
-           (abbrev ? std::string(" (SIG") + abbrev + ")" : "") +
-           (desc && sig != SIGKILL ? std::string(", ") + desc : "");
+    const char* name = SignalName(sig);
+    const char* desc = sig != SIGKILL ? ::strsignal(sig) : nullptr;
+    return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (") + name + ")" : "") +
+           (desc ? std::string(", ") + desc : "");
   }
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   return "ended (wait status " + std::to_string(status) + ")";
