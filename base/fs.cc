@@ -241,6 +241,20 @@ std::string RealPath(const std::string& path) {
   return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
 }
 
+Status Allocate(int fd, int64_t bytes, const std::string& what) {
+#ifdef F_PREALLOCATE  // macOS: no posix_fallocate
+  fstore_t store{};
+  store.fst_flags = F_ALLOCATEALL;
+  store.fst_posmode = F_PEOFPOSMODE;
+  store.fst_length = bytes;
+  if (::fcntl(fd, F_PREALLOCATE, &store) != 0) return ErrnoError("allocating " + what, errno);
+  if (::ftruncate(fd, bytes) != 0) return ErrnoError("allocating " + what, errno);
+#else
+  if (int e = ::posix_fallocate(fd, 0, bytes); e != 0) return ErrnoError("allocating " + what, e);
+#endif
+  return Status::OK();
+}
+
 std::string ExecutablePath() {
 #ifdef __APPLE__
   uint32_t size = 0;

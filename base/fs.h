@@ -3,6 +3,7 @@
 // directory, fsynced, renamed into place, and the directory fsynced.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -33,6 +34,12 @@ StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const 
 // Writes all of `n` bytes (retrying short writes and EINTR); `what` names
 // the file in the error.
 Status WriteAll(int fd, const char* p, size_t n, const std::string& what);
+
+// Gives the file open at `fd` its first `bytes` bytes on disk, blocks
+// allocated (not a sparse hole), so that freeing the file later frees them.
+// posix_fallocate; macOS has none and takes fcntl(F_PREALLOCATE) then
+// ftruncate. An error naming `what` when the disk is full.
+Status Allocate(int fd, int64_t bytes, const std::string& what);
 
 // Lowercase hex sha256 of a file's contents.
 StatusOr<std::string> Sha256File(const std::string& path);

@@ -422,7 +422,7 @@ void SetReserveAside(const std::string& dir) {
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return;
-  bool ok = ::posix_fallocate(fd, 0, ModelStore::kReserveBytes) == 0;
+  bool ok = fs::Allocate(fd, ModelStore::kReserveBytes, tmp).ok();
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
