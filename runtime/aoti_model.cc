@@ -3,6 +3,7 @@
 // torch throws and turns it into a Status.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 
@@ -15,12 +16,32 @@
 #include "runtime/loaded_model.h"
 #include "runtime/torch_plugin.h"
 
-// From the OpenMP runtime libtorch loads; weak so a torch without OpenMP
-// still loads the plugin (threads are then torch's default).
-extern "C" void omp_set_num_threads(int) __attribute__((weak));
-
 namespace aotid::runtime {
 namespace {
+
+using SetThreadsFn = void (*)(int);
+
+// omp_set_num_threads of the OpenMP runtime libtorch links (libgomp on
+// Linux, libomp on macOS), looked up among the plugin's own dependencies
+// (it is loaded RTLD_LOCAL, so not in the global scope); nullptr for a
+// torch without OpenMP, whose threads are then torch's default. Not a weak
+// reference: macOS's linker must resolve those at link time, and the plugin
+// does not link the OpenMP runtime itself.
+SetThreadsFn FindOmpSetNumThreads() {
+  Dl_info self{};
+  if (::dladdr(reinterpret_cast<void*>(&FindOmpSetNumThreads), &self) == 0 || self.dli_fname == nullptr)
+    return nullptr;
+  void* handle = ::dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  auto fn = reinterpret_cast<SetThreadsFn>(::dlsym(handle, "omp_set_num_threads"));
+  ::dlclose(handle);  // the reference RTLD_NOLOAD took: the plugin stays loaded
+  return fn;
+}
+
+SetThreadsFn OmpSetNumThreads() {
+  static const SetThreadsFn fn = FindOmpSetNumThreads();
+  return fn;
+}
 
 at::ScalarType ToScalarType(DType d) {
   switch (d) {
@@ -65,7 +86,7 @@ class AotiModel final : public LoadedModel {
   const ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
   bool SetThreads(int threads) override {
-    if (omp_set_num_threads == nullptr) return false;
+    if (OmpSetNumThreads() == nullptr) return false;
     threads_.store(threads);
     return true;
   }
@@ -81,8 +102,8 @@ class AotiModel final : public LoadedModel {
       }
       // Kernels are built with dynamic threads: the count is this thread's
       // OpenMP setting, chosen per model (LoadOptions::threads).
-      if (int n = threads_.load(std::memory_order_relaxed); n > 0 && omp_set_num_threads != nullptr) {
-        omp_set_num_threads(n);
+      if (int n = threads_.load(std::memory_order_relaxed); n > 0 && OmpSetNumThreads() != nullptr) {
+        OmpSetNumThreads()(n);
       }
       std::vector<at::Tensor> outs = runner_->run(args);
       if (!spec_.outputs.empty() && outs.size() != spec_.outputs.size()) {
