@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#ifdef __APPLE__
+#include <mach/mach.h>
+#endif
+
 #include <cstdio>
 
 namespace aotid::serving {
@@ -216,6 +220,13 @@ int64_t ResidentMemoryBytes() {
   std::fclose(f);
   if (n != 2) return -1;
   return pages_resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+#elif defined(__APPLE__)
+  mach_task_basic_info_data_t info{};
+  mach_msg_type_number_t count = MACH_TASK_BASIC_INFO_COUNT;
+  if (::task_info(::mach_task_self(), MACH_TASK_BASIC_INFO, reinterpret_cast<task_info_t>(&info), &count) !=
+      KERN_SUCCESS)
+    return -1;
+  return static_cast<int64_t>(info.resident_size);
 #else
   return -1;
 #endif

@@ -98,7 +98,8 @@ void AppendMetricHeader(std::string* out, const std::string& name, const std::st
 // A label value escaped for the text format (\\, \", \n).
 std::string MetricLabelValue(const std::string& v);
 
-// This process's resident set size in bytes, or -1 where unknown.
+// This process's resident set size in bytes (Linux: /proc/self/statm;
+// macOS: the task's basic info), or -1 where unknown.
 int64_t ResidentMemoryBytes();
 
 }  // namespace aotid::serving
