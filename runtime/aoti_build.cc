@@ -53,6 +53,15 @@ Status CheckCompilerFlag(const std::string& flag) {
   return Status::OK();
 }
 
+}  // namespace
+
+OpenMpFlags OpenMpFlagsFor(const std::string& os) {
+  if (os == "darwin") return {{"-Xclang", "-fopenmp"}, {"-lomp"}};
+  return {{"-fopenmp"}, {"-fopenmp"}};
+}
+
+namespace {
+
 using nlohmann::json;
 using package::AotiMetadata;
 using package::Archive;
@@ -373,16 +382,31 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     return out;
   };
   // The exporting machine's include and library paths are replaced by this
-  // machine's torch; everything else (defines, optimisation, the vector ISA
-  // flags) is kept, so the kernels match the ISA the metadata declares.
+  // machine's torch, and its OpenMP flags by this platform's; everything
+  // else (defines, optimisation, the vector ISA flags) is kept, so the
+  // kernels match the ISA the metadata declares.
+  std::vector<std::string> cflags;
+  bool openmp = false;
+  for (const auto& f : strings(cf, "cflags")) {
+    if (f != "fopenmp") {
+      cflags.push_back(f);
+      continue;
+    }
+    openmp = true;  // -fopenmp, or Apple clang's -Xclang -fopenmp
+    if (!cflags.empty() && cflags.back() == "Xclang") cflags.pop_back();
+  }
+  const OpenMpFlags omp = OpenMpFlagsFor(hw.os);
   std::string compile = ShellQuote(req.cxx) + " -c";
   for (const auto& d : strings(cf, "definitions")) compile += " -D" + ShellQuote(d);
   compile += " -I" + ShellQuote(req.torch_dir + "/include") + " -I" +
              ShellQuote(req.torch_dir + "/include/torch/csrc/api/include");
-  for (const auto& f : strings(cf, "cflags")) {
+  for (const auto& f : cflags) {
     if (f == "shared") continue;
     RETURN_IF_ERROR(CheckCompilerFlag("-" + f));
     compile += " -" + ShellQuote(f);
+  }
+  if (openmp) {
+    for (const auto& f : omp.compile) compile += " " + ShellQuote(f);
   }
   // Words separated by spaces, each a flag of its own: never shell text.
   for (const auto& p : strings(cf, "passthrough_args")) {
@@ -424,10 +448,13 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     link += " -" + ShellQuote(f);
   }
   for (const auto& l : strings(lf, "libraries")) {
+    if (l == "omp" || l == "gomp") continue;  // the OpenMP runtime: this platform's, below
     RETURN_IF_ERROR(CheckCompilerFlag("-l" + l));
     link += " -l" + ShellQuote(l);
   }
-  if (cf.contains("cflags") && cf["cflags"].dump().find("fopenmp") != std::string::npos) link += " -fopenmp";
+  if (openmp) {
+    for (const auto& f : omp.link) link += " " + ShellQuote(f);
+  }
   log << "linking model.so:\n  " << link << "\n" << std::flush;
   ShellResult r = RunShell("{ " + link + " 2>&1; }");
   log << r.out << std::flush;

@@ -50,6 +50,19 @@ StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp);
 Status CheckDeclaredAgainstChecks(const DerivedInputs& compiled, ModelSpec* declared,
                                   std::vector<std::vector<int64_t>>* min_shapes, std::ostream& log);
 
+// The flags that turn OpenMP on where a source package is built (`os` as
+// HardwareInfo::os has it). GCC and clang on Linux take -fopenmp to compile
+// and to link. Apple's clang refuses -fopenmp: it takes -Xclang -fopenmp,
+// and the OpenMP runtime is linked by name (-lomp), the one torch's macOS
+// wheel ships (include/omp.h and lib/libomp.dylib, on the paths the build
+// already passes), so the model uses the runtime libtorch does. A package
+// records its exporter's OpenMP flags; those are dropped and these used.
+struct OpenMpFlags {
+  std::vector<std::string> compile;
+  std::vector<std::string> link;
+};
+OpenMpFlags OpenMpFlagsFor(const std::string& os);
+
 struct PackageBuildRequest {
   std::string artifact_path;
   std::string package_model = "model";

@@ -22,6 +22,17 @@ HardwareInfo Avx2Machine() {
   return hw;
 }
 
+// A source package exported on Linux says -fopenmp; on macOS Apple's clang
+// refuses it and takes -Xclang -fopenmp, linking torch's libomp by name.
+TEST(AotiBuild, OpenMpFlagsAreThePlatformsOwn) {
+  OpenMpFlags linux_flags = OpenMpFlagsFor("linux");
+  EXPECT_EQ(linux_flags.compile, std::vector<std::string>{"-fopenmp"});
+  EXPECT_EQ(linux_flags.link, std::vector<std::string>{"-fopenmp"});
+  OpenMpFlags mac = OpenMpFlagsFor("darwin");
+  EXPECT_EQ(mac.compile, (std::vector<std::string>{"-Xclang", "-fopenmp"}));
+  EXPECT_EQ(mac.link, std::vector<std::string>{"-lomp"});
+}
+
 TEST(AotiBuild, MetadataIsCheckedAgainstThisMachine) {
   HardwareInfo hw = Avx2Machine();
   EXPECT_OK(CheckFitsMachine({"cpu", "linux", "x86_64", "AVX2", "{}"}, hw));
