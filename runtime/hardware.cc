@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -66,6 +67,20 @@ uint32_t Fnv1a(const std::string& s) {
   return h;
 }
 
+// AOTID_CPU_ONLY=<reason>: the accelerators found are not to be used, for
+// the reason given (a CI machine whose GPU is there but cannot allocate):
+// `auto` means the CPU, an explicit mps or cuda is refused with the reason,
+// and doctor shows it.
+void KeepToTheCpuIfAsked(HardwareInfo* hw) {
+  const char* why = std::getenv("AOTID_CPU_ONLY");
+  if (why == nullptr || *why == '\0') return;
+  std::string reason = std::string("AOTID_CPU_ONLY is set: ") + why;
+  for (std::string* missing : {&hw->mps_missing, &hw->cuda_missing}) {
+    if (missing->empty()) *missing = reason;
+  }
+  hw->accelerators.push_back("cpu only: " + reason);
+}
+
 }  // namespace
 
 HardwareInfo ProbeHardware(const std::string& cxx) {
@@ -115,6 +130,7 @@ HardwareInfo ProbeHardware(const std::string& cxx) {
     hw.accelerators.push_back("cuda: NVIDIA driver present");
     hw.cuda_missing.clear();
   }
+  KeepToTheCpuIfAsked(&hw);
   return hw;
 }
 

@@ -32,7 +32,8 @@ struct HardwareInfo {
 // Ok when `device` (cpu, mps, cuda) can run models here; otherwise
 // Unavailable saying why ("device 'cuda' is not available here: no NVIDIA driver").
 Status DeviceAvailable(const HardwareInfo& hw, const std::string& device);
-// What `auto` means here: mps on Apple Silicon, cuda where present, else cpu.
+// What `auto` means here: mps on Apple Silicon, cuda where present, else cpu
+// (cpu also where AOTID_CPU_ONLY=<reason> is set: ProbeHardware).
 std::string AutoDevice(const HardwareInfo& hw);
 
 // Probes the machine. `cxx` is the compiler builds use (its version is part of
