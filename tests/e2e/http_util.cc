@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -104,16 +105,24 @@ bool OutputsMatch(const json& got, const json& want) {
 }
 
 std::vector<pid_t> Pids(const std::string& needle) {
+  // ps rather than /proc, which macOS does not have: "PID ARGS" a line,
+  // arguments joined by spaces, never cut (-ww).
   std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (char& c : cmd) c = c == '\0' ? ' ' : c;
-    if (cmd.find(needle) != std::string::npos) out.push_back(static_cast<pid_t>(std::stol(name)));
+  FILE* ps = ::popen("ps -A -ww -o pid= -o args=", "r");
+  if (ps == nullptr) return out;
+  std::string line;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, ps) != nullptr) {
+    line += buf;
+    if (line.back() != '\n' && !std::feof(ps)) continue;  // a line longer than buf
+    size_t start = line.find_first_not_of(' ');
+    size_t end = start == std::string::npos ? start : line.find(' ', start);
+    if (end != std::string::npos && line.find(needle, end) != std::string::npos) {
+      out.push_back(static_cast<pid_t>(std::stol(line.substr(start, end - start))));
+    }
+    line.clear();
   }
+  ::pclose(ps);
   return out;
 }
 
