@@ -397,6 +397,9 @@ class EtcSecret {
 // the runner): each attempt is refused, and the refusals are logged; the
 // one place it may write is its scratch directory. The real runner binary,
 // sandbox and kernel; tests/runner/hostile_model.c is the package's code.
+// Linux only, as the sandbox is: macOS runners have rlimits alone
+// (docs/RUNNERS.md).
+#ifdef __linux__
 TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndProcesses) {
   TempDir dir;
   std::string cache = dir / "store/cache", blobs = dir / "store/blobs";
@@ -451,6 +454,7 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
   EXPECT_EQ(log.find("hostile: leaked"), std::string::npos) << log;
   EXPECT_FALSE(fs::Exists(cache + "/planted"));
 }
+#endif  // __linux__
 
 // A copy of the package `from` with each entry whose name ends in `suffix`
 // replaced by `bytes`.
@@ -474,13 +478,17 @@ void RepackWith(const std::string& from, const std::string& to, const std::strin
 
 // The build child runs a package's code as well (a compiled package's
 // model.so for its first run; a source package's flags and C++ through the
-// compiler), and is confined like a runner.
+// compiler), and is confined like a runner (on Linux: macOS has no
+// sandbox to confine it with, and there only the flags are checked).
 TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   TempDir dir;
   std::string cache = dir / "store/cache", blobs = dir / "store/blobs";
   ASSERT_OK(fs::MakeDirs(cache + "/.staging/b1"));
   ASSERT_OK(fs::MakeDirs(cache + "/.staging/b2"));
   ASSERT_OK(fs::MakeDirs(blobs));
+  std::string out;
+  int rc = 0;
+#ifdef __linux__
   ASSERT_OK(fs::WriteFileAtomic(blobs + "/secret", "TOP-SECRET-WEIGHTS"));
   std::string so = dir / "hostile.so";
   std::string cmd = "cc -shared -fPIC -o " + so + " " + AOTID_SOURCE_DIR + "/tests/runner/hostile_model.c";
@@ -490,10 +498,9 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   RunOptions env;
   env.env = {"HOSTILE_BLOB=" + blobs + "/secret", "HOSTILE_PLANT=" + cache + "/planted",
              "HOSTILE_ETC=" + etc.path()};
-  std::string out;
-  int rc = RunAotid({"internal-build", "--artifact", dir / "evil_so.pt2", "--out", cache + "/.staging/b1",
-                     "--kind", "aoti_compiled"},
-                    env, &out);
+  rc = RunAotid({"internal-build", "--artifact", dir / "evil_so.pt2", "--out", cache + "/.staging/b1",
+                 "--kind", "aoti_compiled"},
+                env, &out);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("hostile: write its scratch: DONE"), std::string::npos) << out;  // its code ran
   for (const char* refused :
@@ -508,6 +515,7 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   EXPECT_EQ(out.find("TOP-SECRET"), std::string::npos) << out;
   EXPECT_EQ(out.find("hostile: leaked"), std::string::npos) << out;
   EXPECT_FALSE(fs::Exists(cache + "/planted"));
+#endif  // __linux__
 
   // A source package whose flags would run a shell command: refused, not run.
   std::string flags =
@@ -524,6 +532,8 @@ TEST(RunnerSandbox, BuildChildConfinesThePackagesCodeAndFlags) {
   EXPECT_FALSE(fs::Exists(dir / "wrapped"));
 }
 
+// Linux only: the build children are confined there alone (docs/RUNNERS.md).
+#ifdef __linux__
 // The compile worker deserializes exported programs that may come from a
 // registry, with torch: a flaw there runs the package's code in the worker.
 // A stand-in worker (build.worker_dir points at it) runs such code from the
@@ -612,6 +622,7 @@ sys.exit(2)
   EXPECT_TRUE((*d)->Alive());
   EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
 }
+#endif  // __linux__
 
 // A compiled package whose extra/aotid.json states other shapes than its
 // model was compiled for (finding 7: x*2+1 compiled for [-1, 8], declared

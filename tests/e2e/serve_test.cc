@@ -21,6 +21,7 @@
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
 #include "e2e/http_util.h"
+#include "runtime/hardware.h"
 #include "storage/model_store.h"
 #include "test_util.h"
 
@@ -87,7 +88,9 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
   Reply m = Get(port(), "/v2/models/mlp");
   ASSERT_EQ(m.status, 200);
   EXPECT_EQ(m.body["state"], "ready");
-  EXPECT_EQ(m.body["device"], "cpu");
+  // Added with the default device, auto: this machine's choice (the CPU
+  // here; MPS on an Apple Silicon Mac unless AOTID_CPU_ONLY says otherwise).
+  EXPECT_EQ(m.body["device"], runtime::AutoDevice(runtime::ProbeHardware()));
   EXPECT_EQ(m.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,8]}])"));
   EXPECT_EQ(m.body["outputs"], json::parse(R"([{"name":"y","datatype":"FP32","shape":[-1,4]}])"));
   Reply e = Get(port(), "/v2/models/embed");
