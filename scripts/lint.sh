@@ -41,16 +41,25 @@ while (($#)); do
 done
 cd "$root"
 jobs="${AOTID_JOBS:-$(nproc 2>/dev/null || sysctl -n hw.ncpu)}"
+
+# Reads stdin's lines into the array named $1: mapfile -t, which macOS's
+# /bin/bash (3.2) lacks.
+lines_into() {
+  local _line
+  eval "$1=()"
+  while IFS= read -r _line; do eval "$1+=(\"\$_line\")"; done
+}
+
 python="$root/.venv/bin/python"
 [[ -x "$python" ]] || python=python3
 
 if ((all)); then
-  mapfile -t files < <(git ls-files -- '*.cc' '*.h')
+  lines_into files < <(git ls-files -- '*.cc' '*.h')
 else
   base_ref="${AOTID_LINT_BASE:-main}"
   base="$(git merge-base HEAD "$base_ref" 2>/dev/null)" ||
     { echo "lint: no common commit with '$base_ref'; set AOTID_LINT_BASE to the branch to compare with" >&2; exit 2; }
-  mapfile -t files < <({
+  lines_into files < <({
     git diff --name-only --diff-filter=d "$base" -- '*.cc' '*.h'
     git ls-files --others --exclude-standard -- '*.cc' '*.h'
   } | sort -u)
@@ -63,7 +72,7 @@ step_format() {
   local f bad=() known=() cleaned=()
   if ((all)); then
     local baseline="$root/scripts/format-baseline.txt"
-    for f in "${files[@]}"; do
+    for f in ${files[@]+"${files[@]}"}; do
       if clang-format --dry-run --Werror "$f" >/dev/null 2>&1; then
         grep -qxF "$f" "$baseline" && cleaned+=("$f")
       elif grep -qxF "$f" "$baseline"; then
@@ -73,29 +82,29 @@ step_format() {
       fi
     done
     ((${#known[@]})) && echo "format: ${#known[@]} files of scripts/format-baseline.txt still unformatted (not a failure)"
-    ((${#cleaned[@]})) && echo "format: now formatted, remove from scripts/format-baseline.txt: ${cleaned[*]}"
+    ((${#cleaned[@]})) && echo "format: now formatted, remove from scripts/format-baseline.txt: ${cleaned[*]+${cleaned[*]}}"
     if ((${#bad[@]})); then
-      echo "format: not clang-format clean (clang-format -i FILE): ${bad[*]}"
+      echo "format: not clang-format clean (clang-format -i FILE): ${bad[*]+${bad[*]}}"
       return 1
     fi
   else
     local tracked=() untracked=() out
-    for f in "${files[@]}"; do
+    for f in ${files[@]+"${files[@]}"}; do
       if git ls-files --error-unmatch -- "$f" >/dev/null 2>&1; then tracked+=("$f"); else untracked+=("$f"); fi
     done
     if ((${#tracked[@]})); then
-      out="$(git clang-format --diff --extensions cc,h "$base" -- "${tracked[@]}")"
+      out="$(git clang-format --diff --extensions cc,h "$base" -- ${tracked[@]+"${tracked[@]}"})"
       if [[ -n "$out" && "$out" != *"no modified files to format"* && "$out" != *"did not modify any files"* ]]; then
         printf '%s\n' "$out"
         echo "format: changed lines above are not clang-format clean (fix: git clang-format $base)"
         return 1
       fi
     fi
-    for f in "${untracked[@]}"; do
+    for f in ${untracked[@]+"${untracked[@]}"}; do
       clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || bad+=("$f")
     done
     if ((${#bad[@]})); then
-      echo "format: new files not clang-format clean (clang-format -i FILE): ${bad[*]}"
+      echo "format: new files not clang-format clean (clang-format -i FILE): ${bad[*]+${bad[*]}}"
       return 1
     fi
   fi
@@ -119,13 +128,13 @@ step_tidy() {
   local tus=() f compiled
   compiled="$(compiled_files)"
   if ((all)); then
-    mapfile -t tus <<<"$compiled"
+    lines_into tus <<<"$compiled"
   else
-    for f in "${files[@]}"; do
+    for f in ${files[@]+"${files[@]}"}; do
       [[ "$f" == *.h ]] && f="${f%.h}.cc"
       grep -qxF "$f" <<<"$compiled" && tus+=("$f")
     done
-    mapfile -t tus < <(printf '%s\n' ${tus[@]+"${tus[@]}"} | sort -u | sed '/^$/d')
+    lines_into tus < <(printf '%s\n' ${tus[@]+"${tus[@]}"} | sort -u | sed '/^$/d')
   fi
   if ((${#tus[@]} == 0)); then
     echo "tidy: no compiled file changed"
@@ -135,7 +144,7 @@ step_tidy() {
   local filter="^$root/(base|storage|runtime|http|serving|control|daemon|tests|bench)/"
   local log
   log="$(mktemp)"
-  if ! printf '%s\0' "${tus[@]}" |
+  if ! printf '%s\0' ${tus[@]+"${tus[@]}"} |
     xargs -0 -P "$jobs" -n 1 clang-tidy -p "$build" --quiet --header-filter="$filter" >"$log" 2>&1; then
     grep -vE '^[0-9]+ warnings? (and [0-9]+ errors? )?generated|^Suppressed [0-9]+ warnings|^Use -header-filter' \
       "$log" || true
@@ -151,7 +160,7 @@ step_thread_safety() {
   # Every object whose recorded includes name the annotations; the first
   # dependency ninja records for an object is its source file.
   local tus=()
-  mapfile -t tus < <(cd "$build" && ninja -t deps |
+  lines_into tus < <(cd "$build" && ninja -t deps |
     awk '/^[^ \t]/ {first = 1; next} NF && first {src = $1; first = 0} /thread_annotations\.h$/ {print src}' |
     sort -u)
   if ((${#tus[@]} == 0)); then
@@ -160,7 +169,7 @@ step_thread_safety() {
   fi
   echo "thread-safety: ${#tus[@]} files"
   # Each with the build's own command, clang++ for g++, only parsed.
-  "$python" - "$build" "$jobs" "${tus[@]}" <<'EOF' || { echo "thread-safety: findings above"; return 1; }
+  "$python" - "$build" "$jobs" ${tus[@]+"${tus[@]}"} <<'EOF' || { echo "thread-safety: findings above"; return 1; }
 import concurrent.futures, json, os, shlex, subprocess, sys
 build, jobs, wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 wanted = {os.path.realpath(os.path.join(build, f)) for f in wanted}
@@ -197,7 +206,7 @@ for s in "${steps[@]}"; do
   "step_${s//-/_}" || failed+=("$s")
 done
 if ((${#failed[@]})); then
-  echo "lint: failed: ${failed[*]}"
+  echo "lint: failed: ${failed[*]+${failed[*]}}"
   exit 1
 fi
 echo "lint: ok"

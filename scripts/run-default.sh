@@ -19,13 +19,13 @@ for ((i = 0; i + 1 < ${#args[@]}; i++)); do
   esac
 done
 
-if ! "$AOTID" "${global[@]}" ls 2>/dev/null | grep -q '^demo '; then
+if ! "$AOTID" ${global[@]+"${global[@]}"} ls 2>/dev/null | grep -q '^demo '; then
   demo_file="$(mktemp -d)/demo.pt2"
   echo "[dev] exporting the demo model to $demo_file" >&2
   PYTHONPATH="$ROOT/python" "$PYTHON" -W ignore -m aotid_export aotid_export.demo:make_model \
     --input 'features=float32[1,4]' --output-name probabilities --dynamic-batch \
     --metadata '{"description": "aotid demo: 4 features -> 3 class probabilities"}' -o "$demo_file"
-  "$AOTID" "${global[@]}" add "$demo_file" --name demo
+  "$AOTID" ${global[@]+"${global[@]}"} add "$demo_file" --name demo
   rm -rf "$(dirname "$demo_file")"
 fi
 
