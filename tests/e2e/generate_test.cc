@@ -162,7 +162,7 @@ TEST_F(GenerateTest, StreamDeliversTheSameTokensAsEventsThenASummary) {
     EXPECT_FALSE(events[i].contains("finish_reason"));
     text += events[i]["text_output"].get<std::string>();
   }
-  EXPECT_EQ(text, whole.body["text_output"]);
+  EXPECT_EQ(text, whole.body["text_output"].get<std::string>());
   // One event a token (each token of this model's answer is whole text).
   EXPECT_EQ(events.size() - 1, 12u);
   const json& last = events.back();
