@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `./dev lint`: three checks of the C++ files (.cc, .h). By default on the
+# `./dev lint`: four checks of the C++ files (.cc, .h). By default on the
 # files changed since this branch left main (commits, uncommitted changes
 # and new files; AOTID_LINT_BASE names another base), with --all on every
 # file. Fails when a check finds something.
@@ -16,8 +16,13 @@
 #   thread-safety  clang's -Wthread-safety (base/thread_annotations.h) on
 #                  every file the build compiles that includes the
 #                  annotations, changed or not, with the build's flags.
+#   macos          the macOS build, checked here (scripts/macos_check.sh):
+#                  the changed .cc files and the .cc beside each changed .h
+#                  compiled for macOS, the plugin linked against the macOS
+#                  torch when one of its files changed; the shell scripts
+#                  macOS runs against bash 3.2. --all: every .cc file.
 #
-#   scripts/lint.sh ROOT BUILD_DIR [--all] [--only format|tidy|thread-safety]
+#   scripts/lint.sh ROOT BUILD_DIR [--all] [--only format|tidy|thread-safety|macos]
 # tidy and thread-safety need a build (compile_commands.json and ninja's
 # record of includes); `./dev lint` makes it.
 set -euo pipefail
@@ -25,13 +30,13 @@ root="$1"
 build="$2"
 shift 2
 all=0
-steps=(format tidy thread-safety)
-usage() { echo "usage: ./dev lint [--all] [--only format|tidy|thread-safety]" >&2; exit 2; }
+steps=(format tidy thread-safety macos)
+usage() { echo "usage: ./dev lint [--all] [--only format|tidy|thread-safety|macos]" >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --all) all=1 ;;
     --only)
-      [[ "${2:-}" =~ ^(format|tidy|thread-safety)$ ]] || usage
+      [[ "${2:-}" =~ ^(format|tidy|thread-safety|macos)$ ]] || usage
       steps=("$2")
       shift
       ;;
@@ -200,6 +205,23 @@ with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
 sys.exit(1 if bad else 0)
 EOF
   echo "thread-safety: ok"
+}
+
+step_macos() {
+  if ((all)); then
+    "$root/scripts/macos_check.sh" "$root"
+    return
+  fi
+  local f tus=()
+  for f in ${files[@]+"${files[@]}"}; do
+    [[ "$f" == *.h ]] && f="${f%.h}.cc"
+    [[ -f "$f" ]] && tus+=("$f")
+  done
+  if ((${#tus[@]} == 0)); then
+    echo "macos: no C++ file changed"
+    return 0
+  fi
+  "$root/scripts/macos_check.sh" "$root" ${tus[@]+"${tus[@]}"}
 }
 
 for s in "${steps[@]}"; do
