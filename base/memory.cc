@@ -11,7 +11,7 @@
 
 namespace aotid {
 
-void KeepFreedMemory(size_t keep_bytes) {
+void KeepFreedMemory(size_t keep_bytes, size_t largest_kept_block) {
 #if defined(__GLIBC__)
   // An operator who tuned glibc's thresholds (GLIBC_TUNABLES) keeps theirs.
   const char* tunables = std::getenv("GLIBC_TUNABLES");
@@ -20,10 +20,12 @@ void KeepFreedMemory(size_t keep_bytes) {
     return;
   constexpr int kLargestMmapThreshold = 32 << 20;  // glibc refuses more on 64-bit
   // Setting either turns off glibc's own moving thresholds, so both are set.
-  ::mallopt(M_MMAP_THRESHOLD, kLargestMmapThreshold);
+  ::mallopt(M_MMAP_THRESHOLD,
+            static_cast<int>(std::min<size_t>(largest_kept_block, size_t{kLargestMmapThreshold})));
   ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<size_t>(keep_bytes, INT_MAX)));
 #else
   (void)keep_bytes;
+  (void)largest_kept_block;
 #endif
 }
 

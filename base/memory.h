@@ -21,6 +21,12 @@ namespace aotid {
 // Call it before threads start. A no-op where the C library is not glibc,
 // and where GLIBC_TUNABLES sets malloc.mmap_threshold or
 // malloc.trim_threshold: the operator's choice stands.
-void KeepFreedMemory(size_t keep_bytes);
+//
+// `largest_kept_block` lowers the 32 MiB: larger blocks are mapped and
+// given back on free. A process whose large blocks come from clients (the
+// daemon's request bodies) sets it low, since each thread's heap keeps what
+// it once held: four 16 MiB bodies refused by the daemon once left 200 MB
+// behind, growing as other workers met them.
+void KeepFreedMemory(size_t keep_bytes, size_t largest_kept_block = size_t{32} << 20);
 
 }  // namespace aotid

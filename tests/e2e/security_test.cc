@@ -14,8 +14,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
@@ -182,6 +184,53 @@ TEST_F(ApiSecurity, CorsAnswersConfiguredOriginsOnly) {
 
 // listen = "unix:/path": a socket file of mode 0660, the API over it, and
 // no TCP port at all.
+#ifdef __linux__  // the daemon's memory is read from /proc
+// The daemon's resident memory in MB.
+double ResidentMb(pid_t pid) {
+  auto status = fs::ReadFile("/proc/" + std::to_string(pid) + "/status");
+  if (!status.ok()) return -1;
+  size_t at = status->find("VmRSS:");
+  return at == std::string::npos ? -1 : std::stod(status->substr(at + 6)) / 1024;
+}
+
+// Bodies of 16 MiB of '[' to every route that reads JSON, four at once and
+// twice over: each refused, and the daemon's memory back within 16 MB of
+// where it was after the first round (which sets up the workers' heaps).
+// Each bomb once cost ~1 GB at /generate, and any 16 MiB body stayed in the
+// heap of every worker that met it: +200 MB after four, and growing.
+TEST_F(ApiSecurity, NestingBombsLeaveNoMemoryBehind) {
+  Start("");
+  const std::string bomb(16 << 20, '[');
+  const char* routes[] = {"/v2/repository/index", "/v2/models/none/infer", "/v2/models/none/generate"};
+  auto round = [&] {
+    for (const char* route : routes) {
+      std::vector<std::thread> clients;
+      for (int i = 0; i < 4; ++i) {
+        clients.emplace_back([&, route] {
+          httplib::Client c("127.0.0.1", daemon_->port());
+          c.set_read_timeout(60, 0);
+          auto r = c.Post(route, bomb, "application/json");
+          ASSERT_TRUE(r) << route;
+          EXPECT_GE(r->status, 400) << route;
+          EXPECT_LT(r->status, 500) << route << " " << r->body.substr(0, 200);
+        });
+      }
+      for (auto& t : clients) t.join();
+    }
+  };
+  round();
+  const double before = ResidentMb(daemon_->pid());
+  ASSERT_GT(before, 0);
+  round();
+  round();
+  const double after = ResidentMb(daemon_->pid());
+  std::cout << "daemon resident memory: " << before << " MB after one round of 12 bombs, " << after
+            << " MB after two more\n";
+  EXPECT_LT(after - before, 16.0);
+  EXPECT_TRUE(daemon_->Alive());
+}
+#endif  // __linux__
+
 TEST(ApiListen, UnixSocketServesTheApiWithMode0660) {
   TempDir dir;
   std::string sock = dir / "aotid.sock", log = dir / "daemon.log";
