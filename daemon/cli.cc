@@ -1,5 +1,7 @@
 #include "daemon/cli.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -1169,29 +1171,51 @@ int RunConfined(const runtime::ConfineArgs& args) {
 
 }  // namespace
 
-// Root changing a store another user owns (`sudo aotid --store
-// /var/lib/aotid add ...` for the system service, which runs as its own
-// user): every file root made in it is given to the store's owner, so that
-// the service can still write its store (its database's journal, blobs/,
-// the lock) and remove what root added.
-void GiveStoreToItsOwner(const std::string& store_path) {
+namespace {
+
+// Gives what root owns in the open folder `dir` (at `path`) to uid:gid, and
+// the same in its subfolders, each opened from its parent's descriptor
+// without following links. Closes `dir`.
+void GiveFolder(int dir, const std::string& path, uid_t uid, gid_t gid, int depth,
+                const std::function<void(const std::string&)>& before_entering) {
+  DIR* d = ::fdopendir(dir);
+  if (d == nullptr) {
+    ::close(dir);
+    return;
+  }
+  std::vector<std::string> folders;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (st.st_uid == 0) (void)::fchownat(dir, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW);
+    if (S_ISDIR(st.st_mode)) folders.push_back(name);
+  }
+  for (const std::string& name : folders) {
+    if (depth >= 64) break;  // a store is a few levels deep
+    if (before_entering) before_entering(path + "/" + name);
+    int sub = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub >= 0) GiveFolder(sub, path + "/" + name, uid, gid, depth + 1, before_entering);
+  }
+  ::closedir(d);  // closes `dir`
+}
+
+}  // namespace
+
+void GiveStoreToItsOwner(const std::string& store_path,
+                         const std::function<void(const std::string& path)>& before_entering) {
   if (::geteuid() != 0) return;
   char resolved[PATH_MAX];
   if (::realpath(store_path.c_str(), resolved) == nullptr) return;
+  int root = ::open(resolved, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (root < 0) return;
   struct stat root_st;
-  if (::stat(resolved, &root_st) != 0 || root_st.st_uid == 0) return;
-  std::error_code ec;
-  auto give = [&](const std::string& path) {
-    struct stat st;
-    if (::lstat(path.c_str(), &st) == 0 && st.st_uid == 0) {
-      (void)::lchown(path.c_str(), root_st.st_uid, root_st.st_gid);
-    }
-  };
-  for (auto it = std::filesystem::recursive_directory_iterator(
-           resolved, std::filesystem::directory_options::skip_permission_denied, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    give(it->path().string());
+  if (::fstat(root, &root_st) != 0 || root_st.st_uid == 0) {
+    ::close(root);
+    return;
   }
+  GiveFolder(root, resolved, root_st.st_uid, root_st.st_gid, 0, before_entering);
 }
 
 // `aotid service install|uninstall|status` (daemon/service.h).
