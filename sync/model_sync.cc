@@ -63,22 +63,13 @@ StatusOr<storage::VersionSettings> ReadSettings(const json& j, std::vector<std::
   return s;
 }
 
-struct Layer {
-  std::string digest;
-  int64_t size = 0;
-};
-
-struct Parsed {
-  std::string config_digest;
-  int64_t config_size = 0;
-  Layer layer;
-};
-
 // A manifest or a config nests four levels; a registry's documents deeper
 // than this are refused before they are built (base/json.h).
 constexpr JsonLimits kRegistryJson{.max_depth = 32};
 
-StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& limits) {
+}  // namespace
+
+StatusOr<Manifest> ParseManifest(std::string_view text, const RegistryLimits& limits) {
   ASSIGN_OR_RETURN(json m, ParseJson(text, "the manifest", kRegistryJson));
   if (!m.is_object()) return InvalidArgument("the manifest is not a JSON object");
   auto str = [&](const json& o, const char* k) {
@@ -101,7 +92,7 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
                            (artifact_type.empty() ? config_type : artifact_type) +
                            "', not an aotid model ('" + kArtifactType + "')");
   }
-  Parsed p;
+  Manifest p;
   p.config_digest = str(config, "digest");
   if (!IsValidDigest(p.config_digest))
     return InvalidArgument("the manifest's config digest '" + p.config_digest +
@@ -136,7 +127,18 @@ StatusOr<Parsed> ParseManifest(const std::string& text, const RegistryLimits& li
   return p;
 }
 
-}  // namespace
+StatusOr<RemoteConfig> ParseRemoteConfig(std::string_view text) {
+  ASSIGN_OR_RETURN(json config, ParseJson(text, "the config", kRegistryJson));
+  if (!config.is_object()) return InvalidArgument("the config is not a JSON object");
+  RemoteConfig c;
+  if (config.contains("package_model") && config["package_model"].is_string())
+    c.package_model = config["package_model"].get<std::string>();
+  auto settings =
+      ReadSettings(config.contains("settings") ? config["settings"] : json(), &c.notes, /*trusted=*/false);
+  if (!settings.ok()) return settings.status().WithContext("the config's settings");
+  c.settings = std::move(*settings);
+  return c;
+}
 
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata) {
   json metadata = ParseJsonOrDiscarded(author_metadata);
@@ -305,10 +307,9 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
     return Corruption(ref.ToString() + ": the config is " + std::to_string(config_text.size()) +
                       " bytes, not the " + std::to_string(parsed->config_size) + " its manifest says");
   }
-  auto config_json = ParseJson(config_text, "the config", kRegistryJson);
-  if (!config_json.ok()) return config_json.status().WithContext(ref.ToString());
-  const json& config = *config_json;
-  if (!config.is_object()) return InvalidArgument(ref.ToString() + ": the config is not a JSON object");
+  auto config = ParseRemoteConfig(config_text);
+  if (!config.ok()) return config.status().WithContext(ref.ToString());
+  r.notes.insert(r.notes.end(), config->notes.begin(), config->notes.end());
   // The store's name is this side's to choose: --name, else the
   // repository's last part. The config's name is only a suggestion a
   // registry could use to replace another local model.
@@ -316,12 +317,7 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
   if (name.empty()) name = ref.repo.substr(ref.repo.rfind('/') + 1);
   RETURN_IF_ERROR(storage::ValidateModelName(name).WithContext(ref.ToString() + ": the model's name"));
   r.model = name;
-  std::string package_model = config.contains("package_model") && config["package_model"].is_string()
-                                  ? config["package_model"].get<std::string>()
-                                  : "";
-  auto settings = ReadSettings(config.contains("settings") ? config["settings"] : json(), &r.notes,
-                               /*trusted=*/false);
-  if (!settings.ok()) return settings.status().WithContext(ref.ToString() + ": the config's settings");
+  const std::string& package_model = config->package_model;
   const std::string sha = parsed->layer.digest.substr(7);  // validated: 64 hex digits
 
   // Up to date when the model's newest version is this artifact (a
@@ -364,7 +360,7 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
   req.file = file;
   req.name = name;
   req.package_model = package_model;
-  req.settings = *settings;
+  req.settings = config->settings;
   req.move_file = !partial.empty();  // the download goes into the blob store, not copied
   auto added = store.Add(req);
   // A verified download stays for the next sync when the store refuses it

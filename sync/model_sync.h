@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -87,6 +88,31 @@ StatusOr<SyncResult> Pull(storage::ModelStore& store, const OciRef& ref, const P
 // and the others go on.
 StatusOr<std::vector<SyncResult>> PullDir(storage::ModelStore& store, const std::string& dir,
                                           const std::string& name, const MayAdd& may_add = nullptr);
+
+// What aotid reads of a registry's manifest: its config's digest and size,
+// and its one package layer (digests checked for form, sizes against
+// `limits`). InvalidArgument naming the fault for anything else, a
+// document nested past 32 levels included; ResourceExhausted past a limit.
+struct Manifest {
+  std::string config_digest;
+  int64_t config_size = 0;
+  struct {
+    std::string digest;
+    int64_t size = 0;
+  } layer;
+};
+StatusOr<Manifest> ParseManifest(std::string_view text, const RegistryLimits& limits);
+
+// What aotid takes of a registry's config: the package's model and the
+// pushed settings, apart from those a registry may not set (inductor
+// options: they reach the compiler's command line) and those this aotid
+// does not know, each said in `notes`. The config's name is not taken.
+struct RemoteConfig {
+  std::string package_model;
+  storage::VersionSettings settings;
+  std::vector<std::string> notes;
+};
+StatusOr<RemoteConfig> ParseRemoteConfig(std::string_view text);
 
 // The manifest and config a push writes, for docs and tests.
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata);
