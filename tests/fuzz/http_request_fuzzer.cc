@@ -8,15 +8,19 @@
 // a finished head consumes something, and no body exceeds the limit. Every
 // error the parser states (they quote the client's bytes) is built into
 // the JSON error body the API sends, which must not throw and must parse
-// back as JSON whatever bytes it quotes.
+// back as JSON whatever bytes it quotes. The bodies of the generate and
+// repository index routes are read by their own readers (the generate
+// request's, the bounded tape); what they refuse must say why.
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
+#include "fuzz_generate_spec.h"
+#include "http/json_tape.h"
 #include "http/server.h"
+#include "serving/generate.h"
 #include "serving/http_api.h"
 
 namespace {
@@ -38,7 +42,19 @@ const Router& TheRouter() {
     };
     r->Add("GET", "/v2/models/*", echo);
     r->Add("POST", "/v2/models/*/versions/*/infer", echo);
-    r->Add("POST", "/v2/repository/index", echo);
+    r->Add("POST", "/v2/models/*/generate", [](const Request& req, Response& res) {
+      auto parsed = aotid::serving::ParseGenerateRequest(req.body, aotid::fuzz::GenerateSpecForFuzzing());
+      if (!parsed.ok() && parsed.status().message().empty()) __builtin_trap();
+      if (!parsed.ok()) CheckErrorBody(parsed.status().message());
+      res.Set(parsed.ok() ? "{}" : aotid::serving::ErrorBody(parsed.status().message()), "application/json");
+    });
+    r->Add("POST", "/v2/repository/index", [](const Request& req, Response& res) {
+      json_tape::Tape body;
+      bool ok = body.Parse(req.body, /*max_depth=*/32);
+      if (!ok) CheckErrorBody("repository index body " + body.ErrorPlace(req.body));
+      res.Set(ok ? "[]" : "{}", "application/json");
+    });
+    r->Add("POST", "/v2/repository/models/*/load", echo);
     return r;
   }();
   return *router;

@@ -12,27 +12,14 @@
 #include <string>
 #include <string_view>
 
-#include "base/fs.h"
+#include "fuzz_generate_spec.h"
 #include "serving/generate.h"
 #include "text/generation.h"
 #include "text/tokenizer.h"
 
 namespace {
 
-const aotid::text::GenerateSpec& Spec() {
-  static const auto* spec = [] {
-    auto tok = aotid::fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/smollm2_tokenizer.json");
-    if (!tok.ok()) std::abort();
-    std::string g =
-        R"({"kind":"causal_lm","max_seq_len":64,"max_prefill":64,"eos_token_ids":[2],)"
-        R"("chat":{"user":{"prefix":"<|im_start|>user\n","suffix":"<|im_end|>\n"}},"tokenizer":)" +
-        *tok + "}";
-    auto s = aotid::text::GenerateSpec::FromJson(g);
-    if (!s.ok()) std::abort();
-    return new aotid::text::GenerateSpec(std::move(s).value());
-  }();
-  return *spec;
-}
+const aotid::text::GenerateSpec& Spec() { return aotid::fuzz::GenerateSpecForFuzzing(); }
 
 void Check(bool ok) {
   if (!ok) std::abort();
