@@ -426,11 +426,12 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   std::signal(SIGPIPE, SIG_IGN);
   // Request bodies, their decoded tensors and the replies are allocated and
   // freed per request. Blocks up to 1 MiB (a ResNet's image, a reply) are
-  // kept for the next request rather than faulted in again, 16 MiB at most
-  // at the top of the heap (base/memory.h); larger ones, a large body
-  // above all, go back to the system when freed, so what a client sends,
-  // refused or not, is not kept by every worker that met it.
-  KeepFreedMemory(size_t{16} << 20, size_t{1} << 20);
+  // kept for the next request rather than faulted in again, 4 MiB at most
+  // at the top of each thread's heap (base/memory.h: the threshold is per
+  // heap, and each worker has one); larger ones, a large body above all,
+  // go back to the system when freed, so what a client sends, refused or
+  // not, is not kept by every worker that met it.
+  KeepFreedMemory(size_t{4} << 20, size_t{1} << 20);
 
   if (!config.log_file.empty()) {
     if (Status s = log::SetFile(config.log_file, int64_t{config.log_max_size_mb} << 20, config.log_keep);
