@@ -45,6 +45,25 @@ Status CheckJsonDepth(std::string_view text, int max_depth);
 StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
                                    const JsonLimits& limits = {});
 
+// Runs `read`, which reads a parsed document, and turns an exception of the
+// DOM's (a value of another type than `read` took for granted, which a
+// hostile document can always arrange: `.value("k", 0)` on a string
+// throws) into InvalidArgument beginning with `what`. Every reader of JSON
+// from outside runs inside one, so that a type check it lacks costs a
+// refusal, never the process.
+template <typename T, typename Read>
+StatusOr<T> ReadJsonSafely(std::string_view what, Read&& read) {
+  try {
+    return read();
+  } catch (const nlohmann::json::exception& e) {
+    std::string why = e.what();
+    if (size_t end = why.find("] "); why.starts_with("[json.exception.") && end != std::string::npos)
+      why = why.substr(end + 2);
+    if (why.size() > 200) why = why.substr(0, 200) + "...";
+    return InvalidArgument(std::string(what) + " has a value of an unexpected type (" + why + ")");
+  }
+}
+
 // For JSON aotid wrote itself and reads back (its store's columns, its
 // cache's records): the DOM, or a discarded value (is_discarded(), and not
 // an object, array or string) when `text` is not JSON within `limits`.

@@ -40,26 +40,28 @@ std::vector<std::string> AotiModelEntries(const Archive& archive, const std::str
 }
 
 StatusOr<AotiMetadata> ReadAotiMetadata(const Archive& archive, const std::string& package_model) {
-  std::vector<std::string> files = AotiModelEntries(archive, package_model);
-  if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + package_model + "'");
-  std::string meta_name;
-  for (const auto& f : files) {
-    if (f.ends_with("_metadata.json") && (meta_name.empty() || f.ends_with("wrapper_metadata.json")))
-      meta_name = f;
-  }
-  if (meta_name.empty())
-    return InvalidArgument("the package has no AOTInductor metadata for '" + package_model + "'");
-  ASSIGN_OR_RETURN(std::string meta_text, archive.Read(meta_name, kMetadataLimits.max_bytes));
-  ASSIGN_OR_RETURN(json meta, ParseJson(meta_text, meta_name, kMetadataLimits));
-  if (!meta.is_object()) return InvalidArgument(meta_name + " is not a JSON object");
-  auto field = [&](const char* k) {
-    return meta.contains(k) && meta[k].is_string() ? meta[k].get<std::string>() : "";
-  };
-  AotiMetadata m{field("AOTI_DEVICE_KEY"), field("AOTI_PLATFORM"), field("AOTI_MACHINE"),
-                 field("AOTI_CPU_ISA"), meta.dump()};
-  if (m.device_key.empty())
-    return InvalidArgument("the package's metadata names no device (AOTI_DEVICE_KEY)");
-  return m;
+  return ReadJsonSafely<AotiMetadata>("the package's AOTInductor metadata", [&]() -> StatusOr<AotiMetadata> {
+    std::vector<std::string> files = AotiModelEntries(archive, package_model);
+    if (files.empty()) return InvalidArgument("the package has no AOTInductor model '" + package_model + "'");
+    std::string meta_name;
+    for (const auto& f : files) {
+      if (f.ends_with("_metadata.json") && (meta_name.empty() || f.ends_with("wrapper_metadata.json")))
+        meta_name = f;
+    }
+    if (meta_name.empty())
+      return InvalidArgument("the package has no AOTInductor metadata for '" + package_model + "'");
+    ASSIGN_OR_RETURN(std::string meta_text, archive.Read(meta_name, kMetadataLimits.max_bytes));
+    ASSIGN_OR_RETURN(json meta, ParseJson(meta_text, meta_name, kMetadataLimits));
+    if (!meta.is_object()) return InvalidArgument(meta_name + " is not a JSON object");
+    auto field = [&](const char* k) {
+      return meta.contains(k) && meta[k].is_string() ? meta[k].get<std::string>() : "";
+    };
+    AotiMetadata m{field("AOTI_DEVICE_KEY"), field("AOTI_PLATFORM"), field("AOTI_MACHINE"),
+                   field("AOTI_CPU_ISA"), meta.dump()};
+    if (m.device_key.empty())
+      return InvalidArgument("the package's metadata names no device (AOTI_DEVICE_KEY)");
+    return m;
+  });
 }
 
 StatusOr<AotiMetadata> ReadAotiMetadata(const std::string& path, const std::string& package_model) {
@@ -79,21 +81,24 @@ Status CheckPackageMetadata(const Archive& archive) {
 }
 
 StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::string& package_model) {
-  ExportRecord record;
-  std::string name = ExportRecordEntry(archive);
-  if (name.empty()) return record;
-  ASSIGN_OR_RETURN(std::string text, archive.Read(name, kMetadataLimits.max_bytes));
-  ASSIGN_OR_RETURN(json extra, ParseJson(text, name, kMetadataLimits));
-  if (!extra.is_object()) return InvalidArgument(name + " is not a JSON object");
-  if (extra.contains("metadata") && extra["metadata"].is_object())
-    record.author_metadata = extra["metadata"].dump();
-  if (extra.contains("inductor_options") && extra["inductor_options"].is_object())
-    record.package_options = extra["inductor_options"].dump();
-  if (extra.contains("models") && extra["models"].is_object() && extra["models"].contains(package_model)) {
-    const json& one = extra["models"][package_model];
-    if (one.is_object() && one.contains("inputs") && one.contains("outputs")) record.model_spec = one.dump();
-  }
-  return record;
+  return ReadJsonSafely<ExportRecord>("extra/aotid.json", [&]() -> StatusOr<ExportRecord> {
+    ExportRecord record;
+    std::string name = ExportRecordEntry(archive);
+    if (name.empty()) return record;
+    ASSIGN_OR_RETURN(std::string text, archive.Read(name, kMetadataLimits.max_bytes));
+    ASSIGN_OR_RETURN(json extra, ParseJson(text, name, kMetadataLimits));
+    if (!extra.is_object()) return InvalidArgument(name + " is not a JSON object");
+    if (extra.contains("metadata") && extra["metadata"].is_object())
+      record.author_metadata = extra["metadata"].dump();
+    if (extra.contains("inductor_options") && extra["inductor_options"].is_object())
+      record.package_options = extra["inductor_options"].dump();
+    if (extra.contains("models") && extra["models"].is_object() && extra["models"].contains(package_model)) {
+      const json& one = extra["models"][package_model];
+      if (one.is_object() && one.contains("inputs") && one.contains("outputs"))
+        record.model_spec = one.dump();
+    }
+    return record;
+  });
 }
 
 StatusOr<ExportRecord> ReadPackageRecord(const std::string& path) {

@@ -67,15 +67,14 @@ StatusOr<storage::VersionSettings> ReadSettings(const json& j, std::vector<std::
 // than this are refused before they are built (base/json.h).
 constexpr JsonLimits kRegistryJson{.max_depth = 32};
 
-}  // namespace
-
-StatusOr<Manifest> ParseManifest(std::string_view text, const RegistryLimits& limits) {
-  ASSIGN_OR_RETURN(json m, ParseJson(text, "the manifest", kRegistryJson));
+StatusOr<Manifest> ReadManifest(const json& m, const RegistryLimits& limits) {
   if (!m.is_object()) return InvalidArgument("the manifest is not a JSON object");
   auto str = [&](const json& o, const char* k) {
     return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
   };
-  if (m.value("schemaVersion", 0) != 2) return InvalidArgument("the manifest's schemaVersion is not 2");
+  if (!m.contains("schemaVersion") || !m["schemaVersion"].is_number_integer() ||
+      m["schemaVersion"].get<int64_t>() != 2)
+    return InvalidArgument("the manifest's schemaVersion is not 2");
   std::string media = str(m, "mediaType");
   if (!media.empty() && media != kOciManifestMediaType) {
     return InvalidArgument("the manifest is a '" + media +
@@ -100,7 +99,8 @@ StatusOr<Manifest> ParseManifest(std::string_view text, const RegistryLimits& li
   if (!config.contains("size") || !config["size"].is_number_integer())
     return InvalidArgument("the manifest's config has no size");
   p.config_size = config["size"].get<int64_t>();
-  if (p.config_size < 0 || p.config_size > limits.max_config_bytes) {
+  if (p.config_size < 0) return InvalidArgument("the manifest's config size is negative");
+  if (p.config_size > limits.max_config_bytes) {
     return ResourceExhausted("the config is " + std::to_string(p.config_size) + " bytes, over the limit of " +
                              std::to_string(limits.max_config_bytes));
   }
@@ -127,8 +127,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text, const RegistryLimits& li
   return p;
 }
 
-StatusOr<RemoteConfig> ParseRemoteConfig(std::string_view text) {
-  ASSIGN_OR_RETURN(json config, ParseJson(text, "the config", kRegistryJson));
+StatusOr<RemoteConfig> ReadRemoteConfig(const json& config) {
   if (!config.is_object()) return InvalidArgument("the config is not a JSON object");
   RemoteConfig c;
   if (config.contains("package_model") && config["package_model"].is_string())
@@ -138,6 +137,26 @@ StatusOr<RemoteConfig> ParseRemoteConfig(std::string_view text) {
   if (!settings.ok()) return settings.status().WithContext("the config's settings");
   c.settings = std::move(*settings);
   return c;
+}
+
+}  // namespace
+
+StatusOr<Manifest> ParseManifest(std::string_view text, const RegistryLimits& limits) {
+  ASSIGN_OR_RETURN(json m, ParseJson(text, "the manifest", kRegistryJson));
+  auto read = ReadJsonSafely<Manifest>("the manifest",
+                                       [&]() -> StatusOr<Manifest> { return ReadManifest(m, limits); });
+  // A registry's words reach the terminal and the logs.
+  if (!read.ok()) return Status(read.status().code(), Printable(read.status().message()));
+  return read;
+}
+
+StatusOr<RemoteConfig> ParseRemoteConfig(std::string_view text) {
+  ASSIGN_OR_RETURN(json config, ParseJson(text, "the config", kRegistryJson));
+  auto read = ReadJsonSafely<RemoteConfig>(
+      "the config", [&]() -> StatusOr<RemoteConfig> { return ReadRemoteConfig(config); });
+  // A registry's words reach the terminal, the logs and the store's events.
+  if (!read.ok()) return Status(read.status().code(), Printable(read.status().message()));
+  return read;
 }
 
 std::string MakeConfig(const storage::ModelVersion& v, const std::string& author_metadata) {

@@ -62,58 +62,60 @@ StatusOr<int64_t> IntField(const json& j, const char* name, int64_t lo, int64_t 
 }  // namespace
 
 StatusOr<GenerateSpec> GenerateSpec::FromJson(std::string_view text) {
-  json j = ParseJsonOrDiscarded(text);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("generate.json is not a JSON object");
-  if (j.value("kind", "") != "causal_lm") {
-    return InvalidArgument("generate.json's kind is not \"causal_lm\", the one aotid runs");
-  }
-  GenerateSpec g;
-  ASSIGN_OR_RETURN(g.tokens_input, StringField(j, "tokens_input", g.tokens_input));
-  ASSIGN_OR_RETURN(g.positions_input, StringField(j, "positions_input", g.positions_input));
-  ASSIGN_OR_RETURN(g.logits_output, StringField(j, "logits_output", g.logits_output));
-  ASSIGN_OR_RETURN(g.max_seq_len, IntField(j, "max_seq_len", 2, int64_t{1} << 24));
-  ASSIGN_OR_RETURN(g.max_prefill, IntField(j, "max_prefill", 1, g.max_seq_len));
-  if (!j.contains("tokenizer") || !j["tokenizer"].is_object()) {
-    return InvalidArgument("generate.json has no tokenizer");
-  }
-  auto tok = Tokenizer::FromJson(j["tokenizer"].dump());
-  if (!tok.ok()) return tok.status();
-  g.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tok).value());
-  const int64_t vocab = g.tokenizer->vocab_size();
-  if (!j.contains("eos_token_ids") || !j["eos_token_ids"].is_array()) {
-    return InvalidArgument("generate.json has no \"eos_token_ids\" list");
-  }
-  for (const auto& e : j["eos_token_ids"]) {
-    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
-      return InvalidArgument("generate.json \"eos_token_ids\" has an id outside the vocabulary");
+  return ReadJsonSafely<GenerateSpec>("generate.json", [&]() -> StatusOr<GenerateSpec> {
+    json j = ParseJsonOrDiscarded(text);
+    if (j.is_discarded() || !j.is_object()) return InvalidArgument("generate.json is not a JSON object");
+    if (j.value("kind", "") != "causal_lm") {
+      return InvalidArgument("generate.json's kind is not \"causal_lm\", the one aotid runs");
     }
-    g.eos_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
-  }
-  if (j.contains("bos_token_id")) {
-    ASSIGN_OR_RETURN(int64_t bos, IntField(j, "bos_token_id", 0, vocab - 1));
-    g.bos_id = static_cast<int32_t>(bos);
-  }
-  if (j.contains("chat")) {
-    const json& c = j["chat"];
-    if (!c.is_object()) return InvalidArgument("generate.json \"chat\" is not an object");
-    ChatTemplate chat;
-    for (const char* role : {"system", "user", "assistant"}) {
-      if (!c.contains(role)) continue;
-      const json& r = c[role];
-      if (!r.is_object())
-        return InvalidArgument(std::string("generate.json chat role \"") + role + "\" is not an object");
-      ChatTemplate::Role piece;
-      ASSIGN_OR_RETURN(piece.prefix, StringField(r, "prefix", ""));
-      ASSIGN_OR_RETURN(piece.suffix, StringField(r, "suffix", ""));
-      chat.roles[role] = std::move(piece);
+    GenerateSpec g;
+    ASSIGN_OR_RETURN(g.tokens_input, StringField(j, "tokens_input", g.tokens_input));
+    ASSIGN_OR_RETURN(g.positions_input, StringField(j, "positions_input", g.positions_input));
+    ASSIGN_OR_RETURN(g.logits_output, StringField(j, "logits_output", g.logits_output));
+    ASSIGN_OR_RETURN(g.max_seq_len, IntField(j, "max_seq_len", 2, int64_t{1} << 24));
+    ASSIGN_OR_RETURN(g.max_prefill, IntField(j, "max_prefill", 1, g.max_seq_len));
+    if (!j.contains("tokenizer") || !j["tokenizer"].is_object()) {
+      return InvalidArgument("generate.json has no tokenizer");
     }
-    if (!chat.roles.contains("user"))
-      return InvalidArgument("generate.json's chat template has no user role");
-    ASSIGN_OR_RETURN(chat.generation_prompt, StringField(c, "generation_prompt", ""));
-    ASSIGN_OR_RETURN(chat.default_preamble, StringField(c, "default_preamble", ""));
-    g.chat = std::move(chat);
-  }
-  return g;
+    auto tok = Tokenizer::FromJson(j["tokenizer"].dump());
+    if (!tok.ok()) return tok.status();
+    g.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tok).value());
+    const int64_t vocab = g.tokenizer->vocab_size();
+    if (!j.contains("eos_token_ids") || !j["eos_token_ids"].is_array()) {
+      return InvalidArgument("generate.json has no \"eos_token_ids\" list");
+    }
+    for (const auto& e : j["eos_token_ids"]) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
+        return InvalidArgument("generate.json \"eos_token_ids\" has an id outside the vocabulary");
+      }
+      g.eos_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    if (j.contains("bos_token_id")) {
+      ASSIGN_OR_RETURN(int64_t bos, IntField(j, "bos_token_id", 0, vocab - 1));
+      g.bos_id = static_cast<int32_t>(bos);
+    }
+    if (j.contains("chat")) {
+      const json& c = j["chat"];
+      if (!c.is_object()) return InvalidArgument("generate.json \"chat\" is not an object");
+      ChatTemplate chat;
+      for (const char* role : {"system", "user", "assistant"}) {
+        if (!c.contains(role)) continue;
+        const json& r = c[role];
+        if (!r.is_object())
+          return InvalidArgument(std::string("generate.json chat role \"") + role + "\" is not an object");
+        ChatTemplate::Role piece;
+        ASSIGN_OR_RETURN(piece.prefix, StringField(r, "prefix", ""));
+        ASSIGN_OR_RETURN(piece.suffix, StringField(r, "suffix", ""));
+        chat.roles[role] = std::move(piece);
+      }
+      if (!chat.roles.contains("user"))
+        return InvalidArgument("generate.json's chat template has no user role");
+      ASSIGN_OR_RETURN(chat.generation_prompt, StringField(c, "generation_prompt", ""));
+      ASSIGN_OR_RETURN(chat.default_preamble, StringField(c, "default_preamble", ""));
+      g.chat = std::move(chat);
+    }
+    return g;
+  });
 }
 
 Sampler::Sampler(const SamplingParams& params) : p_(params) {

@@ -268,119 +268,124 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view description) {
-  auto j = ParseJsonOrDiscarded(description);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("the tokenizer is not a JSON object");
-  if (j.value("type", "") != "byte_level_bpe") {
-    return InvalidArgument("the tokenizer's type is not \"byte_level_bpe\", the one aotid reads");
-  }
-  auto impl = std::make_unique<Impl>();
-  const auto& tokens = j["tokens"];
-  if (!tokens.is_array() || tokens.empty() || tokens.size() > (1u << 24)) {
-    return InvalidArgument("the tokenizer's \"tokens\" is not a list of 1 to 16M strings");
-  }
-  std::vector<std::string> symbols = ByteSymbols();
-  std::unordered_map<std::string, int> symbol_byte;
-  for (int b = 0; b < 256; ++b) symbol_byte[symbols[static_cast<size_t>(b)]] = b;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!tokens[i].is_string())
-      return InvalidArgument("tokenizer token " + std::to_string(i) + " is not a string");
-    std::string t = tokens[i].get<std::string>();
-    impl->by_text.emplace(t, static_cast<int32_t>(i));
-    impl->text.push_back(std::move(t));
-  }
-  impl->special.assign(tokens.size(), false);
-  if (j.contains("special")) {
-    if (!j["special"].is_array()) return InvalidArgument("the tokenizer's \"special\" is not a list of ids");
-    for (const auto& s : j["special"]) {
-      if (!s.is_number_integer() || s.get<int64_t>() < 0 ||
-          s.get<int64_t>() >= static_cast<int64_t>(tokens.size())) {
-        return InvalidArgument("the tokenizer's \"special\" has an id outside the vocabulary");
-      }
-      auto id = static_cast<int32_t>(s.get<int64_t>());
-      if (impl->text[static_cast<size_t>(id)].empty()) {
-        return InvalidArgument("the tokenizer's special token " + std::to_string(id) + " is empty");
-      }
-      impl->special[static_cast<size_t>(id)] = true;
-      impl->specials.emplace_back(impl->text[static_cast<size_t>(id)], id);
-    }
-  }
-  std::stable_sort(impl->specials.begin(), impl->specials.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  // What each token decodes to: its characters mapped back to bytes.
-  impl->bytes.resize(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const std::string& t = impl->text[i];
-    if (impl->special[i]) {
-      impl->bytes[i] = t;
-      continue;
-    }
-    std::string out;
-    for (size_t k = 0; k < t.size();) {
-      int n = ValidSequenceAt(std::string_view(t).substr(k));
-      auto it = n > 0 ? symbol_byte.find(t.substr(k, static_cast<size_t>(n))) : symbol_byte.end();
-      if (it == symbol_byte.end()) {
-        // Not a byte-level spelling (an added token written as plain
-        // text): it decodes to itself.
-        out = t;
-        break;
-      }
-      out.push_back(static_cast<char>(it->second));
-      k += static_cast<size_t>(n);
-    }
-    impl->bytes[i] = std::move(out);
-  }
-  int byte_tokens = 0;
-  for (int b = 0; b < 256; ++b) {
-    auto it = impl->by_text.find(symbols[static_cast<size_t>(b)]);
-    impl->byte_token[b] = it == impl->by_text.end() ? -1 : it->second;
-    if (it != impl->by_text.end()) ++byte_tokens;
-  }
-  // Letters at least: a vocabulary without byte-level spellings is not one.
-  if (byte_tokens < 128) {
-    return InvalidArgument("the tokenizer's vocabulary spells only " + std::to_string(byte_tokens) +
-                           " of the 256 bytes: it is not a byte-level vocabulary");
-  }
-  const auto& merges = j["merges"];
-  if (!merges.is_array()) return InvalidArgument("the tokenizer's \"merges\" is not a list");
-  for (size_t r = 0; r < merges.size(); ++r) {
-    if (!merges[r].is_string())
-      return InvalidArgument("tokenizer merge " + std::to_string(r) + " is not a string");
-    const std::string m = merges[r].get<std::string>();
-    size_t sp = m.find(' ');
-    if (sp == std::string::npos || sp == 0 || sp + 1 >= m.size() ||
-        m.find(' ', sp + 1) != std::string::npos) {
-      return InvalidArgument("tokenizer merge " + std::to_string(r) +
-                             " is not two tokens with a space between");
-    }
-    std::string a = m.substr(0, sp), b = m.substr(sp + 1);
-    auto ia = impl->by_text.find(a), ib = impl->by_text.find(b), im = impl->by_text.find(a + b);
-    if (ia == impl->by_text.end() || ib == impl->by_text.end() || im == impl->by_text.end()) {
-      return InvalidArgument("tokenizer merge " + std::to_string(r) + " (\"" + m +
-                             "\") names a token the vocabulary does not have");
-    }
-    impl->merges.emplace(Impl::PairKey(ia->second, ib->second),
-                         std::make_pair(static_cast<int32_t>(r), im->second));
-  }
-  const auto& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json::array();
-  if (!pre.is_array()) return InvalidArgument("the tokenizer's \"pre_tokenizer\" is not a list of patterns");
-  for (const auto& p : pre) {
-    if (!p.is_string()) return InvalidArgument("a tokenizer pattern is not a string");
-    std::string pat = p.get<std::string>();
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    auto pattern = std::make_unique<Pattern>();
-    pattern->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.data()), pat.size(), PCRE2_UTF | PCRE2_UCP,
-                                  &err, &off, nullptr);
-    if (pattern->code == nullptr) {
-      PCRE2_UCHAR msg[120];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      return InvalidArgument("tokenizer pattern \"" + pat + "\" does not compile at " + std::to_string(off) +
-                             ": " + reinterpret_cast<char*>(msg));
-    }
-    (void)pcre2_jit_compile(pattern->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is missing
-    impl->patterns.push_back(std::move(pattern));
-  }
-  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+  return ReadJsonSafely<std::unique_ptr<Tokenizer>>(
+      "the tokenizer", [&]() -> StatusOr<std::unique_ptr<Tokenizer>> {
+        auto j = ParseJsonOrDiscarded(description);
+        if (j.is_discarded() || !j.is_object()) return InvalidArgument("the tokenizer is not a JSON object");
+        if (j.value("type", "") != "byte_level_bpe") {
+          return InvalidArgument("the tokenizer's type is not \"byte_level_bpe\", the one aotid reads");
+        }
+        auto impl = std::make_unique<Impl>();
+        const auto& tokens = j["tokens"];
+        if (!tokens.is_array() || tokens.empty() || tokens.size() > (1u << 24)) {
+          return InvalidArgument("the tokenizer's \"tokens\" is not a list of 1 to 16M strings");
+        }
+        std::vector<std::string> symbols = ByteSymbols();
+        std::unordered_map<std::string, int> symbol_byte;
+        for (int b = 0; b < 256; ++b) symbol_byte[symbols[static_cast<size_t>(b)]] = b;
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          if (!tokens[i].is_string())
+            return InvalidArgument("tokenizer token " + std::to_string(i) + " is not a string");
+          std::string t = tokens[i].get<std::string>();
+          impl->by_text.emplace(t, static_cast<int32_t>(i));
+          impl->text.push_back(std::move(t));
+        }
+        impl->special.assign(tokens.size(), false);
+        if (j.contains("special")) {
+          if (!j["special"].is_array())
+            return InvalidArgument("the tokenizer's \"special\" is not a list of ids");
+          for (const auto& s : j["special"]) {
+            if (!s.is_number_integer() || s.get<int64_t>() < 0 ||
+                s.get<int64_t>() >= static_cast<int64_t>(tokens.size())) {
+              return InvalidArgument("the tokenizer's \"special\" has an id outside the vocabulary");
+            }
+            auto id = static_cast<int32_t>(s.get<int64_t>());
+            if (impl->text[static_cast<size_t>(id)].empty()) {
+              return InvalidArgument("the tokenizer's special token " + std::to_string(id) + " is empty");
+            }
+            impl->special[static_cast<size_t>(id)] = true;
+            impl->specials.emplace_back(impl->text[static_cast<size_t>(id)], id);
+          }
+        }
+        std::stable_sort(impl->specials.begin(), impl->specials.end(),
+                         [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+        // What each token decodes to: its characters mapped back to bytes.
+        impl->bytes.resize(tokens.size());
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          const std::string& t = impl->text[i];
+          if (impl->special[i]) {
+            impl->bytes[i] = t;
+            continue;
+          }
+          std::string out;
+          for (size_t k = 0; k < t.size();) {
+            int n = ValidSequenceAt(std::string_view(t).substr(k));
+            auto it = n > 0 ? symbol_byte.find(t.substr(k, static_cast<size_t>(n))) : symbol_byte.end();
+            if (it == symbol_byte.end()) {
+              // Not a byte-level spelling (an added token written as plain
+              // text): it decodes to itself.
+              out = t;
+              break;
+            }
+            out.push_back(static_cast<char>(it->second));
+            k += static_cast<size_t>(n);
+          }
+          impl->bytes[i] = std::move(out);
+        }
+        int byte_tokens = 0;
+        for (int b = 0; b < 256; ++b) {
+          auto it = impl->by_text.find(symbols[static_cast<size_t>(b)]);
+          impl->byte_token[b] = it == impl->by_text.end() ? -1 : it->second;
+          if (it != impl->by_text.end()) ++byte_tokens;
+        }
+        // Letters at least: a vocabulary without byte-level spellings is not one.
+        if (byte_tokens < 128) {
+          return InvalidArgument("the tokenizer's vocabulary spells only " + std::to_string(byte_tokens) +
+                                 " of the 256 bytes: it is not a byte-level vocabulary");
+        }
+        const auto& merges = j["merges"];
+        if (!merges.is_array()) return InvalidArgument("the tokenizer's \"merges\" is not a list");
+        for (size_t r = 0; r < merges.size(); ++r) {
+          if (!merges[r].is_string())
+            return InvalidArgument("tokenizer merge " + std::to_string(r) + " is not a string");
+          const std::string m = merges[r].get<std::string>();
+          size_t sp = m.find(' ');
+          if (sp == std::string::npos || sp == 0 || sp + 1 >= m.size() ||
+              m.find(' ', sp + 1) != std::string::npos) {
+            return InvalidArgument("tokenizer merge " + std::to_string(r) +
+                                   " is not two tokens with a space between");
+          }
+          std::string a = m.substr(0, sp), b = m.substr(sp + 1);
+          auto ia = impl->by_text.find(a), ib = impl->by_text.find(b), im = impl->by_text.find(a + b);
+          if (ia == impl->by_text.end() || ib == impl->by_text.end() || im == impl->by_text.end()) {
+            return InvalidArgument("tokenizer merge " + std::to_string(r) + " (\"" + m +
+                                   "\") names a token the vocabulary does not have");
+          }
+          impl->merges.emplace(Impl::PairKey(ia->second, ib->second),
+                               std::make_pair(static_cast<int32_t>(r), im->second));
+        }
+        const auto& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json::array();
+        if (!pre.is_array())
+          return InvalidArgument("the tokenizer's \"pre_tokenizer\" is not a list of patterns");
+        for (const auto& p : pre) {
+          if (!p.is_string()) return InvalidArgument("a tokenizer pattern is not a string");
+          std::string pat = p.get<std::string>();
+          int err = 0;
+          PCRE2_SIZE off = 0;
+          auto pattern = std::make_unique<Pattern>();
+          pattern->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.data()), pat.size(),
+                                        PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+          if (pattern->code == nullptr) {
+            PCRE2_UCHAR msg[120];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            return InvalidArgument("tokenizer pattern \"" + pat + "\" does not compile at " +
+                                   std::to_string(off) + ": " + reinterpret_cast<char*>(msg));
+          }
+          (void)pcre2_jit_compile(pattern->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is missing
+          impl->patterns.push_back(std::move(pattern));
+        }
+        return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+      });
 }
 
 StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool special) const {

@@ -77,6 +77,46 @@ TEST(OciRef, OnlyCanonicalSha256DigestsAreValid) {
   }
 }
 
+// What a hostile registry sends where aotid expects other types, or text
+// meant for a terminal: refused with a message that is printable and
+// short. (A string schemaVersion once aborted sync and the daemon with an
+// exception from the JSON library.)
+TEST(RegistryDocuments, WrongTypesAndHostileTextAreRefusedNotThrown) {
+  RegistryLimits limits;
+  const std::string digest = "sha256:" + std::string(64, 'a');
+  for (const std::string& manifest :
+       {std::string(R"({"schemaVersion":"2","config":"x","layers":{"a":1}})"),
+        std::string(R"({"schemaVersion":null})"), std::string(R"({"schemaVersion":[2]})"),
+        std::string(R"({"schemaVersion":2.5})"), std::string(R"({"schemaVersion":2,"config":[],"layers":7})"),
+        std::string(
+            R"({"schemaVersion":2,"artifactType":"application/vnd.aotid.model.v1","config":{"digest":")") +
+            digest + R"(","size":-5},"layers":[]})"}) {
+    auto m = ParseManifest(manifest, limits);
+    ASSERT_FALSE(m.ok()) << manifest;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << manifest << ": " << m.status().ToString();
+  }
+  EXPECT_NE(ParseManifest(
+                R"({"schemaVersion":2,"artifactType":"application/vnd.aotid.model.v1","config":{"digest":")" +
+                    digest + R"(","size":-5},"layers":[]})",
+                limits)
+                .status()
+                .message()
+                .find("config size is negative"),
+            std::string::npos);
+  for (const std::string& config :
+       {std::string(R"({"settings":{"device":"\u001b[31mFAKE\nsynced oci://evil"}})"),
+        std::string(R"({"settings":{"max_batch_size":")") + std::string(900000, '9') + "\"}}",
+        std::string(R"({"settings":[1,2]})"), std::string(R"({"package_model":7,"settings":{"device":3}})"),
+        std::string("[") + std::string(100000, '9') + "]"}) {
+    auto c = ParseRemoteConfig(config);
+    ASSERT_FALSE(c.ok()) << config.substr(0, 80);
+    const std::string& m = c.status().message();
+    EXPECT_LE(m.size(), 400u) << m.substr(0, 400);
+    EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+}
+
 TEST(Artifact, ManifestNamesTheConfigAndThePackageByDigest) {
   storage::ModelVersion v;
   v.model = "mlp";

@@ -126,6 +126,13 @@ TEST(GenerateSpec, ReadsTheExportersSectionAndNamesWhatIsWrong) {
   EXPECT_NE(bad("max_prefill", 65).find("max_prefill"), std::string::npos);
   EXPECT_NE(bad("eos_token_ids", {49152}).find("outside the vocabulary"), std::string::npos);
   EXPECT_NE(bad("tokenizer", 1).find("tokenizer"), std::string::npos);
+  // Values of another type than the reader takes for granted are refused,
+  // not thrown out of the daemon that loads the package.
+  EXPECT_NE(bad("kind", 1).find("generate.json has a value of an unexpected type"), std::string::npos);
+  auto typed_tokenizer = tok;
+  typed_tokenizer["type"] = 5;
+  EXPECT_NE(bad("tokenizer", typed_tokenizer).find("the tokenizer has a value of an unexpected type"),
+            std::string::npos);
 }
 
 }  // namespace
