@@ -377,6 +377,40 @@ TEST(HttpServer, TricklersCutAtTheirDeadlineHoldNoWorker) {
   serving.join();
 }
 
+// A burst of connections that send nothing waits with the poller: a fresh
+// client behind 400 of them is answered at once. (Each was once handed to
+// a worker that waited its 5 ms slice for bytes: 2 workers took about a
+// second to reach the fresh client.)
+TEST(HttpServer, ABurstOfSilentConnectionsHoldsNoWorker) {
+  ServerOptions o;
+  o.port = 0;
+  o.threads = 2;
+  Server server(o, AnswerEmpty, PlainError);
+  ASSERT_OK(server.Bind());
+  std::thread serving([&] { server.Serve(); });
+  std::vector<int> silent;
+  for (int i = 0; i < 400; ++i) {
+    int fd = aotid::testing::ConnectTcp(server.port());
+    ASSERT_GE(fd, 0);
+    silent.push_back(fd);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  int fd = aotid::testing::ConnectTcp(server.port());
+  std::string reply =
+      aotid::testing::Exchange(fd, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 10000);
+  double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply;
+  std::cout << "a fresh client behind 400 silent connections: " << waited_ms << " ms\n";
+  EXPECT_LT(waited_ms, 250.0);  // far above this path's milliseconds, far below the second it took
+  // The silent ones are still served once they speak.
+  std::string late = aotid::testing::Exchange(silent[0], "GET /late HTTP/1.1\r\nHost: a\r\n\r\n", 5000);
+  EXPECT_EQ(late.substr(0, 12), "HTTP/1.1 200") << late;
+  for (int f : silent) ::close(f);
+  server.Stop();
+  serving.join();
+}
+
 // A client that asks for a large answer and does not read it holds no
 // worker: with one worker, another client is answered meanwhile (before,
 // the worker sat in send() for as long as the client took). The slow client
