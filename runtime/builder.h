@@ -29,7 +29,7 @@ struct BuilderOptions {
   // the compile worker confined (`internal-confine`). Empty: the worker
   // runs unconfined, for tests of the Builder's own logic with a stand-in.
   std::string self_exe;
-  std::string cxx = "c++";    // compiler for source packages
+  std::string cxx = "c++";  // compiler for source packages
 };
 
 struct BuildResult {

@@ -31,9 +31,9 @@ struct BatchOptions {
   // request runs alone, whatever its shape, and waits for its turn holding
   // no thread of its caller's.
   int max_batch_size = 8;
-  int max_delay_us = 0;    // the most the oldest request may wait for more (see above)
-  int max_queued = 256;    // requests waiting; beyond this Infer answers ResourceExhausted
-  int workers = 1;         // batches run at once (the model's runner count)
+  int max_delay_us = 0;  // the most the oldest request may wait for more (see above)
+  int max_queued = 256;  // requests waiting; beyond this Infer answers ResourceExhausted
+  int workers = 1;       // batches run at once (the model's runner count)
 };
 
 // What one run looked like, for metrics.
