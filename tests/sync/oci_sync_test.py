@@ -644,6 +644,17 @@ def resume_and_refuse(work):
         fake.close()
 
 
+def start_following(work, name, fake, extra=""):
+    """A daemon on a fresh store whose [[sync]] follows `fake`'s mlp:v7;
+    its store, log and process."""
+    store, config = os.path.join(work, f"device-{name}"), os.path.join(work, f"{name}.toml")
+    with open(config, "w") as f:
+        f.write(f'[[sync]]\nsource = "oci://127.0.0.1:{fake.port}/models/mlp:v7"\n{extra}')
+    log_path = os.path.join(work, f"{name}.log")
+    daemon, port = start_daemon(store, log_path, "--config", config)
+    return store, log_path, daemon, port
+
+
 def daemon_stops_during_a_silent_sync(work):
     """A daemon stopped while its [[sync]] waits on a registry that sends
     nothing ends at once (not at the sync's 60 s timeout), and the sync it
@@ -651,11 +662,7 @@ def daemon_stops_during_a_silent_sync(work):
     fake = FakeRegistry(open(os.path.join(TESTDATA, "mlp.pt2"), "rb").read())
     fake.hang = True
     try:
-        store, config = os.path.join(work, "device-stop"), os.path.join(work, "stop.toml")
-        with open(config, "w") as f:
-            f.write(f'[[sync]]\nsource = "oci://127.0.0.1:{fake.port}/models/mlp:v7"\ntimeout_s = 60\n')
-        log_path = os.path.join(work, "stop.log")
-        daemon, _ = start_daemon(store, log_path, "--config", config)
+        store, log_path, daemon, _ = start_following(work, "stop", fake, "timeout_s = 60\n")
         time.sleep(1.5)  # the sync waits on the silent registry
         started = time.time()
         daemon.terminate()
@@ -675,11 +682,7 @@ def daemon_survives_a_nesting_bomb(work):
     fake = FakeRegistry(open(os.path.join(TESTDATA, "mlp.pt2"), "rb").read())
     fake.manifest_raw = json.dumps(fake.manifest).replace(json.dumps(fake.manifest["config"]), NESTING_BOMB).encode()
     try:
-        store, config = os.path.join(work, "device-bomb"), os.path.join(work, "bomb.toml")
-        with open(config, "w") as f:
-            f.write(f'[[sync]]\nsource = "oci://127.0.0.1:{fake.port}/models/mlp:v7"\n')
-        log_path = os.path.join(work, "bomb.log")
-        daemon, port = start_daemon(store, log_path, "--config", config)
+        store, log_path, daemon, port = start_following(work, "bomb", fake)
         try:
             wait_for("the failed sync recorded", lambda: "sync_failed" in run(store, "events").stdout, log_path, 120)
             assert daemon.poll() is None, open(log_path).read()[-3000:]
