@@ -59,13 +59,16 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
     if (size_t last = why.find("; last read"); last != std::string::npos) why.resize(last);
     return refuse("is not valid JSON " + JsonPlace(text, e.byte > 0 ? e.byte - 1 : 0) + ": " + why);
   } catch (const std::exception& e) {
-    // A number too large for a double: nlohmann quotes all of it.
-    std::string why = e.what();
-    if (size_t end = why.find("] "); why.starts_with("[json.exception.") && end != std::string::npos)
-      why = why.substr(end + 2);
-    if (why.size() > 200) why = why.substr(0, 200) + "...";
-    return refuse("is not valid JSON: " + why);
+    return refuse("is not valid JSON: " + JsonErrorReason(e));  // a number too large for a double, say
   }
+}
+
+std::string JsonErrorReason(const std::exception& e) {
+  std::string why = e.what();
+  if (size_t end = why.find("] "); why.starts_with("[json.exception.") && end != std::string::npos)
+    why = why.substr(end + 2);
+  if (why.size() > 200) why = why.substr(0, 200) + "...";
+  return why;
 }
 
 nlohmann::json ParseJsonOrDiscarded(std::string_view text, const JsonLimits& limits) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -45,6 +46,11 @@ Status CheckJsonDepth(std::string_view text, int max_depth);
 StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
                                    const JsonLimits& limits = {});
 
+// An exception of the JSON library's, for a message: its reason without
+// the library's "[json.exception...] " prefix, cut at 200 bytes (it may
+// quote a 100 KB number whole).
+std::string JsonErrorReason(const std::exception& e);
+
 // Runs `read`, which reads a parsed document, and turns an exception of the
 // DOM's (a value of another type than `read` took for granted, which a
 // hostile document can always arrange: `.value("k", 0)` on a string
@@ -56,11 +62,8 @@ StatusOr<T> ReadJsonSafely(std::string_view what, Read&& read) {
   try {
     return read();
   } catch (const nlohmann::json::exception& e) {
-    std::string why = e.what();
-    if (size_t end = why.find("] "); why.starts_with("[json.exception.") && end != std::string::npos)
-      why = why.substr(end + 2);
-    if (why.size() > 200) why = why.substr(0, 200) + "...";
-    return InvalidArgument(std::string(what) + " has a value of an unexpected type (" + why + ")");
+    return InvalidArgument(std::string(what) + " has a value of an unexpected type (" + JsonErrorReason(e) +
+                           ")");
   }
 }
 
