@@ -265,7 +265,10 @@ TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
   for (int i = 0; i < 16; ++i) {
     int fd = ConnectTcp(api_->port());
     ASSERT_GE(fd, 0);
-    std::string load = Post(i % 2 ? "/v2/repository/models/m/load" : "/v2/repository/models/m/unload", "");
+    // Each connection names its own model: the route's two workers take the
+    // connections in whatever order they come, so a name says whose it is.
+    std::string model = "m" + std::to_string(i);
+    std::string load = Post("/v2/repository/models/" + model + (i % 2 ? "/load" : "/unload"), "");
     ASSERT_GT(::send(fd, load.data(), load.size(), MSG_NOSIGNAL), 0);
     fds.push_back(fd);
   }
@@ -286,8 +289,10 @@ TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
   // the control plane's error with its status.
   {
     MutexLock lock(&mu);
-    for (size_t i = 0; i < commands.size(); ++i)
-      commands[i].second(i == 3 ? NotFound("no model 'm' in the store") : Status::OK());
+    for (auto& [command, done] : commands) {
+      const bool fail = command.rfind("m3:", 0) == 0;
+      done(fail ? NotFound("no model 'm3' in the store") : Status::OK());
+    }
   }
   for (size_t i = 0; i < fds.size(); ++i) {
     std::string reply = Exchange(fds[i], "");
@@ -297,6 +302,7 @@ TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
       continue;
     }
     EXPECT_EQ(StatusOf(reply), 200) << reply;
+    EXPECT_EQ(BodyOf(reply)["name"], "m" + std::to_string(i)) << reply;
     EXPECT_EQ(BodyOf(reply)["state"], "unloaded") << reply;  // the empty registry's answer
     EXPECT_EQ(BodyOf(reply)["enabled"], i % 2 == 1) << reply;
   }
