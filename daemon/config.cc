@@ -4,11 +4,12 @@
 #include <netinet/in.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
+#include <tuple>
 
 #include "base/fs.h"
 #include "base/log.h"
@@ -23,105 +24,170 @@ std::string Where(const std::string& file, const toml::source_region& src) {
   return file + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column);
 }
 
+// One row per key: how it is parsed, how two configs compare on it, how a
+// running value is kept, and when a change takes effect. The parser, the
+// reload's report (ChangedKeys, ReloadRuleOf) and the values a reload keeps
+// (KeepRunningValues) all read this table, so a key cannot be known to one
+// and missing from another. Defaults are Config's member initializers (the
+// HTTP options' own for [server]), and configs/aotid.toml documents each
+// row; tests/daemon/config_test.cc checks the file and the table agree.
 struct Key {
+  std::string name;  // "section.key"
   enum Type { kString, kInt, kStringList } type;
+  int64_t min = 0, max = 0;  // for integers
+  ReloadRule reload;
   // Stores a value of the right type (and, for integers, in range). An
   // error says what is wrong with the value; the file name goes in front.
   std::function<Status(Config&, const toml::node&)> set;
-  int64_t min = 0, max = 0;  // for integers
+  std::function<bool(const Config&, const Config&)> same;
+  std::function<void(const Config& from, Config* to)> keep;
 };
 
-Key Text(std::string Config::*field) {
-  return {Key::kString, [field](Config& c, const toml::node& n) {
-            c.*field = *n.value<std::string>();
-            return Status::OK();
-          }};
+// `get` is a generic lambda giving the field (or a std::tie of fields) in
+// a Config, const or not: comparison and keeping follow from it.
+template <typename Get>
+Key Row(std::string name, Key::Type type, ReloadRule reload, Get get,
+        std::function<Status(Config&, const toml::node&)> set, int64_t min = 0, int64_t max = 0) {
+  Key k{std::move(name), type, min, max, reload, std::move(set), nullptr, nullptr};
+  k.same = [get](const Config& a, const Config& b) { return get(a) == get(b); };
+  k.keep = [get](const Config& from, Config* to) { get(*to) = get(from); };
+  return k;
+}
+
+template <typename Get>
+Key Text(std::string name, ReloadRule reload, Get get) {
+  return Row(std::move(name), Key::kString, reload, get, [get](Config& c, const toml::node& n) {
+    get(c) = *n.value<std::string>();
+    return Status::OK();
+  });
 }
 
 // A string the config turns into something else, which may refuse it.
-Key Parsed(std::function<Status(Config&, const std::string&)> parse) {
-  return {Key::kString,
-          [parse](Config& c, const toml::node& n) { return parse(c, *n.value<std::string>()); }};
+template <typename Get>
+Key Parsed(std::string name, ReloadRule reload, Get get,
+           std::function<Status(Config&, const std::string&)> parse) {
+  return Row(std::move(name), Key::kString, reload, get,
+             [parse](Config& c, const toml::node& n) { return parse(c, *n.value<std::string>()); });
 }
 
-Key Int(std::function<void(Config&, int64_t)> set, int64_t min, int64_t max) {
-  return {Key::kInt,
-          [set](Config& c, const toml::node& n) {
-            set(c, *n.value<int64_t>());
+template <typename Get>
+Key Int(std::string name, ReloadRule reload, Get get, int64_t min, int64_t max) {
+  return Row(
+      std::move(name), Key::kInt, reload, get,
+      [get](Config& c, const toml::node& n) {
+        get(c) = static_cast<std::remove_reference_t<decltype(get(c))>>(*n.value<int64_t>());
+        return Status::OK();
+      },
+      min, max);
+}
+
+template <typename Get>
+Key List(std::string name, ReloadRule reload, Get get) {
+  return Row(std::move(name), Key::kStringList, reload, get, [get](Config& c, const toml::node& n) {
+    std::vector<std::string> out;
+    for (const auto& item : *n.as_array()) out.push_back(*item.value<std::string>());
+    get(c) = std::move(out);
+    return Status::OK();
+  });
+}
+
+constexpr ReloadRule kLive = ReloadRule::kLive;
+constexpr ReloadRule kLoads = ReloadRule::kNextLoad;
+constexpr ReloadRule kRestart = ReloadRule::kRestart;
+
+// In the order configs/aotid.toml lists them.
+const std::vector<Key>& Keys() {
+  static const auto* keys = new std::vector<Key>{
+      Text(
+          "store.path", kRestart, [](auto& c) -> auto& { return c.store_path; }),
+      Parsed(
+          "server.listen", kRestart,
+          [](auto& c) { return std::tie(c.api.server.host, c.api.server.port, c.api.server.unix_path); },
+          [](Config& c, const std::string& v) {
+            return SetListen(v, &c.api.server).WithContext("'server.listen'");
+          }),
+      Int(
+          "server.threads", kRestart, [](auto& c) -> auto& { return c.api.server.threads; }, 1, 1024),
+      Int(
+          "server.max_body_bytes", kRestart,
+          [](auto& c) -> auto& { return c.api.server.limits.max_body_bytes; }, 1024, int64_t{1} << 40),
+      Int(
+          "server.max_header_bytes", kRestart,
+          [](auto& c) -> auto& { return c.api.server.limits.max_header_bytes; }, 1024, 1 << 20),
+      Int(
+          "server.request_timeout_s", kRestart,
+          [](auto& c) -> auto& { return c.api.server.request_timeout_s; }, 1, 3600),
+      Int(
+          "server.idle_timeout_s", kRestart, [](auto& c) -> auto& { return c.api.server.idle_timeout_s; }, 1,
+          3600),
+      Int(
+          "server.write_timeout_s", kRestart, [](auto& c) -> auto& { return c.api.server.write_timeout_s; },
+          1, 3600),
+      Int(
+          "server.drain_timeout_s", kRestart, [](auto& c) -> auto& { return c.api.server.drain_timeout_s; },
+          0, 3600),
+      Int(
+          "server.max_connections_per_address", kRestart,
+          [](auto& c) -> auto& { return c.api.server.max_connections_per_address; }, 0, 1000000),
+      Int(
+          "server.max_queued_requests", kLoads, [](auto& c) -> auto& { return c.max_queued_requests; }, 1,
+          1000000),
+      Text(
+          "server.token_file", kLive, [](auto& c) -> auto& { return c.token_file; }),
+      Parsed(
+          "server.token_scope", kLive, [](auto& c) -> auto& { return c.api.token_for_all; },
+          [](Config& c, const std::string& v) {
+            if (v != "all" && v != "repository") {
+              return InvalidArgument("'server.token_scope' must be all or repository, got '" + v + "'");
+            }
+            c.api.token_for_all = v == "all";
             return Status::OK();
-          },
-          min, max};
-}
-
-Key List(std::vector<std::string> serving::HttpOptions::*field) {
-  return {Key::kStringList, [field](Config& c, const toml::node& n) {
-            std::vector<std::string> out;
-            for (const auto& item : *n.as_array()) out.push_back(*item.value<std::string>());
-            c.api.*field = std::move(out);
-            return Status::OK();
-          }};
-}
-
-const std::map<std::string, std::map<std::string, Key>>& Schema() {
-  static const auto* schema = new std::map<std::string, std::map<std::string, Key>>{
-      {"store", {{"path", Text(&Config::store_path)}}},
-      {"server",
-       {{"listen", Parsed([](Config& c, const std::string& v) {
-           return SetListen(v, &c.api.server).WithContext("'server.listen'");
-         })},
-        {"threads", Int([](Config& c, int64_t v) { c.api.server.threads = static_cast<int>(v); }, 1, 1024)},
-        {"max_body_bytes",
-         Int([](Config& c, int64_t v) { c.api.server.limits.max_body_bytes = v; }, 1024, int64_t{1} << 40)},
-        {"request_timeout_s",
-         Int([](Config& c, int64_t v) { c.api.server.request_timeout_s = static_cast<int>(v); }, 1, 3600)},
-        {"idle_timeout_s",
-         Int([](Config& c, int64_t v) { c.api.server.idle_timeout_s = static_cast<int>(v); }, 1, 3600)},
-        {"drain_timeout_s",
-         Int([](Config& c, int64_t v) { c.api.server.drain_timeout_s = static_cast<int>(v); }, 0, 3600)},
-        {"max_connections_per_address",
-         Int([](Config& c, int64_t v) { c.api.server.max_connections_per_address = static_cast<int>(v); }, 0,
-             1000000)},
-        {"max_header_bytes",
-         Int([](Config& c, int64_t v) { c.api.server.limits.max_header_bytes = static_cast<size_t>(v); },
-             1024, 1 << 20)},
-        {"max_queued_requests",
-         Int([](Config& c, int64_t v) { c.max_queued_requests = static_cast<int>(v); }, 1, 1000000)},
-        {"token_file", Text(&Config::token_file)},
-        {"token_scope", Parsed([](Config& c, const std::string& v) {
-           if (v != "all" && v != "repository") {
-             return InvalidArgument("'server.token_scope' must be all or repository, got '" + v + "'");
-           }
-           c.api.token_for_all = v == "all";
-           return Status::OK();
-         })},
-        {"allowed_hosts", List(&serving::HttpOptions::allowed_hosts)},
-        {"cors_origins", List(&serving::HttpOptions::cors_origins)}}},
-      {"build",
-       {{"python", Text(&Config::python)},
-        {"worker_dir", Text(&Config::worker_dir)},
-        {"jobs", Int([](Config& c, int64_t v) { c.build_jobs = static_cast<int>(v); }, 1, 64)},
-        {"timeout_s",
-         Int([](Config& c, int64_t v) { c.build_timeout_s = static_cast<int>(v); }, 1, 7 * 24 * 3600)},
-        {"retry_initial_s",
-         Int([](Config& c, int64_t v) { c.build_retry_initial_s = static_cast<int>(v); }, 1, 3600)},
-        {"max_attempts",
-         Int([](Config& c, int64_t v) { c.build_max_attempts = static_cast<int>(v); }, 1, 100)},
-        {"cxx", Text(&Config::cxx)}}},
-      {"runner",
-       {{"timeout_s", Int([](Config& c, int64_t v) { c.run_timeout_s = static_cast<int>(v); }, 1, 24 * 3600)},
-        {"memory_limit_mb", Int([](Config& c, int64_t v) { c.memory_limit_mb = v; }, 0, int64_t{1} << 20)},
-        {"max_crashes",
-         Int([](Config& c, int64_t v) { c.runner_max_crashes = static_cast<int>(v); }, 0, 1000)},
-        {"crash_window_s",
-         Int([](Config& c, int64_t v) { c.runner_crash_window_s = static_cast<int>(v); }, 1, 24 * 3600)}}},
-      {"log",
-       {{"level", Text(&Config::log_level)},
-        {"file", Text(&Config::log_file)},
-        {"max_size_mb",
-         Int([](Config& c, int64_t v) { c.log_max_size_mb = static_cast<int>(v); }, 1, 1 << 20)},
-        {"keep", Int([](Config& c, int64_t v) { c.log_keep = static_cast<int>(v); }, 0, 100)}}},
+          }),
+      List(
+          "server.allowed_hosts", kLive, [](auto& c) -> auto& { return c.api.allowed_hosts; }),
+      List(
+          "server.cors_origins", kLive, [](auto& c) -> auto& { return c.api.cors_origins; }),
+      Text(
+          "build.python", kRestart, [](auto& c) -> auto& { return c.python; }),
+      Text(
+          "build.worker_dir", kRestart, [](auto& c) -> auto& { return c.worker_dir; }),
+      Int(
+          "build.jobs", kLive, [](auto& c) -> auto& { return c.build_jobs; }, 1, 64),
+      Int(
+          "build.timeout_s", kLive, [](auto& c) -> auto& { return c.build_timeout_s; }, 1, 7 * 24 * 3600),
+      Int(
+          "build.retry_initial_s", kLive, [](auto& c) -> auto& { return c.build_retry_initial_s; }, 1, 3600),
+      Int(
+          "build.max_attempts", kLive, [](auto& c) -> auto& { return c.build_max_attempts; }, 1, 100),
+      Text(
+          "build.cxx", kRestart, [](auto& c) -> auto& { return c.cxx; }),
+      Int(
+          "runner.timeout_s", kLoads, [](auto& c) -> auto& { return c.run_timeout_s; }, 1, 24 * 3600),
+      Int(
+          "runner.memory_limit_mb", kLoads, [](auto& c) -> auto& { return c.memory_limit_mb; }, 0,
+          int64_t{1} << 20),
+      Int(
+          "runner.max_crashes", kLoads, [](auto& c) -> auto& { return c.runner_max_crashes; }, 0, 1000),
+      Int(
+          "runner.crash_window_s", kLoads, [](auto& c) -> auto& { return c.runner_crash_window_s; }, 1,
+          24 * 3600),
+      Text(
+          "log.level", kLive, [](auto& c) -> auto& { return c.log_level; }),
+      Text(
+          "log.file", kLive, [](auto& c) -> auto& { return c.log_file; }),
+      Int(
+          "log.max_size_mb", kLive, [](auto& c) -> auto& { return c.log_max_size_mb; }, 1, 1 << 20),
+      Int(
+          "log.keep", kLive, [](auto& c) -> auto& { return c.log_keep; }, 0, 100),
   };
-  return *schema;
+  return *keys;
+}
+
+const Key* FindKey(const std::string& name) {
+  for (const Key& k : Keys()) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
 }
 
 // [[sync]] tables: source (required), interval_s, keep, name, credentials,
@@ -214,45 +280,35 @@ void ResolveDefaults(Config* c) {
 }  // namespace
 
 std::vector<std::string> ChangedKeys(const Config& a, const Config& b) {
-  const http::ServerOptions &sa = a.api.server, &sb = b.api.server;
-  const std::pair<const char*, bool> keys[] = {
-      {"store.path", a.store_path != b.store_path},
-      {"server.listen", sa.host != sb.host || sa.port != sb.port || sa.unix_path != sb.unix_path},
-      {"server.threads", sa.threads != sb.threads},
-      {"server.max_body_bytes", sa.limits.max_body_bytes != sb.limits.max_body_bytes},
-      {"server.max_header_bytes", sa.limits.max_header_bytes != sb.limits.max_header_bytes},
-      {"server.request_timeout_s", sa.request_timeout_s != sb.request_timeout_s},
-      {"server.idle_timeout_s", sa.idle_timeout_s != sb.idle_timeout_s},
-      {"server.drain_timeout_s", sa.drain_timeout_s != sb.drain_timeout_s},
-      {"server.max_connections_per_address",
-       sa.max_connections_per_address != sb.max_connections_per_address},
-      {"server.max_queued_requests", a.max_queued_requests != b.max_queued_requests},
-      {"server.token_file", a.token_file != b.token_file},
-      {"server.token_scope", a.api.token_for_all != b.api.token_for_all},
-      {"server.allowed_hosts", a.api.allowed_hosts != b.api.allowed_hosts},
-      {"server.cors_origins", a.api.cors_origins != b.api.cors_origins},
-      {"build.python", a.python != b.python},
-      {"build.worker_dir", a.worker_dir != b.worker_dir},
-      {"build.jobs", a.build_jobs != b.build_jobs},
-      {"build.timeout_s", a.build_timeout_s != b.build_timeout_s},
-      {"build.retry_initial_s", a.build_retry_initial_s != b.build_retry_initial_s},
-      {"build.max_attempts", a.build_max_attempts != b.build_max_attempts},
-      {"build.cxx", a.cxx != b.cxx},
-      {"runner.timeout_s", a.run_timeout_s != b.run_timeout_s},
-      {"runner.memory_limit_mb", a.memory_limit_mb != b.memory_limit_mb},
-      {"runner.max_crashes", a.runner_max_crashes != b.runner_max_crashes},
-      {"runner.crash_window_s", a.runner_crash_window_s != b.runner_crash_window_s},
-      {"log.level", a.log_level != b.log_level},
-      {"log.file", a.log_file != b.log_file},
-      {"log.max_size_mb", a.log_max_size_mb != b.log_max_size_mb},
-      {"log.keep", a.log_keep != b.log_keep},
-      {"sync", a.sync != b.sync},
-  };
   std::vector<std::string> out;
-  for (const auto& [name, changed] : keys) {
-    if (changed) out.emplace_back(name);
+  for (const Key& k : Keys()) {
+    if (!k.same(a, b)) out.push_back(k.name);
   }
+  if (a.sync != b.sync) out.emplace_back("sync");
   return out;
+}
+
+std::vector<std::string> ConfigKeyNames() {
+  std::vector<std::string> out;
+  for (const Key& k : Keys()) out.push_back(k.name);
+  out.emplace_back("sync");
+  return out;
+}
+
+ReloadRule ReloadRuleOf(const std::string& key) {
+  if (key == "sync") return ReloadRule::kLive;
+  const Key* k = FindKey(key);
+  return k == nullptr ? ReloadRule::kRestart : k->reload;
+}
+
+void KeepRunningValues(const Config& running, const std::vector<std::string>& keys, Config* next) {
+  for (const auto& name : keys) {
+    if (name == "sync") {
+      next->sync = running.sync;
+    } else if (const Key* k = FindKey(name); k != nullptr) {
+      k->keep(running, next);
+    }
+  }
 }
 
 StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name) {
@@ -269,8 +325,9 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
       RETURN_IF_ERROR(ParseSyncSources(section_node, file_name, &c.sync));
       continue;
     }
-    auto sit = Schema().find(section);
-    if (sit == Schema().end()) {
+    bool known = std::any_of(Keys().begin(), Keys().end(),
+                             [&](const Key& k) { return k.name.starts_with(section + "."); });
+    if (!known) {
       return InvalidArgument(Where(file_name, section_node.source()) + ": unknown section or key '" +
                              section + "'");
     }
@@ -282,11 +339,11 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
     for (auto&& [k, node] : *table) {
       std::string key(k.str());
       std::string full = section + "." + key;
-      auto kit = sit->second.find(key);
-      if (kit == sit->second.end()) {
+      const Key* found = FindKey(full);
+      if (found == nullptr) {
         return InvalidArgument(Where(file_name, node.source()) + ": unknown key '" + full + "'");
       }
-      const Key& spec = kit->second;
+      const Key& spec = *found;
       if (spec.type == Key::kString && !node.is_string()) {
         return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be a string");
       }

@@ -50,9 +50,25 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
+// Every key, one table in config.cc drives them all: parsing, comparing,
+// keeping a running value and when a change takes effect.
+//
 // The keys whose values differ ("server.listen", "log.level", ...), in the
 // order configs/aotid.toml lists them.
 std::vector<std::string> ChangedKeys(const Config& a, const Config& b);
+// Every key the config knows, in that order ("sync" for the [[sync]] tables).
+std::vector<std::string> ConfigKeyNames();
+
+// When a changed key takes effect at a reload (SIGHUP).
+enum class ReloadRule {
+  kLive,      // at once
+  kNextLoad,  // for model versions loaded from now on
+  kRestart,   // at the next start; until then the running value is kept
+};
+// The rule of `key` as ChangedKeys names it; kRestart for one it does not know.
+ReloadRule ReloadRuleOf(const std::string& key);
+// Sets each of `keys` in `next` back to its value in `running`.
+void KeepRunningValues(const Config& running, const std::vector<std::string>& keys, Config* next);
 
 // Parses TOML text. Errors read "FILE:LINE:COL: what is wrong with KEY".
 StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name);

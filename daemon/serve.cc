@@ -202,33 +202,6 @@ struct Reload {
   control::Reconciler* reconciler = nullptr;
   sync::Syncer* syncer = nullptr;
 
-  // The keys that wait for a restart keep their running values in
-  // `current`, so that the next reload names them again.
-  static void RestoreKeys(const Config& running, const std::vector<std::string>& keys, Config* next) {
-    for (const auto& k : keys) {
-      if (k == "store.path") next->store_path = running.store_path;
-      if (k == "server.listen") {
-        next->api.server.host = running.api.server.host;
-        next->api.server.port = running.api.server.port;
-        next->api.server.unix_path = running.api.server.unix_path;
-      }
-      if (k == "server.threads") next->api.server.threads = running.api.server.threads;
-      if (k == "server.max_body_bytes") next->api.server.limits = running.api.server.limits;
-      if (k == "server.max_header_bytes") next->api.server.limits = running.api.server.limits;
-      if (k == "server.request_timeout_s")
-        next->api.server.request_timeout_s = running.api.server.request_timeout_s;
-      if (k == "server.idle_timeout_s") next->api.server.idle_timeout_s = running.api.server.idle_timeout_s;
-      if (k == "server.drain_timeout_s")
-        next->api.server.drain_timeout_s = running.api.server.drain_timeout_s;
-      if (k == "server.max_connections_per_address") {
-        next->api.server.max_connections_per_address = running.api.server.max_connections_per_address;
-      }
-      if (k == "build.python") next->python = running.python;
-      if (k == "build.worker_dir") next->worker_dir = running.worker_dir;
-      if (k == "build.cxx") next->cxx = running.cxx;
-    }
-  }
-
   static void OnSignal(uv_signal_t* handle, int) {
     auto* self = static_cast<Reload*>(handle->data);
     self->Run();
@@ -303,15 +276,10 @@ struct Reload {
     }
     // What each changed key became.
     for (const auto& key : ChangedKeys(current, *fresh)) {
-      if (key.rfind("log.", 0) == 0 || key == "server.token_file" || key == "server.token_scope" ||
-          key == "server.allowed_hosts" || key == "server.cors_origins" || key == "build.jobs" ||
-          key == "build.timeout_s" || key == "build.retry_initial_s" || key == "build.max_attempts" ||
-          key == "sync") {
-        applied.push_back(key);
-      } else if (key.rfind("runner.", 0) == 0 || key == "server.max_queued_requests") {
-        from_now.push_back(key);
-      } else {
-        later.push_back(key);
+      switch (ReloadRuleOf(key)) {
+        case ReloadRule::kLive: applied.push_back(key); break;
+        case ReloadRule::kNextLoad: from_now.push_back(key); break;
+        case ReloadRule::kRestart: later.push_back(key); break;
       }
     }
     std::string said = applied.empty() ? "nothing to apply" : "applied " + Join(applied);
@@ -321,9 +289,8 @@ struct Reload {
     if (store) RecordDaemonEvent(store, "daemon_reloaded", "reloaded " + fresh->source + ": " + said);
     // Kept as applied: a key that waits for a restart is named again at
     // the next reload.
-    std::vector<std::string> keep(later);
     Config next = *fresh;
-    if (!keep.empty()) RestoreKeys(current, keep, &next);
+    KeepRunningValues(current, later, &next);
     current = next;
     manager->Notify("READY=1\nSTATUS=reloaded\n");
   }
