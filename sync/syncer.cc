@@ -20,8 +20,6 @@ namespace {
 
 using json = nlohmann::json;
 
-int64_t NowMs() { return storage::NowMs(); }
-
 // The model's versions beyond the newest `keep` go, but never the one its
 // policy pins, nor the newest one with a ready build: until a new version
 // is built, the one before it serves, and removing it would leave nothing
@@ -133,8 +131,9 @@ int64_t Syncer::BackoffMs(int failures, int interval_s) {
   return std::min(wait, cap);
 }
 
-Syncer::Syncer(std::vector<SyncSource> sources, SyncOnce sync_once, std::string status_file)
-    : sync_once_(std::move(sync_once)), status_file_(std::move(status_file)) {
+Syncer::Syncer(std::vector<SyncSource> sources, SyncOnce sync_once, std::string status_file,
+               const Clock* clock)
+    : clock_(clock), sync_once_(std::move(sync_once)), status_file_(std::move(status_file)) {
   SetSources(std::move(sources));
   thread_ = std::thread([this] { Run(); });
 }
@@ -156,6 +155,8 @@ Syncer::~Syncer() {
 }
 
 void Syncer::SetSources(std::vector<SyncSource> sources) {
+  std::vector<SourceStatus> snapshot;
+  int64_t generation = 0;
   {
     MutexLock lock(&mu_);
     std::vector<SourceStatus> status;
@@ -166,34 +167,43 @@ void Syncer::SetSources(std::vector<SyncSource> sources) {
       for (const auto& old : status_) {
         if (old.source == s.source) st = old;
       }
-      st.next_at_ms = 0;  // now
       st.interval_s = s.interval_s;
       st.keep = s.keep;
       status.push_back(st);
     }
     sources_ = std::move(sources);
     status_ = std::move(status);
-    WriteStatus();
+    due_ms_.assign(sources_.size(), clock_->NowMs());  // now
+    snapshot = Snapshot();
+    generation = ++generation_;
   }
   wake_.SignalAll();
+  WriteStatus(std::move(snapshot), generation);
 }
 
 std::vector<SourceStatus> Syncer::Status() const {
   MutexLock lock(&mu_);
-  return status_;
+  return Snapshot();
+}
+
+std::vector<SourceStatus> Syncer::Snapshot() const {
+  std::vector<SourceStatus> out = status_;
+  const int64_t now = clock_->NowMs(), wall = clock_->WallMs();
+  for (size_t i = 0; i < out.size() && i < due_ms_.size(); ++i) out[i].next_at_ms = wall + (due_ms_[i] - now);
+  return out;
 }
 
 void Syncer::Run() {
-  std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(NowMs()));
+  std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(clock_->WallMs()));
   MutexLock lock(&mu_);
   while (!stop_) {
     // The source due first.
-    int64_t now = NowMs();
+    int64_t now = clock_->NowMs();
     size_t due = sources_.size();
     int64_t earliest = INT64_MAX;
-    for (size_t i = 0; i < status_.size(); ++i) {
-      if (status_[i].next_at_ms < earliest) {
-        earliest = status_[i].next_at_ms;
+    for (size_t i = 0; i < due_ms_.size(); ++i) {
+      if (due_ms_[i] < earliest) {
+        earliest = due_ms_[i];
         due = i;
       }
     }
@@ -202,7 +212,7 @@ void Syncer::Run() {
       continue;
     }
     if (earliest > now) {
-      wake_.WaitUntil(&mu_, std::chrono::system_clock::time_point(std::chrono::milliseconds(earliest)));
+      clock_->WaitUntil(&wake_, &mu_, earliest);
       continue;
     }
     SyncSource source = sources_[due];
@@ -229,7 +239,7 @@ void Syncer::Run() {
     for (size_t i = 0; i < sources_.size(); ++i) {
       if (!(sources_[i] == source)) continue;
       SourceStatus& st = status_[i];
-      st.last_at_ms = NowMs();
+      st.last_at_ms = clock_->WallMs();
       st.ok = result.ok();
       st.message = result.ok() ? *result : result.status().message();
       int64_t wait = int64_t{source.interval_s} * 1000;
@@ -245,17 +255,24 @@ void Syncer::Run() {
                     << " in a row): " << st.message;
       }
       std::uniform_real_distribution<double> jitter(0.8, 1.2);
-      st.next_at_ms = st.last_at_ms + static_cast<int64_t>(static_cast<double>(wait) * jitter(rng));
+      due_ms_[i] = clock_->NowMs() + static_cast<int64_t>(static_cast<double>(wait) * jitter(rng));
     }
-    WriteStatus();
+    std::vector<SourceStatus> snapshot = Snapshot();
+    int64_t generation = ++generation_;
+    lock.Unlock();
+    WriteStatus(std::move(snapshot), generation);
+    lock.Lock();
   }
   finished_.store(true);
 }
 
-void Syncer::WriteStatus() const {
+void Syncer::WriteStatus(std::vector<SourceStatus> status, int64_t generation) {
   if (status_file_.empty()) return;
+  MutexLock lock(&write_mu_);
+  if (generation <= written_generation_) return;  // a newer one is on disk
+  written_generation_ = generation;
   json out = json::array();
-  for (const auto& s : status_) {
+  for (const auto& s : status) {
     out.push_back({{"source", s.source},
                    {"last_at_ms", s.last_at_ms},
                    {"ok", s.ok},

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/mutex.h"
 #include "base/status.h"
 #include "sync/model_sync.h"
@@ -45,7 +46,7 @@ struct SourceStatus {
   bool ok = false;
   std::string message;  // "up to date: mlp:3", "added mlp:4", or the error
   int failures = 0;     // in a row
-  int64_t next_at_ms = 0;
+  int64_t next_at_ms = 0;  // wall clock, as due now; the syncer itself waits on a steady clock
   int64_t last_ok_at_ms = 0;
   int interval_s = 0;  // the source's, as the daemon has it
   int keep = 0;
@@ -68,7 +69,11 @@ SyncOnce StoreSync(const std::string& store_dir);
 class Syncer {
  public:
   // `status_file`: where the sources' status is written ("" for none).
-  Syncer(std::vector<SyncSource> sources, SyncOnce sync_once, std::string status_file);
+  // Syncs are scheduled on `clock`'s steady time, so a step of the wall
+  // clock neither delays nor bunches them; the times it reports are wall
+  // times.
+  Syncer(std::vector<SyncSource> sources, SyncOnce sync_once, std::string status_file,
+         const Clock* clock = RealClock());
   ~Syncer();  // stops, waiting for a sync under way to end
   Syncer(const Syncer&) = delete;
   Syncer& operator=(const Syncer&) = delete;
@@ -82,13 +87,23 @@ class Syncer {
 
  private:
   void Run();
-  void WriteStatus() const REQUIRES(mu_);
+  // The status as it stands, next_at_ms in wall time.
+  std::vector<SourceStatus> Snapshot() const REQUIRES(mu_);
+  // Writes a snapshot taken under mu_ without holding it (a disk's fsync
+  // must not hold up Status(), hence /metrics); a snapshot older than one
+  // already written is dropped.
+  void WriteStatus(std::vector<SourceStatus> status, int64_t generation) EXCLUDES(mu_, write_mu_);
 
+  const Clock* const clock_;
   mutable Mutex mu_;
   CondVar wake_;
   bool stop_ GUARDED_BY(mu_) = false;
   std::vector<SyncSource> sources_ GUARDED_BY(mu_);
   std::vector<SourceStatus> status_ GUARDED_BY(mu_);
+  std::vector<int64_t> due_ms_ GUARDED_BY(mu_);  // per source, on clock_'s steady time
+  int64_t generation_ GUARDED_BY(mu_) = 0;       // of status_, for WriteStatus
+  Mutex write_mu_;                               // never taken with mu_ held
+  int64_t written_generation_ GUARDED_BY(write_mu_) = 0;
   // Which source added each model's versions: a second source feeding the
   // same model is refused (each sync would replace the other's version).
   std::map<std::string, std::string> owners_ GUARDED_BY(mu_);

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
+#include "base/fake_clock.h"
 #include "base/fs.h"
 #include "sync/model_sync.h"
 #include "sync/registry.h"
@@ -157,21 +159,49 @@ bool Eventually(F done) {
   return done();
 }
 
+// Counts calls, and lets a test wait (bounded) for a count.
+class Calls {
+ public:
+  void Add(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_[key];
+    cv_.notify_all();
+  }
+  int Get(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_[key];
+  }
+  bool AwaitAtLeast(const std::string& key, int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return counts_[key] >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, int> counts_;
+};
+
+// Each source is synced at once, then on its interval; a failure is tried
+// again after the backoff. The schedule follows the steady clock: a step of
+// the wall clock moves the times it reports, not when syncs run.
 TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
   aotid::testing::TempDir dir;
+  aotid::testing::FakeClock clock;
   std::string status_file = dir.path() + "/sync-status.json";
-  std::atomic<int> a_calls{0}, b_calls{0};
+  Calls calls;
   SyncOnce once = [&](const SyncSource& s, const std::atomic<bool>&, const MayAdd&) -> StatusOr<std::string> {
     if (s.source.ends_with("a:1")) {
-      ++a_calls;
+      calls.Add("a");
       return std::string("up to date: a:1");
     }
-    ++b_calls;
+    calls.Add("b");
     return Unavailable("the registry is down");
   };
   {
-    Syncer syncer({{"oci://127.0.0.1:1/a:1", 1}, {"oci://127.0.0.1:1/b:1", 300}}, once, status_file);
-    ASSERT_TRUE(Eventually([&] { return a_calls >= 2 && b_calls >= 1; }));  // a again after its 1 s
+    Syncer syncer({{"oci://127.0.0.1:1/a:1", 1}, {"oci://127.0.0.1:1/b:1", 300}}, once, status_file, &clock);
+    ASSERT_TRUE(calls.AwaitAtLeast("a", 1) && calls.AwaitAtLeast("b", 1));
+    ASSERT_TRUE(clock.AwaitWaiters(1));  // both done; asleep until the next is due
     auto st = syncer.Status();
     ASSERT_EQ(st.size(), 2u);
     EXPECT_TRUE(st[0].ok);
@@ -179,29 +209,55 @@ TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
     EXPECT_FALSE(st[1].ok);
     EXPECT_EQ(st[1].failures, 1);
     EXPECT_EQ(st[1].message, "the registry is down");
+    EXPECT_EQ(st[1].last_at_ms, clock.WallMs());
     // A failure is tried again after ~5 s (jittered), not after 300 s.
-    int64_t wait = st[1].next_at_ms - st[1].last_at_ms;
-    EXPECT_GE(wait, 4000);
-    EXPECT_LE(wait, 6000);
-    EXPECT_EQ(b_calls.load(), 1);
-    EXPECT_GE(st[0].runs_ok, 2);
+    const int64_t b_wait = st[1].next_at_ms - st[1].last_at_ms;
+    EXPECT_GE(b_wait, 4000);
+    EXPECT_LE(b_wait, 6000);
+    const int64_t a_wait = st[0].next_at_ms - st[0].last_at_ms;  // 1 s, jittered
+    EXPECT_GE(a_wait, 800);
+    EXPECT_LE(a_wait, 1200);
+    // What the daemon wrote is what `aotid sync status` reads.
+    auto written = ReadSyncStatus(status_file);
+    ASSERT_EQ(written.size(), 2u);
+    EXPECT_EQ(written[1].source, "oci://127.0.0.1:1/b:1");
+    EXPECT_EQ(written[1].message, "the registry is down");
+    EXPECT_EQ(written[1].next_at_ms, st[1].next_at_ms);
+
+    // Not yet due: nothing runs.
+    clock.Advance(a_wait - 1);
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    EXPECT_EQ(calls.Get("a"), 1);
+    // The wall clock steps back an hour: a is due a millisecond from now
+    // all the same, and the time reported moves with the wall clock.
+    clock.StepWall(-3600 * 1000);
+    EXPECT_EQ(syncer.Status()[0].next_at_ms, clock.WallMs() + 1);
+    clock.Advance(1);
+    ASSERT_TRUE(calls.AwaitAtLeast("a", 2));
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    EXPECT_EQ(calls.Get("b"), 1);
+    st = syncer.Status();
+    EXPECT_EQ(st[0].runs_ok, 2);
     EXPECT_EQ(st[0].runs_failed, 0);
     EXPECT_EQ(st[1].runs_ok, 0);
     EXPECT_EQ(st[1].runs_failed, 1);
 
-    // What the daemon wrote is what `aotid sync status` reads.
-    ASSERT_TRUE(Eventually([&] { return ReadSyncStatus(status_file).size() == 2; }));
-    auto written = ReadSyncStatus(status_file);
-    EXPECT_EQ(written[1].source, "oci://127.0.0.1:1/b:1");
-    EXPECT_EQ(written[1].message, "the registry is down");
+    // b's retry comes once its wait is over, and backs off: ~10 s next.
+    clock.Advance(b_wait - a_wait);
+    ASSERT_TRUE(calls.AwaitAtLeast("b", 2));
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    st = syncer.Status();
+    EXPECT_EQ(st[1].failures, 2);
+    EXPECT_GE(st[1].next_at_ms - st[1].last_at_ms, 8000);
+    EXPECT_LE(st[1].next_at_ms - st[1].last_at_ms, 12000);
 
     // A reload with another source: synced at once; b is gone.
+    const int a_before = calls.Get("a");
     syncer.SetSources({{"oci://127.0.0.1:1/a:1", 1}});
-    ASSERT_TRUE(Eventually([&] { return syncer.Status().size() == 1; }));
+    EXPECT_EQ(syncer.Status().size(), 1u);
+    ASSERT_TRUE(calls.AwaitAtLeast("a", a_before + 1));
   }  // stops, joining the thread
-  int after = a_calls;
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  EXPECT_EQ(a_calls.load(), after);  // nothing runs once it is gone
+  EXPECT_EQ(clock.Waiters(), 0);
 }
 
 // Two sources feeding one model would replace each other's version at
