@@ -564,14 +564,12 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
     std::shared_ptr<runtime::LoadedModel> model =
         Queue(v, std::move(result.model).value(), /*language_model=*/result.generator != nullptr);
     std::string how = built_now ? "after build" : "from cache";
-    auto* batched = dynamic_cast<serving::BatchingModel*>(model.get());
-    if (batched && batched->options().max_batch_size <= 1) batched = nullptr;
+    const int64_t batch_rows = model->max_batch_rows();
     LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
              << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
              << result.threads << " thread" << (result.threads == 1 ? "" : "s")
              << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
-             << (batched ? ", batching up to " + std::to_string(batched->options().max_batch_size) + " rows"
-                         : std::string())
+             << (batch_rows > 1 ? ", batching up to " + std::to_string(batch_rows) + " rows" : std::string())
              << ")";
     Record(v, "loaded",
            "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));

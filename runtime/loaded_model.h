@@ -24,6 +24,13 @@ struct RunContext {
 // The message of a run dropped because its client went away.
 inline constexpr char kClientGone[] = "the client closed the connection before its request ran";
 
+// Said by Announce: a run for this model is on its way (its request is
+// still being read). Dropping it takes the word back.
+class Announcement {
+ public:
+  virtual ~Announcement() = default;
+};
+
 class LoadedModel {
  public:
   virtual ~LoadedModel() = default;
@@ -39,6 +46,28 @@ class LoadedModel {
   // StatusCode::kCancelled.
   virtual StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs,
                                                   const RunContext& ctx) = 0;
+
+  // What a submitted run's caller gets: the outputs, or why there are none.
+  using Done = std::function<void(StatusOr<std::vector<HostTensor>>)>;
+  // Runs `inputs` as Infer does, without making the caller wait for it:
+  // `done` runs once, on the calling thread before Submit returns or later
+  // on a thread of the model's. An error returned here (a full queue, a
+  // model being unloaded) means `done` never runs. `announced`, from this
+  // model's Announce, says the request it promised has come. The default
+  // runs Infer on the calling thread.
+  virtual Status Submit(std::vector<HostTensor> inputs, RunContext ctx, Done done,
+                        std::unique_ptr<Announcement> announced = nullptr) {
+    (void)announced;
+    done(Infer(inputs, ctx));
+    return Status::OK();
+  }
+  // Says a request is being read that will be submitted (or dropped): a
+  // model that joins requests into batches may wait for it. nullptr where
+  // the model does not wait for anything.
+  virtual std::unique_ptr<Announcement> Announce() { return nullptr; }
+  // The most rows of dim 0 one run joins from several requests; 1 where
+  // requests run alone.
+  virtual int64_t max_batch_rows() const { return 1; }
 
   // OpenMP threads each run uses from now on; false where the model has no
   // such setting. Used at load, before the model serves.

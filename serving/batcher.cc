@@ -57,10 +57,10 @@ BatchingModel::~BatchingModel() {
   for (auto& t : workers_) t.join();
 }
 
-BatchingModel::Incoming BatchingModel::Announce() {
+std::unique_ptr<runtime::Announcement> BatchingModel::Announce() {
   MutexLock lock(&mu_);
   ++incoming_;
-  return Incoming(this);
+  return std::make_unique<Incoming>(this);
 }
 
 void BatchingModel::Unannounce() {
@@ -105,7 +105,9 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
 }
 
 Status BatchingModel::Submit(std::vector<HostTensor> inputs, runtime::RunContext ctx, Done done,
-                             Incoming* incoming) {
+                             std::unique_ptr<runtime::Announcement> announced) {
+  // Only this model's own word counts; another's is taken back as it goes.
+  auto* incoming = dynamic_cast<Incoming*>(announced.get());
   auto p = std::make_unique<Pending>();
   ASSIGN_OR_RETURN(p->rows, RowsOf(inputs));
   p->own_inputs = std::move(inputs);

@@ -58,32 +58,32 @@ class BatchingModel final : public runtime::LoadedModel {
   const BatchOptions& options() const { return options_; }
   // The model this queue is in front of.
   const std::shared_ptr<runtime::LoadedModel>& inner() const { return inner_; }
-  // What a queued request's caller gets: its rows, or why not.
-  using Done = std::function<void(StatusOr<std::vector<runtime::HostTensor>>)>;
+  int64_t max_batch_rows() const override { return options_.max_batch_size; }
 
-  // Says a request for this model is on its way (being read): the batcher
-  // may wait for it. Hold it until Submit (or until the request fails).
-  class Incoming {
+  // The word that a request for this model is on its way (being read): the
+  // batcher may wait for it. Held until Submit (or until the request fails).
+  class Incoming final : public runtime::Announcement {
    public:
     explicit Incoming(BatchingModel* m) : m_(m) {}
-    Incoming(Incoming&& o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
-    Incoming& operator=(Incoming&&) = delete;
-    ~Incoming() {
+    ~Incoming() override {
       if (m_) m_->Unannounce();
     }
+    Incoming(const Incoming&) = delete;
+    Incoming& operator=(const Incoming&) = delete;
 
    private:
     friend class BatchingModel;
     BatchingModel* m_;
   };
-  Incoming Announce() EXCLUDES(mu_);
+  std::unique_ptr<runtime::Announcement> Announce() override EXCLUDES(mu_);
 
   // Queues a request and returns: `done` runs later, once, on a batch
   // worker; or, when there is nothing to join it with and none on its way
-  // and a run is free, runs it on the calling thread before returning. An error here (the queue is full, the
-  // model is being unloaded) means `done` never runs.
+  // and a run is free, runs it on the calling thread before returning. An
+  // error here (the queue is full, the model is being unloaded) means
+  // `done` never runs.
   Status Submit(std::vector<runtime::HostTensor> inputs, runtime::RunContext ctx, Done done,
-                Incoming* incoming = nullptr) EXCLUDES(mu_);
+                std::unique_ptr<runtime::Announcement> announced = nullptr) override EXCLUDES(mu_);
 
   // Blocks until this request's rows are computed. ResourceExhausted when
   // the queue is full (the caller should retry shortly); Cancelled when

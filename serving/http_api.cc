@@ -14,7 +14,6 @@
 #include "base/log.h"
 #include "http/host.h"
 #include "http/json_tape.h"
-#include "serving/batcher.h"
 #include "serving/tensor_codec.h"
 
 namespace aotid::serving {
@@ -278,6 +277,224 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res, const HttpOpt
 
 namespace {
 
+// What the route handlers share: the served models, the metrics, the
+// daemon's stop flag and the control plane's repository commands.
+struct RouteContext {
+  const ModelRegistry* registry;
+  Metrics* metrics;
+  std::shared_ptr<std::atomic<bool>> stopping;
+  std::shared_ptr<HttpApi::ModelControl> control;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The model a request names, ready to run: or the answer saying why not
+// (404, or 503 with Retry-After for one on its way; a failed version is
+// not retried by waiting). Null when `res` has been answered.
+std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const http::Request& req,
+                                              http::Response& res) {
+  auto m = Resolve(reg, req);
+  if (!m.ok()) {
+    SendStatus(res, m.status());
+    return nullptr;
+  }
+  const ServedModel& sm = **m;
+  if (sm.state != ServeState::kReady || !sm.model) {
+    if (sm.state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
+    SendStatus(res, NotReady(sm));
+    return nullptr;
+  }
+  return *m;
+}
+
+// ---- health and metadata ----
+
+void Live(const http::Request&, http::Response& res) { res.Set(R"({"live":true})", kJson); }
+
+// Ready: the start-up is done and every version that should be served
+// (enabled, and its model's version policy wants it) answers requests. A
+// version building, waiting for a retry or failed is not ready, and the
+// answer names it (the first 20).
+void ServerReady(const ModelRegistry* reg, http::Response& res) {
+  json waiting = json::array();
+  size_t count = 0;
+  for (const auto& e : *reg->GetCatalog()) {
+    if (!e.enabled || !e.wanted) continue;
+    auto sm = reg->Find(e.name, e.version);
+    if (sm && sm->state == ServeState::kReady) continue;
+    if (++count > 20) continue;
+    json item{{"name", e.name},
+              {"version", std::to_string(e.version)},
+              {"state", sm ? std::string(ServeStateName(sm->state)) : std::string("queued")}};
+    if (sm && !sm->message.empty()) item["reason"] = sm->message;
+    waiting.push_back(std::move(item));
+  }
+  bool ready = reg->startup_done() && count == 0;
+  res.status = ready ? 200 : 503;
+  json body{{"ready", ready}};
+  if (!reg->startup_done()) body["reason"] = "starting";
+  if (count > 0) {
+    body["not_ready"] = std::move(waiting);
+    body["not_ready_count"] = count;
+  }
+  res.Set(Dump(body), kJson);
+}
+
+void ServerMetadata(const http::Request&, http::Response& res) {
+  // The binary tensor extension (Triton's name for it) and the model
+  // repository routes.
+  res.Set(Dump(json{{"name", "aotid"},
+                    {"version", AOTID_VERSION},
+                    {"extensions", json::array({"binary_tensor_data", "model_repository", "generate"})}}),
+          kJson);
+}
+
+void ModelMetadata(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
+  auto m = Resolve(reg, req);
+  if (!m.ok()) return SendStatus(res, m.status());
+  const ServedModel& sm = **m;
+  json versions = json::array();
+  auto served = reg->All();
+  if (auto it = served->find(sm.name); it != served->end()) {
+    for (const auto& [n, unused] : it->second) versions.push_back(std::to_string(n));
+  }
+  json j{{"name", sm.name},          {"version", std::to_string(sm.version)}, {"versions", versions},
+         {"platform", "aotid_aoti"}, {"state", ServeStateName(sm.state)},     {"device", sm.device}};
+  if (sm.model) {
+    j["inputs"] = TensorList(sm.model->spec().inputs);
+    j["outputs"] = TensorList(sm.model->spec().outputs);
+  } else {
+    j["inputs"] = json::array();
+    j["outputs"] = json::array();
+  }
+  if (sm.state == ServeState::kFailed) j["error"] = sm.message;
+  if (!sm.device_note.empty()) j["device_note"] = sm.device_note;
+  if (!sm.package_json.empty()) {
+    json p = ParseJsonOrDiscarded(sm.package_json);
+    if (p.is_object()) {
+      j["parameters"] = {{"package_kind", p.value("kind", "")},
+                         {"aoti", p.value("aoti", json::object())},
+                         {"author", p.value("author", json::object())}};
+    }
+  }
+  res.Set(Dump(j), kJson);
+}
+
+void ModelReady(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
+  auto m = Resolve(reg, req);
+  if (!m.ok()) return SendStatus(res, m.status());
+  bool ok = (*m)->state == ServeState::kReady;
+  res.status = ok ? 200 : 503;
+  json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
+  if (!ok) j["error"] = NotReady(**m).message();
+  res.Set(Dump(j), kJson);
+}
+
+void RenderMetrics(const ModelRegistry* reg, Metrics* metrics, http::Response& res) {
+  int loaded = 0;
+  for (const auto& [name, versions] : *reg->All()) {
+    for (const auto& [v, sm] : versions) loaded += sm->state == ServeState::kReady;
+  }
+  metrics->SetModelsLoaded(loaded);
+  res.Set(metrics->Render(), "text/plain; version=0.0.4");
+}
+
+// ---- infer ----
+
+// Runs `inputs` on a served model and calls `done` once, on this thread or
+// later on one of the model's. A language model's cache is inside it: its
+// run waits here for the sequence running on it, if any, to finish. Every
+// other model takes the run asynchronously (LoadedModel::Submit).
+void RunModel(std::shared_ptr<const ServedModel> sm, std::vector<runtime::HostTensor> inputs,
+              runtime::RunContext ctx, std::unique_ptr<runtime::Announcement> announced,
+              runtime::LoadedModel::Done done) {
+  if (!sm->generator) {
+    Status queued = sm->model->Submit(std::move(inputs), std::move(ctx), done, std::move(announced));
+    if (!queued.ok()) done(queued);
+    return;
+  }
+  if (Status s = sm->generator->Acquire(ctx.cancelled); !s.ok()) return done(s);
+  auto outputs = sm->model->Infer(inputs, ctx);
+  sm->generator->Release();
+  done(std::move(outputs));
+}
+
+// Answers `outputs` (or why there are none) as the request asked: JSON, or
+// the binary tensor extension.
+void AnswerInfer(const ServedModel& sm, const InferRequest& request,
+                 const StatusOr<std::vector<runtime::HostTensor>>& outputs, http::Response& res) {
+  if (!outputs.ok()) return SendStatus(res, outputs.status());
+  res.status = 200;
+  EncodedResponse encoded = EncodeInferResponse(sm.name, sm.version, request, outputs.value());
+  if (encoded.has_binary) {
+    res.SetHeader(kHeaderLength, std::to_string(encoded.json_length));
+    res.Set(std::move(encoded.body), "application/octet-stream");
+  } else {
+    res.Set(std::move(encoded.body), kJson);
+  }
+}
+
+// POST /v2/models/NAME[/versions/V]/infer. The worker does not wait for
+// the run: the run's end answers, on a server worker.
+void Infer(const RouteContext& ctx, const http::Request& req, http::Response& res) {
+  const auto start = Clock::now();
+  auto in_flight = std::make_shared<Metrics::InFlight>(ctx.metrics);
+  auto m = Resolve(ctx.registry, req);
+  if (!m.ok()) return SendStatus(res, m.status());  // not counted: the name is the caller's, not a model
+  std::shared_ptr<const ServedModel> sm = *m;
+  Metrics* metrics = ctx.metrics;
+  auto record = [metrics, sm, start](int status, double compute_s) {
+    metrics->RecordInfer(sm->name, sm->version, status, SecondsSince(start), compute_s);
+  };
+  auto refuse = [&](const Status& s) {
+    SendStatus(res, s);
+    record(res.status, 0);
+  };
+  if (sm->state != ServeState::kReady || !sm->model) {
+    if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
+    return refuse(NotReady(*sm));
+  }
+  // A model that batches is told a request is coming, so that a batch may
+  // wait for it while it is decoded.
+  std::unique_ptr<runtime::Announcement> announced = sm->generator ? nullptr : sm->model->Announce();
+  std::optional<size_t> json_length;
+  if (req.Has(kHeaderLength)) {
+    std::string v = req.Get(kHeaderLength);
+    size_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
+      return refuse(InvalidArgument(std::string(kHeaderLength) + " must be a byte count, got '" + v + "'"));
+    }
+    json_length = n;
+  }
+  auto decoded = DecodeInferRequest(req.body, sm->model->spec(), {}, json_length);
+  if (!decoded.ok()) return refuse(decoded.status());
+  // A request whose client has gone is not run (here, or by the batcher
+  // when it forms the batch); it counts as 499, as nginx has it.
+  int fd = req.connection_fd;
+  if (http::ClientGone(fd)) return refuse(Cancelled(runtime::kClientGone));
+  runtime::RunContext run;
+  if (fd >= 0) run.cancelled = [fd] { return http::ClientGone(fd); };
+  auto request = std::make_shared<InferRequest>(std::move(*decoded));
+  std::vector<runtime::HostTensor> inputs = std::move(request->inputs);
+  http::Reply reply = res.Defer();
+  const auto run_start = Clock::now();
+  RunModel(
+      sm, std::move(inputs), std::move(run), std::move(announced),
+      [sm, reply, request, record, in_flight, run_start](StatusOr<std::vector<runtime::HostTensor>> out) {
+        double compute_s = SecondsSince(run_start);
+        auto outputs = std::make_shared<StatusOr<std::vector<runtime::HostTensor>>>(std::move(out));
+        reply([sm, request, outputs, record, in_flight, compute_s](http::Response& res) {
+          AnswerInfer(*sm, *request, *outputs, res);
+          record(res.status, compute_s);
+        });
+      });
+}
+
+// ---- generate ----
+
 // What is recorded of a generate request that did not run (its client left
 // while it waited, the model was busy, its first step failed).
 GenerateResult NotRun(const std::vector<int32_t>& prompt) {
@@ -286,389 +503,199 @@ GenerateResult NotRun(const std::vector<int32_t>& prompt) {
   return r;
 }
 
+// The last (or only) JSON of a generate answer: why it ended, usage and
+// timings.
+json GenerateSummary(const ServedModel& sm, const GenerateResult& g, const GenerateRequest& p,
+                     const std::vector<int32_t>& prompt) {
+  json j{{"model_name", sm.name}, {"model_version", std::to_string(sm.version)}};
+  j["finish_reason"] = g.finish_reason;
+  j["seed"] = g.seed;
+  j["usage"] = {{"prompt_tokens", g.prompt_tokens}, {"completion_tokens", g.ids.size()}};
+  j["timings"] = {{"queue_ms", g.queue_ms},
+                  {"prefill_ms", g.prefill_ms},
+                  {"first_token_ms", g.first_token_ms},
+                  {"decode_ms", g.decode_ms},
+                  {"decode_tokens_per_s", g.DecodeRate()}};
+  if (!p.id.empty()) j["id"] = p.id;
+  if (p.return_token_ids) {
+    j["token_ids"] = g.ids;
+    j["prompt_token_ids"] = prompt;
+  }
+  return j;
+}
+
+void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error) {
+  std::string how = error.ok()                                 ? g.finish_reason
+                    : error.code() == StatusCode::kCancelled   ? "cancelled"
+                    : error.code() == StatusCode::kUnavailable ? "busy"
+                                                               : "error";
+  metrics->RecordGenerate(sm.name, sm.version, how, g.prompt_tokens, static_cast<int64_t>(g.ids.size()),
+                          g.first_token_ms / 1000.0);
+}
+
+// Text generation (Triton's generate extension): the whole answer at once,
+// or Server-Sent Events as it is made (`stream`).
+void Generate(const RouteContext& ctx, bool stream, const http::Request& req, http::Response& res) {
+  std::shared_ptr<const ServedModel> sm = ReadyModel(ctx.registry, req, res);
+  if (!sm) return;
+  if (!sm->generator) {
+    return SendError(res, 400,
+                     "model '" + sm->name +
+                         "' has no generate spec: it serves tensors through /infer (a "
+                         "language model exported with aotid_export.llm generates text)");
+  }
+  auto parsed = ParseGenerateRequest(req.body, sm->generator->spec());
+  if (!parsed.ok()) return SendStatus(res, parsed.status());
+  auto prompt = sm->generator->Prompt(*parsed);
+  if (!prompt.ok()) return SendStatus(res, prompt.status());
+  if (Status busy = sm->generator->Admit(); !busy.ok()) {
+    res.SetHeader("Retry-After", "1");
+    return SendStatus(res, busy);
+  }
+  int fd = req.connection_fd;
+  std::function<bool()> gone = [fd, stopping = ctx.stopping] {
+    return stopping->load() || (fd >= 0 && http::ClientGone(fd));
+  };
+  Metrics* metrics = ctx.metrics;
+  if (!stream) {
+    Status error;
+    auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
+    if (!g.ok()) {
+      RecordGenerate(metrics, *sm, NotRun(*prompt), g.status());
+      if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+      return SendStatus(res, g.status());
+    }
+    RecordGenerate(metrics, *sm, *g, error);
+    if (!error.ok()) return SendStatus(res, error);
+    json j = GenerateSummary(*sm, *g, *parsed, *prompt);
+    j["text_output"] = g->text;
+    res.status = 200;
+    res.Set(Dump(j), kJson);
+    return;
+  }
+  res.status = 200;
+  res.content_type = "text/event-stream";
+  res.SetHeader("Cache-Control", "no-cache");
+  // Runs after this handler returns: it holds what it uses.
+  res.stream = [sm, metrics, parsed = std::move(parsed).value(), prompt = std::move(prompt).value(),
+                gone](const std::function<bool(std::string_view)>& write) {
+    auto event = [&](const json& j) { return write("data: " + Dump(j) + "\n\n"); };
+    auto on_text = [&](std::string_view piece) {
+      return event(json{
+          {"model_name", sm->name}, {"model_version", std::to_string(sm->version)}, {"text_output", piece}});
+    };
+    Status error;
+    auto g = sm->generator->Run(*sm->model, parsed, prompt, on_text, gone, &error);
+    if (!g.ok()) error = g.status();
+    RecordGenerate(metrics, *sm, g.ok() ? *g : NotRun(prompt), error);
+    if (!error.ok()) {
+      event(json{{"error", error.message()}});
+      return;
+    }
+    json last = GenerateSummary(*sm, *g, parsed, prompt);
+    last["text_output"] = "";
+    event(last);
+  };
+}
+
+// ---- the model repository extension ----
+
+// What the store holds, and whether each model is served.
+void RepositoryIndex(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
+  bool only_ready = false;
+  if (!req.body.empty()) {
+    // The bounded tape, not a DOM: a body of 16 MiB of '[' is refused at
+    // depth 32 instead of costing a node per bracket.
+    http::json_tape::Tape body;
+    if (!body.Parse(req.body, /*max_depth=*/32) || body.kind(0) != http::json_tape::Kind::kObject) {
+      return SendError(res, 400,
+                       body.too_deep() ? "repository index body nests deeper than 32 levels"
+                                       : "repository index body must be a JSON object");
+    }
+    if (uint32_t ready = body.Member(0, "ready"); ready != http::json_tape::Tape::kNone) {
+      if (!body.is_bool(ready)) return SendError(res, 400, "'ready' must be true or false");
+      only_ready = body.kind(ready) == http::json_tape::Kind::kTrue;
+    }
+  }
+  auto catalog = reg->GetCatalog();
+  json out = json::array();
+  for (const auto& e : *catalog) {
+    auto sm = reg->Find(e.name, e.version);
+    std::string state = "UNAVAILABLE", reason;
+    if (sm) {
+      switch (sm->state) {
+        case ServeState::kReady: state = "READY"; break;
+        case ServeState::kFailed: reason = sm->message; break;
+        default:
+          state = "LOADING";
+          reason = std::string(ServeStateName(sm->state));
+          break;
+      }
+      if (!e.wanted && sm->state == ServeState::kReady) reason = "serving until a newer version is ready";
+    } else {
+      reason = !e.enabled ? "unloaded" : "not served by version policy '" + e.policy + "'";
+    }
+    if (only_ready && state != "READY") continue;
+    json item{{"name", e.name}, {"version", std::to_string(e.version)}, {"state", state}};
+    if (!reason.empty()) item["reason"] = reason;
+    out.push_back(std::move(item));
+  }
+  res.Set(Dump(out), kJson);
+}
+
+// Load and unload: commands to the control plane, which writes the store
+// (so they outlast a restart) and completes the deferred answer once it has
+// acted. No worker waits for it.
+void SetEnabled(const RouteContext& ctx, bool enable, const http::Request& req, http::Response& res) {
+  std::string name = req.params[0];
+  if (Status s = storage::ValidateModelName(name); !s.ok()) return SendStatus(res, s);
+  if (!*ctx.control) return SendStatus(res, Unavailable("models cannot be loaded or unloaded here"));
+  http::Reply reply = res.Defer();
+  (*ctx.control)(name, enable, [reg = ctx.registry, reply, name, enable](Status s) {
+    reply([reg, name, enable, s](http::Response& res) {
+      if (!s.ok()) return SendStatus(res, s);
+      auto sm = reg->Find(name);
+      json j{{"name", name}, {"enabled", enable}};
+      j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";
+      res.Set(Dump(j), kJson);
+    });
+  });
+}
+
 }  // namespace
 
 void HttpApi::Routes() {
   http::Router& r = router_;
+  const RouteContext ctx{registry_, metrics_, stopping_, model_control_};
   const ModelRegistry* reg = registry_;
+  // Each route with and without a version segment.
+  auto both = [&r](const std::string& method, const std::string& suffix, const http::Handler& handler) {
+    r.Add(method, "/v2/models/*" + suffix, handler);
+    r.Add(method, "/v2/models/*/versions/*" + suffix, handler);
+  };
 
-  r.Add("GET", "/v2/health/live",
-        [](const http::Request&, http::Response& res) { res.Set(R"({"live":true})", kJson); });
-  // Ready: the start-up is done and every version that should be served
-  // (enabled, and its model's version policy wants it) answers requests. A
-  // version building, waiting for a retry or failed is not ready, and the
-  // answer names it (the first 20).
-  r.Add("GET", "/v2/health/ready", [reg](const http::Request&, http::Response& res) {
-    json waiting = json::array();
-    size_t count = 0;
-    for (const auto& e : *reg->GetCatalog()) {
-      if (!e.enabled || !e.wanted) continue;
-      auto sm = reg->Find(e.name, e.version);
-      if (sm && sm->state == ServeState::kReady) continue;
-      if (++count > 20) continue;
-      json item{{"name", e.name},
-                {"version", std::to_string(e.version)},
-                {"state", sm ? std::string(ServeStateName(sm->state)) : std::string("queued")}};
-      if (sm && !sm->message.empty()) item["reason"] = sm->message;
-      waiting.push_back(std::move(item));
-    }
-    bool ready = reg->startup_done() && count == 0;
-    res.status = ready ? 200 : 503;
-    json body{{"ready", ready}};
-    if (!reg->startup_done()) body["reason"] = "starting";
-    if (count > 0) {
-      body["not_ready"] = std::move(waiting);
-      body["not_ready_count"] = count;
-    }
-    res.Set(Dump(body), kJson);
-  });
-  r.Add("GET", "/v2", [](const http::Request&, http::Response& res) {
-    // The binary tensor extension (Triton's name for it) and the model
-    // repository routes.
-    res.Set(Dump(json{{"name", "aotid"},
-                      {"version", AOTID_VERSION},
-                      {"extensions", json::array({"binary_tensor_data", "model_repository", "generate"})}}),
-            kJson);
+  r.Add("GET", "/v2/health/live", Live);
+  r.Add("GET", "/v2/health/ready",
+        [reg](const http::Request&, http::Response& res) { ServerReady(reg, res); });
+  r.Add("GET", "/v2", ServerMetadata);
+  both("GET", "", [reg](const http::Request& req, http::Response& res) { ModelMetadata(reg, req, res); });
+  both("GET", "/ready", [reg](const http::Request& req, http::Response& res) { ModelReady(reg, req, res); });
+  r.Add("GET", "/metrics", [reg, metrics = metrics_](const http::Request&, http::Response& res) {
+    RenderMetrics(reg, metrics, res);
   });
 
-  auto metadata = [reg](const http::Request& req, http::Response& res) {
-    auto m = Resolve(reg, req);
-    if (!m.ok()) return SendStatus(res, m.status());
-    const ServedModel& sm = **m;
-    json versions = json::array();
-    auto served = reg->All();
-    if (auto it = served->find(sm.name); it != served->end()) {
-      for (const auto& [n, unused] : it->second) versions.push_back(std::to_string(n));
-    }
-    json j{{"name", sm.name},          {"version", std::to_string(sm.version)}, {"versions", versions},
-           {"platform", "aotid_aoti"}, {"state", ServeStateName(sm.state)},     {"device", sm.device}};
-    if (sm.model) {
-      j["inputs"] = TensorList(sm.model->spec().inputs);
-      j["outputs"] = TensorList(sm.model->spec().outputs);
-    } else {
-      j["inputs"] = json::array();
-      j["outputs"] = json::array();
-    }
-    if (sm.state == ServeState::kFailed) j["error"] = sm.message;
-    if (!sm.device_note.empty()) j["device_note"] = sm.device_note;
-    if (!sm.package_json.empty()) {
-      json p = ParseJsonOrDiscarded(sm.package_json);
-      if (p.is_object()) {
-        j["parameters"] = {{"package_kind", p.value("kind", "")},
-                           {"aoti", p.value("aoti", json::object())},
-                           {"author", p.value("author", json::object())}};
-      }
-    }
-    res.Set(Dump(j), kJson);
-  };
-  r.Add("GET", "/v2/models/*", metadata);
-  r.Add("GET", "/v2/models/*/versions/*", metadata);
+  both("POST", "/infer", [ctx](const http::Request& req, http::Response& res) { Infer(ctx, req, res); });
+  both("POST", "/generate",
+       [ctx](const http::Request& req, http::Response& res) { Generate(ctx, /*stream=*/false, req, res); });
+  both("POST", "/generate_stream",
+       [ctx](const http::Request& req, http::Response& res) { Generate(ctx, /*stream=*/true, req, res); });
 
-  auto ready = [reg](const http::Request& req, http::Response& res) {
-    auto m = Resolve(reg, req);
-    if (!m.ok()) return SendStatus(res, m.status());
-    bool ok = (*m)->state == ServeState::kReady;
-    res.status = ok ? 200 : 503;
-    json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
-    if (!ok) j["error"] = NotReady(**m).message();
-    res.Set(Dump(j), kJson);
-  };
-  r.Add("GET", "/v2/models/*/ready", ready);
-  r.Add("GET", "/v2/models/*/versions/*/ready", ready);
-
-  Metrics* metrics = metrics_;
-  auto infer = [reg, metrics](const http::Request& req, http::Response& res) {
-    using Clock = std::chrono::steady_clock;
-    auto start = Clock::now();
-    auto in_flight = std::make_shared<Metrics::InFlight>(metrics);
-    auto m = Resolve(reg, req);
-    if (!m.ok()) return SendStatus(res, m.status());  // not counted: the name is the caller's, not a model
-    std::shared_ptr<const ServedModel> sm = *m;
-    // Records the request once it is answered.
-    auto record = [metrics, sm, start](int status, double compute_s) {
-      metrics->RecordInfer(sm->name, sm->version, status,
-                           std::chrono::duration<double>(Clock::now() - start).count(), compute_s);
-    };
-    // Answers `outputs` (or why there are none) as the request asked.
-    auto answer = [sm](http::Response& res, const InferRequest& request,
-                       const StatusOr<std::vector<runtime::HostTensor>>& outputs) {
-      if (!outputs.ok()) return SendStatus(res, outputs.status());
-      res.status = 200;
-      EncodedResponse encoded = EncodeInferResponse(sm->name, sm->version, request, *outputs);
-      if (encoded.has_binary) {
-        res.SetHeader(kHeaderLength, std::to_string(encoded.json_length));
-        res.Set(std::move(encoded.body), "application/octet-stream");
-      } else {
-        res.Set(std::move(encoded.body), kJson);
-      }
-    };
-    double compute_s = 0;
-    struct Done {  // records the request however the handler returns, unless it answers later
-      std::function<void(int, double)> record;
-      const http::Response& res;
-      const double& compute_s;
-      ~Done() {
-        if (!res.deferred) record(res.status, compute_s);
-      }
-    } done{record, res, compute_s};
-    if (sm->state != ServeState::kReady || !sm->model) {
-      // On its way (queued, building, loading): ask the client back; a
-      // failed version is not retried by waiting.
-      if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
-      return SendStatus(res, NotReady(*sm));
-    }
-    // A batched model is told a request is coming, so that a batch may
-    // wait for it while it is decoded.
-    auto* batcher = sm->generator ? nullptr : dynamic_cast<BatchingModel*>(sm->model.get());
-    std::optional<BatchingModel::Incoming> incoming;
-    if (batcher) incoming.emplace(batcher->Announce());
-    std::optional<size_t> json_length;
-    if (req.Has(kHeaderLength)) {
-      std::string v = req.Get(kHeaderLength);
-      size_t n = 0;
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-      if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
-        return SendError(res, 400, std::string(kHeaderLength) + " must be a byte count, got '" + v + "'");
-      }
-      json_length = n;
-    }
-    auto decoded = DecodeInferRequest(req.body, sm->model->spec(), {}, json_length);
-    if (!decoded.ok()) return SendStatus(res, decoded.status());
-    // A request whose client has gone is not run (here, or by the batcher
-    // when it forms the batch); it counts as 499, as nginx has it.
-    int fd = req.connection_fd;
-    if (http::ClientGone(fd)) return SendStatus(res, Cancelled(runtime::kClientGone));
-    runtime::RunContext ctx;
-    if (fd >= 0) ctx.cancelled = [fd] { return http::ClientGone(fd); };
-    auto run_start = Clock::now();
-    if (batcher) {
-      // The worker does not wait for the batch: the batch's end sends the
-      // answer, encoded on a server worker.
-      auto request = std::make_shared<InferRequest>(std::move(*decoded));
-      std::vector<runtime::HostTensor> inputs = std::move(request->inputs);
-      http::Reply reply = res.Defer();
-      Status queued = batcher->Submit(
-          std::move(inputs), std::move(ctx),
-          [reply, request, record, answer, in_flight,
-           run_start](StatusOr<std::vector<runtime::HostTensor>> out) {
-            double compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-            auto outputs = std::make_shared<StatusOr<std::vector<runtime::HostTensor>>>(std::move(out));
-            reply([request, outputs, record, answer, in_flight, compute_s](http::Response& res) {
-              answer(res, *request, *outputs);
-              record(res.status, compute_s);
-            });
-          },
-          &*incoming);
-      if (!queued.ok()) {
-        reply([queued, record, in_flight](http::Response& res) {
-          SendStatus(res, queued);
-          record(res.status, 0);
-        });
-      }
-      return;
-    }
-    // A language model's cache is inside it: a run waits for the sequence
-    // running on it, if any, to finish.
-    if (sm->generator) {
-      if (Status s = sm->generator->Acquire(ctx.cancelled); !s.ok()) return SendStatus(res, s);
-    }
-    struct Turn {
-      const Generator* g;
-      ~Turn() {
-        if (g) g->Release();
-      }
-    } turn{sm->generator.get()};
-    auto outputs = sm->model->Infer(decoded->inputs, ctx);
-    compute_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-    answer(res, *decoded, outputs);
-  };
-  r.Add("POST", "/v2/models/*/infer", infer);
-  r.Add("POST", "/v2/models/*/versions/*/infer", infer);
-
-  // Text generation (Triton's generate extension): the whole answer at
-  // once, or Server-Sent Events as it is made.
-  auto generate = [reg, metrics, stopping = stopping_](bool stream) {
-    return [reg, metrics, stopping, stream](const http::Request& req, http::Response& res) {
-      auto m = Resolve(reg, req);
-      if (!m.ok()) return SendStatus(res, m.status());
-      std::shared_ptr<const ServedModel> sm = *m;
-      if (sm->state != ServeState::kReady || !sm->model) {
-        if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
-        return SendStatus(res, NotReady(*sm));
-      }
-      if (!sm->generator) {
-        return SendError(res, 400,
-                         "model '" + sm->name +
-                             "' has no generate spec: it serves tensors through /infer (a "
-                             "language model exported with aotid_export.llm generates text)");
-      }
-      auto parsed = ParseGenerateRequest(req.body, sm->generator->spec());
-      if (!parsed.ok()) return SendStatus(res, parsed.status());
-      auto prompt = sm->generator->Prompt(*parsed);
-      if (!prompt.ok()) return SendStatus(res, prompt.status());
-      if (Status busy = sm->generator->Admit(); !busy.ok()) {
-        res.SetHeader("Retry-After", "1");
-        return SendStatus(res, busy);
-      }
-      int fd = req.connection_fd;
-      std::function<bool()> gone = [fd, stopping] {
-        return stopping->load() || (fd >= 0 && http::ClientGone(fd));
-      };
-      // Both run again inside the stream, after this handler returns: they hold what they use.
-      auto head = [sm](json& j) {
-        j["model_name"] = sm->name;
-        j["model_version"] = std::to_string(sm->version);
-      };
-      auto summary = [head, prompt_ids = *prompt](const GenerateResult& g, const GenerateRequest& p) {
-        json j;
-        head(j);
-        j["finish_reason"] = g.finish_reason;
-        j["seed"] = g.seed;
-        j["usage"] = {{"prompt_tokens", g.prompt_tokens}, {"completion_tokens", g.ids.size()}};
-        double per_s = g.DecodeRate();
-        j["timings"] = {{"queue_ms", g.queue_ms},
-                        {"prefill_ms", g.prefill_ms},
-                        {"first_token_ms", g.first_token_ms},
-                        {"decode_ms", g.decode_ms},
-                        {"decode_tokens_per_s", per_s}};
-        if (!p.id.empty()) j["id"] = p.id;
-        if (p.return_token_ids) {
-          j["token_ids"] = g.ids;
-          j["prompt_token_ids"] = prompt_ids;
-        }
-        return j;
-      };
-      auto record = [metrics, sm](const GenerateResult& g, const Status& error) {
-        std::string how = error.ok()                                 ? g.finish_reason
-                          : error.code() == StatusCode::kCancelled   ? "cancelled"
-                          : error.code() == StatusCode::kUnavailable ? "busy"
-                                                                     : "error";
-        metrics->RecordGenerate(sm->name, sm->version, how, g.prompt_tokens,
-                                static_cast<int64_t>(g.ids.size()), g.first_token_ms / 1000.0);
-      };
-      if (!stream) {
-        Status error;
-        auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
-        if (!g.ok()) {
-          record(NotRun(*prompt), g.status());
-          if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
-          return SendStatus(res, g.status());
-        }
-        record(*g, error);
-        if (!error.ok()) return SendStatus(res, error);
-        json j = summary(*g, *parsed);
-        j["text_output"] = g->text;
-        res.status = 200;
-        res.Set(j.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
-        return;
-      }
-      res.status = 200;
-      res.content_type = "text/event-stream";
-      res.SetHeader("Cache-Control", "no-cache");
-      res.stream = [sm, parsed = std::move(parsed).value(), prompt = std::move(prompt).value(), gone, head,
-                    summary, record](const std::function<bool(std::string_view)>& write) {
-        auto event = [&](const json& j) {
-          return write("data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
-        };
-        auto on_text = [&](std::string_view piece) {
-          json j;
-          head(j);
-          j["text_output"] = piece;
-          return event(j);
-        };
-        Status error;
-        auto g = sm->generator->Run(*sm->model, parsed, prompt, on_text, gone, &error);
-        if (!g.ok()) error = g.status();
-        record(g.ok() ? *g : NotRun(prompt), error);
-        if (!error.ok()) {
-          event(json{{"error", error.message()}});
-          return;
-        }
-        json last = summary(*g, parsed);
-        last["text_output"] = "";
-        event(last);
-      };
-    };
-  };
-  r.Add("POST", "/v2/models/*/generate", generate(false));
-  r.Add("POST", "/v2/models/*/versions/*/generate", generate(false));
-  r.Add("POST", "/v2/models/*/generate_stream", generate(true));
-  r.Add("POST", "/v2/models/*/versions/*/generate_stream", generate(true));
-
-  r.Add("GET", "/metrics", [reg, metrics](const http::Request&, http::Response& res) {
-    int loaded = 0;
-    for (const auto& [name, versions] : *reg->All()) {
-      for (const auto& [v, sm] : versions) loaded += sm->state == ServeState::kReady;
-    }
-    metrics->SetModelsLoaded(loaded);
-    res.Set(metrics->Render(), "text/plain; version=0.0.4");
-  });
-
-  // The model repository extension: what the store holds, and whether each
-  // model is served. Load and unload write the store (so they outlast a
-  // restart) and wait, boundedly, for the daemon to act on it.
-  r.Add("POST", "/v2/repository/index", [reg](const http::Request& req, http::Response& res) {
-    bool only_ready = false;
-    if (!req.body.empty()) {
-      // The bounded tape, not a DOM: a body of 16 MiB of '[' is refused at
-      // depth 32 instead of costing a node per bracket.
-      http::json_tape::Tape body;
-      if (!body.Parse(req.body, /*max_depth=*/32) || body.kind(0) != http::json_tape::Kind::kObject) {
-        return SendError(res, 400,
-                         body.too_deep() ? "repository index body nests deeper than 32 levels"
-                                         : "repository index body must be a JSON object");
-      }
-      if (uint32_t ready = body.Member(0, "ready"); ready != http::json_tape::Tape::kNone) {
-        if (!body.is_bool(ready)) return SendError(res, 400, "'ready' must be true or false");
-        only_ready = body.kind(ready) == http::json_tape::Kind::kTrue;
-      }
-    }
-    auto catalog = reg->GetCatalog();
-    json out = json::array();
-    for (const auto& e : *catalog) {
-      auto sm = reg->Find(e.name, e.version);
-      std::string state = "UNAVAILABLE", reason;
-      if (sm) {
-        switch (sm->state) {
-          case ServeState::kReady: state = "READY"; break;
-          case ServeState::kFailed: reason = sm->message; break;
-          default:
-            state = "LOADING";
-            reason = std::string(ServeStateName(sm->state));
-            break;
-        }
-        if (!e.wanted && sm->state == ServeState::kReady) reason = "serving until a newer version is ready";
-      } else {
-        reason = !e.enabled ? "unloaded" : "not served by version policy '" + e.policy + "'";
-      }
-      if (only_ready && state != "READY") continue;
-      json item{{"name", e.name}, {"version", std::to_string(e.version)}, {"state", state}};
-      if (!reason.empty()) item["reason"] = reason;
-      out.push_back(std::move(item));
-    }
-    res.Set(Dump(out), kJson);
-  });
-  // Load and unload are commands to the control plane, which completes
-  // the deferred answer once it has acted: no worker waits for it.
-  auto set_enabled = [reg, control = model_control_](bool enable) {
-    return [reg, control, enable](const http::Request& req, http::Response& res) {
-      std::string name = req.params[0];
-      if (Status s = storage::ValidateModelName(name); !s.ok()) return SendStatus(res, s);
-      if (!*control) return SendStatus(res, Unavailable("models cannot be loaded or unloaded here"));
-      http::Reply reply = res.Defer();
-      (*control)(name, enable, [reg, reply, name, enable](Status s) {
-        reply([reg, name, enable, s](http::Response& res) {
-          if (!s.ok()) return SendStatus(res, s);
-          auto sm = reg->Find(name);
-          json j{{"name", name}, {"enabled", enable}};
-          j["state"] = sm ? std::string(ServeStateName(sm->state)) : "unloaded";
-          res.Set(Dump(j), kJson);
-        });
-      });
-    };
-  };
-  r.Add("POST", "/v2/repository/models/*/load", set_enabled(true));
-  r.Add("POST", "/v2/repository/models/*/unload", set_enabled(false));
+  r.Add("POST", "/v2/repository/index",
+        [reg](const http::Request& req, http::Response& res) { RepositoryIndex(reg, req, res); });
+  r.Add("POST", "/v2/repository/models/*/load",
+        [ctx](const http::Request& req, http::Response& res) { SetEnabled(ctx, true, req, res); });
+  r.Add("POST", "/v2/repository/models/*/unload",
+        [ctx](const http::Request& req, http::Response& res) { SetEnabled(ctx, false, req, res); });
 }
 
 Status HttpApi::Bind() {

@@ -240,7 +240,7 @@ TEST(Batcher, WaitsOnlyForRequestsOnTheirWay) {
   std::atomic<int> answered{0};
   auto count = [&](StatusOr<std::vector<HostTensor>> out) { answered += out.ok(); };
   ASSERT_OK(model.Submit({Rows({3, 4}, 2)}, {}, count));
-  ASSERT_OK(model.Submit({Rows({5, 6}, 2)}, {}, count, &on_its_way));
+  ASSERT_OK(model.Submit({Rows({5, 6}, 2)}, {}, count, std::move(on_its_way)));
   for (int i = 0; i < 3000 && answered.load() < 2; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(answered.load(), 2);
