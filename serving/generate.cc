@@ -171,7 +171,13 @@ Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
   const uint64_t ticket = next_++;
   while (busy_ || serving_ != ticket) {
     cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(50));
-    if ((busy_ || serving_ != ticket) && cancelled && cancelled()) {
+    if (!(busy_ || serving_ != ticket) || !cancelled) continue;
+    // Asked without the lock: it may make a syscall (is the client's
+    // socket closed?), and the turn's owner must not wait on that.
+    lock.Unlock();
+    const bool gone = cancelled();
+    lock.Lock();
+    if (gone && (busy_ || serving_ != ticket)) {
       abandoned_.push_back(ticket);
       AdvanceLocked();
       return Cancelled(runtime::kClientGone);

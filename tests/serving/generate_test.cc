@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -88,6 +90,40 @@ TEST(Generator, TurnsGoInOrderAndPastTheWaitingCapTheAnswerIsBusy) {
   gen->Release();
   behind.join();
   EXPECT_TRUE(got);
+  EXPECT_EQ(gen->waiting(), 0);
+}
+
+// A waiter asks whether its client is gone without holding the turn's
+// lock: the question may be a syscall, and here it even asks the gate
+// itself (which would deadlock under the lock).
+TEST(Generator, AWaitersCancelCheckRunsOutsideTheGatesLock) {
+  auto gen = MakeGenerator();
+  ASSERT_NE(gen, nullptr);
+  ASSERT_TRUE(gen->Acquire(nullptr).ok());
+  std::mutex mu;
+  std::condition_variable asked;
+  int checks = 0;
+  bool leave = false;
+  std::thread waiter([&] {
+    Status s = gen->Acquire([&] {
+      int waiting = gen->waiting();  // takes the gate's lock
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(waiting, 1);
+      ++checks;
+      asked.notify_all();
+      return leave;
+    });
+    EXPECT_EQ(s.code(), StatusCode::kCancelled);
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  if (!asked.wait_for(lock, std::chrono::seconds(10), [&] { return checks >= 2; })) {
+    waiter.detach();  // stuck in its own question: nothing will end it
+    FAIL() << "the waiter's cancel check never returned";
+  }
+  leave = true;
+  lock.unlock();
+  waiter.join();
+  gen->Release();
   EXPECT_EQ(gen->waiting(), 0);
 }
 
