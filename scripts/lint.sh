@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `./dev lint`: four checks of the C++ files (.cc, .h). By default on the
+# `./dev lint`: five checks of the C++ files (.cc, .h). By default on the
 # files changed since this branch left main (commits, uncommitted changes
 # and new files; AOTID_LINT_BASE names another base), with --all on every
 # file. Fails when a check finds something.
@@ -21,8 +21,11 @@
 #                  compiled for macOS, the plugin linked against the macOS
 #                  torch when one of its files changed; the shell scripts
 #                  macOS runs against bash 3.2. --all: every .cc file.
+#   layers         every include points down the layers scripts/layers.py
+#                  writes down (never up or sideways), and the README's
+#                  diagram of them is current; always every file.
 #
-#   scripts/lint.sh ROOT BUILD_DIR [--all] [--only format|tidy|thread-safety|macos]
+#   scripts/lint.sh ROOT BUILD_DIR [--all] [--only format|tidy|thread-safety|macos|layers]
 # tidy and thread-safety need a build (compile_commands.json and ninja's
 # record of includes); `./dev lint` makes it.
 set -euo pipefail
@@ -30,13 +33,13 @@ root="$1"
 build="$2"
 shift 2
 all=0
-steps=(format tidy thread-safety macos)
-usage() { echo "usage: ./dev lint [--all] [--only format|tidy|thread-safety|macos]" >&2; exit 2; }
+steps=(format tidy thread-safety macos layers)
+usage() { echo "usage: ./dev lint [--all] [--only format|tidy|thread-safety|macos|layers]" >&2; exit 2; }
 while (($#)); do
   case "$1" in
     --all) all=1 ;;
     --only)
-      [[ "${2:-}" =~ ^(format|tidy|thread-safety|macos)$ ]] || usage
+      [[ "${2:-}" =~ ^(format|tidy|thread-safety|macos|layers)$ ]] || usage
       steps=("$2")
       shift
       ;;
@@ -222,6 +225,11 @@ step_macos() {
     return 0
   fi
   "$root/scripts/macos_check.sh" "$root" ${tus[@]+"${tus[@]}"}
+}
+
+step_layers() {
+  python3 "$root/scripts/layers.py" check "$root" || return 1
+  echo "layers: ok"
 }
 
 for s in "${steps[@]}"; do
