@@ -73,6 +73,41 @@ Status EnterLimits(const SandboxOptions& options, int parent_pid) {
   return Status::OK();
 }
 
+GpuPaths FindGpuPaths(const std::string& dev_dir, const std::vector<std::string>& library_dirs) {
+  namespace stdfs = std::filesystem;
+  std::set<std::string> devices, dirs;
+  std::error_code ec;
+  for (const auto& e : stdfs::directory_iterator(dev_dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with("nvidia") || name == "dri") devices.insert(e.path().string());
+  }
+  auto add_if_dir = [&](const stdfs::path& p) {
+    std::error_code dir_ec;
+    if (stdfs::is_directory(p, dir_ec)) dirs.insert(p.lexically_normal().string());
+  };
+  for (const std::string& dir : library_dirs) {
+    stdfs::path p = stdfs::path(dir).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();  // a trailing slash
+    stdfs::path site;
+    if (p.filename() == "lib" && p.parent_path().filename() == "torch") {
+      site = p.parent_path().parent_path();  // SITE/torch/lib
+      add_if_dir(p.parent_path());
+    } else {
+      // SITE/nvidia/PACKAGE/lib (or deeper), SITE a site-packages (or
+      // Debian's dist-packages) folder: a library of an NVIDIA package.
+      for (stdfs::path up = p; up.has_relative_path(); up = up.parent_path()) {
+        if (up.filename() == "nvidia" && up != p &&
+            up.parent_path().filename().string().ends_with("-packages")) {
+          site = up.parent_path();
+          break;
+        }
+      }
+    }
+    if (!site.empty()) add_if_dir(site / "nvidia");
+  }
+  return {{devices.begin(), devices.end()}, {dirs.begin(), dirs.end()}};
+}
+
 #ifdef __linux__
 namespace {
 
@@ -197,7 +232,13 @@ StatusOr<int> LandlockSelf(const SandboxOptions& options) {
       if (s.ok()) s = AddPathRule(ruleset, file, kFsRead, handled);
     }
   }
-  for (const std::string& dir : LoadedLibraryDirs()) {
+  std::set<std::string> loaded = LoadedLibraryDirs();
+  for (const std::string& dir : loaded) {
+    if (s.ok()) s = AddPathRule(ruleset, dir, kFsRead, handled);
+  }
+  GpuPaths gpu_paths;
+  if (options.gpu) gpu_paths = FindGpuPaths("/dev", {loaded.begin(), loaded.end()});
+  for (const std::string& dir : gpu_paths.library_dirs) {
     if (s.ok()) s = AddPathRule(ruleset, dir, kFsRead, handled);
   }
   for (const std::string& path : options.read_paths) {
@@ -206,11 +247,8 @@ StatusOr<int> LandlockSelf(const SandboxOptions& options) {
   for (const char* dev : {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}) {
     if (s.ok()) s = AddPathRule(ruleset, dev, kFsFileRights, handled);
   }
-  if (options.gpu && s.ok()) {
-    for (const char* dev : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",
-                            "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3", "/dev/dri"}) {
-      if (s.ok()) s = AddPathRule(ruleset, dev, kFsFileRights | LANDLOCK_ACCESS_FS_READ_DIR, handled);
-    }
+  for (const std::string& dev : gpu_paths.devices) {
+    if (s.ok()) s = AddPathRule(ruleset, dev, kFsFileRights | LANDLOCK_ACCESS_FS_READ_DIR, handled);
   }
   for (const std::string& path : options.write_paths) {
     if (s.ok()) s = AddPathRule(ruleset, path, handled, handled);

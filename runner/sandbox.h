@@ -41,7 +41,7 @@ struct SandboxOptions {
   std::vector<std::string> read_paths;   // beyond the system's and the loaded libraries' directories
   std::vector<std::string> write_paths;  // read, write, create and remove beneath these
   uint64_t memory_limit_bytes = 0;       // RLIMIT_DATA; 0 leaves it as it is
-  bool gpu = false;                      // allow the GPU's device files (/dev/nvidia*)
+  bool gpu = false;                      // allow the GPU's device files and libraries (FindGpuPaths)
   // A compiler and Python run inside: processes may be started (fork and
   // exec, in no new namespace) and signalled, and the few more files they
   // read under /etc are allowed (the alternatives' links, the user
@@ -64,6 +64,22 @@ struct SandboxSupport {
   std::string Describe() const;
 };
 SandboxSupport ProbeSandbox();
+
+// What a process that runs models on an NVIDIA GPU opens besides the
+// system's files, as found here: the driver's device files in `dev_dir`
+// (every nvidia* entry: nvidia0..N, nvidiactl, nvidia-uvm, nvidia-modeset,
+// the nvidia-caps folder; and dri), and, for each of `library_dirs` (the
+// folders of the libraries loaded so far) that is a pip-installed torch's
+// lib/ or an NVIDIA package's folder beneath site-packages/nvidia, that
+// torch package and the site-packages/nvidia beside it, whole: a CUDA torch
+// loads parts of those libraries only at first use (cuDNN's engines,
+// NVRTC's builtins), after the sandbox is in place. Only paths that exist;
+// sorted, each once.
+struct GpuPaths {
+  std::vector<std::string> devices;       // read and written
+  std::vector<std::string> library_dirs;  // read only
+};
+GpuPaths FindGpuPaths(const std::string& dev_dir, const std::vector<std::string>& library_dirs);
 
 // The part that must come first, before anything is loaded: limits, no
 // new privileges, death with the parent `parent_pid` (an error when the
