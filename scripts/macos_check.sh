@@ -168,7 +168,7 @@ flags=(-target "$TARGET" -std=c++20 -fno-cxx-modules -Wall -Wextra -Wno-unused-p
   -I"$root" -I"$root/tests" -I"$work/include/generated"
   -isystem "$work/include/third_party" -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include"
   -DAOTID_VERSION='"0.1.0"' -DAOTID_TORCH_PLUGIN_NAME='"libaotid_torch.so"'
-  -DAOTID_TESTDATA='"/testdata"' -DAOTID_SOURCE_DIR='"/source"' -DAOTID_FAKE_RUNNER='"/fake_runner"'
+  -DAOTID_TESTDATA='"/testdata"' -DAOTID_SOURCE_DIR='"/source"' -DAOTID_FAKE_RUNNER='"/fake_runner"' -DAOTID_PYTHON='"/python"'
   -DAOTID_BINARY='"/aotid"' -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT -DCPPHTTPLIB_BROTLI_SUPPORT)
 
 # zig c++ -fsyntax-only exits 1 after a clean parse, failing to move the
