@@ -49,7 +49,7 @@ StatusOr<DeviceAnswer> ParseDeviceProbeOutput(const std::string& output);
 std::string DeviceAnswerToJson(const DeviceAnswer& answer);
 StatusOr<DeviceAnswer> DeviceAnswerFromJson(const std::string& text);
 
-inline constexpr int kDeviceProbeTimeoutMs = 30000;
+inline constexpr int kDeviceProbeTimeoutMs = 60000;
 
 struct DeviceProbeOptions {
   std::string python;      // the interpreter builds use (with torch)
