@@ -44,6 +44,7 @@
 #include "runtime/build_cache.h"
 #include "runtime/cache_policy.h"
 #include "runtime/confined_command.h"
+#include "runtime/device_probe.h"
 #include "runtime/hardware.h"
 #include "runtime/install_layout.h"
 #include "runtime/package_build.h"
@@ -381,9 +382,13 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
     // The store may feed other machines, so the package is kept; say now
     // whether this one can run it.
     auto md = package::ReadAotiMetadata(req.file, plan->package_model);
-    Status fits = md.ok() ? runtime::CheckFitsMachine(*md, runtime::ProbeHardware(cfg->cxx)) : md.status();
-    if (fits.ok() && md.ok())
-      fits = runtime::DeviceAvailable(runtime::ProbeHardware(cfg->cxx), md->device_key);
+    runtime::HardwareInfo hw = runtime::ProbeHardware(cfg->cxx);
+    Status fits = md.ok() ? runtime::CheckFitsMachine(*md, hw) : md.status();
+    if (fits.ok() && md.ok() && md->device_key != "cpu") {
+      (void)runtime::ProbeDevices(runtime::DeviceProbeForStore(cfg->store_path, cfg->python, cfg->worker_dir),
+                                  &hw);
+      fits = runtime::DeviceAvailable(hw, md->device_key);
+    }
     if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
   }
   return 0;

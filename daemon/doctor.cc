@@ -12,6 +12,7 @@
 #include "base/shell.h"
 #include "daemon/daemon_lock.h"
 #include "runner/sandbox.h"
+#include "runtime/device_probe.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
 #include "runtime/torch_version.h"
@@ -51,7 +52,15 @@ int RunDoctor(const Config& config) {
   r.Info("cpu features", features.empty() ? "(none of interest)" : features);
   r.Info("cores", std::to_string(hw.cores));
   r.Info("memory", std::to_string(hw.memory_bytes / (1024 * 1024)) + " MiB");
+  // Asked afresh (the answer the daemon keeps is replaced): doctor is
+  // where a changed driver or torch is looked into.
+  runtime::DeviceProbeOptions probe =
+      runtime::DeviceProbeForStore(config.store_path, config.python, config.worker_dir);
+  probe.refresh = true;
+  runtime::DeviceProbeReport devices = runtime::ProbeDevices(probe, &hw);
   for (const auto& a : hw.accelerators) r.Info("accelerator", a);
+  r.Info("devices from", devices.note);
+  r.Info("device auto", runtime::AutoDevice(hw));
   r.Info("torch", hw.torch_version);
   r.Info("fingerprint", runtime::Fingerprint(hw));
   std::printf("\nchecks\n");
@@ -87,6 +96,10 @@ int RunDoctor(const Config& config) {
                ", or rebuild aotid against " + torch);
   } else {
     r.Ok("python", config.python + " (torch " + torch + ")");
+  }
+
+  if (!devices.status.ok()) {
+    r.Warn("device probe", devices.status.message() + "; models are built for the CPU only");
   }
 
   std::string worker = config.worker_dir + "/aotid_worker/compile.py";

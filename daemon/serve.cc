@@ -27,6 +27,7 @@
 #include "daemon/daemon_lock.h"
 #include "daemon/service_manager.h"
 #include "http/host.h"
+#include "runtime/device_probe.h"
 #include "runtime/hardware.h"
 #include "runtime/torch_version.h"
 #include "serving/http_api.h"
@@ -431,6 +432,17 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
                 << " left by an earlier daemon's builds";
   }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
+  // Which accelerators torch can use here: kept beside the builds, so only
+  // a first start (or one after torch or the machine changed) runs Python.
+  runtime::DeviceProbeReport devices = runtime::ProbeDevices(
+      runtime::DeviceProbeForStore(config.store_path, config.python, config.worker_dir), &hw);
+  std::string accelerators;
+  for (const auto& a : hw.accelerators) accelerators += (accelerators.empty() ? "" : "; ") + a;
+  if (devices.status.ok()) {
+    LOG_INFO << "devices: " << accelerators << " (" << devices.note << ")";
+  } else {
+    LOG_WARNING << "devices: " << devices.note << "; builds use the CPU only";
+  }
   // Where inductor kept its cache before it moved into each build's staging.
   (void)fs::RemoveAll(config.store_path + "/cache/.inductor");
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -67,20 +66,6 @@ uint32_t Fnv1a(const std::string& s) {
   return h;
 }
 
-// AOTID_CPU_ONLY=<reason>: the accelerators found are not to be used, for
-// the reason given (a CI machine whose GPU is there but cannot allocate):
-// `auto` means the CPU, an explicit mps or cuda is refused with the reason,
-// and doctor shows it.
-void KeepToTheCpuIfAsked(HardwareInfo* hw) {
-  const char* why = std::getenv("AOTID_CPU_ONLY");
-  if (why == nullptr || *why == '\0') return;
-  std::string reason = std::string("AOTID_CPU_ONLY is set: ") + why;
-  for (std::string* missing : {&hw->mps_missing, &hw->cuda_missing}) {
-    if (missing->empty()) *missing = reason;
-  }
-  hw->accelerators.push_back("cpu only: " + reason);
-}
-
 }  // namespace
 
 HardwareInfo ProbeHardware(const std::string& cxx) {
@@ -109,28 +94,6 @@ HardwareInfo ProbeHardware(const std::string& cxx) {
   hw.torch_version = kTorchVersion;
   std::string version = RunShell(cxx + " --version").out;
   hw.compiler = version.substr(0, version.find('\n'));
-  if (hw.os == "darwin" && hw.arch == "arm64") {
-    hw.accelerators.push_back("mps: Apple Silicon GPU (Metal Performance Shaders)");
-    hw.mps_missing.clear();
-  } else {
-    hw.accelerators.push_back("mps: none (not Apple Silicon)");
-    hw.mps_missing = "this machine is not an Apple Silicon Mac";
-  }
-  std::ifstream gpus("/proc/driver/nvidia/version");
-  bool nvidia = gpus.good();
-  bool cpu_torch = hw.torch_version.find("+cpu") != std::string::npos;
-  if (!nvidia) {
-    hw.accelerators.push_back("cuda: none (no NVIDIA driver)");
-    hw.cuda_missing = "no NVIDIA driver";
-  } else if (cpu_torch) {
-    hw.accelerators.push_back("cuda: NVIDIA driver present, but this aotid's torch (" + hw.torch_version +
-                              ") is a CPU build");
-    hw.cuda_missing = "this aotid's torch " + hw.torch_version + " is a CPU build";
-  } else {
-    hw.accelerators.push_back("cuda: NVIDIA driver present");
-    hw.cuda_missing.clear();
-  }
-  KeepToTheCpuIfAsked(&hw);
   return hw;
 }
 

@@ -21,23 +21,27 @@ struct HardwareInfo {
   int64_t memory_bytes = 0;
   std::string torch_version;  // of the libtorch aotid is linked against
   std::string compiler;       // first line of `$CXX --version`
-  // Accelerators, one line each ("mps: Apple Silicon GPU", "cuda: none (...)").
+  // Accelerators, one line each ("mps: Apple M2 (macOS 14.5)", "cuda: not
+  // available: this torch (2.13.0+cpu) is a CPU build"), and why each one
+  // cannot be used here (empty when it can): set by ProbeDevices
+  // (runtime/device_probe.h) from what torch says, never by ProbeHardware.
   // Not part of the fingerprint: the device a build is for is in its cache key.
   std::vector<std::string> accelerators;
-  // Why each accelerator cannot be used here; empty when it can.
-  std::string mps_missing = "not probed";
-  std::string cuda_missing = "not probed";
+  std::string mps_missing = "not probed (torch was not asked)";
+  std::string cuda_missing = "not probed (torch was not asked)";
 };
 
 // Ok when `device` (cpu, mps, cuda) can run models here; otherwise
 // Unavailable saying why ("device 'cuda' is not available here: no NVIDIA driver").
 Status DeviceAvailable(const HardwareInfo& hw, const std::string& device);
-// What `auto` means here: mps on Apple Silicon, cuda where present, else cpu
-// (cpu also where AOTID_CPU_ONLY=<reason> is set: ProbeHardware).
+// What `auto` means here: mps where torch can use it, else cuda where torch
+// can use it, else cpu (cpu also where AOTID_CPU_ONLY=<reason> is set, and
+// before ProbeDevices has said).
 std::string AutoDevice(const HardwareInfo& hw);
 
-// Probes the machine. `cxx` is the compiler builds use (its version is part of
-// the fingerprint); the probe runs it once.
+// Probes the machine: OS, CPU, memory, torch and compiler; the accelerators
+// are left "not probed" (ProbeDevices asks torch). `cxx` is the compiler
+// builds use (its version is part of the fingerprint); the probe runs it once.
 HardwareInfo ProbeHardware(const std::string& cxx = "c++");
 
 // "<os>-<arch>-<isa>-torch<version>-<8 hex digits over every field>": readable

@@ -23,6 +23,7 @@
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
 #include "e2e/http_util.h"
+#include "runtime/device_probe.h"
 #include "runtime/hardware.h"
 #include "storage/model_store.h"
 #include "test_util.h"
@@ -90,9 +91,17 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
   Reply m = Get(port(), "/v2/models/mlp");
   ASSERT_EQ(m.status, 200);
   EXPECT_EQ(m.body["state"], "ready");
-  // Added with the default device, auto: this machine's choice (the CPU
-  // here; MPS on an Apple Silicon Mac unless AOTID_CPU_ONLY says otherwise).
-  EXPECT_EQ(m.body["device"], runtime::AutoDevice(runtime::ProbeHardware()));
+  // Added with the default device, auto: this machine's choice, as the
+  // daemon's device probe answered and kept it (the CPU here; MPS on an
+  // Apple Silicon Mac whose torch can use it, unless AOTID_CPU_ONLY says
+  // otherwise).
+  auto kept = fs::ReadFile(store_ + "/cache/devices.json");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  auto answer = runtime::DeviceAnswerFromJson(json::parse(*kept)["answer"].dump());
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  runtime::HardwareInfo hw = runtime::ProbeHardware();
+  runtime::ApplyDeviceAnswer(*answer, &hw);
+  EXPECT_EQ(m.body["device"], runtime::AutoDevice(hw));
   EXPECT_EQ(m.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,8]}])"));
   EXPECT_EQ(m.body["outputs"], json::parse(R"([{"name":"y","datatype":"FP32","shape":[-1,4]}])"));
   Reply e = Get(port(), "/v2/models/embed");
