@@ -25,7 +25,9 @@ The AOTInductor kinds, all of mlp (cases "mlp"):
     mlp_src.pt2      source package (aot_inductor.package_cpp_only)
     broken_src.pt2   mlp_src.pt2 with C++ that does not compile
     foreign_so.pt2   mlp_so.pt2 whose metadata names another CPU architecture
-    cuda_so.pt2      mlp_so.pt2 whose metadata names the cuda device
+    cuda_so.pt2      mlp_so.pt2 whose metadata names the cuda device, with a
+                     .cubin kernel file beside its .so as a CUDA package has
+    fake_device_so.pt2  the same for the tests' fake device key "aotidfake"
 """
 
 import argparse
@@ -149,13 +151,24 @@ def write_zoo(out, cases):
     cases["multi_head"] = eager_cases(head, [(torch.randn(2, 6),)], ["features"], ["probs"])
 
 
-def rewrite_zip(src_path, dst_path, change):
-    """Copies an archive, passing each (name, bytes) through `change` (None drops it)."""
+def rewrite_zip(src_path, dst_path, change, beside_so=None):
+    """Copies an archive, passing each (name, bytes) through `change` (None
+    drops it), and adds the files `beside_so` (name -> bytes) to the folder of
+    its compiled model."""
     with zipfile.ZipFile(src_path) as src, zipfile.ZipFile(dst_path, "w") as dst:
         for item in src.infolist():
             data = change(item.filename, src.read(item.filename))
             if data is not None:
                 dst.writestr(item, data)
+            if beside_so and item.filename.endswith(".so"):
+                for name, extra in beside_so.items():
+                    dst.writestr(item.filename.rsplit("/", 1)[0] + "/" + name, extra)
+
+
+# A kernel file as torch writes one per Triton kernel of a CUDA model (its
+# default keeps them out of the .so): the model opens it by name from the
+# folder its runner is given. Not a real kernel: nothing here runs CUDA.
+KERNEL_FILE = {"triton_poi_fused_addmm_tanh_0.cubin": b"\x7fELF a stand-in for a CUDA kernel\n"}
 
 
 def write_aoti_kinds(out, mlp):
@@ -185,7 +198,11 @@ def write_aoti_kinds(out, mlp):
 
     other_arch = "aarch64" if platform.machine() == "x86_64" else "x86_64"
     rewrite_zip(so, os.path.join(out, "foreign_so.pt2"), set_meta("AOTI_MACHINE", other_arch))
-    rewrite_zip(so, os.path.join(out, "cuda_so.pt2"), set_meta("AOTI_DEVICE_KEY", "cuda"))
+    rewrite_zip(so, os.path.join(out, "cuda_so.pt2"), set_meta("AOTI_DEVICE_KEY", "cuda"), KERNEL_FILE)
+    # The CPU model under the device key of the tests' fake device
+    # (tests/runtime/fake_device_test.cc), with a kernel file as cuda_so.pt2.
+    rewrite_zip(so, os.path.join(out, "fake_device_so.pt2"), set_meta("AOTI_DEVICE_KEY", "aotidfake"),
+                KERNEL_FILE)
 
 
 # A ChatML template, the kind SmolLM2 ships, with a default system prompt.
