@@ -10,6 +10,7 @@
 #include "base/json.h"
 #include "base/shell.h"
 #include "package/archive.h"
+#include "runtime/build_cache.h"
 
 namespace aotid::runtime {
 namespace {
@@ -100,6 +101,21 @@ const std::map<std::string, DType>& AotiDtypes() {
       {"float16", DType::kFloat16}, {"bfloat16", DType::kBFloat16}, {"float32", DType::kFloat32},
       {"float64", DType::kFloat64}};
   return *m;
+}
+
+// Copies the model's kernel files (IsKernelFile) out of the package beside
+// model.so: its runner is told to look for them there (bin_dir), by name.
+Status ExtractKernelFiles(const Archive& archive, const std::vector<std::string>& files,
+                          const std::string& out_dir, std::ostream& log) {
+  int kept = 0;
+  for (const auto& f : files) {
+    std::string base = Basename(f);
+    if (!IsKernelFile(base)) continue;
+    RETURN_IF_ERROR(archive.Extract(f, out_dir + "/" + base));
+    ++kept;
+  }
+  if (kept > 0) log << "kept " << kept << " kernel file" << (kept == 1 ? "" : "s") << " beside model.so\n";
+  return Status::OK();
 }
 
 }  // namespace
@@ -343,6 +359,7 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
     }
     log << "copying " << Basename(sos[0]) << " out of the package\n";
     RETURN_IF_ERROR(archive.Extract(sos[0], so_out));
+    RETURN_IF_ERROR(ExtractKernelFiles(archive, files, req.out_dir, log));
     return result;
   }
 
@@ -463,6 +480,7 @@ StatusOr<PackageBuildResult> BuildFromAotiPackage(const PackageBuildRequest& req
                            "):\n" + r.out);
   }
   (void)fs::RemoveAll(src);
+  RETURN_IF_ERROR(ExtractKernelFiles(archive, files, req.out_dir, log));
   return result;
 }
 

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "base/fs.h"
 #include "base/json.h"
@@ -36,7 +38,27 @@ Status CheckKey(const BuildKey& key) {
   return Status::OK();
 }
 
+// The kernel files at the top of a staging directory.
+std::vector<std::string> KernelFilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = f.path().filename().string();
+    if (f.is_regular_file() && IsKernelFile(name)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace
+
+bool IsKernelFile(const std::string& name) {
+  if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) return false;
+  for (const char* ext : {".cubin", ".fatbin", ".hsaco", ".spv"}) {
+    if (name.size() > std::strlen(ext) && name.ends_with(ext)) return true;
+  }
+  return false;
+}
 
 std::string BuildKey::ToString() const {
   return artifact + "/" + package_model + "/" + device + "/" + fingerprint + "/" + options;
@@ -107,6 +129,16 @@ StatusOr<CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
     if (*have != want->get<int64_t>()) {
       return Corruption("cache entry " + e.dir + ": " + name + " is " + std::to_string(*have) +
                         " bytes, manifest says " + std::to_string(want->get<int64_t>()));
+    }
+  }
+  // The kernel files its manifest names: a device model opens them by name
+  // when it loads or first runs, so one missing is a damaged entry now.
+  for (const auto& [name, want] : m["files"].items()) {
+    if (!IsKernelFile(name)) continue;
+    auto have = FileSize(e.dir + "/" + name);
+    if (!have.ok() || !want.is_number_integer() || *have != want.get<int64_t>()) {
+      return Corruption("cache entry " + e.dir + ": kernel file " + name +
+                        " is missing or not the size its manifest says");
     }
   }
   ASSIGN_OR_RETURN(std::string spec_text, fs::ReadFile(e.dir + "/spec.json"));
@@ -243,6 +275,12 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
     if (!size.ok()) return fail(size.status());
     manifest["files"][kGenerateFile] = *size;
   }
+  std::vector<std::string> kernels = KernelFilesIn(staging);
+  for (const auto& name : kernels) {
+    auto size = FileSize(staging + "/" + name);
+    if (!size.ok()) return fail(size.status());
+    manifest["files"][name] = *size;
+  }
   // Damage that keeps a file's size shows only in its digest; it is checked
   // when a load of the entry did not finish (LoadCrashed) and by `cache ls`.
   auto digest = fs::Sha256File(staging + "/model.so");
@@ -253,7 +291,9 @@ StatusOr<CacheEntry> BuildCache::Commit(const std::string& staging, const BuildK
   auto spec = ModelSpec::FromJson(*spec_text);
   if (!spec.ok()) return fail(spec.status().WithContext("build output"));
   // Everything the worker wrote is fsynced before the manifest names it.
-  for (const char* name : {"model.so", "spec.json", "package.json", kGenerateFile, "build.log"}) {
+  std::vector<std::string> written = {"model.so", "spec.json", "package.json", kGenerateFile, "build.log"};
+  written.insert(written.end(), kernels.begin(), kernels.end());
+  for (const auto& name : written) {
     std::string p = staging + "/" + name;
     if (!fs::Exists(p)) continue;
     FILE* f = std::fopen(p.c_str(), "rb");

@@ -5,6 +5,8 @@
 //       spec.json     inputs and outputs (names, datatypes, shapes)
 //       package.json  the package's metadata (AOTInductor's and the author's)
 //       generate.json a language model's generate spec and tokenizer (only those)
+//       *.cubin ...   kernel files a device model opens by name from the
+//                     folder its runner is given (IsKernelFile); only those
 //       build.log     the build's output
 //       manifest.json what the entry holds, with file sizes; written last
 //   <artifact sha256>/<entry>.failed.log   the log of the last build of that
@@ -24,6 +26,13 @@
 #include "runtime/tensor.h"
 
 namespace aotid::runtime {
+
+// Whether `name` is a kernel file a compiled model opens at run time from
+// the folder its runner is given (bin_dir), rather than from model.so:
+// CUDA's .cubin and .fatbin (torch writes one per Triton kernel unless
+// aot_inductor.embed_kernel_binary), ROCm's .hsaco, XPU's .spv. A build
+// keeps a package's kernel files beside model.so, by their own names.
+bool IsKernelFile(const std::string& name);
 
 struct BuildKey {
   std::string artifact;  // sha256 hex
@@ -101,7 +110,8 @@ class BuildCache {
   StatusOr<std::string> NewStaging(const BuildKey& key) const;
 
   // Checks the staging directory holds model.so, package.json and a valid spec.json,
-  // writes the manifest, and renames it into place (replacing a damaged
+  // writes the manifest (which names its kernel files too, so that Lookup
+  // finds one missing), and renames it into place (replacing a damaged
   // entry). The staging directory is gone afterwards either way.
   StatusOr<CacheEntry> Commit(const std::string& staging, const BuildKey& key) const;
 

@@ -5,6 +5,8 @@ The daemon runs it as a child process with a time limit and captures its
 output into the build log. It writes into --out (a fresh staging directory):
 
     model.so      the compiled model, weights inside, loaded by the daemon as is
+    *.cubin ...   a device model's kernel files (KERNEL_SUFFIXES), which it opens by
+                  name from the folder the daemon's runner names (the build's own)
     spec.json     {"inputs": [...], "outputs": [...]}: name, datatype, shape (-1 = dynamic);
                   inputs may add "dims" (per dim, null or the dynamic dim's symbol and
                   min/max) and "values" (min/max of an integer input that indexes a table)
@@ -342,22 +344,47 @@ def torch_version() -> str:
     return torch.__version__
 
 
+# Kernel files a compiled model opens by name at run time from the folder its
+# runner is given, as runtime/build_cache.h's IsKernelFile says: CUDA's
+# .cubin and .fatbin (torch writes one per Triton kernel unless
+# aot_inductor.embed_kernel_binary), ROCm's .hsaco, XPU's .spv.
+KERNEL_SUFFIXES = (".cubin", ".fatbin", ".hsaco", ".spv")
+
+
+def is_kernel_file(name: str) -> bool:
+    return (not name.startswith(".") and "/" not in name
+            and any(name.endswith(s) and len(name) > len(s) for s in KERNEL_SUFFIXES))
+
+
+def copy_out(z, name: str, path: str) -> None:
+    with z.open(name) as src, open(path, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
 def extract_build(pkg: str, out: str, package_model: str) -> dict:
-    """Takes the compiled .so and AOTInductor's metadata out of the package."""
+    """Takes the compiled .so, its kernel files and AOTInductor's metadata
+    out of the package."""
     import zipfile
 
     meta = {}
+    folder = f"/data/aotinductor/{package_model}/"
     with zipfile.ZipFile(pkg) as z:
-        sos = [n for n in z.namelist() if f"/data/aotinductor/{package_model}/" in n and n.endswith(".so")]
+        # Files directly in the model's folder, by their names there.
+        files = {n.rsplit("/", 1)[1]: n for n in z.namelist() if folder in n and "/" not in n.split(folder, 1)[1]}
+        sos = [n for base, n in files.items() if base.endswith(".so")]
         if len(sos) != 1:
             raise BuildError(f"the compiled package holds {len(sos)} .so files for '{package_model}', expected 1")
-        with z.open(sos[0]) as src, open(os.path.join(out, "model.so"), "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        for n in z.namelist():
-            if f"/data/aotinductor/{package_model}/" in n and n.endswith("wrapper_metadata.json"):
+        copy_out(z, sos[0], os.path.join(out, "model.so"))
+        kernels = [base for base in files if is_kernel_file(base)]
+        for base in kernels:
+            copy_out(z, files[base], os.path.join(out, base))
+        if kernels:
+            log(f"kept {len(kernels)} kernel file{'s' if len(kernels) > 1 else ''} beside model.so")
+        for base, n in files.items():
+            if base.endswith("wrapper_metadata.json"):
                 meta = json.loads(z.read(n))
     return meta
 

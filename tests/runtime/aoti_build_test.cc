@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "base/fs.h"
+#include "package/archive.h"
 #include "runtime/hardware.h"
 #include "test_util.h"
 
@@ -134,6 +135,33 @@ TEST(AotiBuild, AnExportedProgramOrAnotherDeviceIsRefusedBeforeAnythingIsWritten
   EXPECT_NE(wrong_device.status().message().find("compiled for device 'cuda', not 'cpu'"), std::string::npos)
       << wrong_device.status().message();
   EXPECT_FALSE(fs::Exists(out / "model.so"));
+}
+
+// torch writes a CUDA model's Triton kernels as .cubin files beside its
+// .so, and the model opens them by name from the folder its runner is
+// given: the build's own, where they must be.
+TEST(AotiBuild, ACudaPackagesKernelFilesAreKeptBesideModelSo) {
+  TempDir out;
+  PackageBuildRequest req;
+  req.artifact_path = TestData("cuda_so.pt2");
+  req.kind = PackageKind::kAotiCompiled;
+  req.device = "cuda";
+  req.out_dir = out.path();
+  std::ostringstream log;
+  auto built = BuildFromAotiPackage(req, ProbeHardware(), log);
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log.str();
+  auto archive = package::Archive::Open(req.artifact_path);
+  ASSERT_TRUE(archive.ok());
+  int kernels = 0;
+  for (const auto& name : archive->names()) {
+    std::string base = name.substr(name.rfind('/') + 1);
+    if (!base.ends_with(".cubin")) continue;
+    ++kernels;
+    EXPECT_EQ(fs::ReadFile(out / base).value_or("(missing)"), archive->Read(name).value_or("")) << base;
+  }
+  EXPECT_EQ(kernels, 1);
+  EXPECT_TRUE(fs::Exists(out / "model.so"));
+  EXPECT_NE(log.str().find("kept 1 kernel file beside model.so"), std::string::npos) << log.str();
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "runtime/build_cache.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "base/fs.h"
@@ -38,6 +40,38 @@ TEST_F(BuildCacheTest, CommitThenLookupFindsEntry) {
   EXPECT_EQ(*fs::ReadFile(found->so_path), "model bytes");
   EXPECT_EQ(found->so_path, cache_.EntryDir(key_) + "/model.so");
   EXPECT_EQ(found->package_json, R"({"kind": "exported_program"})");
+}
+
+// A CUDA model opens its .cubin files by name from the entry's folder when
+// it loads: they are part of the entry, and one gone is a damaged entry.
+TEST_F(BuildCacheTest, KernelFilesAreKeptInTheEntryAndOneMissingIsCorruption) {
+  BuildKey cuda = key_;
+  cuda.device = "cuda";
+  std::string staging = Stage();
+  ASSERT_OK(fs::WriteFileAtomic(staging + "/triton_poi_0.cubin", "kernel bytes"));
+  ASSERT_OK(fs::WriteFileAtomic(staging + "/notes.txt", "not a kernel"));
+  auto e = cache_.Commit(staging, cuda);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(fs::ReadFile(e->dir + "/triton_poi_0.cubin").value_or(""), "kernel bytes");
+  std::string manifest = *fs::ReadFile(e->dir + "/manifest.json");
+  EXPECT_NE(manifest.find("\"triton_poi_0.cubin\": 12"), std::string::npos) << manifest;
+  EXPECT_EQ(manifest.find("notes.txt"), std::string::npos) << manifest;
+  ASSERT_TRUE(cache_.Lookup(cuda).ok());
+  ASSERT_EQ(::unlink((e->dir + "/triton_poi_0.cubin").c_str()), 0);
+  auto found = cache_.Lookup(cuda);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("kernel file triton_poi_0.cubin is missing"), std::string::npos)
+      << found.status().message();
+}
+
+TEST(IsKernelFile, NamesTheFilesAModelOpensFromItsBinDir) {
+  for (const char* yes : {"triton_poi_fused_0.cubin", "k.fatbin", "k.hsaco", "k.spv"}) {
+    EXPECT_TRUE(IsKernelFile(yes)) << yes;
+  }
+  for (const char* no :
+       {"model.so", "spec.json", ".cubin", "a/b.cubin", "../x.cubin", "x.cubin.o", "x.cpp"}) {
+    EXPECT_FALSE(IsKernelFile(no)) << no;
+  }
 }
 
 TEST_F(BuildCacheTest, TruncatedModelIsCorruptionAndRecommitReplacesIt) {
