@@ -438,6 +438,38 @@ def generate_section(generate, extra_files, names):
     return {**generate, "tokenizer": tokenizer}
 
 
+def device_unusable(device: str) -> str:
+    """Why this torch cannot use `device` here, or "" when it can."""
+    import torch
+
+    if device == "cuda":
+        if not torch.backends.cuda.is_built():
+            return f"this torch ({torch.__version__}) is built without CUDA"
+        if not torch.cuda.is_available():
+            return "torch finds no usable CUDA device (torch.cuda.is_available() is False)"
+    elif device == "mps":
+        if not torch.backends.mps.is_built():
+            return f"this torch ({torch.__version__}) is built without MPS"
+        if not torch.backends.mps.is_available():
+            return "torch finds no usable MPS device (torch.backends.mps.is_available() is False)"
+    return ""
+
+
+def move_to_device(ep, device: str):
+    """The program retargeted to `device`. A device this torch cannot use is
+    the machine's, not a passing failure: the build fails for good (exit 2),
+    so the daemon builds for the CPU instead where fallback_cpu allows."""
+    why = device_unusable(device)
+    if why:
+        raise BuildError(f"cannot build for {device}: {why}")
+    try:
+        from torch.export.passes import move_to_device_pass
+
+        return move_to_device_pass(ep, device)
+    except Exception as e:
+        raise BuildError(f"cannot move the program to {device}: {type(e).__name__}: {str(e)[-2000:]}") from e
+
+
 def build(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     log("step 1/4: loading torch")
@@ -455,8 +487,7 @@ def build(args: argparse.Namespace) -> None:
     configs = inductor_configs(args.inductor_options, names.get("inductor_options"))
 
     if args.device != "cpu":
-        from torch.export.passes import move_to_device_pass
-        ep = move_to_device_pass(ep, args.device)
+        ep = move_to_device(ep, args.device)
 
     log(f"step 3/4: compiling for {args.device} with AOTInductor ({json.dumps(configs, sort_keys=True)})")
     t1 = time.monotonic()

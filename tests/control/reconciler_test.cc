@@ -498,6 +498,30 @@ TEST_F(ReconcilerTest, LoadFailureOnTheDeviceFallsBackToACpuBuild) {
   EXPECT_NE(m->device_note.find("no kernel image"), std::string::npos) << m->device_note;
 }
 
+// The compile worker exits "cannot be built here" (2) when this torch
+// cannot use the device or move the program to it: the fallback follows at
+// once, with the worker's reason, and the device build is never retried.
+TEST_F(ReconcilerTest, DeviceBuildThatCannotPassFallsBackToTheCpuWithoutARetry) {
+  cuda_missing_ = "";  // the probe sees a GPU that the worker's torch cannot use
+  Start();
+  int64_t v = Add("mlp");
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(builds_->submitted[0].device, "cuda");
+  builds_->Fail("cannot build for cuda: torch finds no usable CUDA device", /*permanent=*/true);
+  EXPECT_FALSE(HasEvent("mlp", v, "build_retry"));
+  EXPECT_TRUE(HasEvent("mlp", v, "device_fallback"));
+  ASSERT_EQ(builds_->submitted.size(), 2u);
+  EXPECT_EQ(builds_->submitted[1].device, "cpu");
+  BuildAndLoad();
+  auto m = Served("mlp", v);
+  ASSERT_EQ(m->state, ServeState::kReady);
+  EXPECT_EQ(m->device, "cpu");
+  EXPECT_NE(m->device_note.find("torch finds no usable CUDA device"), std::string::npos) << m->device_note;
+  loop_.Advance(10 * kRetryMs);
+  EXPECT_EQ(builds_->submitted.size(), 2u);
+}
+
 TEST_F(ReconcilerTest, LoadFailureOnTheCpuFailsTheVersion) {
   int64_t v = Add("mlp", {{"device", "cpu"}});
   Reconcile();
