@@ -77,11 +77,26 @@ Status RunError(const std::string& what) {
   return input ? InvalidArgument(msg) : Internal(msg);
 }
 
+// The torch device a runner key names ("cuda" the current CUDA device);
+// FailedPrecondition when this torch knows no such device.
+StatusOr<c10::Device> TensorDevice(const std::string& key) {
+  try {
+    return c10::Device(key);
+  } catch (const c10::Error& e) {
+    return FailedPrecondition("this aotid's torch has no device '" + key +
+                              "': " + e.what_without_backtrace());
+  }
+}
+
 class AotiModel final : public LoadedModel {
  public:
   AotiModel(std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner, ModelSpec spec,
-            std::string device, int threads)
-      : runner_(std::move(runner)), spec_(std::move(spec)), device_(std::move(device)), threads_(threads) {}
+            std::string device, c10::Device tensor_device, int threads)
+      : runner_(std::move(runner)),
+        spec_(std::move(spec)),
+        device_(std::move(device)),
+        tensor_device_(tensor_device),
+        threads_(threads) {}
 
   const ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
@@ -96,9 +111,12 @@ class AotiModel final : public LoadedModel {
       std::vector<at::Tensor> args;
       args.reserve(inputs.size());
       for (const HostTensor& t : inputs) {
-        // The runner does not write its inputs; from_blob avoids a copy.
+        // The runner does not write its inputs; from_blob avoids a copy on
+        // the CPU. A device model was compiled for inputs on its device
+        // (its generated code reads them there): one copy each, here.
         void* data = const_cast<std::byte*>(t.data.data());
-        args.push_back(at::from_blob(data, t.shape, at::TensorOptions().dtype(ToScalarType(t.dtype))));
+        at::Tensor host = at::from_blob(data, t.shape, at::TensorOptions().dtype(ToScalarType(t.dtype)));
+        args.push_back(tensor_device_.is_cpu() ? std::move(host) : host.to(tensor_device_));
       }
       // Kernels are built with dynamic threads: the count is this thread's
       // OpenMP setting, chosen per model (LoadOptions::threads).
@@ -112,14 +130,22 @@ class AotiModel final : public LoadedModel {
       }
       std::vector<HostTensor> result(outs.size());
       for (size_t i = 0; i < outs.size(); ++i) {
-        at::Tensor o = outs[i].to(at::kCPU).contiguous();
+        const at::Tensor& o = outs[i];
         HostTensor& h = result[i];
         h.name = spec_.outputs.empty() ? "output" + std::to_string(i) : spec_.outputs[i].name;
         ASSIGN_OR_RETURN(h.dtype, FromScalarType(o.scalar_type()));
         h.shape.assign(o.sizes().begin(), o.sizes().end());
         size_t bytes = o.numel() * o.element_size();
         h.data.resize(bytes);
-        if (bytes) std::memcpy(h.data.data(), o.data_ptr(), bytes);
+        if (bytes == 0) continue;
+        if (o.is_cpu() && o.is_contiguous()) {
+          std::memcpy(h.data.data(), o.data_ptr(), bytes);
+        } else {
+          // One copy into the answer's own memory from wherever the model
+          // left it: its device (the copy waits for the model's work), or
+          // strided on the CPU.
+          at::from_blob(h.data.data(), o.sizes(), at::TensorOptions().dtype(o.scalar_type())).copy_(o);
+        }
       }
       return result;
     } catch (const c10::Error& e) {
@@ -132,7 +158,8 @@ class AotiModel final : public LoadedModel {
  private:
   std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner_;
   ModelSpec spec_;
-  std::string device_;
+  std::string device_;         // the runner's key: cpu, cuda, mps
+  c10::Device tensor_device_;  // where the model takes its inputs and leaves its outputs
   std::atomic<int> threads_;
 };
 
@@ -190,12 +217,15 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, con
       return FailedPrecondition("this aotid's torch has no AOTInductor runner for device '" + options.device +
                                 "' (it has: " + have + ")");
     }
+    ASSIGN_OR_RETURN(c10::Device tensor_device, TensorDevice(options.device));
+    // bin_dir: where the model finds the kernel files its build keeps
+    // beside model.so (a CUDA model's .cubin files).
     auto runner =
         it->second(entry.so_path, static_cast<size_t>(std::max(1, options.num_runners)), options.device,
                    /*bin_dir=*/entry.dir, /*run_single_threaded=*/false);
     (void)ReleaseLibraryPages(entry.so_path);
     return std::unique_ptr<LoadedModel>(
-        new AotiModel(std::move(runner), entry.spec, options.device, options.threads));
+        new AotiModel(std::move(runner), entry.spec, options.device, tensor_device, options.threads));
   } catch (const c10::Error& e) {
     return Internal("loading " + entry.so_path + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
