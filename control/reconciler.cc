@@ -6,6 +6,7 @@
 #include "base/fs.h"
 #include "base/log.h"
 #include "package/aoti_metadata.h"
+#include "runtime/aoti_build.h"
 #include "serving/batcher.h"
 
 namespace aotid::control {
@@ -232,10 +233,10 @@ StatusOr<Reconciler::DevicePlan> Reconciler::PlanDevice(const storage::ModelVers
                                 "', the version asks for '" + asked +
                                 "'; a compiled package cannot be rebuilt for another device");
     }
-    if (Status ok = runtime::DeviceAvailable(hw, md.device_key); !ok.ok()) {
-      return FailedPrecondition(
-          "package was compiled for device '" + md.device_key + "': " + ok.message() +
-          " (a compiled package cannot fall back to the CPU; add its exported program instead)");
+    if (Status here = runtime::CheckPackageDevice(md, hw); !here.ok()) {
+      return FailedPrecondition(here.message() +
+                                "; a compiled package cannot fall back to the CPU: add its exported program "
+                                "instead");
     }
     return DevicePlan{md.device_key, ""};
   }

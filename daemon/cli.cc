@@ -383,12 +383,13 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
     // whether this one can run it.
     auto md = package::ReadAotiMetadata(req.file, plan->package_model);
     runtime::HardwareInfo hw = runtime::ProbeHardware(cfg->cxx);
-    Status fits = md.ok() ? runtime::CheckFitsMachine(*md, hw) : md.status();
-    if (fits.ok() && md.ok() && md->device_key != "cpu") {
+    Status fits = md.ok() ? Status::OK() : md.status();
+    if (fits.ok() && md->device_key != "cpu") {
       (void)runtime::ProbeDevices(runtime::DeviceProbeForStore(cfg->store_path, cfg->python, cfg->worker_dir),
                                   &hw);
-      fits = runtime::DeviceAvailable(hw, md->device_key);
     }
+    if (fits.ok()) fits = runtime::CheckPackageDevice(*md, hw);
+    if (fits.ok()) fits = runtime::CheckFitsMachine(*md, hw);
     if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
   }
   return 0;

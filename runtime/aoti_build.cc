@@ -148,6 +148,13 @@ Status CheckFitsMachine(const AotiMetadata& m, const HardwareInfo& hw) {
   return Status::OK();
 }
 
+Status CheckPackageDevice(const AotiMetadata& m, const HardwareInfo& hw) {
+  Status here = DeviceAvailable(hw, m.device_key);
+  if (here.ok()) return here;
+  return FailedPrecondition("package was built for " + m.device_key + "; this machine has none (" +
+                            here.message() + ")");
+}
+
 StatusOr<DerivedInputs> DeriveInputsFromSource(const std::string& cpp) {
   DerivedInputs d;
   static const std::regex kInputName(R"re(inputs_info_\[(\d+)\]\.name = "([^"]*)";)re");

@@ -32,6 +32,12 @@ namespace aotid::runtime {
 // for AVX512 (avx512f avx512dq avx512vl avx512bw), this CPU has AVX2 only".
 Status CheckFitsMachine(const package::AotiMetadata& m, const HardwareInfo& hw);
 
+// Ok when this machine has the device a compiled package was built for;
+// otherwise FailedPrecondition "package was built for cuda; this machine has
+// none (why)". Its kernels are for that device alone: such a package is
+// never run anywhere else.
+Status CheckPackageDevice(const package::AotiMetadata& m, const HardwareInfo& hw);
+
 // A model's inputs as read from generated C++, with the lowest value each
 // dynamic dim accepts (to run the model once on zeros).
 struct DerivedInputs {

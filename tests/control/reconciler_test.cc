@@ -71,9 +71,10 @@ class ReconcilerTest : public ::testing::Test {
     reconciler_ = std::make_unique<Reconciler>(parts, opts);
   }
 
-  int64_t Add(const std::string& name, std::vector<std::pair<std::string, std::string>> settings = {}) {
+  int64_t Add(const std::string& name, std::vector<std::pair<std::string, std::string>> settings = {},
+              const std::string& file = "mlp.pt2") {
     storage::AddRequest req;
-    req.file = aotid::testing::TestData("mlp.pt2");
+    req.file = aotid::testing::TestData(file);
     req.name = name;
     auto added = store_->Add(req);
     EXPECT_TRUE(added.ok()) << added.status().ToString();
@@ -520,6 +521,26 @@ TEST_F(ReconcilerTest, DeviceBuildThatCannotPassFallsBackToTheCpuWithoutARetry) 
   EXPECT_NE(m->device_note.find("torch finds no usable CUDA device"), std::string::npos) << m->device_note;
   loop_.Advance(10 * kRetryMs);
   EXPECT_EQ(builds_->submitted.size(), 2u);
+}
+
+// A compiled package runs only on the device it was compiled for: where
+// that device is missing it is failed with the reason, never built; where
+// it is present it is built (and first run) for that device.
+TEST_F(ReconcilerTest, ACompiledPackageIsBuiltForItsOwnDeviceOrFailedWithTheReason) {
+  int64_t v = Add("cuda", {}, "cuda_so.pt2");
+  Reconcile();
+  EXPECT_TRUE(builds_->submitted.empty());
+  ASSERT_EQ(State("cuda", v), "failed");
+  EXPECT_NE(
+      Served("cuda", v)->message.find("package was built for cuda; this machine has none (device 'cuda' is "
+                                      "not available here: no NVIDIA driver)"),
+      std::string::npos)
+      << Served("cuda", v)->message;
+  cuda_missing_ = "";
+  Start();
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(builds_->submitted[0].device, "cuda");
 }
 
 TEST_F(ReconcilerTest, LoadFailureOnTheCpuFailsTheVersion) {

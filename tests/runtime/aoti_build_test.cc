@@ -164,5 +164,21 @@ TEST(AotiBuild, ACudaPackagesKernelFilesAreKeptBesideModelSo) {
   EXPECT_NE(log.str().find("kept 1 kernel file beside model.so"), std::string::npos) << log.str();
 }
 
+TEST(AotiBuild, APackageForADeviceThisMachineLacksIsRefusedWithTheReason) {
+  package::AotiMetadata md;
+  md.device_key = "cuda";
+  HardwareInfo hw = Avx2Machine();
+  hw.cuda_missing = "no NVIDIA driver";
+  Status s = CheckPackageDevice(md, hw);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("package was built for cuda; this machine has none ("), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("no NVIDIA driver"), std::string::npos) << s.message();
+  hw.cuda_missing.clear();
+  EXPECT_OK(CheckPackageDevice(md, hw));
+  md.device_key = "cpu";
+  EXPECT_OK(CheckPackageDevice(md, Avx2Machine()));
+}
+
 }  // namespace
 }  // namespace aotid::runtime

@@ -301,6 +301,22 @@ TEST_F(StoreCli, AddingTheSameFileAgainSaysSo) {
   EXPECT_NE(out.find("note: the same file as mlp:1, twin:1 (stored once)"), std::string::npos) << out;
 }
 
+// A compiled package for a device this machine lacks is kept (the store may
+// feed other machines), and add says at once why this one cannot serve it.
+// (AOTID_CPU_ONLY: no device here, even on a machine with a GPU.)
+TEST_F(StoreCli, AddOfAPackageForAMissingDeviceSaysWhy) {
+  RunOptions no_gpu;
+  no_gpu.env = {"AOTID_CPU_ONLY=the test says so"};
+  std::string out;
+  ASSERT_EQ(RunAotid(Args({"add", TestData("cuda_so.pt2"), "--name", "cuda"}), no_gpu, &out), 0) << out;
+  EXPECT_NE(out.find("added cuda:1"), std::string::npos) << out;
+  EXPECT_NE(
+      out.find("warning: this machine cannot serve it: package was built for cuda; this machine has none "
+               "(device 'cuda' is not available here: "),
+      std::string::npos)
+      << out;
+}
+
 // Inductor options are checked against this installation's torch before
 // they are stored: an unknown one, or a value of the wrong type, is refused
 // with the reason and changes nothing.
