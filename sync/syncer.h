@@ -44,8 +44,8 @@ struct SourceStatus {
   std::string source;
   int64_t last_at_ms = 0;  // 0: not yet
   bool ok = false;
-  std::string message;  // "up to date: mlp:3", "added mlp:4", or the error
-  int failures = 0;     // in a row
+  std::string message;     // "up to date: mlp:3", "added mlp:4", or the error
+  int failures = 0;        // in a row
   int64_t next_at_ms = 0;  // wall clock, as due now; the syncer itself waits on a steady clock
   int64_t last_ok_at_ms = 0;
   int interval_s = 0;  // the source's, as the daemon has it
