@@ -311,7 +311,45 @@ void KeepRunningValues(const Config& running, const std::vector<std::string>& ke
   }
 }
 
+// toml++ follows the parts of a dotted key ("a.b.c = 1", "[a.b.c]") by
+// recursion, and a key of tens of thousands of parts overflows the stack.
+// Keys of more than 64 parts are refused before the parser sees them. The
+// scan skips strings and comments, and counts the dots between the
+// characters that end a key or a value (= , [ ] { } and a line's end), so a
+// float's one dot never adds up.
+Status CheckDottedKeys(std::string_view text, const std::string& file_name) {
+  constexpr int kMaxParts = 64;
+  int line = 1, dots = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '"' || ch == '\'') {
+      const bool multi = text.substr(i, 3) == std::string(3, ch);
+      const std::string close = multi ? std::string(3, ch) : std::string(1, ch);
+      size_t j = i + close.size();
+      while (j < text.size() && text.compare(j, close.size(), close) != 0) {
+        const bool escape = ch == '"' && text[j] == '\\' && j + 1 < text.size();
+        if (text[j + (escape ? 1 : 0)] == '\n') ++line;
+        j += escape ? 2 : 1;
+      }
+      i = std::min(text.size(), j + close.size()) - 1;
+    } else if (ch == '#') {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (ch == '.') {
+      if (++dots >= kMaxParts) {
+        return InvalidArgument(
+            file_name + ":" + std::to_string(line) +
+            ": a key of more than 64 dotted parts (the TOML parser would recurse for each)");
+      }
+    } else if (std::string_view("=,[]{}\n").find(ch) != std::string_view::npos) {
+      dots = 0;
+      if (ch == '\n') ++line;
+    }
+  }
+  return Status::OK();
+}
+
 StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_name) {
+  RETURN_IF_ERROR(CheckDottedKeys(text, file_name));
   toml::table root;
   try {
     root = toml::parse(text, file_name);

@@ -296,5 +296,30 @@ insecure = true
             std::string::npos);
 }
 
+// A key of many dotted parts (or a table header of them) would take the
+// TOML parser's recursion past the stack; it is refused, with where it is,
+// before it is parsed. Dots inside quotes and multi-line strings are text.
+TEST(Config, KeysOfTooManyDottedPartsAreRefusedBeforeTheyAreParsed) {
+  std::string deep;
+  for (int i = 0; i < 40000; ++i) deep += "a.";
+  for (const std::string& text :
+       {"[log]\n" + deep + "b = 1\n", "[" + deep + "b]\n", "# ok\n[" + deep + "b]]\n"}) {
+    auto c = ParseConfig(text, "deep.toml");
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().message().rfind("deep.toml:", 0), 0u) << c.status().message();
+    EXPECT_NE(c.status().message().find("more than 64 dotted parts"), std::string::npos)
+        << c.status().message();
+  }
+  std::string dots(500, '.');
+  auto fine = ParseConfig("[log]\nlevel = \"debug\" # " + dots + "\nfile = '''" + dots +
+                              "'''\n"
+                              "[server]\n\"cors_origins\" = [\"http://a." +
+                              dots + "\"]\n",
+                          "x.toml");
+  EXPECT_TRUE(fine.ok()) << fine.status().ToString();
+  auto multi = ParseConfig("[log]\nfile = \"\"\"\n" + dots + " = 1\n\"\"\"\n", "x.toml");
+  EXPECT_TRUE(multi.ok()) << multi.status().ToString();
+}
+
 }  // namespace
 }  // namespace aotid::daemon
