@@ -587,6 +587,15 @@ StatusOr<std::vector<std::string>> Registry::ListTags() {
     return Corruption("the tag list of " + ref_.repo + " is not JSON");
   if (j["tags"].is_null()) return tags;
   if (!j["tags"].is_array()) return Corruption("the tag list of " + ref_.repo + " is malformed");
+  // Each tag is a pull of its own: a registry that names more than a sync
+  // of every tag should take is refused rather than walked for hours.
+  constexpr size_t kMaxTags = 1000;
+  if (j["tags"].size() > kMaxTags) {
+    return LimitExceeded("the tag list of " + ref_.repo + " names " + std::to_string(j["tags"].size()) +
+                         " tags, more than the " + std::to_string(kMaxTags) +
+                         " a sync of every tag takes; name the tag to sync (oci://HOST/" + ref_.repo +
+                         ":TAG)");
+  }
   for (const auto& t : j["tags"]) {
     if (t.is_string() && ValidTag(t.get<std::string>())) tags.push_back(t.get<std::string>());
   }

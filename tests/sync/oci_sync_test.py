@@ -422,6 +422,7 @@ class FakeRegistry:
         self.ranges = []
         self.manifest = self.make_manifest()
         self.manifest_raw = None  # bytes sent instead of `manifest`, when set
+        self.tags = ["v7"]  # what /tags/list answers
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -443,6 +444,8 @@ class FakeRegistry:
                 if fake.hang:
                     time.sleep(30)
                     return
+                if "/tags/list" in self.path:
+                    return self.send(200, json.dumps({"name": "models/mlp", "tags": fake.tags}).encode())
                 if "/manifests/" in self.path:
                     if fake.manifest_status != 200:
                         return self.send(fake.manifest_status,
@@ -567,13 +570,13 @@ def resume_and_refuse(work):
         fake.set_config({"name": "mlp", "version": 7, "package_model": "", "settings": {}})
         print("the config named another local model and carried inductor options: neither taken")
 
-        def refused(why, setup, timeout=None):
+        def refused(why, setup, timeout=None, source=ref):
             fresh = os.path.join(work, "device-d")
             shutil.rmtree(fresh, ignore_errors=True)
             run(fresh, "add", os.path.join(TESTDATA, "embed.pt2"), "--name", "embed")
             before = store_files(fresh), run(fresh, "ls", "--json").stdout
             setup()
-            args = ["sync", ref] + (["--timeout", str(timeout)] if timeout else [])
+            args = ["sync", source] + (["--timeout", str(timeout)] if timeout else [])
             started = time.time()
             p = run(fresh, *args, ok=False, timeout=120)
             assert p.returncode != 0 and why in p.stderr, (why, p.stdout, p.stderr)
@@ -583,6 +586,7 @@ def resume_and_refuse(work):
             fake.set_config({"name": "mlp", "version": 7, "package_model": "", "settings": {}})
             fake.manifest, fake.layer_bytes, fake.manifest_status, fake.hang = fake.make_manifest(), blob, 200, False
             fake.manifest_raw = None
+            fake.tags = ["v7"]
             fake.error_message = "the disk is on fire"
             return p.stderr
 
@@ -640,6 +644,13 @@ def resume_and_refuse(work):
 
         refused("the manifest nests deeper than 32 levels at byte", nested_manifest)
         refused("the config nests deeper than 32 levels at byte", nested_settings)
+
+        # A repository of 100,000 tags, synced whole: refused at once (it
+        # kept a sync walking one tag after another for minutes).
+        def many_tags():
+            fake.tags = [f"t{i}" for i in range(100_000)]
+        refused("names 100000 tags, more than the 1000", many_tags,
+                source=f"oci://127.0.0.1:{fake.port}/models/mlp")
     finally:
         fake.close()
 
