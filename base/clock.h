@@ -21,6 +21,14 @@ class Clock {
   // Lets go of *mu until `cv` is signalled or NowMs() reaches
   // `deadline_ms`, then holds it again. May return early: wait in a loop.
   virtual void WaitUntil(CondVar* cv, Mutex* mu, int64_t deadline_ms) const REQUIRES(mu) = 0;
+
+  // The same steady clock in microseconds, and a wait to a deadline on it,
+  // for waits shorter than a millisecond (a batch's delay). By default
+  // they read and wait in whole milliseconds (a deadline rounds up).
+  virtual int64_t NowUs() const { return NowMs() * 1000; }
+  virtual void WaitUntilUs(CondVar* cv, Mutex* mu, int64_t deadline_us) const REQUIRES(mu) {
+    WaitUntil(cv, mu, deadline_us / 1000 + (deadline_us % 1000 > 0 ? 1 : 0));
+  }
 };
 
 // The machine's clocks (CLOCK_MONOTONIC and CLOCK_REALTIME). Never null;
