@@ -42,8 +42,8 @@ Status CanBatch(const ModelSpec& spec) {
 }
 
 BatchingModel::BatchingModel(std::shared_ptr<LoadedModel> inner, BatchOptions options,
-                             std::function<void(const BatchReport&)> on_batch)
-    : inner_(std::move(inner)), options_(options), on_batch_(std::move(on_batch)) {
+                             std::function<void(const BatchReport&)> on_batch, const Clock* clock)
+    : inner_(std::move(inner)), options_(options), on_batch_(std::move(on_batch)), clock_(clock) {
   options_.workers = std::max(1, options_.workers);
   for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { Work(); });
 }
@@ -80,7 +80,13 @@ Status BatchingModel::Enqueue(Pending* p) {
   queue_.push_back(p);
   queued_rows_ += p->rows;
   arrived_.SignalAll();
+  if (TEST_on_queued_) TEST_on_queued_(static_cast<int>(queue_.size()));
   return Status::OK();
+}
+
+void BatchingModel::TEST_SetOnQueued(std::function<void(int)> hook) {
+  MutexLock lock(&mu_);
+  TEST_on_queued_ = std::move(hook);
 }
 
 // A request's rows: dim 0 of its first input; 1 in a queue that joins
@@ -96,7 +102,7 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
   Pending p;
   ASSIGN_OR_RETURN(p.rows, RowsOf(inputs));
   p.inputs = &inputs;
-  p.enqueued = Clock::now();
+  p.enqueued_us = clock_->NowUs();
   p.ctx = &ctx;
   MutexLock lock(&mu_);
   RETURN_IF_ERROR(Enqueue(&p));
@@ -114,7 +120,7 @@ Status BatchingModel::Submit(std::vector<HostTensor> inputs, runtime::RunContext
   p->own_ctx = std::move(ctx);
   p->inputs = &p->own_inputs;
   p->ctx = &p->own_ctx;
-  p->enqueued = Clock::now();
+  p->enqueued_us = clock_->NowUs();
   p->answer = std::move(done);
   MutexLock lock(&mu_);
   if (incoming && incoming->m_ == this) {  // it has come: one fewer to wait for
@@ -167,10 +173,10 @@ void BatchingModel::Work() {
     // is full, or the oldest has waited long enough, or nothing more is on
     // its way. Long enough: max_delay_us, and never longer than a run.
     auto wait_us = std::min<double>(options_.max_delay_us, run_us_);
-    auto deadline = queue_.front()->enqueued + std::chrono::microseconds(static_cast<int64_t>(wait_us));
+    int64_t deadline_us = queue_.front()->enqueued_us + static_cast<int64_t>(wait_us);
     while (!stopping_ && !queue_.empty() && queued_rows_ < options_.max_batch_size && incoming_ > 0 &&
-           Clock::now() < deadline) {
-      arrived_.WaitUntil(&mu_, deadline);
+           clock_->NowUs() < deadline_us) {
+      clock_->WaitUntilUs(&arrived_, &mu_, deadline_us);
     }
     // Requests whose client went away while they waited are not run.
     int dropped = 0;
@@ -228,9 +234,9 @@ void BatchingModel::Work() {
 void BatchingModel::RunCounted(std::vector<Pending*>& batch) {
   ++running_;
   mu_.Unlock();
-  auto start = Clock::now();
+  int64_t start_us = clock_->NowUs();
   Run(batch);
-  double took_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  auto took_us = static_cast<double>(clock_->NowUs() - start_us);
   mu_.Lock();
   --running_;
   run_us_ = run_us_ == 0 ? took_us : 0.8 * run_us_ + 0.2 * took_us;
@@ -239,10 +245,10 @@ void BatchingModel::RunCounted(std::vector<Pending*>& batch) {
 void BatchingModel::Run(std::vector<Pending*>& batch) {
   BatchReport report;
   report.requests = static_cast<int>(batch.size());
-  auto start = Clock::now();
+  int64_t start_us = clock_->NowUs();
   for (const Pending* p : batch) {
     report.rows += static_cast<int>(p->rows);
-    report.queue_seconds.push_back(std::chrono::duration<double>(start - p->enqueued).count());
+    report.queue_seconds.push_back(static_cast<double>(start_us - p->enqueued_us) / 1e6);
   }
   if (on_batch_) on_batch_(report);
   PausePoint("batch_run");

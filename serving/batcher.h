@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/mutex.h"
 #include "runtime/loaded_model.h"
 
@@ -49,8 +50,9 @@ Status CanBatch(const runtime::ModelSpec& spec);
 
 class BatchingModel final : public runtime::LoadedModel {
  public:
+  // `clock` times the delay a batch waits, and runs (tests pass a fake).
   BatchingModel(std::shared_ptr<runtime::LoadedModel> inner, BatchOptions options,
-                std::function<void(const BatchReport&)> on_batch = nullptr);
+                std::function<void(const BatchReport&)> on_batch = nullptr, const Clock* clock = RealClock());
   ~BatchingModel() override;
 
   const runtime::ModelSpec& spec() const override { return inner_->spec(); }
@@ -92,12 +94,16 @@ class BatchingModel final : public runtime::LoadedModel {
   StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>& inputs,
                                                    const runtime::RunContext& ctx) override EXCLUDES(mu_);
 
+  // Test hook, set before the first request: `hook` runs each time a
+  // request joins the queue, with the number now queued, under the
+  // queue's lock (so a test knows requests wait, rather than guessing).
+  void TEST_SetOnQueued(std::function<void(int queued)> hook) EXCLUDES(mu_);
+
  private:
-  using Clock = std::chrono::steady_clock;
   struct Pending {
     const std::vector<runtime::HostTensor>* inputs = nullptr;
     int64_t rows = 0;
-    Clock::time_point enqueued;
+    int64_t enqueued_us = 0;                   // on clock_
     const runtime::RunContext* ctx = nullptr;  // the caller's, alive while it waits
     // Written by the worker that runs it: `result` before `done`, and
     // `done` under mu_, which the caller reads under mu_.
@@ -127,6 +133,7 @@ class BatchingModel final : public runtime::LoadedModel {
   std::shared_ptr<runtime::LoadedModel> inner_;
   BatchOptions options_;
   std::function<void(const BatchReport&)> on_batch_;
+  const Clock* clock_;
   Mutex mu_;
   CondVar arrived_;   // workers wait here
   CondVar finished_;  // callers wait here
@@ -136,6 +143,7 @@ class BatchingModel final : public runtime::LoadedModel {
   int running_ GUARDED_BY(mu_) = 0;          // batches being run (by workers, or inline by Submit)
   double run_us_ GUARDED_BY(mu_) = 0;        // how long a run takes: a moving average
   bool stopping_ GUARDED_BY(mu_) = false;
+  std::function<void(int)> TEST_on_queued_ GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
 };
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <thread>
 
+#include "base/counter.h"
+#include "base/fake_clock.h"
 #include "base/mutex.h"
 #include "test_util.h"
 
@@ -18,22 +20,29 @@ using runtime::LoadedModel;
 using runtime::ModelSpec;
 using runtime::RunContext;
 
-// y = 2x + 1 elementwise over whatever batch it gets; records how many calls
-// and the largest batch. `break_rows` makes it return one row too few;
-// `hold` keeps a run from finishing until it is cleared (so that requests
-// queue behind it), `run_ms` makes each run take that long.
+// y = 2x + 1 elementwise over whatever batch it gets; counts its calls
+// (a test can wait for one) and the largest batch. `break_rows` makes it
+// return one row too few; Hold() keeps runs from finishing until Release()
+// (so that requests queue behind one); with a clock, each run moves it by
+// `run_ms` (a run that takes that long, to the batcher).
 class FakeModel : public LoadedModel {
  public:
-  FakeModel() {
+  explicit FakeModel(aotid::testing::FakeClock* clock = nullptr) : clock_(clock) {
     spec_.inputs.push_back({"x", DType::kFloat32, {-1, -1}});
     spec_.outputs.push_back({"y", DType::kFloat32, {-1, -1}});
   }
   const ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
   StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in, const RunContext&) override {
-    calls++;
-    for (int i = 0; i < 3000 && hold.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (run_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run_ms));
+    calls.Add();
+    {
+      MutexLock lock(&mu_);
+      // A held run ends when released, or after 10 s (the test has failed).
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (held_ && released_.WaitUntil(&mu_, until)) {
+      }
+    }
+    if (clock_ && run_ms > 0) clock_->Advance(run_ms);
     max_rows = std::max<int64_t>(max_rows, in[0].shape[0]);
     HostTensor y = in[0];
     y.name = "y";
@@ -47,15 +56,37 @@ class FakeModel : public LoadedModel {
     }
     return std::vector<HostTensor>{y};
   }
-  std::atomic<int> calls{0};
+  void Hold() {
+    MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    MutexLock lock(&mu_);
+    held_ = false;
+    released_.SignalAll();
+  }
+  aotid::testing::Counter calls;  // runs started, held or not
   std::atomic<int64_t> max_rows{0};
   bool break_rows = false;
-  std::atomic<bool> hold{false};
   int run_ms = 0;
 
  private:
+  aotid::testing::FakeClock* clock_;
+  Mutex mu_;
+  CondVar released_;
+  bool held_ GUARDED_BY(mu_) = false;
   ModelSpec spec_;
   std::string device_ = "cpu";
+};
+
+// How many requests wait in a batcher's queue, as it says each time one
+// joins it (BatchingModel::TEST_SetOnQueued).
+class QueueWatch {
+ public:
+  explicit QueueWatch(BatchingModel& model) {
+    model.TEST_SetOnQueued([this](int n) { queued.Set(n); });
+  }
+  aotid::testing::Counter queued;
 };
 
 HostTensor Rows(const std::vector<float>& values, int64_t cols) {
@@ -78,44 +109,40 @@ std::vector<float> Floats(const HostTensor& t) {
 // once, holding nothing; each then runs alone, never joined.
 TEST(Batcher, AQueueOfOneHoldsNoCallerAndJoinsNothing) {
   auto fake = std::make_shared<FakeModel>();
-  fake->hold = true;
+  fake->Hold();
   BatchOptions opts;
   opts.max_batch_size = 1;
   opts.workers = 1;
   BatchingModel queue(fake, opts);
   Mutex mu;
   std::vector<std::vector<float>> answers;
+  aotid::testing::Counter answered;
   auto answer = [&](StatusOr<std::vector<HostTensor>> out) {
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     MutexLock lock(&mu);
     answers.push_back(Floats((*out)[0]));
+    answered.Add();
   };
   // The first runs on its caller's thread (nothing to wait for) and holds.
   std::thread first([&] { ASSERT_OK(queue.Submit({Rows({1, 2}, 1)}, {}, answer)); });
-  for (int i = 0; i < 1000 && fake->calls.load() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  ASSERT_EQ(fake->calls.load(), 1);
+  ASSERT_TRUE(fake->calls.Await(1));
   // These return while the run is held: queued, not run, not waited for.
   ASSERT_OK(queue.Submit({Rows({3, 4}, 1)}, {}, answer));
   ASSERT_OK(queue.Submit({Rows({5, 6}, 1)}, {}, answer));
-  EXPECT_EQ(fake->calls.load(), 1);
-  fake->hold = false;
+  EXPECT_EQ(fake->calls.Get(), 1);
+  EXPECT_EQ(answered.Get(), 0);
+  fake->Release();
   first.join();
-  for (int i = 0; i < 1000; ++i) {
-    {
-      MutexLock lock(&mu);
-      if (answers.size() == 3) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  ASSERT_TRUE(answered.Await(3));
   MutexLock lock(&mu);
-  ASSERT_EQ(answers.size(), 3u);
-  EXPECT_EQ(fake->calls.load(), 3);     // one run each
+  EXPECT_EQ(fake->calls.Get(), 3);      // one run each
   EXPECT_EQ(fake->max_rows.load(), 2);  // never joined
   std::sort(answers.begin(), answers.end());
   EXPECT_EQ(answers, (std::vector<std::vector<float>>{{3, 5}, {7, 9}, {11, 13}}));
 }
 
+// 32 callers queue behind a run that holds; once it ends, they are joined
+// into full batches of 8, and each caller gets its own row back.
 TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
   auto fake = std::make_shared<FakeModel>();
   std::atomic<int> batches{0}, joined{0};
@@ -127,9 +154,12 @@ TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
     if (r.requests > 1) joined++;
     EXPECT_LE(r.rows, 8);
   });
+  QueueWatch watch(model);
+  fake->Hold();  // the first run holds while the others queue
+  std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0, 0}, 3)}, {}).ok()); });
+  ASSERT_TRUE(fake->calls.Await(1));
   std::vector<std::thread> clients;
   std::atomic<int> wrong{0};
-  fake->hold = true;  // the first run holds while the others queue
   for (int c = 0; c < 32; ++c) {
     clients.emplace_back([&, c] {
       std::vector<float> mine = {float(c), float(c) + 0.5f, -float(c)};  // one row of 3, distinct per client
@@ -142,14 +172,14 @@ TEST(Batcher, ConcurrentCallersEachGetExactlyTheirRows) {
       if (Floats((*out)[0]) != want) wrong++;
     });
   }
-  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  fake->hold = false;
+  EXPECT_TRUE(watch.queued.Await(32));
+  fake->Release();
   for (auto& t : clients) t.join();
+  blocker.join();
   EXPECT_EQ(wrong, 0);
-  EXPECT_GT(joined, 0) << "no batch held more than one request";
-  EXPECT_LT(fake->calls, 32);
-  EXPECT_LE(fake->max_rows, 8);
+  EXPECT_EQ(joined, 4) << "the 32 queued requests were not joined into 4 batches";
+  EXPECT_EQ(fake->calls.Get(), 1 + 4);
+  EXPECT_EQ(fake->max_rows, 8);
 }
 
 // Submitted requests hold no thread while they wait: 64 of them from 8
@@ -162,9 +192,9 @@ TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
   std::atomic<int> joined{0};
   BatchingModel model(fake, opts, [&](const BatchReport& r) { joined += r.requests > 1; });
   // A run that holds keeps the batch worker busy, so the others queue.
-  fake->hold = true;
+  fake->Hold();
   std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0}, 2)}, {}).ok()); });
-  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(fake->calls.Await(1));
   Mutex mu;
   CondVar all_done;
   int answered = 0, wrong = 0;
@@ -185,7 +215,8 @@ TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
     });
   }
   for (auto& t : threads) t.join();  // all submitted while the first run holds
-  fake->hold = false;
+  EXPECT_EQ(fake->calls.Get(), 1);
+  fake->Release();
   blocker.join();
   {
     MutexLock lock(&mu);
@@ -194,9 +225,9 @@ TEST(Batcher, SubmittedRequestsAreAnsweredWithTheirOwnRows) {
     EXPECT_EQ(answered, 64);
     EXPECT_EQ(wrong, 0);
   }
-  EXPECT_GT(joined.load(), 0);
-  EXPECT_LE(fake->max_rows.load(), 16);
-  EXPECT_LT(fake->calls.load(), 65);
+  EXPECT_EQ(joined.load(), 4);  // 64 queued rows, in full batches of 16
+  EXPECT_EQ(fake->max_rows.load(), 16);
+  EXPECT_EQ(fake->calls.Get(), 1 + 4);
 }
 
 // A request with nothing to join and none on its way runs at once on the
@@ -218,34 +249,54 @@ TEST(Batcher, ALoneSubmittedRequestRunsOnItsCallersThread) {
 }
 
 // The batcher waits for more rows only while one is on its way: a lone
-// request does not wait out a long max_delay_us, and an announced one is
-// waited for (within a run's time) and joins the batch.
+// request does not wait out a long max_delay_us; an announced one is
+// waited for and joins the batch; and the wait never outlasts a run of the
+// model (here 0.4 s, on a clock the test moves), however long
+// max_delay_us is.
 TEST(Batcher, WaitsOnlyForRequestsOnTheirWay) {
-  auto fake = std::make_shared<FakeModel>();
-  fake->run_ms = 400;  // a run takes 0.4 s: that bounds any wait
+  aotid::testing::FakeClock clock;
+  auto fake = std::make_shared<FakeModel>(&clock);
+  fake->run_ms = 400;
   BatchOptions opts;
   opts.max_batch_size = 8;
   opts.max_delay_us = 60'000'000;
   std::vector<int> rows;
   Mutex mu;
-  BatchingModel model(fake, opts, [&](const BatchReport& r) {
-    MutexLock lock(&mu);
-    if (r.rows) rows.push_back(r.rows);
-  });
-  auto started = std::chrono::steady_clock::now();
-  ASSERT_OK(model.Infer({Rows({1, 2}, 2)}, {}).status());  // alone: runs at once
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30));
+  BatchingModel model(
+      fake, opts,
+      [&](const BatchReport& r) {
+        MutexLock lock(&mu);
+        if (r.rows) rows.push_back(r.rows);
+      },
+      &clock);
+  aotid::testing::Counter answered;
+  auto count = [&](StatusOr<std::vector<HostTensor>> out) { answered.Add(out.ok()); };
+  // Alone: it runs without the clock moving (it waits for nothing).
+  std::thread lone([&] { count(model.Infer({Rows({1, 2}, 2)}, {})); });
+  bool lone_ran = answered.Await(1);
+  if (!lone_ran) clock.Advance(60'000);  // free it
+  lone.join();
+  ASSERT_TRUE(lone_ran) << "a lone request waited for others";
 
   auto on_its_way = model.Announce();
-  std::atomic<int> answered{0};
-  auto count = [&](StatusOr<std::vector<HostTensor>> out) { answered += out.ok(); };
   ASSERT_OK(model.Submit({Rows({3, 4}, 2)}, {}, count));
+  ASSERT_TRUE(clock.AwaitWaiters(1)) << "the batcher did not wait for the announced request";
+  EXPECT_EQ(answered.Get(), 1);
   ASSERT_OK(model.Submit({Rows({5, 6}, 2)}, {}, count, std::move(on_its_way)));
-  for (int i = 0; i < 3000 && answered.load() < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(answered.load(), 2);
+  EXPECT_TRUE(answered.Await(3));
+  {
+    MutexLock lock(&mu);
+    EXPECT_EQ(rows, (std::vector<int>{1, 2})) << "the announced request did not join the waiting one";
+  }
+
+  // One that never comes is waited for a run's time: 0.4 s, not 60 s.
+  auto never = model.Announce();
+  ASSERT_OK(model.Submit({Rows({7, 8}, 2)}, {}, count));
+  ASSERT_TRUE(clock.AwaitWaiters(1));
+  clock.Advance(400);
+  EXPECT_TRUE(answered.Await(4)) << "the wait outlasted a run of the model";
   MutexLock lock(&mu);
-  EXPECT_EQ(rows, (std::vector<int>{1, 2})) << "the announced request did not join the waiting one";
+  EXPECT_EQ(rows, (std::vector<int>{1, 2, 1}));
 }
 
 TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
@@ -254,11 +305,13 @@ TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
   opts.max_batch_size = 64;
   opts.max_queued = 2;
   BatchingModel model(fake, opts);
+  QueueWatch watch(model);
   // A run that does not end yet keeps the worker busy, so requests queue.
-  fake->hold = true;
+  fake->Hold();
   std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0}, 2)}, {}).ok()); });
-  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::atomic<int> ok{0}, full{0}, other{0};
+  ASSERT_TRUE(fake->calls.Await(1));
+  std::atomic<int> ok{0}, other{0};
+  aotid::testing::Counter full;
   std::vector<std::thread> clients;
   for (int c = 0; c < 6; ++c) {
     clients.emplace_back([&] {
@@ -267,19 +320,21 @@ TEST(Batcher, FullQueueIsRefusedAtOnceAndTheRestComplete) {
         ok++;
       } else if (out.status().code() == StatusCode::kResourceExhausted &&
                  out.status().message().find("queue is full") != std::string::npos) {
-        full++;
+        full.Add();
       } else {
         other++;
       }
     });
   }
   // Two queue, four are refused at once (they return while the run holds).
-  for (int i = 0; i < 2000 && full.load() < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  fake->hold = false;
+  EXPECT_TRUE(full.Await(4));
+  EXPECT_TRUE(watch.queued.Await(2));
+  EXPECT_EQ(ok, 0);
+  fake->Release();
   for (auto& t : clients) t.join();
   blocker.join();
   EXPECT_EQ(ok, 2);
-  EXPECT_EQ(full, 4);
+  EXPECT_EQ(full.Get(), 4);
   EXPECT_EQ(other, 0);
   EXPECT_TRUE(model.Infer({Rows({1, 2}, 2)}, {}).ok());  // and it recovers
 }
@@ -312,11 +367,12 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
   opts.max_batch_size = 4;
   opts.max_delay_us = 50000;
   BatchingModel model(fake, opts);
+  QueueWatch watch(model);
   // A run of one that holds (a batch of one is not split: it passes
   // through) while the four callers queue behind it, to be joined.
-  fake->hold = true;
+  fake->Hold();
   std::thread blocker([&] { (void)model.Infer({Rows({0, 0}, 2)}, {}); });
-  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(fake->calls.Await(1));
   std::vector<std::thread> clients;
   std::atomic<int> reasoned{0};
   for (int c = 0; c < 4; ++c) {
@@ -327,12 +383,12 @@ TEST(Batcher, OutputWithTheWrongRowCountFailsEveryCallerWithTheReason) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  fake->hold = false;
+  EXPECT_TRUE(watch.queued.Await(4));
+  fake->Release();
   for (auto& t : clients) t.join();
   blocker.join();
-  // A batch of one is not split, so it may pass through; every joined caller fails with the reason.
-  EXPECT_GE(reasoned, 2);
+  EXPECT_EQ(fake->calls.Get(), 2);  // the four in one batch
+  EXPECT_EQ(reasoned, 4);
 }
 
 // A request whose client left while it waited in the queue is answered
@@ -343,9 +399,10 @@ TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
   opts.max_batch_size = 8;
   std::atomic<int> dropped{0};
   BatchingModel model(fake, opts, [&](const BatchReport& r) { dropped += r.dropped; });
-  fake->hold = true;  // both queue behind a run that holds
+  QueueWatch watch(model);
+  fake->Hold();  // both queue behind a run that holds
   std::thread blocker([&] { EXPECT_TRUE(model.Infer({Rows({0, 0}, 2)}, {}).ok()); });
-  while (fake->calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(fake->calls.Await(1));
   std::atomic<bool> gone_client_connected{true};
   StatusOr<std::vector<HostTensor>> gone = Internal("not run"), kept = Internal("not run");
   std::thread a([&] {
@@ -354,15 +411,15 @@ TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
     gone = model.Infer({Rows({1, 2}, 2)}, ctx);
   });
   std::thread b([&] { kept = model.Infer({Rows({3, 4}, 2)}, {}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(watch.queued.Await(2));
   gone_client_connected = false;  // the first client hangs up while queued
-  fake->hold = false;
+  fake->Release();
   a.join();
   b.join();
   blocker.join();
   EXPECT_EQ(gone.status().code(), StatusCode::kCancelled);
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
-  EXPECT_EQ(fake->calls.load(), 2);     // the one that held, and the kept one
+  EXPECT_EQ(fake->calls.Get(), 2);      // the one that held, and the kept one
   EXPECT_EQ(fake->max_rows.load(), 1);  // only the kept row ran
   EXPECT_EQ(dropped.load(), 1);
 }
