@@ -23,6 +23,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/clock.h"
 #include "base/fd.h"
 #include "base/log.h"
 #include "base/mutex.h"
@@ -436,11 +437,10 @@ bool ClientGone(int fd) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
-}
+// The machine's steady clock, for what is scheduling rather than a
+// timeout a person sets (a worker's slice, a pause): a test's clock must
+// not stop those. Timeouts read the server's Clock.
+int64_t NowMs() { return RealClock()->NowMs(); }
 
 // Bytes read from a connection and not yet consumed.
 class Buffer {
@@ -649,10 +649,11 @@ std::string PeerAddress(const sockaddr_storage& peer) {
   return text;
 }
 
-// Waits until `fd` is readable or `deadline_ms` passes; false then.
-bool WaitReadable(int fd, int64_t deadline_ms) {
+// Waits until `fd` is readable or `deadline_ms` on `clock` passes; false
+// then. (A test's clock moved meanwhile is seen once the poll ends.)
+bool WaitReadable(int fd, int64_t deadline_ms, const Clock* clock) {
   for (;;) {
-    int64_t left = deadline_ms - NowMs();
+    int64_t left = deadline_ms - clock->NowMs();
     if (left <= 0) return false;
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
@@ -680,7 +681,9 @@ bool RecvSome(Conn& c) {
 }
 
 // The same, waiting for bytes until `deadline_ms`.
-bool ReadSome(Conn& c, int64_t deadline_ms) { return WaitReadable(c.fd, deadline_ms) && RecvSome(c); }
+bool ReadSome(Conn& c, int64_t deadline_ms, const Clock* clock) {
+  return WaitReadable(c.fd, deadline_ms, clock) && RecvSome(c);
+}
 
 // Whether `in` holds what a worker needs to answer a request without
 // waiting on the client: a whole head and a body of known length, or
@@ -755,7 +758,7 @@ constexpr int kWorkerWriteStallMs = 10;
 // Writes the iovecs while the client takes them, then keeps what is left
 // in c.out for the poller once it has taken nothing for
 // kWorkerWriteStallMs (empty when all went); false when the peer is gone.
-bool WriteOrKeep(Conn& c, iovec* iov, int count, int write_timeout_s) {
+bool WriteOrKeep(Conn& c, iovec* iov, int count, int write_timeout_s, const Clock* clock) {
   while (count > 0) {
     ssize_t n = SendIovecs(c.fd, iov, count, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
@@ -772,20 +775,20 @@ bool WriteOrKeep(Conn& c, iovec* iov, int count, int write_timeout_s) {
   c.out.clear();
   c.out_at = 0;
   for (int i = 0; i < count; ++i) c.out.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
-  if (!c.out.empty()) c.out_until_ms = NowMs() + int64_t{write_timeout_s} * 1000;
+  if (!c.out.empty()) c.out_until_ms = clock->NowMs() + int64_t{write_timeout_s} * 1000;
   return true;
 }
 
 // Writes more of c.out without waiting, giving the client write_timeout_s
 // more from any progress; false when the peer is gone.
-bool WriteKept(Conn& c, int write_timeout_s) {
+bool WriteKept(Conn& c, int write_timeout_s, const Clock* clock) {
   while (c.out_at < c.out.size()) {
     ssize_t n = ::send(c.fd, c.out.data() + c.out_at, c.out.size() - c.out_at, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     if (n <= 0) return false;
     c.out_at += static_cast<size_t>(n);
-    c.out_until_ms = NowMs() + int64_t{write_timeout_s} * 1000;
+    c.out_until_ms = clock->NowMs() + int64_t{write_timeout_s} * 1000;
   }
   c.out.clear();
   c.out.shrink_to_fit();
@@ -814,8 +817,11 @@ bool WantsKeepAlive(const Request& req) {
 class Server::Impl {
  public:
   Impl(ServerOptions options, std::function<void(Request&, Response&)> handler,
-       std::function<std::string(std::string_view)> error_body)
-      : opts_(std::move(options)), handler_(std::move(handler)), error_body_(std::move(error_body)) {
+       std::function<std::string(std::string_view)> error_body, const Clock* clock)
+      : opts_(std::move(options)),
+        handler_(std::move(handler)),
+        error_body_(std::move(error_body)),
+        clock_(clock) {
     if (!fd::Pipe(wake_, /*nonblocking=*/true).ok()) wake_[0] = wake_[1] = -1;
   }
   ~Impl() {
@@ -875,7 +881,7 @@ class Server::Impl {
       }
       if (draining_.load()) {
         if (drain_until < 0) {
-          drain_until = NowMs() + int64_t{opts_.drain_timeout_s} * 1000;
+          drain_until = clock_->NowMs() + int64_t{opts_.drain_timeout_s} * 1000;
           // New connections are refused from here on; what the kernel
           // accepted but nobody took is reset.
           ::close(listen_fd_);
@@ -893,7 +899,7 @@ class Server::Impl {
           idle = parked.empty() && shared_->ready.empty() && shared_->to_park.empty() && shared_->busy == 0 &&
                  shared_->deferred == 0;
         }
-        if (idle || NowMs() >= drain_until) {
+        if (idle || clock_->NowMs() >= drain_until) {
           if (!idle) LOG_WARNING << "server.drain_timeout_s passed; closing the connections still open";
           break;
         }
@@ -919,7 +925,7 @@ class Server::Impl {
       // (or one to refuse, or one past its deadline, answered 408) goes to a
       // worker, so clients that trickle their bytes hold no worker. Ones
       // idle past their time, or that hung up, are closed.
-      int64_t now = NowMs();
+      int64_t now = clock_->NowMs();
       std::vector<std::unique_ptr<Conn>> still;
       for (size_t i = 0; i < parked.size(); ++i) {
         Conn& c = *parked[i];
@@ -935,10 +941,10 @@ class Server::Impl {
           // An answer being written: more of it as the socket takes it.
           // Once it is all out the connection closes or, kept alive, waits
           // for the next request (one that came meanwhile goes to a worker).
-          if (fds[i + 2].revents != 0 && !WriteKept(c, opts_.write_timeout_s)) {
+          if (fds[i + 2].revents != 0 && !WriteKept(c, opts_.write_timeout_s, clock_)) {
             parked[i].reset();
           } else if (!c.out.empty()) {
-            if (NowMs() >= c.out_until_ms) {
+            if (clock_->NowMs() >= c.out_until_ms) {
               LOG_DEBUG << "closing a connection whose client read none of its answer for "
                            "server.write_timeout_s";
               parked[i].reset();
@@ -1131,7 +1137,7 @@ class Server::Impl {
         // burst of silent connections was served a worker's slice each
         // before anyone behind them (0.6 ms a connection for a fresh
         // client's answer).
-        c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+        c->idle_until_ms = clock_->NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
         MutexLock lock(&shared_->mu);
         shared_->to_park.push_back(std::move(c));
       }
@@ -1172,7 +1178,7 @@ class Server::Impl {
     c.out_until_ms = now + int64_t{opts_.write_timeout_s} * 1000;
     c.close_after_out = true;
     c.linger_until_ms = now + 1000;
-    if (!WriteKept(c, opts_.write_timeout_s)) return false;
+    if (!WriteKept(c, opts_.write_timeout_s, clock_)) return false;
     if (c.out.empty()) ::shutdown(c.fd, SHUT_WR);
     return true;
   }
@@ -1211,7 +1217,7 @@ class Server::Impl {
     bool gone = false;
     if (WholeRequest(*c, &gone)) return Enqueue(std::move(c));  // e.g. pipelined
     if (gone) return;
-    c->idle_until_ms = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+    c->idle_until_ms = clock_->NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     {
       MutexLock lock(&shared_->mu);
       shared_->to_park.push_back(std::move(c));
@@ -1306,7 +1312,7 @@ class Server::Impl {
         default: break;
       }
     }
-    int64_t idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+    int64_t idle_until = clock_->NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     for (;;) {
       // Wait until a whole request is here (RequestBuffered), giving the
       // connection up to the poller once its slice is over if others are
@@ -1316,25 +1322,25 @@ class Server::Impl {
         if (gone || stopping_.load()) return Outcome::kClose;
         if (draining_.load() && c.in.Empty() && !Readable(c.fd))
           return Outcome::kClose;  // idle: nothing to finish
-        int64_t now = NowMs();
+        int64_t now = clock_->NowMs();
         if (!c.in.Empty() && c.request_deadline_ms == 0) {
           c.request_deadline_ms = now + int64_t{opts_.request_timeout_s} * 1000;
         }
         int64_t until = c.in.Empty() ? idle_until : c.request_deadline_ms;
-        if (others_wait() && now >= slice_end) return Outcome::kPark;
+        if (others_wait() && NowMs() >= slice_end) return Outcome::kPark;
         if (now >= until) {
           if (c.in.Empty()) return Outcome::kClose;
           break;  // ServeRequest answers 408
         }
         int64_t wait = std::min<int64_t>(10, until - now);
-        if (others_wait()) wait = std::min(wait, slice_end - now);
+        if (others_wait()) wait = std::min(wait, slice_end - NowMs());
         pollfd p{c.fd, POLLIN, 0};
         int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, wait)));
         if (r < 0 && errno != EINTR) return Outcome::kClose;
         if (r > 0 && !RecvSome(c)) return Outcome::kClose;  // the peer closed
       }
       if (c.request_deadline_ms == 0)
-        c.request_deadline_ms = NowMs() + int64_t{opts_.request_timeout_s} * 1000;
+        c.request_deadline_ms = clock_->NowMs() + int64_t{opts_.request_timeout_s} * 1000;
       Next next = ServeRequest(c);
       c.request_deadline_ms = 0;
       switch (next) {
@@ -1344,7 +1350,7 @@ class Server::Impl {
         case Next::kWriteBehind: return Outcome::kWriteBehind;
       }
       if (others_wait() && NowMs() >= slice_end) return Outcome::kPark;
-      idle_until = NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
+      idle_until = clock_->NowMs() + int64_t{opts_.idle_timeout_s} * 1000;
     }
   }
 
@@ -1363,7 +1369,7 @@ class Server::Impl {
     int64_t until = NowMs() + 1000;
     char sink[16384];
     size_t drained = 0;
-    while (drained < (64u << 20) && WaitReadable(c.fd, until)) {
+    while (drained < (64u << 20) && WaitReadable(c.fd, until, RealClock())) {
       ssize_t n = ::recv(c.fd, sink, sizeof sink, 0);
       if (n <= 0) break;
       drained += static_cast<size_t>(n);
@@ -1374,7 +1380,7 @@ class Server::Impl {
   // A read that got nothing: 408 naming `what` once the request's time is
   // up, else the peer has gone.
   Next ReadFailed(Conn& c, int64_t deadline, const char* what) {
-    if (NowMs() < deadline) return Next::kClose;
+    if (clock_->NowMs() < deadline) return Next::kClose;
     return Refuse(c, 408, std::string(what) + " was not received within server.request_timeout_s");
   }
 
@@ -1386,7 +1392,7 @@ class Server::Impl {
     for (;;) {
       head = ParseHead(c.in.View(), opts_.limits, &req);
       if (head.state != HeadResult::kIncomplete) break;
-      if (!ReadSome(c, deadline)) {
+      if (!ReadSome(c, deadline, clock_)) {
         return ReadFailed(c, deadline, "the request");
       }
     }
@@ -1415,7 +1421,7 @@ class Server::Impl {
       std::memcpy(req.body.data(), c.in.View().data(), have);
       c.in.Consume(have);
       while (have < n) {
-        if (!WaitReadable(c.fd, deadline)) {
+        if (!WaitReadable(c.fd, deadline, clock_)) {
           return ReadFailed(c, deadline, "the request body");
         }
         ssize_t r;
@@ -1433,7 +1439,7 @@ class Server::Impl {
           return Refuse(c, chunked.status,
                         chunked.status == 413 ? chunked.error + " (server.max_body_bytes)" : chunked.error);
         }
-        if (!ReadSome(c, deadline)) {
+        if (!ReadSome(c, deadline, clock_)) {
           return ReadFailed(c, deadline, "the request body");
         }
       }
@@ -1508,7 +1514,8 @@ class Server::Impl {
     // open (ApacheBench's -k, older proxies).
     if (keep_alive && !http11) head.insert(head.size() - 2, "Connection: keep-alive\r\n");
     iovec v[2] = {{head.data(), head.size()}, {const_cast<char*>(res.body.data()), res.body.size()}};
-    if (!WriteOrKeep(c, v, head_only || res.body.empty() ? 1 : 2, opts_.write_timeout_s)) return Next::kClose;
+    if (!WriteOrKeep(c, v, head_only || res.body.empty() ? 1 : 2, opts_.write_timeout_s, clock_))
+      return Next::kClose;
     if (!c.out.empty()) {
       c.close_after_out = !keep_alive;
       return Next::kWriteBehind;
@@ -1589,6 +1596,7 @@ class Server::Impl {
   ServerOptions opts_;
   std::function<void(Request&, Response&)> handler_;
   std::function<std::string(std::string_view)> error_body_;
+  const Clock* clock_;  // request, idle, write and drain timeouts
   int listen_fd_ = -1;
   int socket_lock_fd_ = -1;  // flock on unix_path + ".lock" while we own the socket
   bool bound_ = false;
@@ -1603,8 +1611,8 @@ class Server::Impl {
 };
 
 Server::Server(ServerOptions options, std::function<void(Request&, Response&)> handler,
-               std::function<std::string(std::string_view)> error_body)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(handler), std::move(error_body))) {}
+               std::function<std::string(std::string_view)> error_body, const Clock* clock)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(handler), std::move(error_body), clock)) {}
 
 Server::~Server() = default;
 

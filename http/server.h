@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/status.h"
 
 namespace aotid::http {
@@ -218,8 +219,10 @@ class Server {
  public:
   // `handler` answers every well-formed request (errors of framing and
   // limits are answered here, with `error_body` making their body).
+  // `clock` times the request, idle, write and drain timeouts (tests pass
+  // a fake one to pass them at will); a worker's slice keeps the real one.
   Server(ServerOptions options, std::function<void(Request&, Response&)> handler,
-         std::function<std::string(std::string_view message)> error_body);
+         std::function<std::string(std::string_view message)> error_body, const Clock* clock = RealClock());
   ~Server();
 
   // Binds and listens. Unavailable (naming the address) when it is taken.
