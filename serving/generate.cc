@@ -158,7 +158,20 @@ Status Generator::Admit() const {
 
 int Generator::Gate::Waiting() {
   MutexLock lock(&mu_);
+  return WaitingLocked();
+}
+
+int Generator::Gate::WaitingLocked() {
   return static_cast<int>(next_ - serving_ - (busy_ ? 1 : 0) - abandoned_.size());
+}
+
+bool Generator::Gate::AwaitWaiting(int n) {
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  MutexLock lock(&mu_);
+  while (WaitingLocked() != n) {
+    if (!waiting_changed_.WaitUntil(&mu_, deadline)) return WaitingLocked() == n;
+  }
+  return true;
 }
 
 Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
@@ -169,6 +182,7 @@ Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
                        std::to_string(waiting) + " requests already wait for it; try again shortly");
   }
   const uint64_t ticket = next_++;
+  waiting_changed_.SignalAll();
   while (busy_ || serving_ != ticket) {
     cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(50));
     if (!(busy_ || serving_ != ticket) || !cancelled) continue;
@@ -184,6 +198,7 @@ Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
     }
   }
   busy_ = true;
+  waiting_changed_.SignalAll();
   return Status::OK();
 }
 
@@ -203,6 +218,7 @@ void Generator::Gate::AdvanceLocked() {
     }
   }
   cv_.SignalAll();
+  waiting_changed_.SignalAll();
 }
 
 Generator::Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits_index, int64_t vocab,

@@ -105,6 +105,9 @@ class Generator {
   Status Admit() const;
   // Requests waiting for the turn now.
   int waiting() const { return gate_.Waiting(); }
+  // Test hook: until exactly `n` requests wait for the turn (a thread has
+  // taken its ticket); false after 10 s.
+  bool TEST_AwaitWaiting(int n) const { return gate_.AwaitWaiting(n); }
 
  private:
   Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits_index, int64_t vocab,
@@ -116,11 +119,14 @@ class Generator {
     Status Enter(const std::function<bool()>& cancelled) EXCLUDES(mu_);
     void Leave() EXCLUDES(mu_);
     int Waiting() EXCLUDES(mu_);
+    bool AwaitWaiting(int n) EXCLUDES(mu_);
 
    private:
+    int WaitingLocked() REQUIRES(mu_);
     void AdvanceLocked() REQUIRES(mu_);
     Mutex mu_;
     CondVar cv_;
+    CondVar waiting_changed_;               // for AwaitWaiting alone
     uint64_t next_ GUARDED_BY(mu_) = 0;     // the next ticket given out
     uint64_t serving_ GUARDED_BY(mu_) = 0;  // the ticket whose turn it is
     bool busy_ GUARDED_BY(mu_) = false;

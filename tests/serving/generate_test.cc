@@ -57,9 +57,7 @@ TEST(Generator, TurnsGoInOrderAndPastTheWaitingCapTheAnswerIsBusy) {
       }
       gen->Release();
     });
-    for (int k = 0; k < 2000 && gen->waiting() < i + 1; ++k)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_EQ(gen->waiting(), i + 1);
+    ASSERT_TRUE(gen->TEST_AwaitWaiting(i + 1));
   }
   // The cap is reached: the next is refused at once, and a leaving waiter frees a place.
   Status busy = gen->Acquire(nullptr);
@@ -75,16 +73,14 @@ TEST(Generator, TurnsGoInOrderAndPastTheWaitingCapTheAnswerIsBusy) {
   ASSERT_TRUE(gen->Acquire(nullptr).ok());
   quitter = std::thread(
       [&] { EXPECT_EQ(gen->Acquire([&] { return leave.load(); }).code(), StatusCode::kCancelled); });
-  for (int k = 0; k < 2000 && gen->waiting() < 1; ++k)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(gen->TEST_AwaitWaiting(1));
   std::atomic<bool> got{false};
   std::thread behind([&] {
     ASSERT_TRUE(gen->Acquire(nullptr).ok());
     got = true;
     gen->Release();
   });
-  for (int k = 0; k < 2000 && gen->waiting() < 2; ++k)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(gen->TEST_AwaitWaiting(2));
   leave = true;
   quitter.join();
   gen->Release();
