@@ -4,7 +4,8 @@
 // unless the first element of that input (an INT64) asks for something
 // else:
 //   -1  abort() after printing "what():  fake kernel: index out of bounds"
-//   -2  hang (sleep for ever)
+//   -2  hang (sleep for ever); first, when FAKE_RUNNER_HANGS names a FIFO,
+//       write one byte to it (a test reads how many runs hang)
 //   -3  exit(3)
 //   -4  answer InvalidArgument "fake: bad input"
 // Started with FAKE_RUNNER_START=fail it replies an error instead of ready;
@@ -14,6 +15,7 @@
 // at once and chooses 1, settled, or unsettled with FAKE_RUNNER_TIMING=busy;
 // each start appends its --threads and --choose-threads-at-batch to the
 // file FAKE_RUNNER_STARTS names, when set.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -61,6 +63,10 @@ void Serve(Slot* slot) {
         std::abort();
       }
       if (first == -2) {
+        if (const char* fifo = std::getenv("FAKE_RUNNER_HANGS")) {
+          int fd = ::open(fifo, O_WRONLY | O_NONBLOCK);  // kept open: the reader sees no hang-up
+          if (fd >= 0) (void)!::write(fd, "h", 1);
+        }
         for (;;) ::pause();
       }
       if (first == -3) std::exit(3);

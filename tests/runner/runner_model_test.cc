@@ -3,8 +3,11 @@
 // only the model inside is a stand-in.
 #include "runner/runner_model.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstring>
@@ -49,6 +52,7 @@ class RunnerModelTest : public ::testing::Test {
   }
   void TearDown() override {
     ::unsetenv("FAKE_RUNNER_START");
+    ::unsetenv("FAKE_RUNNER_HANGS");
     (void)fs::RemoveAll(dir_);
   }
 
@@ -61,6 +65,7 @@ class RunnerModelTest : public ::testing::Test {
     o.on_event = [this](const RunnerEvent& e) {
       MutexLock lock(&mu_);
       events_.push_back(e);
+      event_.SignalAll();
     };
     return o;
   }
@@ -68,12 +73,39 @@ class RunnerModelTest : public ::testing::Test {
     MutexLock lock(&mu_);
     return events_;
   }
+  // Until `n` events have come; false after 10 s.
+  bool AwaitEvents(size_t n) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    MutexLock lock(&mu_);
+    while (events_.size() < n) {
+      if (!event_.WaitUntil(&mu_, deadline)) return events_.size() >= n;
+    }
+    return true;
+  }
 
   std::string dir_;
   runtime::CacheEntry entry_;
   Mutex mu_;
+  CondVar event_;
   std::vector<RunnerEvent> events_ GUARDED_BY(mu_);
 };
+
+// Reads `n` bytes from `fd` (a FIFO the fake runner writes to as a run
+// starts to hang), waiting up to 10 s in all; false if they did not come.
+bool ReadBytes(int fd, int n) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (n > 0) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    char buf[8];
+    ssize_t got = ::read(fd, buf, std::min<size_t>(sizeof buf, static_cast<size_t>(n)));
+    if (got > 0) n -= static_cast<int>(got);
+    if (got == 0) return false;  // not a hang-up we expect: every writer stays
+  }
+  return true;
+}
 
 TEST_F(RunnerModelTest, RunsFromManyThreadsEachGetTheirOwnAnswer) {
   auto m = RunnerModel::Start(entry_, Options(/*slots=*/2));
@@ -161,12 +193,19 @@ TEST_F(RunnerModelTest, RunPastItsDeadlineAnswersDeadlineExceededAndTheRunnerIsR
 // kill -9 while runs are in flight: each of them fails naming the signal;
 // the run after succeeds.
 TEST_F(RunnerModelTest, KilledRunnerFailsTheRunsItHeld) {
+  std::string hangs = dir_ + "/hangs";
+  ASSERT_EQ(::mkfifo(hangs.c_str(), 0600), 0);
+  int hung = ::open(hangs.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(hung, 0);
+  ::setenv("FAKE_RUNNER_HANGS", hangs.c_str(), 1);
   auto m = RunnerModel::Start(entry_, Options(/*slots=*/2));
   ASSERT_TRUE(m.ok());
   std::vector<StatusOr<std::vector<HostTensor>>> results(2, Internal("not run"));
   std::vector<std::thread> held;
   for (int i = 0; i < 2; ++i) held.emplace_back([&, i] { results[i] = (*m)->Infer({Ids({-2})}, {}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // both are hanging in the runner
+  bool both_hang = ReadBytes(hung, 2);  // both are hanging in the runner
+  ::close(hung);
+  EXPECT_TRUE(both_hang) << "the runner did not get both runs";
   ASSERT_EQ(::kill((*m)->pid(), SIGKILL), 0);
   for (auto& t : held) t.join();
   for (const auto& r : results) {
@@ -191,8 +230,7 @@ TEST_F(RunnerModelTest, RepeatedCrashesStopTheRestartsAndSayWhy) {
   EXPECT_NE(after.status().message().find("index out of bounds"), std::string::npos)
       << after.status().message();
   // The last event follows the state it reports; wait for it (bounded).
-  for (int i = 0; i < 200 && Events().size() < 3; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(AwaitEvents(3));
   auto events = Events();
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].kind, RunnerEvent::Kind::kCrashed);
