@@ -4,9 +4,11 @@
 // grandchild) takes milliseconds to a second instead of a compile.
 #include "runtime/builder.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <thread>
@@ -81,12 +83,21 @@ class BuilderTest : public ::testing::Test {
     j.on_done = [this](const BuildResult& r) { results_.push_back(r); };
     return j;
   }
-  // Runs the loop until `done` or about 10 s pass.
+  // Runs the loop until `done` or 10 s pass: each turn waits for the
+  // loop's next event (a build's output or exit, or the deadline).
   bool RunUntil(const std::function<bool()>& done) {
-    for (int i = 0; i < 1000 && !done(); ++i) {
-      uv_run(&loop_, UV_RUN_NOWAIT);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    struct Deadline {
+      uv_timer_t timer;
+      bool passed = false, closed = false;
+    } deadline;
+    deadline.timer.data = &deadline;
+    uv_timer_init(&loop_, &deadline.timer);
+    uv_timer_start(
+        &deadline.timer, [](uv_timer_t* t) { static_cast<Deadline*>(t->data)->passed = true; }, 10'000, 0);
+    while (!done() && !deadline.passed) uv_run(&loop_, UV_RUN_ONCE);
+    uv_close(reinterpret_cast<uv_handle_t*>(&deadline.timer),
+             [](uv_handle_t* h) { static_cast<Deadline*>(h->data)->closed = true; });
+    while (!deadline.closed) uv_run(&loop_, UV_RUN_NOWAIT);  // a closing handle's turn does not wait
     return done();
   }
 
@@ -245,18 +256,29 @@ TEST(LeftoverBuilds, ProcessesWorkingInStagingAreKilled) {
   TempDir d;
   std::string staging = d / ".staging";
   ASSERT_OK(fs::MakeDirs(staging + "/abc"));
-  pid_t child = ::fork();
-  if (child == 0) {
-    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", (staging + "/abc/compile").c_str(),
-            nullptr);
-    ::_exit(127);
-  }
-  pid_t bystander = ::fork();
-  if (bystander == 0) {
-    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", (d / "elsewhere").c_str(), nullptr);
-    ::_exit(127);
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them exec
+  // A shell named `arg0` that loops for ever, once it says (on a pipe)
+  // that it runs: its command line is then the one the search reads.
+  auto spawn = [](const std::string& arg0) {
+    int up[2];
+    if (::pipe(up) != 0) return pid_t{-1};
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(up[1], 1);
+      ::execl("/bin/sh", "sh", "-c", "echo up; while :; do sleep 0.1; done", arg0.c_str(), nullptr);
+      ::_exit(127);
+    }
+    ::close(up[1]);
+    pollfd p{up[0], POLLIN, 0};
+    char c;
+    bool said = ::poll(&p, 1, 10'000) > 0 && ::read(up[0], &c, 1) == 1;
+    ::close(up[0]);
+    EXPECT_TRUE(said) << arg0 << " did not start";
+    return pid;
+  };
+  pid_t child = spawn(staging + "/abc/compile");
+  pid_t bystander = spawn(d / "elsewhere");
+  ASSERT_GT(child, 0);
+  ASSERT_GT(bystander, 0);
   EXPECT_EQ(KillLeftoverBuilds(staging), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "base/counter.h"
 #include "base/fs.h"
 #include "base/log.h"
 #include "raw_http.h"
@@ -257,9 +258,11 @@ TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
   Stop();
   Mutex mu;
   std::vector<std::pair<std::string, std::function<void(Status)>>> commands;
+  aotid::testing::Counter sent;
   Start({}, [&](const std::string& name, bool enable, std::function<void(Status)> done) {
     MutexLock lock(&mu);
     commands.emplace_back(name + (enable ? ":load" : ":unload"), std::move(done));
+    sent.Add();
   });
   std::vector<int> fds;
   for (int i = 0; i < 16; ++i) {
@@ -272,13 +275,7 @@ TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
     ASSERT_GT(::send(fd, load.data(), load.size(), MSG_NOSIGNAL), 0);
     fds.push_back(fd);
   }
-  for (int i = 0; i < 500; ++i) {
-    {
-      MutexLock lock(&mu);
-      if (commands.size() == 16) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  EXPECT_TRUE(sent.Await(16));
   {
     MutexLock lock(&mu);
     ASSERT_EQ(commands.size(), 16u);

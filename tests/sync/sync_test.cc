@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -149,16 +150,6 @@ TEST(Syncer, BackoffDoublesFromFiveSecondsUpToTheInterval) {
   EXPECT_EQ(Syncer::BackoffMs(1, 2), 2000);  // never longer than the interval
 }
 
-// Waits (bounded) until `done`.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 500; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
-}
-
 // Counts calls, and lets a test wait (bounded) for a count.
 class Calls {
  public:
@@ -265,12 +256,14 @@ TEST(Syncer, SyncsEachSourceAtOnceThenOnItsTimerAndWritesItsStatus) {
 // takes over once a reload removes it.
 TEST(Syncer, ASecondSourceOfOneModelIsRefusedWhileTheFirstFeedsIt) {
   std::mutex mu;
+  std::condition_variable synced;
   std::map<std::string, std::vector<bool>> allowed;  // source: may_add("mlp") each time
   SyncOnce once = [&](const SyncSource& s, const std::atomic<bool>&,
                       const MayAdd& may_add) -> StatusOr<std::string> {
     Status st = may_add("mlp");
     std::lock_guard<std::mutex> lock(mu);
     allowed[s.source].push_back(st.ok());
+    synced.notify_all();
     if (!st.ok()) {
       EXPECT_NE(st.message().find("is synced from oci://127.0.0.1:1/a:1 too"), std::string::npos)
           << st.message();
@@ -278,20 +271,28 @@ TEST(Syncer, ASecondSourceOfOneModelIsRefusedWhileTheFirstFeedsIt) {
     }
     return std::string("added mlp");
   };
-  auto count = [&](const std::string& source, bool ok) {
-    std::lock_guard<std::mutex> lock(mu);
+  auto count_locked = [&](const std::string& source, bool ok) {
     return std::count(allowed[source].begin(), allowed[source].end(), ok);
   };
+  auto count = [&](const std::string& source, bool ok) {
+    std::lock_guard<std::mutex> lock(mu);
+    return count_locked(source, ok);
+  };
+  // Until `done` holds of what the syncs saw (bounded: 10 s).
+  auto await_syncs = [&](const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> lock(mu);
+    return synced.wait_for(lock, std::chrono::seconds(10), done);
+  };
   Syncer syncer({{"oci://127.0.0.1:1/a:1", 300}}, once, "");
-  ASSERT_TRUE(Eventually([&] { return count("oci://127.0.0.1:1/a:1", true) == 1; }));
+  ASSERT_TRUE(await_syncs([&] { return count_locked("oci://127.0.0.1:1/a:1", true) == 1; }));
   syncer.SetSources({{"oci://127.0.0.1:1/a:1", 300}, {"/srv/models", 300}});
-  ASSERT_TRUE(Eventually([&] { return count("/srv/models", false) >= 1; }));
+  ASSERT_TRUE(await_syncs([&] { return count_locked("/srv/models", false) >= 1; }));
   EXPECT_EQ(count("/srv/models", true), 0);
   auto st = syncer.Status();
   ASSERT_EQ(st.size(), 2u);
   EXPECT_FALSE(st[1].ok);
   syncer.SetSources({{"/srv/models", 300}});  // the first goes: the folder may feed mlp now
-  ASSERT_TRUE(Eventually([&] { return count("/srv/models", true) == 1; }));
+  ASSERT_TRUE(await_syncs([&] { return count_locked("/srv/models", true) == 1; }));
 }
 
 }  // namespace
