@@ -29,13 +29,13 @@ TEST(BuildFailure, MissingWorkerPythonFailsVersionWithReasonAndDaemonServes) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   httplib::Client c("127.0.0.1", (*d)->port());
   json ready;
-  for (int i = 0; i < 300; ++i) {  // bounded: 30 s
-    auto r = c.Get("/v2/models/mlp/ready");
-    ASSERT_TRUE(r) << (*d)->Log();
-    ready = json::parse(r->body, nullptr, false);
-    if (ready.value("state", "") == "failed") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  WaitFor(
+      [&] {
+        auto r = c.Get("/v2/models/mlp/ready");
+        ready = r ? json::parse(r->body, nullptr, false) : json{{"state", "no answer"}};
+        return !r || ready.value("state", "") == "failed";
+      },
+      30);
   ASSERT_EQ(ready.value("state", ""), "failed") << ready.dump() << "\n" << (*d)->Log();
   std::string why = ready.value("error", "");
   EXPECT_NE(why.find("cannot start the build /nonexistent/bin/python3"), std::string::npos) << why;

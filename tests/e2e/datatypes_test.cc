@@ -11,6 +11,7 @@
 
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
+#include "e2e/http_util.h"
 #include "runtime/tensor.h"
 #include "serving/tensor_codec.h"
 #include "test_util.h"
@@ -79,14 +80,17 @@ TEST(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
   httplib::Client c("127.0.0.1", (*d)->port());
   c.set_read_timeout(60, 0);
   bool ready = false;
-  for (int i = 0; i < 3000 && !ready; ++i) {  // bounded: 5 minutes for one cold compile
-    auto r = c.Get("/v2/models/alltypes/ready");
-    ASSERT_TRUE(r);
-    ready = r->status == 200;
-    ASSERT_NE(json::parse(r->body).value("state", ""), "failed") << r->body << (*d)->Log();
-    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(ready) << (*d)->Log();
+  std::string last = "no answer";
+  WaitFor(  // bounded: 5 minutes for one cold compile
+      [&] {
+        auto r = c.Get("/v2/models/alltypes/ready");
+        if (!r) return true;
+        last = r->body;
+        ready = r->status == 200;
+        return ready || json::parse(r->body, nullptr, false).value("state", "") == "failed";
+      },
+      300);
+  ASSERT_TRUE(ready) << last << (*d)->Log();
 
   json meta = json::parse(c.Get("/v2/models/alltypes")->body);
   ASSERT_EQ(meta["inputs"].size(), 10u);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/fs.h"
+#include "base/poll.h"
 #include "storage/model_store.h"
 #include "test_util.h"
 
@@ -33,14 +34,15 @@ Reply Get(int port, const std::string& path) {
 
 // Polls until the model is ready; the bound covers two cold compiles on 2 cores.
 bool WaitReady(int port, const std::string& model, int timeout_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    Reply r = Get(port, "/v2/models/" + model + "/ready");
-    if (r.status == 200) return true;
-    if (r.status == 503 && r.body.value("state", "") == "failed") return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return false;
+  bool ready = false;
+  PollUntil(
+      [&] {
+        Reply r = Get(port, "/v2/models/" + model + "/ready");
+        ready = r.status == 200;
+        return ready || (r.status == 503 && r.body.value("state", "") == "failed");
+      },
+      timeout_s, 200);
+  return ready;
 }
 
 int CountEvents(const std::string& store_dir, const std::string& kind, const std::string& contains) {
@@ -82,15 +84,7 @@ void ExpectCasesMatchEager(int port, const std::string& model, std::string cases
   }
 }
 
-// Polls `done` every 50 ms until it holds or `timeout_s` passes.
-bool WaitFor(const std::function<bool()>& done, int timeout_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return done();
-}
+bool WaitFor(const std::function<bool()>& done, int timeout_s) { return PollUntil(done, timeout_s); }
 
 bool OutputsMatch(const json& got, const json& want) {
   if (got.size() != want.size()) return false;

@@ -202,7 +202,18 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
     auto d = DaemonProcess::Start(args, dir / "daemon1.log");
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     ASSERT_TRUE(WaitFor([&] { return !Pids(store + "/cache/.staging").empty(); }, 60)) << (*d)->Log();
-    std::this_thread::sleep_for(std::chrono::seconds(2));  // well into the build
+    // Well into the build: Inductor writes its files (in the scratch
+    // directory the daemon made empty for it).
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          std::error_code ec;
+          for (const auto& e : std::filesystem::directory_iterator(store + "/cache/.staging", ec)) {
+            if (!std::filesystem::is_empty(e.path() / ".inductor/tmp", ec) && !ec) return true;
+          }
+          return false;
+        },
+        60))
+        << (*d)->Log();
     EXPECT_EQ((*d)->Kill(), 137);
   }
   // The worker dies with its daemon; nothing half-built is in the cache.

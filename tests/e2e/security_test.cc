@@ -246,11 +246,9 @@ TEST(ApiListen, UnixSocketServesTheApiWithMode0660) {
   std::string sock = dir / "aotid.sock", log = dir / "daemon.log";
   auto pid = SpawnAotid({"serve", "--store", dir / "store", "--listen", "unix:" + sock}, log);
   ASSERT_TRUE(pid.ok()) << pid.status().ToString();
-  bool up = false;
-  for (int i = 0; i < 600 && !up; ++i) {  // bounded: 60 s
-    up = fs::ReadFile(log).value_or("").find("serving on unix:" + sock) != std::string::npos;
-    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  bool up = WaitFor(
+      [&] { return fs::ReadFile(log).value_or("").find("serving on unix:" + sock) != std::string::npos; },
+      60);
   ASSERT_TRUE(up) << fs::ReadFile(log).value_or("");
   struct stat st;
   ASSERT_EQ(::lstat(sock.c_str(), &st), 0);

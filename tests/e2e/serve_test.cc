@@ -277,7 +277,8 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
     EXPECT_EQ(r.status, 500) << r.body.dump();
     EXPECT_NE(r.body.dump().find("signal 9"), std::string::npos) << r.body.dump();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // It is in flight: decoded and sent on at once to the stopped runner.
+  ASSERT_TRUE(WaitFor([&] { return Scrape(port())["aotid_inflight_requests"] >= 1; }, 10)) << daemon_->Log();
   ASSERT_EQ(::kill(runner, SIGKILL), 0);
   held.join();
   ASSERT_TRUE(WaitFor(embed_serves, 10)) << daemon_->Log();
@@ -475,11 +476,7 @@ TEST_F(ServeTest, ModelsAddedByAnotherProcessAreServedWithoutRestart) {
   ASSERT_TRUE(WaitReady(port(), "embed-live", 30)) << daemon_->Log();
   ExpectCasesMatchEager(port(), "embed-live", "embed");
   // Version 2 replaces version 1 (bounded wait: the store watch fires within a second).
-  bool v2 = false;
-  for (int i = 0; i < 150 && !v2; ++i) {
-    v2 = Get(port(), "/v2/models/mlp").body["versions"] == json::array({"2"});
-    if (!v2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  bool v2 = WaitFor([&] { return Get(port(), "/v2/models/mlp").body["versions"] == json::array({"2"}); }, 15);
   ASSERT_TRUE(v2) << daemon_->Log();
   ExpectCasesMatchEager(port(), "mlp");
   EXPECT_EQ(CountEvents(store_, "build_started"), 2);  // nothing new was compiled

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -147,13 +148,15 @@ TEST(ServiceManager, ServesOnTheSocketItIsHanded) {
   auto pid = SpawnAotid({"--store", store, "serve", "--listen", "127.0.0.1:1"}, log, opts);
   ASSERT_TRUE(pid.ok());
   std::string reply;
-  for (int tries = 0; tries < 600 && reply.empty(); ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (PortInLog(*fs::ReadFile(log)) == 0) continue;
-    int fd = ConnectTcp(port);
-    reply = Exchange(fd, "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    ::close(fd);
-  }
+  WaitFor(
+      [&] {
+        if (PortInLog(fs::ReadFile(log).value_or("")) == 0) return false;
+        int fd = ConnectTcp(port);
+        reply = Exchange(fd, "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        ::close(fd);
+        return !reply.empty();
+      },
+      30);
   ::close(listener);  // the daemon holds its own copy
   EXPECT_EQ(reply.substr(0, 12), "HTTP/1.1 200") << reply << *fs::ReadFile(log);
   EXPECT_NE(fs::ReadFile(log)->find(
@@ -370,7 +373,20 @@ TEST(ServiceManager, StopFinishesTheRequestsInFlight) {
       replies[i] = Post((*d)->port(), "/v2/models/mlp/infer", json{{"inputs", rows[i]["inputs"]}}.dump());
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // two in their batch, three queued
+  // All five have arrived (two in their batch, three queued): the daemon
+  // has taken them, each in flight or answered.
+  auto taken = [&] {
+    httplib::Client c("127.0.0.1", (*d)->port());
+    auto r = c.Get("/metrics");
+    double n = 0;
+    std::istringstream lines(r ? r->body : "");
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("aotid_inflight_requests ") || line.starts_with("aotid_inference_requests_total{"))
+        n += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return n;
+  };
+  ASSERT_TRUE(WaitFor([&] { return taken() >= n; }, 30)) << (*d)->Log();
   auto t0 = std::chrono::steady_clock::now();
   int code = (*d)->Stop(30);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/fs.h"
+#include "base/poll.h"
 #include "e2e/daemon_process.h"
 #include "storage/model_store.h"
 #include "test_util.h"
@@ -402,12 +403,15 @@ TEST_F(StoreCli, EventsFollowPrintsEventsFromOtherProcesses) {
   std::string follow_out = dir_ / "follow.out";
   auto pid = SpawnAotid(Args({"events", "--follow", "--json", "-n", "0"}), follow_out);
   ASSERT_TRUE(pid.ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it take its starting point
-  ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "second"}, &out), 0) << out;
+  // It prints what comes after its starting point, which it takes as it
+  // starts; a model added before then is not printed, so add (at most 10)
+  // until one is.
   bool seen = false;
-  for (int i = 0; i < 100 && !seen; ++i) {  // bounded: 10 s
-    seen = fs::ReadFile(follow_out).value_or("").find("\"model\":\"second\"") != std::string::npos;
-    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 10 && !seen; ++i) {
+    ASSERT_EQ(Run({"add", TestData("embed.pt2"), "--name", "second" + std::to_string(i)}, &out), 0) << out;
+    seen = PollUntil(
+        [&] { return fs::ReadFile(follow_out).value_or("").find("\"model\":\"second") != std::string::npos; },
+        i == 9 ? 10 : 1);
   }
   ::kill(*pid, SIGTERM);
   EXPECT_EQ(WaitExitFor(*pid, 10), 0) << "events --follow did not stop on SIGTERM";
