@@ -256,18 +256,25 @@ TEST(LeftoverBuilds, ProcessesWorkingInStagingAreKilled) {
   TempDir d;
   std::string staging = d / ".staging";
   ASSERT_OK(fs::MakeDirs(staging + "/abc"));
-  // A shell named `arg0` that loops for ever, once it says (on a pipe)
-  // that it runs: its command line is then the one the search reads.
-  auto spawn = [](const std::string& arg0) {
-    int up[2];
-    if (::pipe(up) != 0) return pid_t{-1};
+  // A shell named `arg0` that waits for ever, once it says (on a pipe)
+  // that it runs: its command line is then the one the search reads. It
+  // waits in `read` on a pipe nobody writes, a builtin: a shell that ran
+  // commands would fork copies of itself, with its command line, that the
+  // search would find too.
+  std::vector<int> held;  // the write ends of the shells' stdin
+  auto spawn = [&held](const std::string& arg0) {
+    int up[2], in[2];
+    if (::pipe(up) != 0 || ::pipe(in) != 0) return pid_t{-1};
     pid_t pid = ::fork();
     if (pid == 0) {
       ::dup2(up[1], 1);
-      ::execl("/bin/sh", "sh", "-c", "echo up; while :; do sleep 0.1; done", arg0.c_str(), nullptr);
+      ::dup2(in[0], 0);
+      ::execl("/bin/sh", "sh", "-c", "echo up; read never", arg0.c_str(), nullptr);
       ::_exit(127);
     }
     ::close(up[1]);
+    ::close(in[0]);
+    held.push_back(in[1]);
     pollfd p{up[0], POLLIN, 0};
     char c;
     bool said = ::poll(&p, 1, 10'000) > 0 && ::read(up[0], &c, 1) == 1;
@@ -286,6 +293,7 @@ TEST(LeftoverBuilds, ProcessesWorkingInStagingAreKilled) {
   EXPECT_EQ(::waitpid(bystander, &status, WNOHANG), 0);  // not using the staging dir: left alone
   ::kill(bystander, SIGKILL);
   ::waitpid(bystander, &status, 0);
+  for (int fd : held) ::close(fd);
 }
 
 TEST(PackageBuild, CommandLineIsReadBackAsWritten) {
