@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,7 +54,14 @@ std::string LastLines(const std::string& text, size_t n) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-    if (!line.empty()) lines.push_back(line.substr(0, 300));
+    if (line.empty()) continue;
+    // What a Python printed reaches the log and doctor's terminal: no
+    // control sequences, and ASCII alone.
+    line = line.substr(0, 300);
+    for (char& c : line) {
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+    }
+    lines.push_back(line);
   }
   std::string out;
   for (size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
@@ -303,6 +311,17 @@ std::string DeviceProbeKey(const HardwareInfo& hw, const std::string& python) {
 }
 
 StatusOr<DeviceAnswer> ReadKeptDevices(const std::string& cache_file, const std::string& key) {
+  // A plain file of at most 64 KiB, read without following a link: a FIFO
+  // would hold the start for ever, and a link to /dev/zero fill memory.
+  struct stat st {};
+  if (::lstat(cache_file.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFound("no device answer kept in " + cache_file);
+    return Corruption(cache_file + " cannot be read: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return Corruption(cache_file + " is not a regular file");
+  if (st.st_size > (1 << 16)) {
+    return Corruption(cache_file + " is " + std::to_string(st.st_size) + " bytes, over the limit of 65536");
+  }
   auto text = fs::ReadFile(cache_file);
   if (!text.ok()) {
     if (!fs::Exists(cache_file)) return NotFound("no device answer kept in " + cache_file);
@@ -338,6 +357,17 @@ DeviceProbeReport ProbeDevices(const DeviceProbeOptions& options, HardwareInfo* 
   std::string kept_note;
   if (!options.cache_file.empty()) {
     auto kept = ReadKeptDevices(options.cache_file, key);
+    if (kept.ok()) {
+      // Kept answers are checked against what this machine is: a file
+      // that says MPS works off a Mac, or CUDA with a CPU build of torch,
+      // is not believed (each would send builds to a device that is not there).
+      if (kept->mps.usable && hw->os != "darwin") {
+        kept = Corruption(options.cache_file + " says MPS is usable on a machine that is not a Mac");
+      } else if (kept->cuda.usable && kept->torch_version.find("+cpu") != std::string::npos) {
+        kept = Corruption(options.cache_file + " says CUDA is usable with a CPU build of torch (" +
+                          kept->torch_version + ")");
+      }
+    }
     if (kept.ok() && !options.refresh) {
       report.from_cache = true;
       report.note = "kept in " + options.cache_file;

@@ -162,6 +162,57 @@ TEST_F(DeviceProbeTest, KeptAnswerOfTheWrongShapeIsRefused) {
   EXPECT_NE(s.message().find("gives no reason"), std::string::npos) << s.ToString();
 }
 
+// The kept file is read only when it is a plain file of at most 64 KiB: a
+// FIFO there once held the start for ever, and a link to /dev/zero filled
+// memory. Either is refused at once and the probe asked again.
+TEST_F(DeviceProbeTest, AKeptFileThatIsNotAPlainFileIsRefusedAtOnce) {
+  const std::string kept = dir_ / "devices.json";
+  const std::string key = DeviceProbeKey(hw_, "/venv/bin/python");
+  ASSERT_EQ(::mkfifo(kept.c_str(), 0600), 0);
+  Status fifo = ReadKeptDevices(kept, key).status();
+  EXPECT_EQ(fifo.code(), StatusCode::kCorruption);
+  EXPECT_NE(fifo.message().find("is not a regular file"), std::string::npos) << fifo.ToString();
+  ASSERT_EQ(::unlink(kept.c_str()), 0);
+  ASSERT_EQ(::symlink("/dev/zero", kept.c_str()), 0);
+  EXPECT_EQ(ReadKeptDevices(kept, key).status().code(), StatusCode::kCorruption);
+  DeviceProbeReport report = ProbeDevices(Fake(kGpuOutput), &hw_);
+  EXPECT_EQ(runs_, 1);
+  EXPECT_NE(report.note.find("is not a regular file"), std::string::npos) << report.note;
+}
+
+// A kept answer that cannot be true of this machine is not believed: MPS
+// off a Mac, CUDA with a CPU build of torch. (Believed, it sent every build
+// to a device that is not there, at every start.)
+TEST_F(DeviceProbeTest, AKeptAnswerThatLiesAboutThisMachineIsNotBelieved) {
+  const std::string key = DeviceProbeKey(hw_, "/venv/bin/python");
+  const nlohmann::json lies[] = {
+      {{"torch", "2.13.0"}, {"mps", {{"usable", true}}}, {"cuda", {{"usable", false}, {"reason", "none"}}}},
+      {{"torch", "2.13.0+cpu"},
+       {"mps", {{"usable", false}, {"reason", "not a Mac"}}},
+       {"cuda", {{"usable", true}}}},
+  };
+  const char* why[] = {"says MPS is usable on a machine that is not a Mac",
+                       "says CUDA is usable with a CPU build of torch (2.13.0+cpu)"};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(
+        fs::WriteFileAtomic(dir_ / "devices.json", nlohmann::json{{"key", key}, {"answer", lies[i]}}.dump()));
+    ASSERT_TRUE(ReadKeptDevices(dir_ / "devices.json", key).ok());  // well formed
+    runs_ = 0;
+    DeviceProbeReport report = ProbeDevices(Fake(kGpuOutput), &hw_);
+    EXPECT_EQ(runs_, 1) << why[i];
+    EXPECT_NE(report.note.find(why[i]), std::string::npos) << report.note;
+  }
+}
+
+// What a broken interpreter prints reaches the log and doctor's terminal
+// without its control sequences.
+TEST_F(DeviceProbeTest, WhatTheProbePrintedIsShownWithoutControlBytes) {
+  auto answer = ParseDeviceProbeOutput("\x1b]0;PWNED\x07\x1b[2Jhello\n");
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().message().find('\x1b'), std::string::npos) << answer.status().message();
+  EXPECT_NE(answer.status().message().find("hello"), std::string::npos) << answer.status().message();
+}
+
 TEST_F(DeviceProbeTest, OutputWithoutAnAnswerLeavesTheCpuWithTheReason) {
   DeviceProbeReport report = ProbeDevices(Fake("Illegal instruction\n"), &hw_);
   EXPECT_FALSE(report.status.ok());
