@@ -1,8 +1,8 @@
 // Runs a shell command through /bin/sh and captures what it prints. Used
 // for the probes that ask a tool its version (the compiler in
-// runtime/hardware.cc, the worker's Python in daemon/doctor.cc) and for
+// platform/hardware.cc, the worker's Python in daemon/doctor.cc) and for
 // compiling and linking a source package's C++ in the build child
-// (runtime/aoti_build.cc), which folds the compiler's stderr into stdout
+// (compile/aoti_build.cc), which folds the compiler's stderr into stdout
 // with `2>&1` to keep its messages. Blocks until the command exits; quote
 // every argument with ShellQuote.
 #pragma once

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "base/fs.h"
+#include "compile/build_cache.h"
+#include "model/loaded_model.h"
+#include "platform/hardware.h"
 #include "runner/runner_model.h"
-#include "runtime/build_cache.h"
-#include "runtime/hardware.h"
-#include "runtime/loaded_model.h"
 #include "runtime/thread_choice.h"
 #include "storage/model_store.h"
 
@@ -20,7 +20,7 @@ namespace aotid::bench {
 // options the daemon would load it with.
 struct CachedBuild {
   std::string cache_root;
-  runtime::CacheEntry entry;
+  model::CacheEntry entry;
   runtime::LoadOptions options;
   bool auto_threads = false;  // the version's threads setting is 0
   int64_t batch = 1;          // the batch its threads are timed at
@@ -31,13 +31,13 @@ inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const
   ASSIGN_OR_RETURN(storage::ModelInfo info, store->GetModel(model));
   if (info.versions.empty()) return NotFound("model " + model + " has no versions");
   const auto& mv = info.versions.back();
-  runtime::BuildCache cache(store->CacheDir());
-  runtime::HardwareInfo hw = runtime::ProbeHardware();
+  compile::BuildCache cache(store->CacheDir());
+  platform::HardwareInfo hw = platform::ProbeHardware();
   CachedBuild b;
   b.cache_root = store->CacheDir();
   ASSIGN_OR_RETURN(
       b.entry,
-      cache.Lookup({mv.artifact, mv.package_model, "cpu", runtime::Fingerprint(hw),
+      cache.Lookup({mv.artifact, mv.package_model, "cpu", platform::Fingerprint(hw),
                     mv.kind == package::PackageKind::kExportedProgram ? mv.settings.inductor_options : ""}));
   b.options.num_runners = runners;
   b.options.threads = runtime::ThreadsPerRunner(mv.settings.threads, runners, hw.cores);
@@ -46,8 +46,9 @@ inline StatusOr<CachedBuild> FindCachedBuild(const std::string& store_dir, const
   return b;
 }
 
-inline StatusOr<std::unique_ptr<runtime::LoadedModel>> LoadCachedModel(const std::string& store_dir,
-                                                                        const std::string& model, int runners = 1) {
+inline StatusOr<std::unique_ptr<model::LoadedModel>> LoadCachedModel(const std::string& store_dir,
+                                                                     const std::string& model,
+                                                                     int runners = 1) {
   ASSIGN_OR_RETURN(CachedBuild b, FindCachedBuild(store_dir, model, runners));
   ASSIGN_OR_RETURN(auto loaded, runtime::LoadCompiledModel(b.entry, b.options));
   if (b.auto_threads && b.options.threads > 1) runtime::ChooseThreads(*loaded, b.options.threads, b.batch);

@@ -29,9 +29,9 @@
 
 namespace {
 
-using aotid::runtime::DType;
-using aotid::runtime::HostTensor;
-using aotid::runtime::ModelSpec;
+using aotid::model::DType;
+using aotid::model::HostTensor;
+using aotid::model::ModelSpec;
 using Clock = std::chrono::steady_clock;
 
 double Median(std::vector<double> v) {

@@ -249,7 +249,7 @@ class LocalApi {
     api_.Stop();
     if (thread_.joinable()) thread_.join();
   }
-  void Put(const std::string& name, std::shared_ptr<aotid::runtime::LoadedModel> model) {
+  void Put(const std::string& name, std::shared_ptr<aotid::model::LoadedModel> model) {
     aotid::serving::ServedModel m;
     m.name = name;
     m.version = 1;
@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
 
   auto loaded_or = aotid::bench::LoadCachedModel(store_dir, model);
   if (!loaded_or.ok()) return Die(loaded_or.status().message());
-  std::shared_ptr<aotid::runtime::LoadedModel> loaded = std::move(loaded_or).value();
+  std::shared_ptr<aotid::model::LoadedModel> loaded = std::move(loaded_or).value();
   for (int i = 0; i < 50; ++i) {
     if (auto out = loaded->Infer(req->inputs, {}); !out.ok()) return Die(out.status().message());
   }

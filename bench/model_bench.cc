@@ -16,7 +16,7 @@
 #include "base/fs.h"
 #include "base/memory.h"
 #include "bench/cached_model.h"
-#include "runtime/hardware.h"
+#include "platform/hardware.h"
 #include "runtime/torch_plugin.h"
 #include "serving/tensor_codec.h"
 
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     // place, model container and constants. Later loads of the same file
     // reuse the mapping and only build the container.
     auto t_first = std::chrono::steady_clock::now();
-    aotid::runtime::BuildCache first_cache(found->cache_root);
+    aotid::compile::BuildCache first_cache(found->cache_root);
     std::string manifest = *aotid::fs::ReadFile(found->entry.dir + "/manifest.json");
     auto mkey = nlohmann::json::parse(manifest);
     auto first_entry = first_cache.Lookup(

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   if (!loaded.ok()) return Die(loaded.status().message());
   auto req = aotid::serving::DecodeInferRequest(*body, (*loaded)->spec());
   if (!req.ok()) return Die(req.status().message());
-  aotid::runtime::LoadedModel* m = loaded->get();
+  aotid::model::LoadedModel* m = loaded->get();
   auto [in_ok, in_failed] =
       Hammer(concurrency, seconds, [&] { return [m, &req] { return m->Infer(req->inputs, {}).ok(); }; });
 
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     (void)aotid::fs::RemoveAll(*scratch);
     return Die(runner.status().message());
   }
-  aotid::runtime::LoadedModel* r = runner->get();
+  aotid::model::LoadedModel* r = runner->get();
   auto [runner_ok, runner_failed] =
       Hammer(concurrency, seconds, [&] { return [r, &req] { return r->Infer(req->inputs, {}).ok(); }; });
   runner->reset();  // stops the runner before its scratch goes

@@ -37,7 +37,7 @@ namespace {
 
 struct LoadWork {
   uv_work_t req{};
-  const runtime::BuildCache* cache = nullptr;
+  const compile::BuildCache* cache = nullptr;
   RunnerPlace place;
   std::shared_ptr<ThreadPoolLoader::Inbox> inbox;
   LoadRequest request;
@@ -47,7 +47,7 @@ struct LoadWork {
 
 }  // namespace
 
-ThreadPoolLoader::ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache, RunnerPlace place)
+ThreadPoolLoader::ThreadPoolLoader(uv_loop_t* loop, const compile::BuildCache* cache, RunnerPlace place)
     : loop_(loop), cache_(cache), place_(std::move(place)), inbox_(std::make_shared<Inbox>()) {
   auto* async = new uv_async_t;
   async->data = inbox_.get();
@@ -91,7 +91,7 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
         // A settled choice recorded for this machine, setting and batch is
         // used as it is; one made for another, or on a busy machine, is
         // timed again.
-        runtime::RecordedThreads recorded;
+        compile::RecordedThreads recorded;
         bool from_record = false;
         if (ro.choose_threads_at_batch > 0) {
           if (auto rec = work->cache->ReadThreads(r.entry.dir, r.threads_key);
@@ -153,14 +153,14 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           // Recorded settled or not: a settled one is reused; an unsettled
           // one only stands until the next load, or until `aotid set NAME
           // threads=...` removes it to have the version timed now.
-          runtime::RecordedThreads now{r.threads_key, (*started)->threads(), (*started)->threads_note(),
+          compile::RecordedThreads now{r.threads_key, (*started)->threads(), (*started)->threads_note(),
                                        storage::NowMs(), (*started)->threads_settled()};
           Status written = work->cache->RecordThreads(r.entry.dir, now);
           if (!written.ok())
             LOG_WARNING << ro_label << ": the thread choice is not recorded: " << written.message();
           work->result.threads_recorded = written.ok();
         }
-        work->result.model = std::shared_ptr<runtime::LoadedModel>(std::move(started).value());
+        work->result.model = std::shared_ptr<model::LoadedModel>(std::move(started).value());
       },
       [](uv_work_t* req, int status) {  // the loop thread
         std::unique_ptr<LoadWork> work(static_cast<LoadWork*>(req->data));

@@ -13,15 +13,15 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "compile/build_cache.h"
+#include "model/loaded_model.h"
 #include "runner/runner_model.h"
-#include "runtime/build_cache.h"
-#include "runtime/loaded_model.h"
 #include "serving/generate.h"
 
 namespace aotid::control {
 
 struct LoadRequest {
-  runtime::CacheEntry entry;
+  model::CacheEntry entry;
   runtime::LoadOptions options;  // device, runners, threads per run
   // threads = 0 (auto) on the CPU: time the model with 1 and with
   // options.threads threads at this batch and keep the faster
@@ -44,7 +44,7 @@ struct LoadRequest {
 
 struct LoadResult {
   // Corruption: the build's files are damaged (rebuild it).
-  StatusOr<std::shared_ptr<runtime::LoadedModel>> model{Internal("not loaded")};
+  StatusOr<std::shared_ptr<model::LoadedModel>> model{Internal("not loaded")};
   int threads = 0;           // threads per run it serves with
   std::string threads_note;  // how auto threads were chosen; empty when they were not
   // The choice is recorded in the build's entry (read from it, or written
@@ -77,7 +77,7 @@ struct RunnerPlace {
 class ThreadPoolLoader final : public ModelLoader {
  public:
   static constexpr int kThreadPoolSize = 32;
-  ThreadPoolLoader(uv_loop_t* loop, const runtime::BuildCache* cache, RunnerPlace place);
+  ThreadPoolLoader(uv_loop_t* loop, const compile::BuildCache* cache, RunnerPlace place);
   ~ThreadPoolLoader() override;
   void Load(LoadRequest request, std::function<void(LoadResult)> done) override;
   // Stops passing runner events to the loop (they are dropped from now
@@ -89,7 +89,7 @@ class ThreadPoolLoader final : public ModelLoader {
 
  private:
   uv_loop_t* loop_;
-  const runtime::BuildCache* cache_;
+  const compile::BuildCache* cache_;
   RunnerPlace place_;
   std::shared_ptr<Inbox> inbox_;
 };

@@ -5,8 +5,8 @@
 
 #include "base/fs.h"
 #include "base/log.h"
+#include "compile/aoti_build.h"
 #include "package/aoti_metadata.h"
-#include "runtime/aoti_build.h"
 #include "serving/batcher.h"
 
 namespace aotid::control {
@@ -44,9 +44,9 @@ std::function<void()> Reconciler::Guard(std::function<void()> fn) {
   };
 }
 
-std::shared_ptr<runtime::LoadedModel> Reconciler::Queue(const storage::ModelVersion& v,
-                                                        std::shared_ptr<runtime::LoadedModel> model,
-                                                        bool language_model) {
+std::shared_ptr<model::LoadedModel> Reconciler::Queue(const storage::ModelVersion& v,
+                                                      std::shared_ptr<model::LoadedModel> model,
+                                                      bool language_model) {
   if (language_model) return model;
   serving::BatchOptions opts;
   opts.max_delay_us = v.settings.max_batch_delay_us;
@@ -222,7 +222,7 @@ void Reconciler::Retire(const std::string& name) {
 }
 
 StatusOr<Reconciler::DevicePlan> Reconciler::PlanDevice(const storage::ModelVersion& v) const {
-  const runtime::HardwareInfo& hw = options_.hardware;
+  const platform::HardwareInfo& hw = options_.hardware;
   const std::string& asked = v.settings.device;
   if (v.kind != package::PackageKind::kExportedProgram) {
     // A compiled or source package is for the device it was compiled for.
@@ -233,25 +233,25 @@ StatusOr<Reconciler::DevicePlan> Reconciler::PlanDevice(const storage::ModelVers
                                 "', the version asks for '" + asked +
                                 "'; a compiled package cannot be rebuilt for another device");
     }
-    if (Status here = runtime::CheckPackageDevice(md, hw); !here.ok()) {
+    if (Status here = compile::CheckPackageDevice(md, hw); !here.ok()) {
       return FailedPrecondition(here.message() +
                                 "; a compiled package cannot fall back to the CPU: add its exported program "
                                 "instead");
     }
     return DevicePlan{md.device_key, ""};
   }
-  std::string want = asked == "auto" ? runtime::AutoDevice(hw) : asked;
+  std::string want = asked == "auto" ? platform::AutoDevice(hw) : asked;
   if (auto it = fell_back_.find(WorkKey(v)); it != fell_back_.end()) return DevicePlan{"cpu", it->second};
-  Status ok = runtime::DeviceAvailable(hw, want);
+  Status ok = platform::DeviceAvailable(hw, want);
   if (ok.ok()) return DevicePlan{want, ""};
   if (!v.settings.fallback_cpu) return FailedPrecondition(ok.message() + ", and fallback_cpu is off");
   return DevicePlan{"cpu", ok.message() + "; running on the CPU (fallback_cpu)"};
 }
 
-runtime::BuildKey Reconciler::KeyFor(const storage::ModelVersion& v, const std::string& device) const {
+compile::BuildKey Reconciler::KeyFor(const storage::ModelVersion& v, const std::string& device) const {
   // Inductor options only shape builds of exported programs.
   bool compiles = v.kind == package::PackageKind::kExportedProgram;
-  return runtime::BuildKey{v.artifact, v.package_model, device, fingerprint_,
+  return compile::BuildKey{v.artifact, v.package_model, device, fingerprint_,
                            compiles ? v.settings.inductor_options : ""};
 }
 
@@ -293,7 +293,7 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
     Record(v, "device_fallback", plan->note);
     fell_back_[work] = plan->note;
   }
-  runtime::BuildKey key = KeyFor(v, plan->device);
+  compile::BuildKey key = KeyFor(v, plan->device);
   auto entry = cache_->Lookup(key);
   if (entry.ok()) {
     StartLoad(v, *entry, /*built_now=*/false, *plan);
@@ -326,7 +326,7 @@ bool Reconciler::FallBack(const storage::ModelVersion& v, const std::string& dev
   return true;
 }
 
-void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key) {
+void Reconciler::StartBuild(const storage::ModelVersion& v, const compile::BuildKey& key) {
   in_flight_.insert(WorkKey(v));
   Publish(v, serving::ServeState::kQueued, "queued for a build for " + key.device);
   Record(v, "build_queued", "queued for a build for " + key.device);
@@ -346,7 +346,7 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
   pending->second.key = key;
   pending->second.record = rec;
 
-  runtime::BuildJob job;
+  compile::BuildJob job;
   job.key = key;
   job.kind = v.kind;
   if (auto past = store_->ReadyBuildTimes(fingerprint_, key.device); past.ok()) {
@@ -366,13 +366,13 @@ void Reconciler::StartBuild(const storage::ModelVersion& v, const runtime::Build
       Publish(w, serving::ServeState::kBuilding, "building for " + rec->device);
     }
   };
-  job.on_done = [this, alive = alive_, bkey](const runtime::BuildResult& r) {
+  job.on_done = [this, alive = alive_, bkey](const compile::BuildResult& r) {
     if (*alive) BuildDone(bkey, r);
   };
   builds_runner_->Submit(std::move(job));
 }
 
-void Reconciler::BuildDone(const std::string& bkey, const runtime::BuildResult& r) {
+void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& r) {
   PendingBuild done = std::move(builds_[bkey]);
   builds_.erase(bkey);
   auto rec = done.record;
@@ -450,7 +450,7 @@ void Reconciler::ScheduleRetry(int64_t at_ms) {
 void Reconciler::CancelUnwanted() {
   // Collected first: a queued build's cancellation completes at once, and
   // its completion removes it from builds_.
-  std::vector<runtime::BuildKey> unwanted;
+  std::vector<compile::BuildKey> unwanted;
   for (const auto& [bkey, pending] : builds_) {
     bool needed = false;
     for (const auto& w : pending.waiters) needed |= IsCurrent(w) && IsDesired(w.model, w.version);
@@ -486,7 +486,7 @@ void Reconciler::UpdateProgress() {
   }
 }
 
-void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+void Reconciler::StartLoad(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                            const DevicePlan& plan) {
   in_flight_.insert(WorkKey(v));
   Publish(v, serving::ServeState::kLoading, built_now ? "loading the new build" : "loading the cached build");
@@ -516,7 +516,7 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
   // threads = 0 (auto) on the CPU: the loader times the model both ways.
   if (v.settings.threads == 0 && plan.device == "cpu") {
     req.choose_threads_at_batch = v.settings.max_batch_size > 1 ? v.settings.max_batch_size : 1;
-    const runtime::HardwareInfo& hw = options_.hardware;
+    const platform::HardwareInfo& hw = options_.hardware;
     req.threads_key = hw.cpu_model + "; " + std::to_string(hw.cores) + " cores; up to " +
                       std::to_string(req.options.threads) + " threads; batch " +
                       std::to_string(req.choose_threads_at_batch);
@@ -537,7 +537,7 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const runtime::CacheE
   });
 }
 
-void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                           const DevicePlan& plan, LoadResult result) {
   in_flight_.erase(WorkKey(v));
   if (result.model.status().code() == StatusCode::kCorruption && !stopping_ && IsCurrent(v)) {
@@ -562,7 +562,7 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const runtime::CacheEn
   } else if (!IsDesired(v.model, v.version)) {
     LOG_INFO << "dropping the load of " << Name(v) << ": its version policy no longer serves it";
   } else {
-    std::shared_ptr<runtime::LoadedModel> model =
+    std::shared_ptr<model::LoadedModel> model =
         Queue(v, std::move(result.model).value(), /*language_model=*/result.generator != nullptr);
     std::string how = built_now ? "after build" : "from cache";
     const int64_t batch_rows = model->max_batch_rows();
@@ -590,7 +590,7 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
   // A runner that no longer starts because its build left the cache (cache
   // prune, a disk cleaner) or was damaged: build it again.
   if (current && !stopping_) {
-    runtime::BuildKey key = KeyFor(v, current->device);
+    compile::BuildKey key = KeyFor(v, current->device);
     if (auto entry = cache_->Lookup(key); !entry.ok() && !in_flight_.count(WorkKey(v))) {
       std::string why =
           "its build is gone from the cache or damaged (" + entry.status().message() + "); rebuilding";
@@ -614,7 +614,7 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
 }
 
 void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
-                         std::shared_ptr<runtime::LoadedModel> model, const DevicePlan* plan,
+                         std::shared_ptr<model::LoadedModel> model, const DevicePlan* plan,
                          std::string package_json, std::shared_ptr<const serving::Generator> generator) {
   if (!IsCurrent(v)) return;  // removed or changed since this work began
   auto current = registry_->Find(v.model, v.version);

@@ -30,7 +30,7 @@
 // with a doubling wait, up to max_attempts; a compile error is not.
 //
 // What it drives comes through small interfaces, so its logic is tested
-// with fakes in milliseconds: builds (runtime::BuildRunner), loads
+// with fakes in milliseconds: builds (compile::BuildRunner), loads
 // (ModelLoader), time and wake-ups (Loop). The store and the build cache
 // are the real ones (a SQLite file and a directory).
 //
@@ -44,11 +44,11 @@
 #include <string>
 #include <vector>
 
+#include "compile/build_cache.h"
+#include "compile/builder.h"
 #include "control/loop.h"
 #include "control/model_loader.h"
-#include "runtime/build_cache.h"
-#include "runtime/builder.h"
-#include "runtime/hardware.h"
+#include "platform/hardware.h"
 #include "serving/metrics.h"
 #include "serving/model_registry.h"
 #include "storage/model_store.h"
@@ -57,7 +57,7 @@ namespace aotid::control {
 
 struct ReconcilerOptions {
   std::string fingerprint;
-  runtime::HardwareInfo hardware;
+  platform::HardwareInfo hardware;
   int max_queued_requests = 256;
   int retry_initial_ms = 10000;
   int max_attempts = 4;
@@ -73,8 +73,8 @@ struct ReconcilerOptions {
 struct ReconcilerParts {
   Loop* loop = nullptr;
   storage::ModelStore* store = nullptr;
-  const runtime::BuildCache* cache = nullptr;
-  runtime::BuildRunner* builds = nullptr;
+  const compile::BuildCache* cache = nullptr;
+  compile::BuildRunner* builds = nullptr;
   ModelLoader* loader = nullptr;
   serving::ModelRegistry* registry = nullptr;
   serving::Metrics* metrics = nullptr;  // optional
@@ -115,7 +115,7 @@ class Reconciler {
     std::string note;
   };
   struct PendingBuild {
-    runtime::BuildKey key;
+    compile::BuildKey key;
     std::vector<storage::ModelVersion> waiters;
     std::shared_ptr<storage::BuildRecord> record;
   };
@@ -126,15 +126,15 @@ class Reconciler {
 
   void Ensure(const storage::ModelVersion& v);
   StatusOr<DevicePlan> PlanDevice(const storage::ModelVersion& v) const;
-  runtime::BuildKey KeyFor(const storage::ModelVersion& v, const std::string& device) const;
-  void StartBuild(const storage::ModelVersion& v, const runtime::BuildKey& key);
-  void BuildDone(const std::string& bkey, const runtime::BuildResult& r);
+  compile::BuildKey KeyFor(const storage::ModelVersion& v, const std::string& device) const;
+  void StartBuild(const storage::ModelVersion& v, const compile::BuildKey& key);
+  void BuildDone(const std::string& bkey, const compile::BuildResult& r);
   // A version whose device build or load failed runs on the CPU next, when
   // it may; true when that was arranged.
   bool FallBack(const storage::ModelVersion& v, const std::string& device, const std::string& why);
-  void StartLoad(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+  void StartLoad(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                  const DevicePlan& plan);
-  void LoadDone(const storage::ModelVersion& v, const runtime::CacheEntry& entry, bool built_now,
+  void LoadDone(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                 const DevicePlan& plan, LoadResult result);
   void CancelUnwanted();
   // A served version's runner crashed, or crashed too often: recorded.
@@ -151,11 +151,10 @@ class Reconciler {
   // their own (server.max_queued_requests), so a runner that hangs costs
   // its own requests, not every model's. A language model (its generator
   // calls the model once a token) is left as it is.
-  std::shared_ptr<runtime::LoadedModel> Queue(const storage::ModelVersion& v,
-                                              std::shared_ptr<runtime::LoadedModel> model,
-                                              bool language_model);
+  std::shared_ptr<model::LoadedModel> Queue(const storage::ModelVersion& v,
+                                            std::shared_ptr<model::LoadedModel> model, bool language_model);
   void Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
-               std::shared_ptr<runtime::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
+               std::shared_ptr<model::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
                std::string package_json = "", std::shared_ptr<const serving::Generator> generator = nullptr);
   // Drops the served versions of `name` that the store no longer has, and
   // those the policy no longer wants once a wanted one is ready.
@@ -169,8 +168,8 @@ class Reconciler {
 
   Loop* loop_;
   storage::ModelStore* store_;
-  const runtime::BuildCache* cache_;
-  runtime::BuildRunner* builds_runner_;
+  const compile::BuildCache* cache_;
+  compile::BuildRunner* builds_runner_;
   ModelLoader* loader_;
   serving::ModelRegistry* registry_;
   serving::Metrics* metrics_;

@@ -29,6 +29,10 @@
 #include "base/json.h"
 #include "base/log.h"
 #include "base/shell.h"
+#include "compile/aoti_build.h"
+#include "compile/build_cache.h"
+#include "compile/cache_policy.h"
+#include "compile/package_build.h"
 #include "control/store_watch.h"
 #include "daemon/api_client.h"
 #include "daemon/config.h"
@@ -38,16 +42,12 @@
 #include "daemon/service.h"
 #include "package/aoti_metadata.h"
 #include "package/package.h"
+#include "platform/confined_command.h"
+#include "platform/device_probe.h"
+#include "platform/hardware.h"
+#include "platform/install_layout.h"
 #include "runner/runner_main.h"
 #include "runner/sandbox.h"
-#include "runtime/aoti_build.h"
-#include "runtime/build_cache.h"
-#include "runtime/cache_policy.h"
-#include "runtime/confined_command.h"
-#include "runtime/device_probe.h"
-#include "runtime/hardware.h"
-#include "runtime/install_layout.h"
-#include "runtime/package_build.h"
 #include "runtime/torch_plugin.h"
 #include "storage/model_store.h"
 #include "sync/model_sync.h"
@@ -150,8 +150,8 @@ bool Interrupted(const storage::BuildRecord& b, bool daemon_running) {
 
 // The build's log: a finished build's in its cache entry, a failed one's
 // beside it; "" when there is none (yet).
-std::string BuildLogPath(const runtime::BuildCache& cache, const storage::BuildRecord& b) {
-  runtime::BuildKey key{b.artifact, b.package_model, b.device, b.fingerprint, b.options};
+std::string BuildLogPath(const compile::BuildCache& cache, const storage::BuildRecord& b) {
+  compile::BuildKey key{b.artifact, b.package_model, b.device, b.fingerprint, b.options};
   std::string path = b.state == storage::BuildState::kReady    ? cache.EntryDir(key) + "/build.log"
                      : b.state == storage::BuildState::kFailed ? cache.FailedLogPath(key)
                                                                : "";
@@ -160,7 +160,7 @@ std::string BuildLogPath(const runtime::BuildCache& cache, const storage::BuildR
 
 // The inputs and outputs of the build that serves a version here, from its
 // spec.json ({} when there is none yet).
-json Interface(const runtime::BuildCache& cache, const std::vector<storage::BuildRecord>& builds,
+json Interface(const compile::BuildCache& cache, const std::vector<storage::BuildRecord>& builds,
                const storage::ModelVersion& v, const std::string& fp);
 
 // A tensor's shape as `show` prints it: fixed dims as numbers, dynamic
@@ -185,7 +185,7 @@ std::string ShapeText(const json& t) {
   return out + "]";
 }
 
-json BuildJson(const storage::BuildRecord& b, bool daemon_running, const runtime::BuildCache& cache) {
+json BuildJson(const storage::BuildRecord& b, bool daemon_running, const compile::BuildCache& cache) {
   bool interrupted = Interrupted(b, daemon_running);
   // Auto threads as timed on this machine and recorded with the build, one
   // record per timing key (machine, most threads, batch).
@@ -238,11 +238,11 @@ std::optional<storage::BuildRecord> BuildHere(const std::vector<storage::BuildRe
   return best;
 }
 
-json Interface(const runtime::BuildCache& cache, const std::vector<storage::BuildRecord>& builds,
+json Interface(const compile::BuildCache& cache, const std::vector<storage::BuildRecord>& builds,
                const storage::ModelVersion& v, const std::string& fp) {
   auto b = BuildHere(builds, v, fp);
   if (!b || b->state != storage::BuildState::kReady) return json::object();
-  runtime::BuildKey key{b->artifact, b->package_model, b->device, b->fingerprint, b->options};
+  compile::BuildKey key{b->artifact, b->package_model, b->device, b->fingerprint, b->options};
   auto text = fs::ReadFile(cache.EntryDir(key) + "/spec.json");
   json spec = text.ok() ? ParseJsonOrDiscarded(*text) : json();
   return spec.is_object() ? spec : json::object();
@@ -281,7 +281,7 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
   }
   auto b = BuildHere(builds, v, fp);
   if (!b || b->state != storage::BuildState::kReady) return out;
-  runtime::BuildCache cache(store.CacheDir());
+  compile::BuildCache cache(store.CacheDir());
   auto entry = cache.Lookup({v.artifact, v.package_model, b->device, fp, b->options});
   if (entry.ok()) {
     json p = ParseJsonOrDiscarded(entry->package_json);
@@ -382,14 +382,14 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
     // The store may feed other machines, so the package is kept; say now
     // whether this one can run it.
     auto md = package::ReadAotiMetadata(req.file, plan->package_model);
-    runtime::HardwareInfo hw = runtime::ProbeHardware(cfg->cxx);
+    platform::HardwareInfo hw = platform::ProbeHardware(cfg->cxx);
     Status fits = md.ok() ? Status::OK() : md.status();
     if (fits.ok() && md->device_key != "cpu") {
-      (void)runtime::ProbeDevices(runtime::DeviceProbeForStore(cfg->store_path, cfg->python, cfg->worker_dir),
-                                  &hw);
+      (void)platform::ProbeDevices(
+          platform::DeviceProbeForStore(cfg->store_path, cfg->python, cfg->worker_dir), &hw);
     }
-    if (fits.ok()) fits = runtime::CheckPackageDevice(*md, hw);
-    if (fits.ok()) fits = runtime::CheckFitsMachine(*md, hw);
+    if (fits.ok()) fits = compile::CheckPackageDevice(*md, hw);
+    if (fits.ok()) fits = compile::CheckFitsMachine(*md, hw);
     if (!fits.ok()) std::cout << "warning: this machine cannot serve it: " << fits.message() << "\n";
   }
   return 0;
@@ -437,7 +437,7 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
   bool daemon_running = FindDaemon(cfg->store_path).has_value();
   auto models = (*store)->ListModels();
   if (!models.ok()) return Fail("ls", models.status());
-  std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
+  std::string fp = platform::Fingerprint(platform::ProbeHardware(cfg->cxx));
   // Served and built are told apart: a version whose newest build failed
   // may still answer with the build it had.
   std::map<std::string, std::string> served =
@@ -512,12 +512,12 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
     return Fail("show", NotFound("model '" + name + "' has no version " + std::to_string(*version) +
                                  " (versions: " + all_versions + ")"));
   }
-  std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
+  std::string fp = platform::Fingerprint(platform::ProbeHardware(cfg->cxx));
   auto events = (*store)->RecentEvents(n_events, name);
   if (!events.ok()) return Fail("show", events.status());
 
   bool daemon_running = FindDaemon(cfg->store_path).has_value();
-  runtime::BuildCache cache(cfg->store_path + "/cache");
+  compile::BuildCache cache(cfg->store_path + "/cache");
   std::set<int64_t> want = storage::WantedVersions(*model);
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
@@ -663,8 +663,8 @@ int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::
   if (std::any_of(kv.begin(), kv.end(), [](const auto& p) { return p.first == "threads"; })) {
     auto versions = (*store)->ListVersions();
     if (!versions.ok()) return Fail("set", versions.status());
-    runtime::BuildCache cache((*store)->CacheDir());
-    std::vector<runtime::CacheListing> entries = cache.List();
+    compile::BuildCache cache((*store)->CacheDir());
+    std::vector<compile::CacheListing> entries = cache.List();
     for (const auto& v : *versions) {
       if (v.model != name || (version && v.version != *version)) continue;
       // The version's builds: <cache>/<artifact>/<package model>.<device>...
@@ -717,10 +717,10 @@ int CmdRm(const GlobalFlags& g, const std::vector<std::string>& refs) {
   return 0;
 }
 
-// What each stored version needs from the cache (runtime/cache_policy.h).
-StatusOr<std::vector<runtime::CacheUser>> CacheUsers(storage::ModelStore& store) {
+// What each stored version needs from the cache (compile/cache_policy.h).
+StatusOr<std::vector<compile::CacheUser>> CacheUsers(storage::ModelStore& store) {
   ASSIGN_OR_RETURN(auto versions, store.ListVersions());
-  std::vector<runtime::CacheUser> users;
+  std::vector<compile::CacheUser> users;
   for (const auto& v : versions) {
     users.push_back({v.artifact, v.package_model, v.model + ":" + std::to_string(v.version)});
   }
@@ -729,13 +729,13 @@ StatusOr<std::vector<runtime::CacheUser>> CacheUsers(storage::ModelStore& store)
 
 // Removes (or with `dry_run` only names) the entries the policy removes,
 // one line each: "removed <what><sha>/<entry> (1.2 MB): why".
-Status PruneCache(const std::vector<runtime::CacheVerdict>& verdicts, const std::string& cache_dir,
+Status PruneCache(const std::vector<compile::CacheVerdict>& verdicts, const std::string& cache_dir,
                   bool dry_run, const char* what, int* removed, int64_t* freed) {
   for (const auto& v : verdicts) {
     if (!v.remove) continue;
     std::cout << (dry_run ? "would remove " : "removed ") << what << v.entry.dir.substr(cache_dir.size() + 1)
               << " (" << HumanSize(v.entry.bytes) << "): " << v.why << "\n";
-    if (!dry_run) RETURN_IF_ERROR(runtime::RemoveCacheEntry(v));
+    if (!dry_run) RETURN_IF_ERROR(compile::RemoveCacheEntry(v));
     *freed += v.entry.bytes;
     ++*removed;
   }
@@ -955,9 +955,9 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   // Cached builds no stored version uses, by the same rule as `cache prune`.
   auto users = CacheUsers(**store);
   if (!users.ok()) return Fail("gc", users.status());
-  runtime::BuildCache cache((*store)->CacheDir());
+  compile::BuildCache cache((*store)->CacheDir());
   auto verdicts =
-      runtime::JudgeCacheEntries(cache.List(), *users, /*fingerprint=*/"", runtime::PruneScope::kUnused);
+      compile::JudgeCacheEntries(cache.List(), *users, /*fingerprint=*/"", compile::PruneScope::kUnused);
   int cache_entries = 0;
   int64_t freed = r->bytes_freed;
   Status pruned = PruneCache(verdicts, cache.root(), dry_run, "cached build cache/", &cache_entries, &freed);
@@ -990,10 +990,10 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
   if (!store.ok()) return Fail(cmd, store.status());
   auto users = CacheUsers(**store);
   if (!users.ok()) return Fail(cmd, users.status());
-  std::string fp = runtime::Fingerprint(runtime::ProbeHardware(cfg->cxx));
-  runtime::BuildCache cache((*store)->CacheDir());
-  auto verdicts = runtime::JudgeCacheEntries(cache.List(), *users, fp,
-                                             all ? runtime::PruneScope::kAll : runtime::PruneScope::kStale);
+  std::string fp = platform::Fingerprint(platform::ProbeHardware(cfg->cxx));
+  compile::BuildCache cache((*store)->CacheDir());
+  auto verdicts = compile::JudgeCacheEntries(cache.List(), *users, fp,
+                                             all ? compile::PruneScope::kAll : compile::PruneScope::kStale);
   if (prune) {
     int64_t freed = 0;
     int removed = 0;
@@ -1010,10 +1010,10 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
                 "USED BY", "INDUCTOR OPTIONS");
   }
   for (const auto& v : verdicts) {
-    const runtime::CacheListing& e = v.entry;
+    const compile::CacheListing& e = v.entry;
     std::string used_by;
     for (const auto& name : v.used_by) used_by += (used_by.empty() ? "" : ",") + name;
-    std::string state(runtime::CacheStateName(v.state));
+    std::string state(compile::CacheStateName(v.state));
     if (as_json) {
       rows.push_back({{"dir", e.dir},
                       {"artifact", e.key.artifact},
@@ -1106,7 +1106,7 @@ int CmdEvents(const GlobalFlags& g, bool follow, const std::string& model, int l
 // network: the compiler runs inside them, with its temporary files in the
 // staging directory), and loads the model.so only after the runner's
 // seccomp filter, as a runner does.
-int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
+int RunConfinedPackageBuild(const compile::PackageBuildArgs& args) {
   runner::SandboxOptions box;
   std::string exe = fs::ExecutablePath();
   // libtorch is loaded before Landlock: the torch it found is the one the
@@ -1114,9 +1114,9 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   auto plugin = runtime::LoadTorchPlugin();
   if (!plugin.ok()) {
     std::cout << "error: " << plugin.status().message() << std::endl;
-    return runtime::kBuildExitMayPass;
+    return compile::kBuildExitMayPass;
   }
-  box.read_paths = {args.artifact, runtime::LoadedTorchDir(), exe.substr(0, exe.rfind('/')),
+  box.read_paths = {args.artifact, platform::LoadedTorchDir(), exe.substr(0, exe.rfind('/')),
                     plugin->substr(0, plugin->rfind('/'))};
   box.write_paths = {args.out};
   box.gpu = args.device != "cpu";
@@ -1124,16 +1124,16 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   std::string tmp = args.out + "/tmp";
   if (Status s = fs::MakeDirs(tmp); !s.ok()) {
     std::cout << "error: " << s.message() << std::endl;
-    return runtime::kBuildExitMayPass;
+    return compile::kBuildExitMayPass;
   }
   ::setenv("TMPDIR", tmp.c_str(), 1);
   auto landlock = runner::EnterLandlock(box);
   Status seccomp = landlock.ok() ? runner::EnterSeccomp(box, *landlock > 0) : landlock.status();
   if (!seccomp.ok()) {
     std::cout << "error: " << seccomp.message() << std::endl;
-    return runtime::kBuildExitMayPass;
+    return compile::kBuildExitMayPass;
   }
-  int exit_code = runtime::RunPackageBuild(args, [&]() -> Status {
+  int exit_code = compile::RunPackageBuild(args, [&]() -> Status {
     // libtorch first (its start-up is not the package's code), then the
     // runner's filter: no more processes.
     RETURN_IF_ERROR(runtime::LoadTorchPlugin().status());
@@ -1145,11 +1145,11 @@ int RunConfinedPackageBuild(const runtime::PackageBuildArgs& args) {
   return exit_code;
 }
 
-// `aotid internal-confine ... -- COMMAND` (runtime/confined_command.h): the
+// `aotid internal-confine ... -- COMMAND` (platform/confined_command.h): the
 // compile worker's sandbox, entered here and kept across the exec. Files as
 // the build child's (Landlock), processes allowed, no network, no
 // ptrace, no namespaces (seccomp), no new privileges, death with the daemon.
-int RunConfined(const runtime::ConfineArgs& args) {
+int RunConfined(const platform::ConfineArgs& args) {
   runner::SandboxOptions box;
   box.read_paths = args.read_paths;
   box.write_paths = args.write_paths;
@@ -1157,7 +1157,7 @@ int RunConfined(const runtime::ConfineArgs& args) {
   box.processes = true;  // Python and the compiler
   auto fail = [](const Status& s) {
     std::cout << "error: cannot confine the build: " << s.message() << std::endl;
-    return runtime::kBuildExitMayPass;
+    return compile::kBuildExitMayPass;
   };
 #ifdef __linux__
   pid_t parent = ::getppid();
@@ -1283,18 +1283,18 @@ int CmdService(const GlobalFlags& g, const std::string& action, ServiceScope sco
 }
 
 int RunCli(int argc, char** argv) {
-  // The build child the daemon runs (runtime/package_build.h); not for people.
-  if (argc >= 2 && std::string_view(argv[1]) == runtime::kPackageBuildCommand) {
-    auto args = runtime::ParsePackageBuildArgs(std::vector<std::string>(argv + 2, argv + argc));
+  // The build child the daemon runs (compile/package_build.h); not for people.
+  if (argc >= 2 && std::string_view(argv[1]) == compile::kPackageBuildCommand) {
+    auto args = compile::ParsePackageBuildArgs(std::vector<std::string>(argv + 2, argv + argc));
     if (!args.ok()) {
       std::cerr << args.status().message() << "\n";
       return 2;
     }
     return RunConfinedPackageBuild(*args);
   }
-  // The compile worker's sandbox (runtime/confined_command.h); not for people.
-  if (argc >= 2 && std::string_view(argv[1]) == runtime::kConfineCommand) {
-    auto args = runtime::ParseConfineArgs(std::vector<std::string>(argv + 2, argv + argc));
+  // The compile worker's sandbox (platform/confined_command.h); not for people.
+  if (argc >= 2 && std::string_view(argv[1]) == platform::kConfineCommand) {
+    auto args = platform::ParseConfineArgs(std::vector<std::string>(argv + 2, argv + argc));
     if (!args.ok()) {
       std::cerr << args.status().message() << "\n";
       return 2;

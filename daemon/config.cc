@@ -13,7 +13,7 @@
 
 #include "base/fs.h"
 #include "base/log.h"
-#include "runtime/install_layout.h"
+#include "platform/install_layout.h"
 #include "storage/model_store.h"
 #include "sync/registry.h"
 
@@ -272,8 +272,8 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
 void ResolveDefaults(Config* c) {
   if (c->store_path.empty()) c->store_path = fs::DefaultStoreDir();
   c->store_path = fs::ExpandHome(c->store_path);
-  if (c->python.empty()) c->python = runtime::DefaultPython();
-  if (c->worker_dir.empty()) c->worker_dir = runtime::DefaultWorkerDir();
+  if (c->python.empty()) c->python = platform::DefaultPython();
+  if (c->worker_dir.empty()) c->worker_dir = platform::DefaultWorkerDir();
   if (!c->token_file.empty()) c->token_file = fs::ExpandHome(c->token_file);
 }
 

@@ -24,8 +24,8 @@ struct Config {
   std::string token_file;         // empty: no token required
   int max_queued_requests = 256;  // per batched model version; more get 503
   // [build]
-  std::string python;      // when empty, found beside aotid (runtime/install_layout.h)
-  std::string worker_dir;  // when empty, found beside aotid (runtime/install_layout.h)
+  std::string python;      // when empty, found beside aotid (platform/install_layout.h)
+  std::string worker_dir;  // when empty, found beside aotid (platform/install_layout.h)
   int build_jobs = 1;
   int build_timeout_s = 1800;
   int build_retry_initial_s = 10;  // first wait before retrying a build that may pass; doubles each time

@@ -11,11 +11,11 @@
 #include "base/fs.h"
 #include "base/shell.h"
 #include "daemon/daemon_lock.h"
+#include "platform/device_probe.h"
+#include "platform/hardware.h"
+#include "platform/torch_version.h"
 #include "runner/sandbox.h"
-#include "runtime/device_probe.h"
-#include "runtime/hardware.h"
 #include "runtime/torch_plugin.h"
-#include "runtime/torch_version.h"
 #include "storage/model_store.h"
 
 namespace aotid::daemon {
@@ -42,7 +42,7 @@ struct Report {
 
 int RunDoctor(const Config& config) {
   Report r;
-  runtime::HardwareInfo hw = runtime::ProbeHardware(config.cxx);
+  platform::HardwareInfo hw = platform::ProbeHardware(config.cxx);
   std::printf("machine\n");
   r.Info("os / arch", hw.os + " / " + hw.arch);
   r.Info("cpu", hw.cpu_model.empty() ? "(unknown)" : hw.cpu_model);
@@ -54,15 +54,15 @@ int RunDoctor(const Config& config) {
   r.Info("memory", std::to_string(hw.memory_bytes / (1024 * 1024)) + " MiB");
   // Asked afresh (the answer the daemon keeps is replaced): doctor is
   // where a changed driver or torch is looked into.
-  runtime::DeviceProbeOptions probe =
-      runtime::DeviceProbeForStore(config.store_path, config.python, config.worker_dir);
+  platform::DeviceProbeOptions probe =
+      platform::DeviceProbeForStore(config.store_path, config.python, config.worker_dir);
   probe.refresh = true;
-  runtime::DeviceProbeReport devices = runtime::ProbeDevices(probe, &hw);
+  platform::DeviceProbeReport devices = platform::ProbeDevices(probe, &hw);
   for (const auto& a : hw.accelerators) r.Info("accelerator", a);
   r.Info("devices from", devices.note);
-  r.Info("device auto", runtime::AutoDevice(hw));
+  r.Info("device auto", platform::AutoDevice(hw));
   r.Info("torch", hw.torch_version);
-  r.Info("fingerprint", runtime::Fingerprint(hw));
+  r.Info("fingerprint", platform::Fingerprint(hw));
   std::printf("\nchecks\n");
 
   if (hw.compiler.empty()) {
@@ -87,12 +87,12 @@ int RunDoctor(const Config& config) {
             ? config.python + " cannot be run by this user: " + real + " is closed to it"
             : config.python + " cannot import torch";
     r.Fail("python", why,
-           "set build.python to a Python with torch==" + std::string(runtime::kTorchVersion) +
+           "set build.python to a Python with torch==" + std::string(platform::kTorchVersion) +
                " that this user can run (the venv aotid was installed into has one)");
-  } else if (torch != runtime::kTorchVersion) {
+  } else if (torch != platform::kTorchVersion) {
     r.Fail("python",
-           config.python + " has torch " + torch + ", aotid was built against " + runtime::kTorchVersion,
-           "point build.python at a Python with torch " + std::string(runtime::kTorchVersion) +
+           config.python + " has torch " + torch + ", aotid was built against " + platform::kTorchVersion,
+           "point build.python at a Python with torch " + std::string(platform::kTorchVersion) +
                ", or rebuild aotid against " + torch);
   } else {
     r.Ok("python", config.python + " (torch " + torch + ")");

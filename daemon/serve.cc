@@ -27,9 +27,9 @@
 #include "daemon/daemon_lock.h"
 #include "daemon/service_manager.h"
 #include "http/host.h"
-#include "runtime/device_probe.h"
-#include "runtime/hardware.h"
-#include "runtime/torch_version.h"
+#include "platform/device_probe.h"
+#include "platform/hardware.h"
+#include "platform/torch_version.h"
 #include "serving/http_api.h"
 
 namespace aotid::daemon {
@@ -178,7 +178,7 @@ struct ServiceStatus {
 StatusOr<std::string> ReadToken(const std::string& path);
 
 // The reconciler's limits from the config (at start and at each reload).
-void SetLimits(const Config& config, const runtime::HardwareInfo& hw, control::ReconcilerOptions* o) {
+void SetLimits(const Config& config, const platform::HardwareInfo& hw, control::ReconcilerOptions* o) {
   o->max_queued_requests = config.max_queued_requests;
   o->retry_initial_ms = config.build_retry_initial_s * 1000;
   o->max_attempts = config.build_max_attempts;
@@ -195,11 +195,11 @@ struct Reload {
   std::function<StatusOr<Config>()> load;
   Config current;
   std::string current_token;
-  runtime::HardwareInfo hw;
+  platform::HardwareInfo hw;
   ServiceManager* manager = nullptr;
   storage::ModelStore* store = nullptr;
   serving::HttpApi* http = nullptr;
-  runtime::Builder* builder = nullptr;
+  compile::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
   sync::Syncer* syncer = nullptr;
 
@@ -310,7 +310,7 @@ struct Shutdown {
   control::UvLoop* timers = nullptr;
   control::StoreWatch* watch = nullptr;
   serving::HttpApi* http = nullptr;
-  runtime::Builder* builder = nullptr;
+  compile::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
   control::ThreadPoolLoader* loader = nullptr;
   bool started = false;
@@ -420,22 +420,22 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   if (!lock.ok()) return fail(lock.status());
   RecordRecovery(store->get());
 
-  runtime::HardwareInfo hw = runtime::ProbeHardware(config.cxx);
-  std::string fingerprint = runtime::Fingerprint(hw);
+  platform::HardwareInfo hw = platform::ProbeHardware(config.cxx);
+  std::string fingerprint = platform::Fingerprint(hw);
   LOG_INFO << "aotid " << AOTID_VERSION << " store " << config.store_path << " config " << config.source;
   LOG_INFO << "hardware " << fingerprint << " (" << hw.cpu_model << ", " << hw.cores << " cores)";
 
-  runtime::BuildCache cache(config.store_path + "/cache");
+  compile::BuildCache cache(config.store_path + "/cache");
   // Builds of a daemon that was killed: their compilers may still run.
-  if (int n = runtime::KillLeftoverBuilds(config.store_path + "/cache/.staging"); n > 0) {
+  if (int n = compile::KillLeftoverBuilds(config.store_path + "/cache/.staging"); n > 0) {
     LOG_WARNING << "killed " << n << " process" << (n == 1 ? "" : "es")
                 << " left by an earlier daemon's builds";
   }
   if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
   // Which accelerators torch can use here: kept beside the builds, so only
   // a first start (or one after torch or the machine changed) runs Python.
-  runtime::DeviceProbeReport devices = runtime::ProbeDevices(
-      runtime::DeviceProbeForStore(config.store_path, config.python, config.worker_dir), &hw);
+  platform::DeviceProbeReport devices = platform::ProbeDevices(
+      platform::DeviceProbeForStore(config.store_path, config.python, config.worker_dir), &hw);
   std::string accelerators;
   for (const auto& a : hw.accelerators) accelerators += (accelerators.empty() ? "" : "; ") + a;
   if (devices.status.ok()) {
@@ -462,15 +462,15 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
            /*overwrite=*/0);
   uv_loop_t loop;
   uv_loop_init(&loop);
-  runtime::BuilderOptions bopts;
+  compile::BuilderOptions bopts;
   bopts.python = config.python;
   bopts.worker_dir = config.worker_dir;
-  bopts.torch_version = runtime::kTorchVersion;
+  bopts.torch_version = platform::kTorchVersion;
   bopts.jobs = config.build_jobs;
   bopts.timeout_s = config.build_timeout_s;
   bopts.self_exe = SelfExe();
   bopts.cxx = config.cxx;
-  runtime::Builder builder(&loop, &cache, bopts);
+  compile::Builder builder(&loop, &cache, bopts);
   serving::ModelRegistry registry;
   serving::Metrics metrics;
   control::ReconcilerOptions ropts;

@@ -16,7 +16,7 @@
 
 #include "base/fs.h"
 #include "daemon/api_client.h"
-#include "runtime/install_layout.h"
+#include "platform/install_layout.h"
 #include "runtime/torch_plugin.h"
 
 extern char** environ;
@@ -205,7 +205,7 @@ ServiceHost ServiceHost::Detect(const Config& config) {
   // Under sudo, a launch daemon runs as the user who asked for it.
   if (const char* sudo_user = std::getenv("SUDO_USER"); h.uid == 0 && sudo_user && *sudo_user)
     h.user = sudo_user;
-  for (const auto& p : runtime::PluginCandidates()) {
+  for (const auto& p : platform::PluginCandidates()) {
     if (fs::Exists(p)) {
       h.reads.push_back(p);
       break;
@@ -215,7 +215,7 @@ ServiceHost ServiceHost::Detect(const Config& config) {
   h.reads.push_back(Which(config.python));
   // torch, where the plugin finds it (its start-up, once).
   if (runtime::LoadTorchPlugin().ok()) {
-    if (std::string torch = runtime::LoadedTorchDir(); !torch.empty()) {
+    if (std::string torch = platform::LoadedTorchDir(); !torch.empty()) {
       h.reads.push_back(torch);
       // The libraries the runners and builds load, each readable.
       std::error_code ec;

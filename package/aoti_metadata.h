@@ -9,7 +9,7 @@
 //                                                     model's inputs and outputs
 //
 // Whether the package fits a machine, and building it, are runtime's
-// (runtime/aoti_build.h).
+// (compile/aoti_build.h).
 #pragma once
 
 #include <string>

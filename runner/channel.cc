@@ -122,7 +122,7 @@ void Slot::Trim(uint64_t used) {
 #endif
 }
 
-StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<runtime::HostTensor>& tensors) {
+StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<model::HostTensor>& tensors) {
   const uint64_t start = sizeof(SlotHeader);
   uint64_t table = start + sizeof(MessageHead);
   uint64_t cursor = AlignUp(table + tensors.size() * sizeof(TensorDesc));
@@ -163,8 +163,8 @@ StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<runtime::Hos
   return cursor - start;
 }
 
-StatusOr<std::vector<runtime::HostTensor>> ReadTensors(const Slot& slot, uint64_t payload_bytes,
-                                                       size_t max_tensors) {
+StatusOr<std::vector<model::HostTensor>> ReadTensors(const Slot& slot, uint64_t payload_bytes,
+                                                     size_t max_tensors) {
   const uint64_t start = sizeof(SlotHeader);
   const uint64_t size = slot.size();
   auto bad = [](const std::string& what) { return Internal("malformed runner message: " + what); };
@@ -180,19 +180,19 @@ StatusOr<std::vector<runtime::HostTensor>> ReadTensors(const Slot& slot, uint64_
   const uint64_t table = start + sizeof(MessageHead);
   if (table + uint64_t{head.count} * sizeof(TensorDesc) > end) return bad("its tensor table is cut short");
   auto within = [&](uint64_t off, uint64_t len) { return off >= start && off <= end && len <= end - off; };
-  std::vector<runtime::HostTensor> out(head.count);
+  std::vector<model::HostTensor> out(head.count);
   for (uint32_t i = 0; i < head.count; ++i) {
     TensorDesc d;
     std::memcpy(&d, base + table + i * sizeof(TensorDesc), sizeof(d));
     auto& t = out[i];
-    if (d.dtype > static_cast<uint32_t>(runtime::DType::kFloat64)) return bad("unknown datatype");
+    if (d.dtype > static_cast<uint32_t>(model::DType::kFloat64)) return bad("unknown datatype");
     if (d.rank > kMaxRank) return bad("rank out of range");
-    t.dtype = static_cast<runtime::DType>(d.dtype);
+    t.dtype = static_cast<model::DType>(d.dtype);
     t.shape.assign(d.dims, d.dims + d.rank);
-    int64_t n = runtime::NumElements(t.shape);
+    int64_t n = model::NumElements(t.shape);
     if (n < 0) return bad("a negative or overflowing shape");
-    if (static_cast<uint64_t>(n) > size / runtime::DTypeSize(t.dtype) ||
-        static_cast<uint64_t>(n) * runtime::DTypeSize(t.dtype) != d.data_bytes) {
+    if (static_cast<uint64_t>(n) > size / model::DTypeSize(t.dtype) ||
+        static_cast<uint64_t>(n) * model::DTypeSize(t.dtype) != d.data_bytes) {
       return bad("tensor " + std::to_string(i) + "'s bytes do not match its shape");
     }
     if (d.name_bytes > kMaxName || !within(d.name_offset, d.name_bytes)) return bad("a name out of bounds");

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "runtime/tensor.h"
+#include "model/tensor.h"
 
 namespace aotid::runner {
 
@@ -87,11 +87,11 @@ class Slot {
 
 // Writes `tensors` as the slot's message (after the header); the bytes it
 // took, or ResourceExhausted when they do not fit.
-StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<runtime::HostTensor>& tensors);
+StatusOr<uint64_t> WriteTensors(const Slot& slot, const std::vector<model::HostTensor>& tensors);
 // Reads a message WriteTensors wrote, checking every field against the
 // slot's bounds; at most `max_tensors` tensors.
-StatusOr<std::vector<runtime::HostTensor>> ReadTensors(const Slot& slot, uint64_t payload_bytes,
-                                                       size_t max_tensors);
+StatusOr<std::vector<model::HostTensor>> ReadTensors(const Slot& slot, uint64_t payload_bytes,
+                                                     size_t max_tensors);
 // An error message as a response's payload, and back (bounded by the slot).
 uint64_t WriteText(const Slot& slot, const std::string& text);
 std::string ReadText(const Slot& slot, uint64_t payload_bytes);

@@ -13,9 +13,9 @@
 
 #include "base/fs.h"
 #include "base/memory.h"
+#include "model/loaded_model.h"
 #include "runner/channel.h"
 #include "runner/sandbox.h"
-#include "runtime/loaded_model.h"
 #include "runtime/thread_choice.h"
 #include "runtime/torch_plugin.h"
 
@@ -60,15 +60,15 @@ std::string WithoutBacktrace(std::string text) {
 }
 
 // Runs the request in `slot`; the response's payload bytes, or why not.
-StatusOr<uint64_t> Handle(runtime::LoadedModel& model, const Slot& slot, size_t max_inputs) {
+StatusOr<uint64_t> Handle(model::LoadedModel& model, const Slot& slot, size_t max_inputs) {
   const SlotHeader* h = slot.header();
   if (h->command != kRun) return Internal("unknown command " + std::to_string(h->command));
   ASSIGN_OR_RETURN(auto inputs, ReadTensors(slot, h->payload_bytes, max_inputs));
-  ASSIGN_OR_RETURN(auto outputs, model.Infer(inputs, runtime::RunContext{}));
+  ASSIGN_OR_RETURN(auto outputs, model.Infer(inputs, model::RunContext{}));
   return WriteTensors(slot, outputs);
 }
 
-void Serve(runtime::LoadedModel* model, Slot* slot) {
+void Serve(model::LoadedModel* model, Slot* slot) {
   SlotHeader* h = slot->header();
   const size_t max_inputs = model->spec().inputs.size();
   // One spin per wait for a request, from the last response on (the wait
@@ -187,7 +187,7 @@ int RunRunner(const RunnerArgs& args) {
   }
   auto spec_text = fs::ReadFile(args.entry_dir + "/spec.json");
   if (!spec_text.ok()) return FailStart(spec_text.status());
-  auto spec = runtime::ModelSpec::FromJson(*spec_text);
+  auto spec = model::ModelSpec::FromJson(*spec_text);
   if (!spec.ok()) return FailStart(spec.status().WithContext(args.entry_dir + "/spec.json"));
 
   // The machine's load, watched while the threads are timed: /proc is
@@ -200,7 +200,7 @@ int RunRunner(const RunnerArgs& args) {
   auto report = EnterSandbox(sandbox);
   if (!report.ok()) return FailStart(report.status());
 
-  runtime::CacheEntry entry;
+  model::CacheEntry entry;
   entry.dir = args.entry_dir;
   entry.so_path = args.entry_dir + "/model.so";
   entry.spec = *spec;
@@ -210,7 +210,7 @@ int RunRunner(const RunnerArgs& args) {
   load.threads = args.threads;
   auto loaded = runtime::LoadCompiledModel(entry, load);
   if (!loaded.ok()) return FailStart(loaded.status());
-  std::unique_ptr<runtime::LoadedModel> model = std::move(loaded).value();
+  std::unique_ptr<model::LoadedModel> model = std::move(loaded).value();
 
   int threads = args.threads;
   std::string note = "-";

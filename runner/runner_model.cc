@@ -93,10 +93,10 @@ void CloseFd(int* fd) {
 
 }  // namespace
 
-RunnerModel::RunnerModel(const runtime::CacheEntry& entry, RunnerOptions options)
+RunnerModel::RunnerModel(const model::CacheEntry& entry, RunnerOptions options)
     : spec_(entry.spec), entry_dir_(entry.dir), options_(std::move(options)) {}
 
-StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const runtime::CacheEntry& entry,
+StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const model::CacheEntry& entry,
                                                           RunnerOptions options) {
   if (options.self_exe.empty())
     return FailedPrecondition("no aotid binary to run " + options.label + "'s runner with");
@@ -500,8 +500,8 @@ void RunnerModel::KillForDeadline(uint64_t generation) {
   if (pid > 0) ::kill(pid, SIGKILL);
 }
 
-StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<runtime::HostTensor>& inputs,
-                                                              const runtime::RunContext& ctx) {
+StatusOr<std::vector<model::HostTensor>> RunnerModel::Infer(const std::vector<model::HostTensor>& inputs,
+                                                            const model::RunContext& ctx) {
   using Clock = std::chrono::steady_clock;
   const bool timed = options_.run_timeout_ms > 0;
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.run_timeout_ms);
@@ -539,7 +539,7 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
     }
   } release{this, index};
 
-  if (ctx.cancelled && ctx.cancelled()) return Cancelled(runtime::kClientGone);
+  if (ctx.cancelled && ctx.cancelled()) return Cancelled(model::kClientGone);
   Slot& slot = slots_[static_cast<size_t>(index)];
   SlotHeader* h = slot.header();
   ASSIGN_OR_RETURN(uint64_t written, WriteTensors(slot, inputs));
@@ -566,7 +566,7 @@ StatusOr<std::vector<runtime::HostTensor>> RunnerModel::Infer(const std::vector<
   // Copied once: the runner may still write the slot.
   const uint32_t code = h->status;
   const uint64_t payload = h->payload_bytes;
-  StatusOr<std::vector<runtime::HostTensor>> result = Internal("unset");
+  StatusOr<std::vector<model::HostTensor>> result = Internal("unset");
   if (code != 0) {
     StatusCode c = code <= static_cast<uint32_t>(StatusCode::kLast) ? static_cast<StatusCode>(code)
                                                                     : StatusCode::kInternal;

@@ -37,9 +37,10 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "model/cache_entry.h"
+#include "model/loaded_model.h"
 #include "runner/channel.h"
-#include "runtime/build_cache.h"
-#include "runtime/loaded_model.h"
+#include "runtime/torch_plugin.h"
 
 namespace aotid::runner {
 
@@ -67,20 +68,19 @@ struct RunnerOptions {
   std::function<void(const RunnerEvent&)> on_event;
 };
 
-class RunnerModel final : public runtime::LoadedModel {
+class RunnerModel final : public model::LoadedModel {
  public:
   // Starts the runner and waits until it has loaded the model (or failed
   // to: its message, e.g. a load error from torch).
-  static StatusOr<std::unique_ptr<RunnerModel>> Start(const runtime::CacheEntry& entry,
-                                                      RunnerOptions options);
+  static StatusOr<std::unique_ptr<RunnerModel>> Start(const model::CacheEntry& entry, RunnerOptions options);
   ~RunnerModel() override;
   RunnerModel(const RunnerModel&) = delete;
   RunnerModel& operator=(const RunnerModel&) = delete;
 
-  const runtime::ModelSpec& spec() const override { return spec_; }
+  const model::ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return options_.load.device; }
-  StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>& inputs,
-                                                   const runtime::RunContext& ctx) override;
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>& inputs,
+                                                 const model::RunContext& ctx) override;
 
   // Threads per run, as the runner chose them, and how ("" when not chosen).
   int threads() const { return threads_; }
@@ -103,7 +103,7 @@ class RunnerModel final : public runtime::LoadedModel {
     bool threads_settled = false;
   };
 
-  RunnerModel(const runtime::CacheEntry& entry, RunnerOptions options);
+  RunnerModel(const model::CacheEntry& entry, RunnerOptions options);
   // Starts a runner process and waits for its reply.
   StatusOr<Process> Spawn(int threads, int64_t choose_threads_at_batch);
   void Supervise();
@@ -125,7 +125,7 @@ class RunnerModel final : public runtime::LoadedModel {
   // Waits up to `ms` unless the model is being destroyed; false when it is.
   bool Pause(int64_t ms);
 
-  const runtime::ModelSpec spec_;
+  const model::ModelSpec spec_;
   const std::string entry_dir_;
   const RunnerOptions options_;
   std::vector<Slot> slots_;  // fixed after Start

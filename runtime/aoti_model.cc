@@ -13,7 +13,7 @@
 #include <filesystem>
 
 #include "base/mutex.h"
-#include "runtime/loaded_model.h"
+#include "model/loaded_model.h"
 #include "runtime/torch_plugin.h"
 
 namespace aotid::runtime {
@@ -43,25 +43,26 @@ SetThreadsFn OmpSetNumThreads() {
   return fn;
 }
 
-at::ScalarType ToScalarType(DType d) {
+at::ScalarType ToScalarType(model::DType d) {
   switch (d) {
-    case DType::kBool: return at::kBool;
-    case DType::kUInt8: return at::kByte;
-    case DType::kInt8: return at::kChar;
-    case DType::kInt16: return at::kShort;
-    case DType::kInt32: return at::kInt;
-    case DType::kInt64: return at::kLong;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat32: return at::kFloat;
-    case DType::kFloat64: return at::kDouble;
+    case model::DType::kBool: return at::kBool;
+    case model::DType::kUInt8: return at::kByte;
+    case model::DType::kInt8: return at::kChar;
+    case model::DType::kInt16: return at::kShort;
+    case model::DType::kInt32: return at::kInt;
+    case model::DType::kInt64: return at::kLong;
+    case model::DType::kFloat16: return at::kHalf;
+    case model::DType::kBFloat16: return at::kBFloat16;
+    case model::DType::kFloat32: return at::kFloat;
+    case model::DType::kFloat64: return at::kDouble;
   }
   return at::kFloat;
 }
 
-StatusOr<DType> FromScalarType(at::ScalarType t) {
-  for (DType d : {DType::kBool, DType::kUInt8, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
-                  DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+StatusOr<model::DType> FromScalarType(at::ScalarType t) {
+  for (model::DType d : {model::DType::kBool, model::DType::kUInt8, model::DType::kInt8, model::DType::kInt16,
+                         model::DType::kInt32, model::DType::kInt64, model::DType::kFloat16,
+                         model::DType::kBFloat16, model::DType::kFloat32, model::DType::kFloat64}) {
     if (ToScalarType(d) == t) return d;
   }
   return InvalidArgument(std::string("model produced unsupported dtype ") + c10::toString(t));
@@ -88,9 +89,9 @@ StatusOr<c10::Device> TensorDevice(const std::string& key) {
   }
 }
 
-class AotiModel final : public LoadedModel {
+class AotiModel final : public model::LoadedModel {
  public:
-  AotiModel(std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner, ModelSpec spec,
+  AotiModel(std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner, model::ModelSpec spec,
             std::string device, c10::Device tensor_device, int threads)
       : runner_(std::move(runner)),
         spec_(std::move(spec)),
@@ -98,7 +99,7 @@ class AotiModel final : public LoadedModel {
         tensor_device_(tensor_device),
         threads_(threads) {}
 
-  const ModelSpec& spec() const override { return spec_; }
+  const model::ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
   bool SetThreads(int threads) override {
     if (OmpSetNumThreads() == nullptr) return false;
@@ -106,11 +107,12 @@ class AotiModel final : public LoadedModel {
     return true;
   }
 
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs, const RunContext&) override {
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>& inputs,
+                                                 const model::RunContext&) override {
     try {
       std::vector<at::Tensor> args;
       args.reserve(inputs.size());
-      for (const HostTensor& t : inputs) {
+      for (const model::HostTensor& t : inputs) {
         // The runner does not write its inputs; from_blob avoids a copy on
         // the CPU. A device model was compiled for inputs on its device
         // (its generated code reads them there): one copy each, here.
@@ -128,10 +130,10 @@ class AotiModel final : public LoadedModel {
         return Internal("model returned " + std::to_string(outs.size()) + " outputs, its spec declares " +
                         std::to_string(spec_.outputs.size()));
       }
-      std::vector<HostTensor> result(outs.size());
+      std::vector<model::HostTensor> result(outs.size());
       for (size_t i = 0; i < outs.size(); ++i) {
         const at::Tensor& o = outs[i];
-        HostTensor& h = result[i];
+        model::HostTensor& h = result[i];
         h.name = spec_.outputs.empty() ? "output" + std::to_string(i) : spec_.outputs[i].name;
         ASSIGN_OR_RETURN(h.dtype, FromScalarType(o.scalar_type()));
         h.shape.assign(o.sizes().begin(), o.sizes().end());
@@ -157,7 +159,7 @@ class AotiModel final : public LoadedModel {
 
  private:
   std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner_;
-  ModelSpec spec_;
+  model::ModelSpec spec_;
   std::string device_;         // the runner's key: cpu, cuda, mps
   c10::Device tensor_device_;  // where the model takes its inputs and leaves its outputs
   std::atomic<int> threads_;
@@ -203,7 +205,8 @@ int64_t ReleaseLibraryPages(const std::string& so_path) {
 #endif
 }
 
-StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, const LoadOptions& options) {
+StatusOr<std::unique_ptr<model::LoadedModel>> LoadInPlugin(const model::CacheEntry& entry,
+                                                           const LoadOptions& options) {
   // Loads take turns: they are rare and short, and one at a time keeps
   // torch's runner registry and dlopen of model code simple to reason about.
   static Mutex load_mutex;
@@ -224,7 +227,7 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, con
         it->second(entry.so_path, static_cast<size_t>(std::max(1, options.num_runners)), options.device,
                    /*bin_dir=*/entry.dir, /*run_single_threaded=*/false);
     (void)ReleaseLibraryPages(entry.so_path);
-    return std::unique_ptr<LoadedModel>(
+    return std::unique_ptr<model::LoadedModel>(
         new AotiModel(std::move(runner), entry.spec, options.device, tensor_device, options.threads));
   } catch (const c10::Error& e) {
     return Internal("loading " + entry.so_path + ": " + e.what_without_backtrace());
@@ -236,9 +239,8 @@ StatusOr<std::unique_ptr<LoadedModel>> LoadInPlugin(const CacheEntry& entry, con
 }  // namespace aotid::runtime
 
 // The entry point runtime/torch_plugin.cc looks up.
-extern "C" __attribute__((visibility("default")))
-aotid::StatusOr<std::unique_ptr<aotid::runtime::LoadedModel>>
-aotid_torch_load_v2(const aotid::runtime::CacheEntry& entry, const aotid::runtime::LoadOptions& options) {
+extern "C" __attribute__((visibility("default"))) aotid::StatusOr<std::unique_ptr<aotid::model::LoadedModel>>
+aotid_torch_load_v2(const aotid::model::CacheEntry& entry, const aotid::runtime::LoadOptions& options) {
   static_assert(std::is_same_v<decltype(&aotid_torch_load_v2), aotid::runtime::LoadCompiledModelFn>);
   return aotid::runtime::LoadInPlugin(entry, options);
 }

@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 // million tokens is timed at sqrt(min * 4096), not at sqrt(min * 1e6).
 constexpr int64_t kTypicalCap = 4096;
 
-int64_t Middle(const DimRange& r) {
+int64_t Middle(const model::DimRange& r) {
   double lo = static_cast<double>(std::max<int64_t>(r.min, 1));
   double hi = static_cast<double>(std::max<int64_t>(std::min(r.max, kTypicalCap), 1));
   return static_cast<int64_t>(std::llround(std::sqrt(lo * std::max(lo, hi))));
@@ -34,13 +34,13 @@ void Fill(std::vector<std::byte>& data, int64_t value) {
     std::memcpy(&data[off], &v, sizeof(T));
 }
 
-void FillWith(HostTensor& t, int64_t value) {
+void FillWith(model::HostTensor& t, int64_t value) {
   switch (t.dtype) {
-    case DType::kUInt8: return Fill<uint8_t>(t.data, value);
-    case DType::kInt8: return Fill<int8_t>(t.data, value);
-    case DType::kInt16: return Fill<int16_t>(t.data, value);
-    case DType::kInt32: return Fill<int32_t>(t.data, value);
-    case DType::kInt64: return Fill<int64_t>(t.data, value);
+    case model::DType::kUInt8: return Fill<uint8_t>(t.data, value);
+    case model::DType::kInt8: return Fill<int8_t>(t.data, value);
+    case model::DType::kInt16: return Fill<int16_t>(t.data, value);
+    case model::DType::kInt32: return Fill<int32_t>(t.data, value);
+    case model::DType::kInt64: return Fill<int64_t>(t.data, value);
     default: return;
   }
 }
@@ -134,7 +134,7 @@ struct Timing {
   double cpu_one = -1;  // CPU seconds of a run on one thread; -1 unknown
 };
 
-Timing TimeOnce(LoadedModel& model, int most, const std::vector<HostTensor>& inputs,
+Timing TimeOnce(model::LoadedModel& model, int most, const std::vector<model::HostTensor>& inputs,
                 const std::function<double()>& clock, const std::function<double()>& cpu_clock,
                 const std::string& at) {
   Timing t;
@@ -206,11 +206,11 @@ std::unique_ptr<BusyMeter> OpenSystemBusyMeter() {
   return std::make_unique<ProcStatMeter>(fd);
 }
 
-std::vector<HostTensor> SampleInputs(const ModelSpec& spec, int64_t batch) {
+std::vector<model::HostTensor> SampleInputs(const model::ModelSpec& spec, int64_t batch) {
   std::map<std::string, int64_t> sizes;  // by symbol: shared dims agree
-  std::vector<HostTensor> inputs;
-  for (const TensorSpec& s : spec.inputs) {
-    HostTensor t;
+  std::vector<model::HostTensor> inputs;
+  for (const model::TensorSpec& s : spec.inputs) {
+    model::HostTensor t;
     t.name = s.name;
     t.dtype = s.dtype;
     for (size_t d = 0; d < s.shape.size(); ++d) {
@@ -218,7 +218,7 @@ std::vector<HostTensor> SampleInputs(const ModelSpec& spec, int64_t batch) {
         t.shape.push_back(s.shape[d]);
         continue;
       }
-      const std::optional<DimRange>* r = d < s.dims.size() ? &s.dims[d] : nullptr;
+      const std::optional<model::DimRange>* r = d < s.dims.size() ? &s.dims[d] : nullptr;
       if (r && *r && !(*r)->symbol.empty()) {
         if (auto it = sizes.find((*r)->symbol); it != sizes.end()) {
           t.shape.push_back(it->second);
@@ -233,7 +233,7 @@ std::vector<HostTensor> SampleInputs(const ModelSpec& spec, int64_t batch) {
       }
       t.shape.push_back(size);
     }
-    t.data.assign(static_cast<size_t>(std::max<int64_t>(0, t.num_elements())) * DTypeSize(t.dtype),
+    t.data.assign(static_cast<size_t>(std::max<int64_t>(0, t.num_elements())) * model::DTypeSize(t.dtype),
                   std::byte{0});
     if (s.values && s.values->min > 0) FillWith(t, s.values->min);
     inputs.push_back(std::move(t));
@@ -241,10 +241,10 @@ std::vector<HostTensor> SampleInputs(const ModelSpec& spec, int64_t batch) {
   return inputs;
 }
 
-ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const ChooseOptions& options) {
+ThreadChoice ChooseThreads(model::LoadedModel& model, int most, int64_t batch, const ChooseOptions& options) {
   ThreadChoice choice{std::max(1, most), "", false};
   if (most <= 1 || !model.SetThreads(most)) return choice;
-  std::vector<HostTensor> inputs = SampleInputs(model.spec(), std::max<int64_t>(1, batch));
+  std::vector<model::HostTensor> inputs = SampleInputs(model.spec(), std::max<int64_t>(1, batch));
   std::string at = inputs.empty() ? "no inputs" : Shape(inputs[0].shape);
   auto clock = [&] {
     return options.now ? options.now()

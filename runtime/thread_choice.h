@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/loaded_model.h"
+#include "model/loaded_model.h"
 
 namespace aotid::runtime {
 
@@ -57,7 +57,7 @@ struct ThreadChoice {
 // range (sqrt(min * max), max capped at 4096), each within its range and
 // one size per shared symbol. Integer inputs hold their smallest allowed
 // value.
-std::vector<HostTensor> SampleInputs(const ModelSpec& spec, int64_t batch);
+std::vector<model::HostTensor> SampleInputs(const model::ModelSpec& spec, int64_t batch);
 
 struct ChooseOptions {
   std::function<double()> now;        // seconds; the steady clock when empty
@@ -75,6 +75,7 @@ struct ChooseOptions {
 // take the sample (its run fails) keeps `most` too, unsettled. When the
 // machine stays busy through every attempt, a model whose run takes under
 // 1 ms of CPU gets one thread, unsettled.
-ThreadChoice ChooseThreads(LoadedModel& model, int most, int64_t batch, const ChooseOptions& options = {});
+ThreadChoice ChooseThreads(model::LoadedModel& model, int most, int64_t batch,
+                           const ChooseOptions& options = {});
 
 }  // namespace aotid::runtime

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/fs.h"
-#include "runtime/install_layout.h"
+#include "platform/install_layout.h"
 
 namespace aotid::runtime {
 namespace {
@@ -23,7 +23,7 @@ StatusOr<LoadCompiledModelFn> Resolve() {
   if (const char* env = std::getenv("AOTID_TORCH_PLUGIN"); env && *env) {
     candidates.push_back(env);
   } else {
-    candidates = PluginCandidates();
+    candidates = platform::PluginCandidates();
   }
   std::string tried;
   for (const auto& path : candidates) {
@@ -72,7 +72,8 @@ StatusOr<std::string> LoadTorchPlugin() {
   return g_path;
 }
 
-StatusOr<std::unique_ptr<LoadedModel>> LoadCompiledModel(const CacheEntry& entry, const LoadOptions& options) {
+StatusOr<std::unique_ptr<model::LoadedModel>> LoadCompiledModel(const model::CacheEntry& entry,
+                                                                const LoadOptions& options) {
   const auto& fn = Plugin();
   if (!fn.ok()) return fn.status();
   return (*fn)(entry, options);

@@ -19,15 +19,18 @@ import sys
 # with C++ code is here; a new one must be placed before it builds.
 LAYERS = {
     "daemon": ["control", "sync"],
-    "control": ["serving", "runner"],
+    "control": ["serving", "runner", "compile"],
     "sync": ["http", "storage"],
-    "serving": ["http", "runtime", "storage", "text"],
+    "serving": ["http", "model", "storage", "text"],
     "runner": ["runtime"],
-    "runtime": ["package"],
+    "compile": ["runtime", "package"],
+    "runtime": ["model", "platform"],
     "storage": ["package"],
     "http": ["base"],
     "text": ["base"],
     "package": ["base"],
+    "model": ["base"],
+    "platform": ["base"],
     "base": [],
 }
 
@@ -37,7 +40,10 @@ WHAT = {
     "sync": "registries and folders that feed the store",
     "serving": "HTTP routes, tensor codec, served versions, batching, metrics",
     "runner": "the runner process that holds a loaded model",
-    "runtime": "tensor types, hardware probe, builds and their cache, the torch plugin",
+    "compile": "builds for this machine, their cache and its policy, the build child",
+    "runtime": "loading compiled models (the torch plugin), thread timing",
+    "model": "tensors, model specs, the served-model interface",
+    "platform": "hardware and fingerprint, device probe, install layout, confinement",
     "storage": "the SQLite store and its blobs",
     "http": "HTTP/1.1 server and parser: knows nothing of models",
     "text": "tokenizers and generation settings",

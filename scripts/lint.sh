@@ -149,7 +149,7 @@ step_tidy() {
     return 0
   fi
   echo "tidy: ${#tus[@]} files, $jobs at a time"
-  local filter="^$root/(base|storage|runtime|http|serving|control|daemon|tests|bench)/"
+  local filter="^$root/(base|storage|model|platform|runtime|compile|http|serving|control|daemon|tests|bench)/"
   local log
   log="$(mktemp)"
   if ! printf '%s\0' ${tus[@]+"${tus[@]}"} |

@@ -4,7 +4,7 @@
 #
 #   scripts/macos_check.sh ROOT [FILE.cc ...]
 #   (no files: every one; with files, the plugin is linked when one of
-#   them is in runtime/ or base/)
+#   them is in runtime/, model/ or base/)
 #
 #  1. The shell scripts macOS runs (./dev and what `./dev run`, `./dev
 #     test` and `./dev lint` call) against bash 3.2, macOS's /bin/bash:
@@ -18,7 +18,7 @@
 #     fails (undeclared), and so does one newer than macOS 14 (pipe2 is
 #     declared, for macOS 27: -Werror=unguarded-availability).
 #  3. The torch plugin (runtime/CMakeLists.txt: aotid_torch, from
-#     runtime/aoti_model.cc and runtime/tensor.cc with aotid_base) compiled
+#     runtime/aoti_model.cc and model/tensor.cc with aotid_base) compiled
 #     and linked as a Mach-O for arm64 against the wheel's real
 #     libtorch.dylib, libtorch_cpu.dylib and libc10.dylib: a symbol none of
 #     them exports fails the link (no -undefined dynamic_lookup), and the
@@ -108,7 +108,7 @@ EOF
 make_includes() {
   local inc="$1" h
   rm -rf "$inc"
-  mkdir -p "$inc/third_party/openssl" "$inc/generated/runtime" "$inc/generated/daemon"
+  mkdir -p "$inc/third_party/openssl" "$inc/generated/platform" "$inc/generated/daemon"
   for h in uv.h uv httplib.h toml++ sqlite3.h nlohmann CLI zip.h zipconf.h gtest gmock simdjson.h \
     pcre2.h zlib.h zconf.h brotli; do
     [[ -e "/usr/include/$h" ]] || die "/usr/include/$h is missing (./dev installs Debian's packages: run ./dev build)"
@@ -122,7 +122,7 @@ make_includes() {
     die "$conf is not for an LP64 machine: it cannot stand in for macOS arm64's"
   ln -s "$conf" "$inc/third_party/openssl/configuration.h"
   ln -s "$(dirname "$conf")/opensslconf.h" "$inc/third_party/openssl/opensslconf.h"
-  sed "s/@AOTID_TORCH_VERSION@/$TORCH_PIN/" "$root/runtime/torch_version.h.in" >"$inc/generated/runtime/torch_version.h"
+  sed "s/@AOTID_TORCH_VERSION@/$TORCH_PIN/" "$root/platform/torch_version.h.in" >"$inc/generated/platform/torch_version.h"
   # daemon/CMakeLists.txt compiles the service templates in; their text
   # does not matter to the compiler, their list does.
   "$python" - "$root" "$inc/generated/daemon/service_templates.inc" <<'EOF'
@@ -214,9 +214,9 @@ fi
 # --- 3. the torch plugin, linked against the macOS torch ---------------------
 # Always for the whole tree; for a list of files, when one is the plugin's.
 link=$((!$#))
-for f in "$@"; do [[ "$f" == runtime/* || "$f" == base/* ]] && link=1; done
+for f in "$@"; do [[ "$f" == runtime/* || "$f" == model/* || "$f" == base/* ]] && link=1; done
 if ((link)); then
-  plugin_sources=(runtime/aoti_model.cc runtime/tensor.cc)
+  plugin_sources=(runtime/aoti_model.cc model/tensor.cc)
   base_sources=()
   while IFS= read -r f; do base_sources+=("base/$f"); done < <(
     sed -n 's/^add_library(aotid_base STATIC \(.*\))$/\1/p' base/CMakeLists.txt | tr ' ' '\n')

@@ -8,10 +8,10 @@
 
 namespace aotid::serving {
 
-using runtime::HostTensor;
-using runtime::ModelSpec;
-using runtime::ShapeString;
-using runtime::TensorSpec;
+using model::HostTensor;
+using model::ModelSpec;
+using model::ShapeString;
+using model::TensorSpec;
 
 namespace {
 
@@ -57,7 +57,7 @@ BatchingModel::~BatchingModel() {
   for (auto& t : workers_) t.join();
 }
 
-std::unique_ptr<runtime::Announcement> BatchingModel::Announce() {
+std::unique_ptr<model::Announcement> BatchingModel::Announce() {
   MutexLock lock(&mu_);
   ++incoming_;
   return std::make_unique<Incoming>(this);
@@ -98,7 +98,7 @@ StatusOr<int64_t> BatchingModel::RowsOf(const std::vector<HostTensor>& inputs) c
 }
 
 StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTensor>& inputs,
-                                                       const runtime::RunContext& ctx) {
+                                                       const model::RunContext& ctx) {
   Pending p;
   ASSIGN_OR_RETURN(p.rows, RowsOf(inputs));
   p.inputs = &inputs;
@@ -110,8 +110,8 @@ StatusOr<std::vector<HostTensor>> BatchingModel::Infer(const std::vector<HostTen
   return std::move(p.result);
 }
 
-Status BatchingModel::Submit(std::vector<HostTensor> inputs, runtime::RunContext ctx, Done done,
-                             std::unique_ptr<runtime::Announcement> announced) {
+Status BatchingModel::Submit(std::vector<HostTensor> inputs, model::RunContext ctx, Done done,
+                             std::unique_ptr<model::Announcement> announced) {
   // Only this model's own word counts; another's is taken back as it goes.
   auto* incoming = dynamic_cast<Incoming*>(announced.get());
   auto p = std::make_unique<Pending>();
@@ -182,7 +182,7 @@ void BatchingModel::Work() {
     int dropped = 0;
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->ctx->cancelled && (*it)->ctx->cancelled()) {
-        (*it)->result = Cancelled(runtime::kClientGone);
+        (*it)->result = Cancelled(model::kClientGone);
         Finish(*it, answers);
         queued_rows_ -= (*it)->rows;
         it = queue_.erase(it);

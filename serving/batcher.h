@@ -23,7 +23,7 @@
 
 #include "base/clock.h"
 #include "base/mutex.h"
-#include "runtime/loaded_model.h"
+#include "model/loaded_model.h"
 
 namespace aotid::serving {
 
@@ -46,25 +46,25 @@ struct BatchReport {
 };
 
 // Ok when `spec` can be batched; otherwise why not (names the tensor).
-Status CanBatch(const runtime::ModelSpec& spec);
+Status CanBatch(const model::ModelSpec& spec);
 
-class BatchingModel final : public runtime::LoadedModel {
+class BatchingModel final : public model::LoadedModel {
  public:
   // `clock` times the delay a batch waits, and runs (tests pass a fake).
-  BatchingModel(std::shared_ptr<runtime::LoadedModel> inner, BatchOptions options,
+  BatchingModel(std::shared_ptr<model::LoadedModel> inner, BatchOptions options,
                 std::function<void(const BatchReport&)> on_batch = nullptr, const Clock* clock = RealClock());
   ~BatchingModel() override;
 
-  const runtime::ModelSpec& spec() const override { return inner_->spec(); }
+  const model::ModelSpec& spec() const override { return inner_->spec(); }
   const std::string& device() const override { return inner_->device(); }
   const BatchOptions& options() const { return options_; }
   // The model this queue is in front of.
-  const std::shared_ptr<runtime::LoadedModel>& inner() const { return inner_; }
+  const std::shared_ptr<model::LoadedModel>& inner() const { return inner_; }
   int64_t max_batch_rows() const override { return options_.max_batch_size; }
 
   // The word that a request for this model is on its way (being read): the
   // batcher may wait for it. Held until Submit (or until the request fails).
-  class Incoming final : public runtime::Announcement {
+  class Incoming final : public model::Announcement {
    public:
     explicit Incoming(BatchingModel* m) : m_(m) {}
     ~Incoming() override {
@@ -77,22 +77,22 @@ class BatchingModel final : public runtime::LoadedModel {
     friend class BatchingModel;
     BatchingModel* m_;
   };
-  std::unique_ptr<runtime::Announcement> Announce() override EXCLUDES(mu_);
+  std::unique_ptr<model::Announcement> Announce() override EXCLUDES(mu_);
 
   // Queues a request and returns: `done` runs later, once, on a batch
   // worker; or, when there is nothing to join it with and none on its way
   // and a run is free, runs it on the calling thread before returning. An
   // error here (the queue is full, the model is being unloaded) means
   // `done` never runs.
-  Status Submit(std::vector<runtime::HostTensor> inputs, runtime::RunContext ctx, Done done,
-                std::unique_ptr<runtime::Announcement> announced = nullptr) override EXCLUDES(mu_);
+  Status Submit(std::vector<model::HostTensor> inputs, model::RunContext ctx, Done done,
+                std::unique_ptr<model::Announcement> announced = nullptr) override EXCLUDES(mu_);
 
   // Blocks until this request's rows are computed. ResourceExhausted when
   // the queue is full (the caller should retry shortly); Cancelled when
   // ctx.cancelled() is true as a batch is formed (its client left while it
   // waited).
-  StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>& inputs,
-                                                   const runtime::RunContext& ctx) override EXCLUDES(mu_);
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>& inputs,
+                                                 const model::RunContext& ctx) override EXCLUDES(mu_);
 
   // Test hook, set before the first request: `hook` runs each time a
   // request joins the queue, with the number now queued, under the
@@ -101,21 +101,21 @@ class BatchingModel final : public runtime::LoadedModel {
 
  private:
   struct Pending {
-    const std::vector<runtime::HostTensor>* inputs = nullptr;
+    const std::vector<model::HostTensor>* inputs = nullptr;
     int64_t rows = 0;
     int64_t enqueued_us = 0;                   // on clock_
-    const runtime::RunContext* ctx = nullptr;  // the caller's, alive while it waits
+    const model::RunContext* ctx = nullptr;    // the caller's, alive while it waits
     // Written by the worker that runs it: `result` before `done`, and
     // `done` under mu_, which the caller reads under mu_.
     bool done = false;
-    StatusOr<std::vector<runtime::HostTensor>> result{Status(StatusCode::kInternal, "not run")};
+    StatusOr<std::vector<model::HostTensor>> result{Status(StatusCode::kInternal, "not run")};
     // A submitted request owns its inputs and context, and is answered
     // through `answer` (then deleted) instead of `done`.
-    std::vector<runtime::HostTensor> own_inputs;
-    runtime::RunContext own_ctx;
+    std::vector<model::HostTensor> own_inputs;
+    model::RunContext own_ctx;
     Done answer;
   };
-  StatusOr<int64_t> RowsOf(const std::vector<runtime::HostTensor>& inputs) const;
+  StatusOr<int64_t> RowsOf(const std::vector<model::HostTensor>& inputs) const;
   // An announced request that will not come (~Incoming).
   void Unannounce() EXCLUDES(mu_);
   Status Enqueue(Pending* p) REQUIRES(mu_);
@@ -130,7 +130,7 @@ class BatchingModel final : public runtime::LoadedModel {
   // running_, and folds its time into run_us_.
   void RunCounted(std::vector<Pending*>& batch) REQUIRES(mu_);
 
-  std::shared_ptr<runtime::LoadedModel> inner_;
+  std::shared_ptr<model::LoadedModel> inner_;
   BatchOptions options_;
   std::function<void(const BatchReport&)> on_batch_;
   const Clock* clock_;

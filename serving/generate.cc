@@ -18,11 +18,11 @@ double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-runtime::HostTensor Int64Tensor(const std::string& name, std::vector<int64_t> shape, const int32_t* ids,
-                                size_t n, int64_t first_position) {
-  runtime::HostTensor t;
+model::HostTensor Int64Tensor(const std::string& name, std::vector<int64_t> shape, const int32_t* ids,
+                              size_t n, int64_t first_position) {
+  model::HostTensor t;
   t.name = name;
-  t.dtype = runtime::DType::kInt64;
+  t.dtype = model::DType::kInt64;
   t.shape = std::move(shape);
   t.data.resize(n * sizeof(int64_t));
   auto* out = reinterpret_cast<int64_t*>(t.data.data());
@@ -194,7 +194,7 @@ Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
     if (gone && (busy_ || serving_ != ticket)) {
       abandoned_.push_back(ticket);
       AdvanceLocked();
-      return Cancelled(runtime::kClientGone);
+      return Cancelled(model::kClientGone);
     }
   }
   busy_ = true;
@@ -230,9 +230,8 @@ Generator::Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits
       max_prefill_(max_prefill) {}
 
 StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
-                                                       const runtime::ModelSpec& model) {
-  auto find = [](const std::vector<runtime::TensorSpec>& v,
-                 const std::string& name) -> std::optional<size_t> {
+                                                       const model::ModelSpec& model) {
+  auto find = [](const std::vector<model::TensorSpec>& v, const std::string& name) -> std::optional<size_t> {
     for (size_t i = 0; i < v.size(); ++i) {
       if (v[i].name == name) return i;
     }
@@ -250,19 +249,19 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
     return InvalidArgument(what + "its inputs are not \"" + spec.tokens_input + "\" and \"" +
                            spec.positions_input + "\"");
   }
-  const runtime::TensorSpec& t = model.inputs[*tok];
-  const runtime::TensorSpec& p = model.inputs[*pos];
-  if (t.dtype != runtime::DType::kInt64 || t.shape.size() != 2 || t.shape[0] != 1 ||
-      p.dtype != runtime::DType::kInt64 || p.shape.size() != 1) {
+  const model::TensorSpec& t = model.inputs[*tok];
+  const model::TensorSpec& p = model.inputs[*pos];
+  if (t.dtype != model::DType::kInt64 || t.shape.size() != 2 || t.shape[0] != 1 ||
+      p.dtype != model::DType::kInt64 || p.shape.size() != 1) {
     return InvalidArgument(what + "tokens must be INT64 [1, seq] and positions INT64 [seq]; they are " +
-                           std::string(DTypeName(t.dtype)) + " " + runtime::ShapeString(t.shape) + " and " +
-                           std::string(DTypeName(p.dtype)) + " " + runtime::ShapeString(p.shape));
+                           std::string(DTypeName(t.dtype)) + " " + model::ShapeString(t.shape) + " and " +
+                           std::string(DTypeName(p.dtype)) + " " + model::ShapeString(p.shape));
   }
   if (!logits) return InvalidArgument(what + "it has no output \"" + spec.logits_output + "\"");
-  const runtime::TensorSpec& l = model.outputs[*logits];
-  if (l.dtype != runtime::DType::kFloat32 || l.shape.size() != 2 || l.shape[0] != 1 || l.shape[1] <= 0) {
+  const model::TensorSpec& l = model.outputs[*logits];
+  if (l.dtype != model::DType::kFloat32 || l.shape.size() != 2 || l.shape[0] != 1 || l.shape[1] <= 0) {
     return InvalidArgument(what + "logits must be FP32 [1, vocab]; they are " +
-                           std::string(DTypeName(l.dtype)) + " " + runtime::ShapeString(l.shape));
+                           std::string(DTypeName(l.dtype)) + " " + model::ShapeString(l.shape));
   }
   int64_t max_prefill = spec.max_prefill;
   if (t.shape[1] > 0) {
@@ -325,7 +324,7 @@ StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) con
   return prompt;
 }
 
-StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const GenerateRequest& req,
+StatusOr<GenerateResult> Generator::Run(model::LoadedModel& model, const GenerateRequest& req,
                                         const std::vector<int32_t>& prompt,
                                         const std::function<bool(std::string_view)>& on_text,
                                         const std::function<bool()>& cancelled, Status* error) const {
@@ -345,20 +344,20 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
   } turn{gate_};
   r.queue_ms = MsSince(queued);
   // Its client may have left while it waited: then nothing runs.
-  if (cancelled && cancelled()) return Cancelled(runtime::kClientGone);
+  if (cancelled && cancelled()) return Cancelled(model::kClientGone);
 
   const size_t pos_index = 1 - tokens_index_;
   const std::string& tokens_name = spec_.tokens_input;
   const std::string& pos_name = spec_.positions_input;
-  runtime::RunContext ctx;  // the turn is ours: nothing to drop while queued
+  model::RunContext ctx;  // the turn is ours: nothing to drop while queued
   std::vector<float> logits(static_cast<size_t>(vocab_));
   auto step = [&](const int32_t* ids, size_t n, int64_t first_pos) -> Status {
-    std::vector<runtime::HostTensor> in(2);
+    std::vector<model::HostTensor> in(2);
     in[tokens_index_] = Int64Tensor(tokens_name, {1, static_cast<int64_t>(n)}, ids, n, 0);
     in[pos_index] = Int64Tensor(pos_name, {static_cast<int64_t>(n)}, nullptr, n, first_pos);
     auto out = model.Infer(in, ctx);
     if (!out.ok()) return out.status();
-    const runtime::HostTensor& l = (*out)[logits_index_];
+    const model::HostTensor& l = (*out)[logits_index_];
     if (l.data.size() != logits.size() * sizeof(float)) {
       return Internal("the model returned " + std::to_string(l.data.size()) + " bytes of logits, not " +
                       std::to_string(logits.size() * sizeof(float)));
@@ -370,7 +369,7 @@ StatusOr<GenerateResult> Generator::Run(runtime::LoadedModel& model, const Gener
   auto start = Clock::now();
   for (int64_t at = 0; at < n_prompt; at += max_prefill_) {
     size_t n = static_cast<size_t>(std::min(max_prefill_, n_prompt - at));
-    if (at > 0 && cancelled && cancelled()) return Cancelled(runtime::kClientGone);
+    if (at > 0 && cancelled && cancelled()) return Cancelled(model::kClientGone);
     RETURN_IF_ERROR(step(prompt.data() + at, n, at));
   }
   r.prefill_ms = MsSince(start);

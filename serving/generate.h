@@ -19,7 +19,7 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
-#include "runtime/loaded_model.h"
+#include "model/loaded_model.h"
 #include "text/generation.h"
 
 namespace aotid::serving {
@@ -68,8 +68,7 @@ class Generator {
  public:
   // Checks the compiled model fits the spec: the two int64 inputs, the
   // float32 logits. Errors say what differs.
-  static StatusOr<std::shared_ptr<Generator>> Create(text::GenerateSpec spec,
-                                                     const runtime::ModelSpec& model);
+  static StatusOr<std::shared_ptr<Generator>> Create(text::GenerateSpec spec, const model::ModelSpec& model);
 
   const text::GenerateSpec& spec() const { return spec_; }
 
@@ -84,7 +83,7 @@ class Generator {
   // sequence waits its turn and between tokens. A failure before any text
   // is an error; after some, the result says "cancelled" or carries the
   // error in `error`.
-  StatusOr<GenerateResult> Run(runtime::LoadedModel& model, const GenerateRequest& req,
+  StatusOr<GenerateResult> Run(model::LoadedModel& model, const GenerateRequest& req,
                                const std::vector<int32_t>& prompt,
                                const std::function<bool(std::string_view text)>& on_text,
                                const std::function<bool()>& cancelled, Status* error = nullptr) const;

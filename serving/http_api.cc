@@ -45,10 +45,10 @@ void SendStatus(http::Response& res, const Status& s) {
   SendError(res, HttpStatusFor(s), s.message());
 }
 
-json TensorList(const std::vector<runtime::TensorSpec>& specs) {
+json TensorList(const std::vector<model::TensorSpec>& specs) {
   json arr = json::array();
   for (const auto& t : specs) {
-    arr.push_back({{"name", t.name}, {"datatype", runtime::DTypeName(t.dtype)}, {"shape", t.shape}});
+    arr.push_back({{"name", t.name}, {"datatype", model::DTypeName(t.dtype)}, {"shape", t.shape}});
   }
   return arr;
 }
@@ -407,9 +407,9 @@ void RenderMetrics(const ModelRegistry* reg, Metrics* metrics, http::Response& r
 // later on one of the model's. A language model's cache is inside it: its
 // run waits here for the sequence running on it, if any, to finish. Every
 // other model takes the run asynchronously (LoadedModel::Submit).
-void RunModel(std::shared_ptr<const ServedModel> sm, std::vector<runtime::HostTensor> inputs,
-              runtime::RunContext ctx, std::unique_ptr<runtime::Announcement> announced,
-              runtime::LoadedModel::Done done) {
+void RunModel(std::shared_ptr<const ServedModel> sm, std::vector<model::HostTensor> inputs,
+              model::RunContext ctx, std::unique_ptr<model::Announcement> announced,
+              model::LoadedModel::Done done) {
   if (!sm->generator) {
     Status queued = sm->model->Submit(std::move(inputs), std::move(ctx), done, std::move(announced));
     if (!queued.ok()) done(queued);
@@ -424,7 +424,7 @@ void RunModel(std::shared_ptr<const ServedModel> sm, std::vector<runtime::HostTe
 // Answers `outputs` (or why there are none) as the request asked: JSON, or
 // the binary tensor extension.
 void AnswerInfer(const ServedModel& sm, const InferRequest& request,
-                 const StatusOr<std::vector<runtime::HostTensor>>& outputs, http::Response& res) {
+                 const StatusOr<std::vector<model::HostTensor>>& outputs, http::Response& res) {
   if (!outputs.ok()) return SendStatus(res, outputs.status());
   res.status = 200;
   EncodedResponse encoded = EncodeInferResponse(sm.name, sm.version, request, outputs.value());
@@ -458,7 +458,7 @@ void Infer(const RouteContext& ctx, const http::Request& req, http::Response& re
   }
   // A model that batches is told a request is coming, so that a batch may
   // wait for it while it is decoded.
-  std::unique_ptr<runtime::Announcement> announced = sm->generator ? nullptr : sm->model->Announce();
+  std::unique_ptr<model::Announcement> announced = sm->generator ? nullptr : sm->model->Announce();
   std::optional<size_t> json_length;
   if (req.Has(kHeaderLength)) {
     std::string v = req.Get(kHeaderLength);
@@ -474,18 +474,18 @@ void Infer(const RouteContext& ctx, const http::Request& req, http::Response& re
   // A request whose client has gone is not run (here, or by the batcher
   // when it forms the batch); it counts as 499, as nginx has it.
   int fd = req.connection_fd;
-  if (http::ClientGone(fd)) return refuse(Cancelled(runtime::kClientGone));
-  runtime::RunContext run;
+  if (http::ClientGone(fd)) return refuse(Cancelled(model::kClientGone));
+  model::RunContext run;
   if (fd >= 0) run.cancelled = [fd] { return http::ClientGone(fd); };
   auto request = std::make_shared<InferRequest>(std::move(*decoded));
-  std::vector<runtime::HostTensor> inputs = std::move(request->inputs);
+  std::vector<model::HostTensor> inputs = std::move(request->inputs);
   http::Reply reply = res.Defer();
   const auto run_start = Clock::now();
   RunModel(
       sm, std::move(inputs), std::move(run), std::move(announced),
-      [sm, reply, request, record, in_flight, run_start](StatusOr<std::vector<runtime::HostTensor>> out) {
+      [sm, reply, request, record, in_flight, run_start](StatusOr<std::vector<model::HostTensor>> out) {
         double compute_s = SecondsSince(run_start);
-        auto outputs = std::make_shared<StatusOr<std::vector<runtime::HostTensor>>>(std::move(out));
+        auto outputs = std::make_shared<StatusOr<std::vector<model::HostTensor>>>(std::move(out));
         reply([sm, request, outputs, record, in_flight, compute_s](http::Response& res) {
           AnswerInfer(*sm, *request, *outputs, res);
           record(res.status, compute_s);

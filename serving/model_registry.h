@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "base/mutex.h"
-#include "runtime/loaded_model.h"
+#include "model/loaded_model.h"
 #include "serving/generate.h"
 #include "storage/model_store.h"
 
@@ -36,7 +36,7 @@ struct ServedModel {
   std::string package_json;  // the build's package.json: the package's metadata
   std::string artifact;
   storage::VersionSettings settings;            // what `model` was loaded with
-  std::shared_ptr<runtime::LoadedModel> model;  // set when ready
+  std::shared_ptr<model::LoadedModel> model;    // set when ready
   // Set for a language model (its build has a generate spec): the token
   // loop, and the turn-taking every run of this model goes through.
   std::shared_ptr<const Generator> generator;

@@ -13,9 +13,9 @@
 namespace aotid::serving {
 namespace {
 
-using runtime::DType;
-using runtime::HostTensor;
-using runtime::TensorSpec;
+using model::DType;
+using model::HostTensor;
+using model::TensorSpec;
 using json = nlohmann::json;
 using http::json_tape::Kind;
 using http::json_tape::KindName;
@@ -59,7 +59,7 @@ size_t FirstInfinity(DType dtype, const std::vector<std::byte>& out, size_t from
 
 Status TooLarge(const std::string& who, size_t i, std::string_view text, DType dtype) {
   return InvalidArgument(who + ": element " + std::to_string(i) + " (" + std::string(text.substr(0, 40)) +
-                         ") is out of range for " + std::string(runtime::DTypeName(dtype)));
+                         ") is out of range for " + std::string(model::DTypeName(dtype)));
 }
 
 // Stores the number whose text is `t` as element `i` of a tensor of `dtype`.
@@ -75,7 +75,7 @@ Status PutNumber(std::string_view t, DType dtype, size_t i, std::vector<std::byt
     }
     if (x < lo || x > hi) {
       return InvalidArgument(who + ": element " + std::to_string(i) + " (" + std::to_string(x) +
-                             ") is out of range for " + std::string(runtime::DTypeName(dtype)));
+                             ") is out of range for " + std::string(model::DTypeName(dtype)));
     }
     return x;
   };
@@ -210,7 +210,7 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
   if (dt == Tape::kNone || tape.kind(dt) != Kind::kString)
     return InvalidArgument(who + ": missing 'datatype'");
   std::string datatype = tape.String(dt);
-  if (!runtime::ParseDType(datatype, &h.dtype)) {
+  if (!model::ParseDType(datatype, &h.dtype)) {
     if (datatype == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
     return InvalidArgument(who + ": unknown datatype '" + datatype + "'");
   }
@@ -234,23 +234,23 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
       return InvalidArgument(who + ": 'shape' must hold non-negative integers");
   }
   if (h.dtype != spec.dtype) {
-    return InvalidArgument(who + " has datatype " + std::string(runtime::DTypeName(h.dtype)) + ", expected " +
-                           std::string(runtime::DTypeName(spec.dtype)));
+    return InvalidArgument(who + " has datatype " + std::string(model::DTypeName(h.dtype)) + ", expected " +
+                           std::string(model::DTypeName(spec.dtype)));
   }
   int64_t n = h.num_elements();
   if (n < 0 || n > limits.max_elements) {
-    return InvalidArgument(who + ": shape " + runtime::ShapeString(h.shape) + " has more than " +
+    return InvalidArgument(who + ": shape " + model::ShapeString(h.shape) + " has more than " +
                            std::to_string(limits.max_elements) + " elements");
   }
   uint32_t data = tape.Member(t, "data");
   if (binary) {
     if (data != Tape::kNone)
       return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
-    size_t want = static_cast<size_t>(n) * runtime::DTypeSize(h.dtype);
+    size_t want = static_cast<size_t>(n) * model::DTypeSize(h.dtype);
     if (binary->size() != want) {
       return InvalidArgument(who + ": binary_data_size is " + std::to_string(binary->size()) +
-                             " bytes, shape " + runtime::ShapeString(h.shape) + " of " +
-                             std::string(runtime::DTypeName(h.dtype)) + " needs " + std::to_string(want));
+                             " bytes, shape " + model::ShapeString(h.shape) + " of " +
+                             std::string(model::DTypeName(h.dtype)) + " needs " + std::to_string(want));
     }
     h.data.resize(want);
     if (want) std::memcpy(h.data.data(), binary->data(), want);
@@ -262,7 +262,7 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
         }
       }
     }
-    RETURN_IF_ERROR(runtime::CheckTensorAgainstSpec(h, spec));
+    RETURN_IF_ERROR(model::CheckTensorAgainstSpec(h, spec));
     return h;
   }
   if (data == Tape::kNone) return InvalidArgument(who + ": missing 'data'");
@@ -273,20 +273,20 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
   }
   // Each element takes at least two bytes of JSON ("1,"): a large shape
   // whose 'data' is too short to hold it is refused before the allocation.
-  size_t bytes = static_cast<size_t>(n) * runtime::DTypeSize(h.dtype);
+  size_t bytes = static_cast<size_t>(n) * model::DTypeSize(h.dtype);
   if (bytes > (1u << 20) && static_cast<uint64_t>(n) > tape.text(data).size() / 2 + 1) {
     return InvalidArgument(who + ": 'data' is " + std::to_string(tape.text(data).size()) +
                            " bytes of JSON, too short for the " + std::to_string(n) + " elements shape " +
-                           runtime::ShapeString(h.shape) + " needs");
+                           model::ShapeString(h.shape) + " needs");
   }
   h.data.resize(bytes);
   size_t count = 0;
   RETURN_IF_ERROR(Flatten(tape, data, h.dtype, static_cast<size_t>(n), &count, h.data, who));
   if (count != static_cast<size_t>(n)) {
     return InvalidArgument(who + ": 'data' has " + std::to_string(count) + " elements, shape " +
-                           runtime::ShapeString(h.shape) + " needs " + std::to_string(n));
+                           model::ShapeString(h.shape) + " needs " + std::to_string(n));
   }
-  RETURN_IF_ERROR(runtime::CheckTensorAgainstSpec(h, spec));
+  RETURN_IF_ERROR(model::CheckTensorAgainstSpec(h, spec));
   return h;
 }
 
@@ -382,7 +382,7 @@ bool EntryName(const Tape& tape, uint32_t entry, std::string* name) {
 
 }  // namespace
 
-StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::ModelSpec& spec,
+StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::ModelSpec& spec,
                                           const DecodeLimits& limits, std::optional<size_t> json_length) {
   std::string_view binary;
   if (json_length) {
@@ -465,13 +465,13 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::
   for (size_t k = 0; k < spec.inputs.size(); ++k) {
     if (by_spec[k] == Tape::kNone) {
       return InvalidArgument("missing input '" + spec.inputs[k].name + "' (" +
-                             std::string(runtime::DTypeName(spec.inputs[k].dtype)) + " " +
-                             runtime::ShapeString(spec.inputs[k].shape) + ")");
+                             std::string(model::DTypeName(spec.inputs[k].dtype)) + " " +
+                             model::ShapeString(spec.inputs[k].shape) + ")");
     }
     ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(tape, by_spec[k], spec.inputs[k], limits, chunk[k]));
     req.inputs.push_back(std::move(h));
   }
-  RETURN_IF_ERROR(runtime::CheckSharedDims(req.inputs, spec));
+  RETURN_IF_ERROR(model::CheckSharedDims(req.inputs, spec));
   if (uint32_t outs = tape.Member(kRoot, "outputs"); outs != Tape::kNone) {
     if (tape.kind(outs) != Kind::kArray) return InvalidArgument("'outputs' must be an array");
     if (tape.packed(outs)) return InvalidArgument("every entry of 'outputs' needs a string 'name'");
@@ -528,7 +528,7 @@ EncodedResponse Encode(std::string_view model_name, int64_t version, std::string
     out += "{\"name\":";
     out += json(t.name).dump();
     out += ",\"datatype\":\"";
-    out += runtime::DTypeName(t.dtype);
+    out += model::DTypeName(t.dtype);
     out += "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) {
       if (i) out += ',';

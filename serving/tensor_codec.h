@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "runtime/tensor.h"
+#include "model/tensor.h"
 
 namespace aotid::serving {
 
@@ -28,7 +28,7 @@ struct DecodeLimits {
 
 struct InferRequest {
   std::string id;                           // echoed when non-empty
-  std::vector<runtime::HostTensor> inputs;  // in the order of spec.inputs
+  std::vector<model::HostTensor> inputs;    // in the order of spec.inputs
   std::vector<std::string> output_names;    // empty means all
   // Binary tensor extension, outputs: the request-wide default
   // (parameters.binary_data_output) and per-output choices
@@ -41,14 +41,14 @@ struct InferRequest {
 // is the Inference-Header-Content-Length header: the first json_length bytes
 // are the JSON, and the binary data of the inputs that carry
 // parameters.binary_data_size follows, in the order they are listed.
-StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const runtime::ModelSpec& spec,
+StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::ModelSpec& spec,
                                           const DecodeLimits& limits = {},
                                           std::optional<size_t> json_length = std::nullopt);
 
 // Encodes a response as JSON alone; `outputs` are filtered by `wanted` (all
 // when empty).
 std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
-                                const std::vector<runtime::HostTensor>& outputs,
+                                const std::vector<model::HostTensor>& outputs,
                                 const std::vector<std::string>& wanted = {});
 
 // Encodes the response `req` asked for: outputs filtered by its
@@ -62,7 +62,7 @@ struct EncodedResponse {
   size_t json_length = 0;
 };
 EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
-                                    const std::vector<runtime::HostTensor>& outputs);
+                                    const std::vector<model::HostTensor>& outputs);
 
 // Deepest nesting of '[' and '{' outside strings; stops counting past `stop`.
 int JsonDepth(std::string_view body, int stop);

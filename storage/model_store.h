@@ -5,7 +5,7 @@
 //   blobs/sha256/<hex>    content-addressed artifacts (.pt2 files)
 //   blobs/tmp/            copies in progress, each locked (flock) by the
 //                         process writing it; unlocked ones are crash debris
-//   cache/                compiled builds (runtime/build_cache.h)
+//   cache/                compiled builds (compile/build_cache.h)
 //   reserve               8 MiB set aside while the disk has room, given
 //                         back when it is full so that aotid can still open
 //                         the store and free space (ls, show, rm, gc)
@@ -191,7 +191,7 @@ class ModelStore {
   // Removes what nothing references: artifacts no version uses (row, blob,
   // build rows), blob files without a row, unlocked partial copies, and
   // events beyond the newest `keep_events`. The build cache under CacheDir()
-  // is runtime's: `aotid gc` prunes it by runtime/cache_policy.h.
+  // is runtime's: `aotid gc` prunes it by compile/cache_policy.h.
   StatusOr<GcReport> CollectGarbage(bool dry_run = false, int64_t keep_events = 10000);
 
   std::string BlobPath(const std::string& sha256) const;

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-# Exit codes of every build child, as runtime/package_build.h defines them:
+# Exit codes of every build child, as compile/package_build.h defines them:
 # 0 built, 1 failed in a way that may pass, 2 cannot be built here.
 EXIT_PERMANENT = 2
 
@@ -345,7 +345,7 @@ def torch_version() -> str:
 
 
 # Kernel files a compiled model opens by name at run time from the folder its
-# runner is given, as runtime/build_cache.h's IsKernelFile says: CUDA's
+# runner is given, as compile/build_cache.h's IsKernelFile says: CUDA's
 # .cubin and .fatbin (torch writes one per Triton kernel unless
 # aot_inductor.embed_kernel_binary), ROCm's .hsaco, XPU's .spv.
 KERNEL_SUFFIXES = (".cubin", ".fatbin", ".hsaco", ".spv")

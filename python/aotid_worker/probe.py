@@ -1,7 +1,7 @@
 """Which devices this torch can use on this machine, and why not.
 
 The daemon runs `python -m aotid_worker.probe` once per torch and machine
-(runtime/device_probe.h keeps the answer beside the build cache, keyed by the
+(platform/device_probe.h keeps the answer beside the build cache, keyed by the
 machine's fingerprint) and decides with it what `auto` means and whether a
 version asking for mps or cuda can be built and run here. It is never on the
 request path.

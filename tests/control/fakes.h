@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "base/fs.h"
+#include "compile/builder.h"
 #include "control/loop.h"
 #include "control/model_loader.h"
-#include "runtime/builder.h"
 
 namespace aotid::control::testing {
 
@@ -55,42 +55,42 @@ class FakeLoop final : public Loop {
 };
 
 // A model that answers nothing; what a served version holds in these tests.
-class InertModel final : public runtime::LoadedModel {
+class InertModel final : public model::LoadedModel {
  public:
-  InertModel(runtime::ModelSpec spec, std::string device, std::string dir)
+  InertModel(model::ModelSpec spec, std::string device, std::string dir)
       : spec_(std::move(spec)), device_(std::move(device)), dir_(std::move(dir)) {}
-  const runtime::ModelSpec& spec() const override { return spec_; }
+  const model::ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
-  StatusOr<std::vector<runtime::HostTensor>> Infer(const std::vector<runtime::HostTensor>&,
-                                                   const runtime::RunContext&) override {
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>&,
+                                                 const model::RunContext&) override {
     return Unavailable("inert test model");
   }
   const std::string& dir() const { return dir_; }
 
  private:
-  runtime::ModelSpec spec_;
+  model::ModelSpec spec_;
   std::string device_;
   std::string dir_;
 };
 
 // Builds that start and finish when the test says. A successful build
 // writes a real cache entry (a model.so of a few bytes, the spec given).
-class FakeBuilds final : public runtime::BuildRunner {
+class FakeBuilds final : public compile::BuildRunner {
  public:
-  explicit FakeBuilds(const runtime::BuildCache* cache) : cache_(cache) {}
+  explicit FakeBuilds(const compile::BuildCache* cache) : cache_(cache) {}
 
-  void Submit(runtime::BuildJob job) override {
+  void Submit(compile::BuildJob job) override {
     submitted.push_back(job.key);
     estimates.push_back(job.estimate_ms);
     jobs_.push_back({std::move(job), false});
   }
-  bool Cancel(const runtime::BuildKey& key) override {
+  bool Cancel(const compile::BuildKey& key) override {
     for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
       if (it->job.key != key) continue;
       cancelled.push_back(key);
-      runtime::BuildJob job = std::move(it->job);
+      compile::BuildJob job = std::move(it->job);
       jobs_.erase(it);
-      runtime::BuildResult r;
+      compile::BuildResult r;
       r.status = Unavailable("build cancelled");
       r.cancelled = true;
       job.on_done(r);
@@ -98,7 +98,7 @@ class FakeBuilds final : public runtime::BuildRunner {
     }
     return false;
   }
-  std::string Progress(const runtime::BuildKey& key) const override {
+  std::string Progress(const compile::BuildKey& key) const override {
     for (const auto& j : jobs_) {
       if (j.job.key == key && j.started) return progress;
     }
@@ -106,7 +106,7 @@ class FakeBuilds final : public runtime::BuildRunner {
   }
 
   size_t live() const { return jobs_.size(); }
-  const runtime::BuildKey& key(size_t i) const { return jobs_.at(i).job.key; }
+  const compile::BuildKey& key(size_t i) const { return jobs_.at(i).job.key; }
   // Starts the oldest job not yet started.
   void StartNext() {
     for (auto& j : jobs_) {
@@ -117,9 +117,9 @@ class FakeBuilds final : public runtime::BuildRunner {
     }
   }
   // Ends the oldest job: with a real cache entry for `spec`, or failed.
-  void Succeed(const runtime::ModelSpec& spec) {
+  void Succeed(const model::ModelSpec& spec) {
     Job j = Take();
-    runtime::BuildResult r;
+    compile::BuildResult r;
     auto staging = cache_->NewStaging(j.job.key);
     Status s = staging.status();
     if (s.ok()) s = fs::WriteFileAtomic(*staging + "/model.so", "not really a shared object");
@@ -136,20 +136,20 @@ class FakeBuilds final : public runtime::BuildRunner {
   }
   void Fail(const std::string& why, bool permanent) {
     Job j = Take();
-    runtime::BuildResult r;
+    compile::BuildResult r;
     r.status = Internal(why);
     r.permanent = permanent;
     j.job.on_done(r);
   }
 
-  std::vector<runtime::BuildKey> submitted;
+  std::vector<compile::BuildKey> submitted;
   std::vector<int64_t> estimates;  // each submitted job's estimate_ms
-  std::vector<runtime::BuildKey> cancelled;
+  std::vector<compile::BuildKey> cancelled;
   std::string progress = "step 2/4: compiling (3 s)";
 
  private:
   struct Job {
-    runtime::BuildJob job;
+    compile::BuildJob job;
     bool started;
   };
   Job Take() {
@@ -158,7 +158,7 @@ class FakeBuilds final : public runtime::BuildRunner {
     if (!j.started && j.job.on_start) j.job.on_start();
     return j;
   }
-  const runtime::BuildCache* cache_;
+  const compile::BuildCache* cache_;
   std::deque<Job> jobs_;
 };
 
@@ -174,13 +174,13 @@ class FakeLoader final : public ModelLoader {
   void Succeed() {
     auto [req, done] = Take();
     LoadResult r;
-    r.model = std::shared_ptr<runtime::LoadedModel>(
+    r.model = std::shared_ptr<model::LoadedModel>(
         std::make_shared<InertModel>(req.entry.spec, req.options.device, req.entry.dir));
     r.threads = req.options.threads;
     if (record_threads && req.choose_threads_at_batch > 0) {
       // As the real loader does after a settled timing: the choice goes
       // into the build's entry.
-      runtime::BuildCache entry_owner(req.entry.dir);
+      compile::BuildCache entry_owner(req.entry.dir);
       r.threads_recorded =
           entry_owner.RecordThreads(req.entry.dir, {req.threads_key, 1, "1 of 2: timed by the test", 1}).ok();
     }

@@ -19,12 +19,12 @@ class ModelLoaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(uv_loop_init(&loop_), 0);
-    cache_ = std::make_unique<runtime::BuildCache>(dir_.path() + "/cache");
+    cache_ = std::make_unique<compile::BuildCache>(dir_.path() + "/cache");
     entry_.dir = dir_.path() + "/cache/entry";
     ASSERT_OK(fs::MakeDirs(entry_.dir));
     entry_.so_path = entry_.dir + "/model.so";
-    entry_.spec.inputs = {{"ids", runtime::DType::kInt64, {1, -1}}};
-    entry_.spec.outputs = {{"out", runtime::DType::kInt64, {1, -1}}};
+    entry_.spec.inputs = {{"ids", model::DType::kInt64, {1, -1}}};
+    entry_.spec.outputs = {{"out", model::DType::kInt64, {1, -1}}};
     ::setenv("FAKE_RUNNER_STARTS", starts_.c_str(), 1);
   }
   void TearDown() override {
@@ -60,8 +60,8 @@ class ModelLoaderTest : public ::testing::Test {
   aotid::testing::TempDir dir_;
   std::string starts_ = dir_.path() + "/starts";
   uv_loop_t loop_{};
-  std::unique_ptr<runtime::BuildCache> cache_;
-  runtime::CacheEntry entry_;
+  std::unique_ptr<compile::BuildCache> cache_;
+  model::CacheEntry entry_;
 };
 
 TEST_F(ModelLoaderTest, AutoThreadsAreTimedOnceAndThenTakenFromTheBuildsRecord) {

@@ -22,17 +22,17 @@ using testing::InertModel;
 
 // The build folder of a served fake model, behind the queue every served
 // model has in front of it.
-std::string InertDir(const std::shared_ptr<runtime::LoadedModel>& served) {
+std::string InertDir(const std::shared_ptr<model::LoadedModel>& served) {
   auto* queue = dynamic_cast<const serving::BatchingModel*>(served.get());
   return std::static_pointer_cast<InertModel>(queue ? queue->inner() : served)->dir();
 }
 
 constexpr int kRetryMs = 10'000;
 
-runtime::ModelSpec MlpSpec() {
-  runtime::ModelSpec s;
-  s.inputs.push_back({"x", runtime::DType::kFloat32, {-1, 8}});
-  s.outputs.push_back({"y", runtime::DType::kFloat32, {-1, 4}});
+model::ModelSpec MlpSpec() {
+  model::ModelSpec s;
+  s.inputs.push_back({"x", model::DType::kFloat32, {-1, 8}});
+  s.outputs.push_back({"y", model::DType::kFloat32, {-1, 4}});
   return s;
 }
 
@@ -42,7 +42,7 @@ class ReconcilerTest : public ::testing::Test {
     auto store = storage::ModelStore::Open(dir_.path());
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(store).value();
-    cache_ = std::make_unique<runtime::BuildCache>(store_->CacheDir());
+    cache_ = std::make_unique<compile::BuildCache>(store_->CacheDir());
     builds_ = std::make_unique<FakeBuilds>(cache_.get());
     Start();
   }
@@ -110,7 +110,7 @@ class ReconcilerTest : public ::testing::Test {
     auto k = Events(name, v);
     return std::find(k.begin(), k.end(), kind) != k.end();
   }
-  std::optional<storage::BuildRecord> BuildRow(const runtime::BuildKey& key) {
+  std::optional<storage::BuildRecord> BuildRow(const compile::BuildKey& key) {
     auto rows = store_->ListBuilds(key.artifact);
     if (!rows.ok()) return std::nullopt;
     for (const auto& r : *rows) {
@@ -128,7 +128,7 @@ class ReconcilerTest : public ::testing::Test {
 
   aotid::testing::TempDir dir_;
   std::unique_ptr<storage::ModelStore> store_;
-  std::unique_ptr<runtime::BuildCache> cache_;
+  std::unique_ptr<compile::BuildCache> cache_;
   std::string cuda_missing_ = "no NVIDIA driver";
   FakeLoop loop_;
   std::unique_ptr<FakeBuilds> builds_;
@@ -395,7 +395,7 @@ TEST_F(ReconcilerTest, RemovedVersionIsUnloadedAtOnceAndItsBuildCancelled) {
   int64_t v2 = Add("mlp", {{"inductor.freezing", "true"}});
   Reconcile();
   ASSERT_EQ(builds_->live(), 1u);
-  runtime::BuildKey v2_build = builds_->key(0);
+  compile::BuildKey v2_build = builds_->key(0);
   ASSERT_TRUE(store_->Remove({{"mlp", v2}}).ok());
   Reconcile();
   ASSERT_EQ(builds_->cancelled.size(), 1u);  // nothing wants that build any more
@@ -723,8 +723,8 @@ TEST_F(ReconcilerTest, BatchesStayWithinTheTracedRowsOfDimZero) {
     int64_t v =
         Add(name, {{"max_batch_size", "8"}, {"inductor.max_autotune", traced_max == 1 ? "true" : "false"}});
     Reconcile();
-    runtime::ModelSpec spec = MlpSpec();
-    spec.inputs[0].dims = {runtime::DimRange{"batch", 1, traced_max}, std::nullopt};
+    model::ModelSpec spec = MlpSpec();
+    spec.inputs[0].dims = {model::DimRange{"batch", 1, traced_max}, std::nullopt};
     builds_->Succeed(spec);
     loader_->Succeed();
     auto* batching = dynamic_cast<const serving::BatchingModel*>(Served(name, v)->model.get());

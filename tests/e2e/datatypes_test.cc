@@ -12,7 +12,7 @@
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
 #include "e2e/http_util.h"
-#include "runtime/tensor.h"
+#include "model/tensor.h"
 #include "serving/tensor_codec.h"
 #include "test_util.h"
 
@@ -20,7 +20,7 @@ namespace aotid::testing {
 namespace {
 
 using json = nlohmann::json;
-using runtime::DType;
+using model::DType;
 
 // One element of `dtype` from a JSON value, as the protocol's bytes.
 void AppendBytes(std::string* out, DType dtype, const json& v) {
@@ -106,7 +106,7 @@ TEST(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
   for (size_t i = 0; i < 10; ++i) {
     const json& want = kase["outputs"][i];
     DType dt;
-    ASSERT_TRUE(runtime::ParseDType(want["datatype"].get<std::string>(), &dt));
+    ASSERT_TRUE(model::ParseDType(want["datatype"].get<std::string>(), &dt));
     EXPECT_EQ(got[i]["datatype"], want["datatype"]);
     EXPECT_EQ(got[i]["shape"], want["shape"]);
     for (size_t k = 0; k < want["data"].size(); ++k) {
@@ -126,7 +126,7 @@ TEST(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
   std::string tail;
   for (const auto& in : kase["inputs"]) {
     DType dt;
-    ASSERT_TRUE(runtime::ParseDType(in["datatype"].get<std::string>(), &dt));
+    ASSERT_TRUE(model::ParseDType(in["datatype"].get<std::string>(), &dt));
     size_t before = tail.size();
     for (const auto& v : in["data"]) AppendBytes(&tail, dt, v);
     header["inputs"].push_back({{"name", in["name"]}, {"datatype", in["datatype"]}, {"shape", in["shape"]},
@@ -143,9 +143,9 @@ TEST(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
   for (size_t i = 0; i < 10; ++i) {
     const json& want = kase["outputs"][i];
     DType dt;
-    ASSERT_TRUE(runtime::ParseDType(want["datatype"].get<std::string>(), &dt));
+    ASSERT_TRUE(model::ParseDType(want["datatype"].get<std::string>(), &dt));
     size_t n = outs[i]["parameters"]["binary_data_size"].get<size_t>();
-    ASSERT_EQ(n, want["data"].size() * runtime::DTypeSize(dt)) << want["name"];
+    ASSERT_EQ(n, want["data"].size() * model::DTypeSize(dt)) << want["name"];
     ASSERT_LE(at + n, b->body.size());
     for (size_t k = 0; k < want["data"].size(); ++k) {
       double w = dt == DType::kBool ? want["data"][k].get<bool>() : want["data"][k].get<double>();

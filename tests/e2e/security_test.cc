@@ -474,7 +474,7 @@ TEST(RunnerSandbox, HostilePackageCodeIsRefusedTheNetworkOtherBlobsTheCacheAndPr
   EtcSecret etc;
   ::setenv("HOSTILE_ETC", etc.path().c_str(), 1);
 
-  runtime::CacheEntry e;
+  model::CacheEntry e;
   e.dir = entry;
   e.so_path = entry + "/model.so";
   runner::RunnerOptions o;
@@ -739,7 +739,7 @@ TEST(LyingPackages, DeclaredShapesTheModelWasNotCompiledForAreRefusedAtBuild) {
                      &out),
             0)
       << out;
-  auto spec = runtime::ModelSpec::FromJson(*fs::ReadFile(dir / "dyn/spec.json"));
+  auto spec = model::ModelSpec::FromJson(*fs::ReadFile(dir / "dyn/spec.json"));
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->inputs[0].shape, (std::vector<int64_t>{-1, 8}));
   ASSERT_EQ(spec->inputs[0].dims.size(), 2u);

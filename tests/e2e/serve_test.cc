@@ -23,8 +23,8 @@
 #include "base/fs.h"
 #include "e2e/daemon_process.h"
 #include "e2e/http_util.h"
-#include "runtime/device_probe.h"
-#include "runtime/hardware.h"
+#include "platform/device_probe.h"
+#include "platform/hardware.h"
 #include "storage/model_store.h"
 #include "test_util.h"
 
@@ -97,11 +97,11 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
   // otherwise).
   auto kept = fs::ReadFile(store_ + "/cache/devices.json");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
-  auto answer = runtime::DeviceAnswerFromJson(json::parse(*kept)["answer"].dump());
+  auto answer = platform::DeviceAnswerFromJson(json::parse(*kept)["answer"].dump());
   ASSERT_TRUE(answer.ok()) << answer.status().ToString();
-  runtime::HardwareInfo hw = runtime::ProbeHardware();
-  runtime::ApplyDeviceAnswer(*answer, &hw);
-  EXPECT_EQ(m.body["device"], runtime::AutoDevice(hw));
+  platform::HardwareInfo hw = platform::ProbeHardware();
+  platform::ApplyDeviceAnswer(*answer, &hw);
+  EXPECT_EQ(m.body["device"], platform::AutoDevice(hw));
   EXPECT_EQ(m.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,8]}])"));
   EXPECT_EQ(m.body["outputs"], json::parse(R"([{"name":"y","datatype":"FP32","shape":[-1,4]}])"));
   Reply e = Get(port(), "/v2/models/embed");

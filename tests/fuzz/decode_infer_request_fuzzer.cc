@@ -21,11 +21,11 @@
 
 namespace {
 
-using aotid::runtime::DType;
+using aotid::model::DType;
 
-const aotid::runtime::ModelSpec& Spec() {
+const aotid::model::ModelSpec& Spec() {
   static const auto* spec = [] {
-    auto* s = new aotid::runtime::ModelSpec;
+    auto* s = new aotid::model::ModelSpec;
     s->inputs.push_back({"x", DType::kFloat32, {-1, 2}});
     s->inputs.push_back({"ids", DType::kInt64, {3}});
     s->inputs.push_back({"flags", DType::kBool, {-1}});

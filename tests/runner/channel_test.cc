@@ -11,15 +11,15 @@
 namespace aotid::runner {
 namespace {
 
-using runtime::DType;
-using runtime::HostTensor;
+using model::DType;
+using model::HostTensor;
 
 HostTensor Make(std::string name, DType dtype, std::vector<int64_t> shape, uint8_t fill) {
   HostTensor t;
   t.name = std::move(name);
   t.dtype = dtype;
   t.shape = std::move(shape);
-  t.data.assign(static_cast<size_t>(t.num_elements()) * runtime::DTypeSize(dtype), std::byte{fill});
+  t.data.assign(static_cast<size_t>(t.num_elements()) * model::DTypeSize(dtype), std::byte{fill});
   return t;
 }
 
@@ -86,7 +86,7 @@ TEST(RunnerChannel, ScribbledMessagesAreRefusedOrConsistentNeverOutOfBounds) {
     }
     for (const auto& t : *read) {
       ASSERT_GE(t.num_elements(), 0);
-      EXPECT_EQ(t.data.size(), static_cast<size_t>(t.num_elements()) * runtime::DTypeSize(t.dtype));
+      EXPECT_EQ(t.data.size(), static_cast<size_t>(t.num_elements()) * model::DTypeSize(t.dtype));
     }
   }
   EXPECT_GT(refused, 1000);  // the corruptions were seen, not merely survived

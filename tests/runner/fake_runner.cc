@@ -53,9 +53,9 @@ void Serve(Slot* slot) {
     if (!inputs.ok() || inputs->empty()) {
       failure = inputs.ok() ? InvalidArgument("no inputs") : inputs.status();
     } else {
-      runtime::HostTensor& t = (*inputs)[0];
+      model::HostTensor& t = (*inputs)[0];
       int64_t first = 0;
-      if (t.dtype == runtime::DType::kInt64 && t.data.size() >= 8) std::memcpy(&first, t.data.data(), 8);
+      if (t.dtype == model::DType::kInt64 && t.data.size() >= 8) std::memcpy(&first, t.data.data(), 8);
       if (first == -1) {
         std::fprintf(stderr, "terminate called after throwing an instance of 'c10::Error'\n");
         std::fprintf(stderr, "  what():  fake kernel: index out of bounds: 0 <= tmp0 < 50\n");

@@ -20,8 +20,8 @@
 namespace aotid::runner {
 namespace {
 
-using runtime::DType;
-using runtime::HostTensor;
+using model::DType;
+using model::HostTensor;
 
 HostTensor Ids(std::vector<int64_t> values) {
   HostTensor t;
@@ -84,7 +84,7 @@ class RunnerModelTest : public ::testing::Test {
   }
 
   std::string dir_;
-  runtime::CacheEntry entry_;
+  model::CacheEntry entry_;
   Mutex mu_;
   CondVar event_;
   std::vector<RunnerEvent> events_ GUARDED_BY(mu_);
@@ -288,7 +288,7 @@ TEST_F(RunnerModelTest, UnloadingStopsTheRunnerAndRemovesItsScratch) {
 TEST_F(RunnerModelTest, ARunWhoseClientLeftIsNotSent) {
   auto m = RunnerModel::Start(entry_, Options());
   ASSERT_TRUE(m.ok());
-  runtime::RunContext ctx;
+  model::RunContext ctx;
   ctx.cancelled = [] { return true; };
   auto r = (*m)->Infer({Ids({-1})}, ctx);  // would crash the runner if it ran
   ASSERT_FALSE(r.ok());

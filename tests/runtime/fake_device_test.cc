@@ -30,12 +30,14 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "compile/aoti_build.h"
+#include "compile/build_cache.h"
+#include "compile/package_build.h"
+#include "model/loaded_model.h"
 #include "package/archive.h"
 #include "package/package.h"
-#include "runtime/aoti_build.h"
-#include "runtime/hardware.h"
-#include "runtime/loaded_model.h"
-#include "runtime/package_build.h"
+#include "platform/hardware.h"
+#include "runtime/torch_plugin.h"
 #include "test_util.h"
 
 namespace aotid::runtime {
@@ -176,7 +178,7 @@ std::unique_ptr<torch::inductor::AOTIModelContainerRunner> CreateFakeRunner(cons
     std::error_code ec;
     for (const auto& f : std::filesystem::directory_iterator(bin_dir, ec)) {
       std::string name = f.path().filename().string();
-      if (IsKernelFile(name)) seen.kernel_files_in_bin_dir.push_back(name);
+      if (compile::IsKernelFile(name)) seen.kernel_files_in_bin_dir.push_back(name);
     }
   }
   return std::make_unique<FakeDeviceRunner>(so, num_models, c10::Device(device_str), single_threaded);
@@ -203,32 +205,33 @@ std::pair<std::string, std::string> PackagedKernelFile(const std::string& packag
   if (!archive.ok()) return {};
   for (const auto& name : archive->names()) {
     std::string base = name.substr(name.rfind('/') + 1);
-    if (IsKernelFile(base)) return {base, archive->Read(name).value_or("")};
+    if (compile::IsKernelFile(base)) return {base, archive->Read(name).value_or("")};
   }
   return {};
 }
 
 // The test MLP's package for the fake device, built into `dir` as the
 // build child builds it (checks, model.so and the kernel file copied out).
-StatusOr<CacheEntry> BuildFakeDevicePackage(const std::string& dir) {
-  PackageBuildRequest req;
+StatusOr<model::CacheEntry> BuildFakeDevicePackage(const std::string& dir) {
+  compile::PackageBuildRequest req;
   req.artifact_path = TestData("fake_device_so.pt2");
   req.kind = package::PackageKind::kAotiCompiled;
   req.device = kFakeDevice;
   req.out_dir = dir;
   std::ostringstream log;
-  ASSIGN_OR_RETURN(PackageBuildResult built, BuildFromAotiPackage(req, ProbeHardware(), log));
-  CacheEntry entry;
+  ASSIGN_OR_RETURN(compile::PackageBuildResult built,
+                   compile::BuildFromAotiPackage(req, platform::ProbeHardware(), log));
+  model::CacheEntry entry;
   entry.dir = dir;
   entry.so_path = dir + "/model.so";
   entry.spec = built.spec;
   return entry;
 }
 
-HostTensor FromCase(const json& t) {
-  HostTensor h;
+model::HostTensor FromCase(const json& t) {
+  model::HostTensor h;
   h.name = t["name"].get<std::string>();
-  h.dtype = DType::kFloat32;
+  h.dtype = model::DType::kFloat32;
   h.shape = t["shape"].get<std::vector<int64_t>>();
   std::vector<float> values = t["data"].get<std::vector<float>>();
   h.data.resize(values.size() * sizeof(float));
@@ -236,7 +239,7 @@ HostTensor FromCase(const json& t) {
   return h;
 }
 
-std::vector<float> Floats(const HostTensor& h) {
+std::vector<float> Floats(const model::HostTensor& h) {
   std::vector<float> v(h.data.size() / sizeof(float));
   std::memcpy(v.data(), h.data.data(), h.data.size());
   return v;
@@ -259,7 +262,7 @@ TEST(FakeDevice, InputsArriveOnTheDeviceAndOutputsComeBackToTheHostEqualToEager)
   ASSERT_FALSE(cases["mlp"].empty());
   for (const json& c : cases["mlp"]) {
     Forget();
-    std::vector<HostTensor> inputs;
+    std::vector<model::HostTensor> inputs;
     for (const json& t : c["inputs"]) inputs.push_back(FromCase(t));
     auto outputs = (*model)->Infer(inputs, {});
     ASSERT_TRUE(outputs.ok()) << outputs.status().ToString();
@@ -279,10 +282,10 @@ TEST(FakeDevice, InputsArriveOnTheDeviceAndOutputsComeBackToTheHostEqualToEager)
     ASSERT_EQ(outputs->size(), c["outputs"].size());
     EXPECT_EQ(to_host.load(), static_cast<int>(outputs->size()));
     for (size_t i = 0; i < outputs->size(); ++i) {
-      const HostTensor& got = (*outputs)[i];
+      const model::HostTensor& got = (*outputs)[i];
       const json& want = c["outputs"][i];
       EXPECT_EQ(got.name, want["name"].get<std::string>());
-      EXPECT_EQ(got.dtype, DType::kFloat32);
+      EXPECT_EQ(got.dtype, model::DType::kFloat32);
       EXPECT_EQ(got.shape, want["shape"].get<std::vector<int64_t>>());
       std::vector<float> values = Floats(got), eager = want["data"].get<std::vector<float>>();
       ASSERT_EQ(values.size(), eager.size());
@@ -299,13 +302,13 @@ TEST(FakeDevice, InputsArriveOnTheDeviceAndOutputsComeBackToTheHostEqualToEager)
 TEST(FakeDevice, OnTheCpuTheModelReadsTheRequestsOwnMemory) {
   ASSERT_TRUE(registered);
   TempDir dir;
-  PackageBuildRequest req;
+  compile::PackageBuildRequest req;
   req.artifact_path = TestData("mlp_so.pt2");
   req.kind = package::PackageKind::kAotiCompiled;
   req.device = "cpu";
   req.out_dir = dir.path();
   std::ostringstream log;
-  auto built = BuildFromAotiPackage(req, ProbeHardware(), log);
+  auto built = compile::BuildFromAotiPackage(req, platform::ProbeHardware(), log);
   ASSERT_TRUE(built.ok()) << built.status().ToString();
   auto& registry = torch::inductor::getAOTIModelRunnerRegistry();
   struct Restore {
@@ -314,14 +317,14 @@ TEST(FakeDevice, OnTheCpuTheModelReadsTheRequestsOwnMemory) {
   } restore{registry.at("cpu")};
   registry["cpu"] = &CreateFakeRunner;
   Forget();
-  CacheEntry entry{dir.path(), dir / "model.so", built->spec, "", ""};
+  model::CacheEntry entry{dir.path(), dir / "model.so", built->spec, "", ""};
   LoadOptions opts;
   opts.device = "cpu";
   auto model = LoadCompiledModel(entry, opts);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   json cases = json::parse(*fs::ReadFile(TestData("cases.json")));
   const json& c = cases["mlp"][0];
-  std::vector<HostTensor> inputs;
+  std::vector<model::HostTensor> inputs;
   for (const json& t : c["inputs"]) inputs.push_back(FromCase(t));
   auto outputs = (*model)->Infer(inputs, {});
   ASSERT_TRUE(outputs.ok()) << outputs.status().ToString();
@@ -343,14 +346,14 @@ TEST(FakeDevice, OnTheCpuTheModelReadsTheRequestsOwnMemory) {
 TEST(FakeDevice, ACompiledPackageIsCheckedOnItsOwnDeviceWithItsKernelFilesWhereTheRunnerLooks) {
   ASSERT_TRUE(registered);
   TempDir dir;
-  PackageBuildArgs args;
+  compile::PackageBuildArgs args;
   args.artifact = TestData("fake_device_so.pt2");
   args.out = dir / "staging";
   args.kind = "aoti_compiled";
   args.device = kFakeDevice;
   ASSERT_OK(fs::MakeDirs(args.out));
   Forget();
-  ASSERT_EQ(RunPackageBuild(args), kBuildExitOk);
+  ASSERT_EQ(compile::RunPackageBuild(args), compile::kBuildExitOk);
   EXPECT_EQ(seen.device_str, kFakeDevice);
   // The first runs: at the least batch and one larger, on the device.
   EXPECT_GE(seen.runs, 2);

@@ -16,33 +16,34 @@
 namespace aotid::runtime {
 namespace {
 
-class TimedModel final : public LoadedModel {
+class TimedModel final : public model::LoadedModel {
  public:
   // Each run takes `us_at[threads]` microseconds of Clock(); fails when `fail`.
   TimedModel(std::vector<int> us_at, bool settable = true, bool fail = false)
       : us_at_(std::move(us_at)), settable_(settable), fail_(fail) {
-    spec_.inputs.push_back({"x", DType::kFloat32, {-1, 4}});
-    spec_.inputs.push_back({"ids", DType::kInt64, {3, -1}});
-    spec_.outputs.push_back({"y", DType::kFloat32, {-1, 4}});
+    spec_.inputs.push_back({"x", model::DType::kFloat32, {-1, 4}});
+    spec_.inputs.push_back({"ids", model::DType::kInt64, {3, -1}});
+    spec_.outputs.push_back({"y", model::DType::kFloat32, {-1, 4}});
   }
-  const ModelSpec& spec() const override { return spec_; }
+  const model::ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
   bool SetThreads(int threads) override {
     if (!settable_) return false;
     threads_ = threads;
     return true;
   }
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& inputs, const RunContext&) override {
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>& inputs,
+                                                 const model::RunContext&) override {
     ++runs;
     shapes.clear();
     for (const auto& t : inputs) {
       shapes.push_back(t.shape);
-      if (t.data.size() != static_cast<size_t>(t.num_elements()) * DTypeSize(t.dtype))
+      if (t.data.size() != static_cast<size_t>(t.num_elements()) * model::DTypeSize(t.dtype))
         return Internal("bad data");
     }
     now_s += us_at_.at(threads_) * 1e-6;
     if (fail_) return InvalidArgument("input 'x' is not what the model wants");
-    return std::vector<HostTensor>{};
+    return std::vector<model::HostTensor>{};
   }
 
   std::function<double()> Clock() {
@@ -61,7 +62,7 @@ class TimedModel final : public LoadedModel {
   std::vector<std::vector<int64_t>> shapes;
 
  private:
-  ModelSpec spec_;
+  model::ModelSpec spec_;
   std::string device_ = "cpu";
   std::vector<int> us_at_;
   bool settable_, fail_;
@@ -216,17 +217,18 @@ TEST(ThreadChoice, TheMeterOfThisMachineReadsAShare) {
 #endif  // __linux__
 
 TEST(ThreadChoice, SampleInputsTakeTypicalSizesAndKeepSharedDimsEqual) {
-  ModelSpec spec;
-  spec.inputs.push_back({"ids", DType::kInt64, {-1, -1}});
-  spec.inputs.back().dims = {DimRange{"batch", 1, 64}, DimRange{"seq", 1, 512, 8}};
-  spec.inputs.back().values = ValueRange{3, 49};
-  spec.inputs.push_back({"mask", DType::kFloat32, {-1, -1}});
-  spec.inputs.back().dims = {DimRange{"batch", 1, 64}, DimRange{"seq", 1, 512, 8}};
-  spec.inputs.push_back({"extra", DType::kFloat32, {-1, 2, -1}});
+  model::ModelSpec spec;
+  spec.inputs.push_back({"ids", model::DType::kInt64, {-1, -1}});
+  spec.inputs.back().dims = {model::DimRange{"batch", 1, 64}, model::DimRange{"seq", 1, 512, 8}};
+  spec.inputs.back().values = model::ValueRange{3, 49};
+  spec.inputs.push_back({"mask", model::DType::kFloat32, {-1, -1}});
+  spec.inputs.back().dims = {model::DimRange{"batch", 1, 64}, model::DimRange{"seq", 1, 512, 8}};
+  spec.inputs.push_back({"extra", model::DType::kFloat32, {-1, 2, -1}});
   // No typical recorded: the geometric middle, 16 of 1..256; the max is
   // capped at 4096 (4..1e9 gives 128); below its minimum, a batch is raised.
-  spec.inputs.back().dims = {DimRange{"b2", 4, 1'000'000'000}, std::nullopt, DimRange{"w", 1, 256}};
-  std::vector<HostTensor> in = SampleInputs(spec, 2);
+  spec.inputs.back().dims = {model::DimRange{"b2", 4, 1'000'000'000}, std::nullopt,
+                             model::DimRange{"w", 1, 256}};
+  std::vector<model::HostTensor> in = SampleInputs(spec, 2);
   ASSERT_EQ(in.size(), 3u);
   EXPECT_EQ(in[0].shape, (std::vector<int64_t>{2, 8}));
   EXPECT_EQ(in[1].shape, (std::vector<int64_t>{2, 8}));
@@ -238,11 +240,11 @@ TEST(ThreadChoice, SampleInputsTakeTypicalSizesAndKeepSharedDimsEqual) {
 
   // The middle of a range with no typical, and a shared symbol met first
   // at dim 1 keeps its size where it is dim 0 elsewhere.
-  ModelSpec wide;
-  wide.inputs.push_back({"a", DType::kFloat32, {3, -1}});
-  wide.inputs.back().dims = {std::nullopt, DimRange{"n", 4, 1'000'000}};
-  wide.inputs.push_back({"b", DType::kFloat32, {-1}});
-  wide.inputs.back().dims = {DimRange{"n", 4, 1'000'000}};
+  model::ModelSpec wide;
+  wide.inputs.push_back({"a", model::DType::kFloat32, {3, -1}});
+  wide.inputs.back().dims = {std::nullopt, model::DimRange{"n", 4, 1'000'000}};
+  wide.inputs.push_back({"b", model::DType::kFloat32, {-1}});
+  wide.inputs.back().dims = {model::DimRange{"n", 4, 1'000'000}};
   in = SampleInputs(wide, 1);
   EXPECT_EQ(in[0].shape, (std::vector<int64_t>{3, 128}));
   EXPECT_EQ(in[1].shape, (std::vector<int64_t>{128}));

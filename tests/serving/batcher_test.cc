@@ -14,11 +14,11 @@
 namespace aotid::serving {
 namespace {
 
-using runtime::DType;
-using runtime::HostTensor;
-using runtime::LoadedModel;
-using runtime::ModelSpec;
-using runtime::RunContext;
+using model::DType;
+using model::HostTensor;
+using model::LoadedModel;
+using model::ModelSpec;
+using model::RunContext;
 
 // y = 2x + 1 elementwise over whatever batch it gets; counts its calls
 // (a test can wait for one) and the largest batch. `break_rows` makes it

@@ -29,12 +29,12 @@ text::GenerateSpec Spec() {
 std::shared_ptr<Generator> MakeGenerator() {
   StatusOr<text::GenerateSpec> spec = Spec();
   EXPECT_TRUE(spec.ok()) << spec.status().ToString();
-  runtime::ModelSpec model;
-  runtime::TensorSpec tokens{
-      "tokens", runtime::DType::kInt64, {1, -1}, {std::nullopt, runtime::DimRange{"s", 1, 32}}};
-  runtime::TensorSpec pos{"input_pos", runtime::DType::kInt64, {-1}, {runtime::DimRange{"s", 1, 32}}};
+  model::ModelSpec model;
+  model::TensorSpec tokens{
+      "tokens", model::DType::kInt64, {1, -1}, {std::nullopt, model::DimRange{"s", 1, 32}}};
+  model::TensorSpec pos{"input_pos", model::DType::kInt64, {-1}, {model::DimRange{"s", 1, 32}}};
   model.inputs = {tokens, pos};
-  model.outputs = {{"logits", runtime::DType::kFloat32, {1, 49152}}};
+  model.outputs = {{"logits", model::DType::kFloat32, {1, 49152}}};
   auto gen = Generator::Create(std::move(spec).value(), model);
   EXPECT_TRUE(gen.ok()) << gen.status().ToString();
   return gen.ok() ? *gen : nullptr;
@@ -124,27 +124,27 @@ TEST(Generator, AWaitersCancelCheckRunsOutsideTheGatesLock) {
 }
 
 TEST(Generator, RefusesAModelThatDoesNotFitTheSpec) {
-  runtime::ModelSpec model;
-  model.inputs = {{"tokens", runtime::DType::kInt64, {1, -1}, {std::nullopt, runtime::DimRange{"s", 2, 32}}},
-                  {"input_pos", runtime::DType::kInt64, {-1}}};
-  model.outputs = {{"logits", runtime::DType::kFloat32, {1, 49152}}};
+  model::ModelSpec model;
+  model.inputs = {{"tokens", model::DType::kInt64, {1, -1}, {std::nullopt, model::DimRange{"s", 2, 32}}},
+                  {"input_pos", model::DType::kInt64, {-1}}};
+  model.outputs = {{"logits", model::DType::kFloat32, {1, 49152}}};
   auto gen = Generator::Create(Spec(), model);
   ASSERT_FALSE(gen.ok());
   EXPECT_NE(gen.status().message().find("one token a call"), std::string::npos);
   model.inputs[0].dims.clear();
-  model.outputs[0].dtype = runtime::DType::kFloat16;
+  model.outputs[0].dtype = model::DType::kFloat16;
   gen = Generator::Create(Spec(), model);
   ASSERT_FALSE(gen.ok());
   EXPECT_NE(gen.status().message().find("FP32"), std::string::npos);
   // A tokenizer larger than the model's vocabulary: its ids would index the
   // embedding out of bounds (the runner aborted on them).
-  model.outputs[0] = {"logits", runtime::DType::kFloat32, {1, 1000}};
+  model.outputs[0] = {"logits", model::DType::kFloat32, {1, 1000}};
   gen = Generator::Create(Spec(), model);
   ASSERT_FALSE(gen.ok());
   EXPECT_NE(gen.status().message().find("its tokenizer has 49152 tokens, its logits only 1000"),
             std::string::npos)
       << gen.status().message();
-  model.outputs[0] = {"logits", runtime::DType::kFloat32, {1, 49152}};
+  model.outputs[0] = {"logits", model::DType::kFloat32, {1, 49152}};
   EXPECT_TRUE(Generator::Create(Spec(), model).ok());
 }
 

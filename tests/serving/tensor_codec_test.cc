@@ -10,9 +10,9 @@
 namespace aotid::serving {
 namespace {
 
-using runtime::DType;
-using runtime::HostTensor;
-using runtime::ModelSpec;
+using model::DType;
+using model::HostTensor;
+using model::ModelSpec;
 
 ModelSpec TwoInputSpec() {
   ModelSpec s;
@@ -257,10 +257,10 @@ TEST(TensorCodec, IntegerRangesAreChecked) {
 TEST(TensorCodec, TracedRangesAndSharedDimsAreChecked) {
   ModelSpec s;
   s.inputs.push_back({"input_ids", DType::kInt64, {-1, -1}});
-  s.inputs.back().dims = {runtime::DimRange{"s0", 1, 64}, runtime::DimRange{"s1", 1, 4}};
-  s.inputs.back().values = runtime::ValueRange{0, 49};
+  s.inputs.back().dims = {model::DimRange{"s0", 1, 64}, model::DimRange{"s1", 1, 4}};
+  s.inputs.back().values = model::ValueRange{0, 49};
   s.inputs.push_back({"attention_mask", DType::kFloat32, {-1, -1}});
-  s.inputs.back().dims = {runtime::DimRange{"s0", 1, 64}, runtime::DimRange{"s1", 1, 4}};
+  s.inputs.back().dims = {model::DimRange{"s0", 1, 64}, model::DimRange{"s1", 1, 4}};
   s.outputs.push_back({"y", DType::kFloat32, {-1}});
   auto request = [](const std::string& ids_shape, const std::string& ids, const std::string& mask_shape,
                     const std::string& mask) {

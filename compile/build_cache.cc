@@ -1,0 +1,389 @@
+#include "compile/build_cache.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "base/fs.h"
+#include "base/json.h"
+
+namespace aotid::compile {
+namespace {
+
+constexpr const char* kEntryFiles[] = {"model.so", "spec.json", "package.json"};
+// Written by some builds only: a language model's generate spec.
+constexpr char kGenerateFile[] = "generate.json";
+// Entries written by an aotid with another layout are rebuilt, not loaded.
+constexpr int kLayout = 2;
+
+StatusOr<int64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError(path, errno);
+  return static_cast<int64_t>(st.st_size);
+}
+
+Status CheckKey(const BuildKey& key) {
+  if (!fs::IsSha256Hex(key.artifact)) return InvalidArgument("bad artifact digest '" + key.artifact + "'");
+  for (const std::string* part : {&key.package_model, &key.device, &key.fingerprint}) {
+    if (part->empty() || part->find('/') != std::string::npos || part->find("..") != std::string::npos) {
+      return InvalidArgument("bad build key part '" + *part + "'");
+    }
+  }
+  return Status::OK();
+}
+
+// The kernel files at the top of a staging directory.
+std::vector<std::string> KernelFilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = f.path().filename().string();
+    if (f.is_regular_file() && IsKernelFile(name)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+bool IsKernelFile(const std::string& name) {
+  if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) return false;
+  for (const char* ext : {".cubin", ".fatbin", ".hsaco", ".spv"}) {
+    if (name.size() > std::strlen(ext) && name.ends_with(ext)) return true;
+  }
+  return false;
+}
+
+std::string BuildKey::ToString() const {
+  return artifact + "/" + package_model + "/" + device + "/" + fingerprint + "/" + options;
+}
+
+std::string BuildCache::EntryDir(const BuildKey& key) const {
+  std::string dir =
+      root_ + "/" + key.artifact + "/" + key.package_model + "." + key.device + "." + key.fingerprint;
+  // The options text can be long; its full sha256 names it. Lookup also
+  // compares the manifest's key, so even a collision cannot load the wrong build.
+  if (!key.options.empty()) dir += "." + fs::Sha256Hex(key.options);
+  return dir;
+}
+
+StatusOr<model::CacheEntry> BuildCache::Lookup(const BuildKey& key) const {
+  ASSIGN_OR_RETURN(model::CacheEntry e, LookupFiles(key));
+  // A load of this entry that never finished took its process down. Damage
+  // the sizes did not show is the likely cause: rebuild it. An intact entry
+  // is tried once more (the process may have been killed for another
+  // reason), and not loaded again after a second such end.
+  auto crashed = LoadCrashed(e);
+  if (crashed.has_value()) {
+    Status digest = VerifyDigest(e);
+    if (!digest.ok()) {
+      return Corruption(digest.message() + " (a load of it did not finish: " + crashed->why + ")");
+    }
+    if (crashed->attempts >= kMaxUnfinishedLoads) {
+      return FailedPrecondition("loading this build ended its process " + std::to_string(crashed->attempts) +
+                                " times (" + crashed->why +
+                                "), and its files are intact; it is not loaded again "
+                                "(`aotid cache prune` removes it, and the next start builds it anew)");
+    }
+  }
+  return e;
+}
+
+StatusOr<model::CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
+  RETURN_IF_ERROR(CheckKey(key));
+  model::CacheEntry e;
+  e.dir = EntryDir(key);
+  std::string manifest_path = e.dir + "/manifest.json";
+  if (!fs::Exists(manifest_path)) {
+    if (fs::Exists(e.dir)) return Corruption("cache entry " + e.dir + " has no manifest");
+    return NotFound("no build in cache for " + e.dir);
+  }
+  ASSIGN_OR_RETURN(std::string text, fs::ReadFile(manifest_path));
+  auto m = ParseJsonOrDiscarded(text);
+  if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
+    return Corruption("cache entry " + e.dir + " has an unreadable manifest");
+  }
+  if (m.value("layout", 1) != kLayout) {
+    return Corruption("cache entry " + e.dir + " was written by an older aotid (layout " +
+                      std::to_string(m.value("layout", 1)) + ")");
+  }
+  BuildKey recorded{m.value("artifact", ""), m.value("package_model", ""), m.value("device", ""),
+                    m.value("fingerprint", ""), m.value("options", "")};
+  if (!(recorded == key)) {
+    return Corruption("cache entry " + e.dir +
+                      " holds a build for another key (manifest: " + recorded.ToString() + ")");
+  }
+  for (const char* name : kEntryFiles) {
+    auto want = m["files"].find(name);
+    auto have = FileSize(e.dir + "/" + name);
+    if (want == m["files"].end() || !want->is_number_integer()) {
+      return Corruption("cache entry " + e.dir + " manifest lacks " + name);
+    }
+    if (!have.ok()) return Corruption("cache entry " + e.dir + " is missing " + name);
+    if (*have != want->get<int64_t>()) {
+      return Corruption("cache entry " + e.dir + ": " + name + " is " + std::to_string(*have) +
+                        " bytes, manifest says " + std::to_string(want->get<int64_t>()));
+    }
+  }
+  // The kernel files its manifest names: a device model opens them by name
+  // when it loads or first runs, so one missing is a damaged entry now.
+  for (const auto& [name, want] : m["files"].items()) {
+    if (!IsKernelFile(name)) continue;
+    auto have = FileSize(e.dir + "/" + name);
+    if (!have.ok() || !want.is_number_integer() || *have != want.get<int64_t>()) {
+      return Corruption("cache entry " + e.dir + ": kernel file " + name +
+                        " is missing or not the size its manifest says");
+    }
+  }
+  ASSIGN_OR_RETURN(std::string spec_text, fs::ReadFile(e.dir + "/spec.json"));
+  auto spec = model::ModelSpec::FromJson(spec_text);
+  if (!spec.ok()) return spec.status().WithContext("cache entry " + e.dir);
+  e.spec = std::move(spec).value();
+  e.so_path = e.dir + "/model.so";
+  ASSIGN_OR_RETURN(e.package_json, fs::ReadFile(e.dir + "/package.json"));
+  if (auto want = m["files"].find(kGenerateFile); want != m["files"].end()) {
+    auto have = FileSize(e.dir + "/" + kGenerateFile);
+    if (!have.ok() || !want->is_number_integer() || *have != want->get<int64_t>()) {
+      return Corruption("cache entry " + e.dir + ": " + kGenerateFile +
+                        " is missing or not the size its manifest says");
+    }
+    e.generate_path = e.dir + "/" + kGenerateFile;
+  }
+  return e;
+}
+
+Status BuildCache::VerifyDigest(const model::CacheEntry& e) const {
+  ASSIGN_OR_RETURN(std::string text, fs::ReadFile(e.dir + "/manifest.json"));
+  auto m = ParseJsonOrDiscarded(text);
+  if (m.is_discarded()) return Corruption("cache entry " + e.dir + " has an unreadable manifest");
+  auto want = m.contains("sha256") && m["sha256"].is_object() ? m["sha256"].value("model.so", "") : "";
+  if (want.empty()) return Status::OK();  // written before digests were recorded
+  ASSIGN_OR_RETURN(std::string have, fs::Sha256File(e.dir + "/model.so"));
+  if (have != want) {
+    return Corruption("cache entry " + e.dir +
+                      ": model.so does not match the digest recorded when it was built");
+  }
+  return Status::OK();
+}
+
+namespace {
+std::string LoadMarker(const model::CacheEntry& e) { return e.dir + "/load.pending"; }
+}  // namespace
+
+// load.pending holds "PID ATTEMPTS": the process loading the entry, and how
+// many loads in a row have not finished, this one included.
+Status BuildCache::BeginLoad(const model::CacheEntry& e) const {
+  auto crashed = LoadCrashed(e);
+  int attempts = (crashed ? crashed->attempts : 0) + 1;
+  return fs::WriteFileAtomic(LoadMarker(e),
+                             std::to_string(::getpid()) + " " + std::to_string(attempts) + "\n");
+}
+
+void BuildCache::EndLoad(const model::CacheEntry& e) const { ::unlink(LoadMarker(e).c_str()); }
+
+std::vector<RecordedThreads> BuildCache::ListThreads(const std::string& entry_dir) const {
+  std::vector<RecordedThreads> out;
+  auto text = fs::ReadFile(entry_dir + "/threads.json");
+  if (!text.ok() || text->size() > (1 << 20)) return out;
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
+  if (!j.is_object()) return out;
+  for (const auto& [key, r] : j.items()) {
+    if (!r.is_object() || !r.contains("threads") || !r["threads"].is_number_integer()) continue;
+    int64_t threads = r["threads"].get<int64_t>();
+    if (threads < 1 || threads > 4096) continue;
+    RecordedThreads rec;
+    rec.key = key;
+    rec.threads = static_cast<int>(threads);
+    if (r.contains("note") && r["note"].is_string()) rec.note = r["note"].get<std::string>().substr(0, 300);
+    if (r.contains("at_ms") && r["at_ms"].is_number_integer()) rec.at_ms = r["at_ms"].get<int64_t>();
+    if (r.contains("settled") && r["settled"].is_boolean()) rec.settled = r["settled"].get<bool>();
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+std::optional<RecordedThreads> BuildCache::ReadThreads(const std::string& entry_dir,
+                                                       const std::string& key) const {
+  for (auto& r : ListThreads(entry_dir)) {
+    if (r.key == key) return r;
+  }
+  return std::nullopt;
+}
+
+Status BuildCache::RecordThreads(const std::string& entry_dir, const RecordedThreads& r) const {
+  std::vector<RecordedThreads> all = ListThreads(entry_dir);
+  std::erase_if(all, [&](const RecordedThreads& x) { return x.key == r.key; });
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.at_ms > b.at_ms; });
+  if (all.size() > 15) all.resize(15);
+  all.push_back(r);
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& x : all) {
+    j[x.key] = {
+        {"threads", x.threads}, {"note", x.note.substr(0, 300)}, {"at_ms", x.at_ms}, {"settled", x.settled}};
+  }
+  return fs::WriteFileAtomic(entry_dir + "/threads.json",
+                             j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+bool BuildCache::ForgetThreads(const std::string& entry_dir) const {
+  return ::unlink((entry_dir + "/threads.json").c_str()) == 0;
+}
+
+std::optional<BuildCache::UnfinishedLoad> BuildCache::LoadCrashed(const model::CacheEntry& e) const {
+  auto text = fs::ReadFile(LoadMarker(e));
+  if (!text.ok()) return std::nullopt;
+  long pid = 0;
+  int attempts = 1;
+  if (std::sscanf(text->c_str(), "%ld %d", &pid, &attempts) < 1) pid = 0;
+  if (pid == ::getpid()) return std::nullopt;  // a load of ours, still running
+  return UnfinishedLoad{std::max(attempts, 1),
+                        "pid " + std::to_string(pid) + " began loading it and never finished"};
+}
+
+StatusOr<std::string> BuildCache::NewStaging(const BuildKey& key) const {
+  RETURN_IF_ERROR(CheckKey(key));
+  return fs::MakeTempDir(root_ + "/.staging", key.artifact.substr(0, 12) + "-");
+}
+
+StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const BuildKey& key) const {
+  auto fail = [&](Status s) {
+    (void)fs::RemoveAll(staging);
+    return s;
+  };
+  Status key_ok = CheckKey(key);
+  if (!key_ok.ok()) return fail(key_ok);
+  nlohmann::json manifest;
+  manifest["artifact"] = key.artifact;
+  manifest["package_model"] = key.package_model;
+  manifest["device"] = key.device;
+  manifest["fingerprint"] = key.fingerprint;
+  manifest["options"] = key.options;
+  manifest["layout"] = kLayout;
+  for (const char* name : kEntryFiles) {
+    auto size = FileSize(staging + "/" + name);
+    if (!size.ok()) return fail(Corruption("build produced no " + std::string(name)));
+    manifest["files"][name] = *size;
+  }
+  if (fs::Exists(staging + "/" + kGenerateFile)) {
+    auto size = FileSize(staging + "/" + kGenerateFile);
+    if (!size.ok()) return fail(size.status());
+    manifest["files"][kGenerateFile] = *size;
+  }
+  std::vector<std::string> kernels = KernelFilesIn(staging);
+  for (const auto& name : kernels) {
+    auto size = FileSize(staging + "/" + name);
+    if (!size.ok()) return fail(size.status());
+    manifest["files"][name] = *size;
+  }
+  // Damage that keeps a file's size shows only in its digest; it is checked
+  // when a load of the entry did not finish (LoadCrashed) and by `cache ls`.
+  auto digest = fs::Sha256File(staging + "/model.so");
+  if (!digest.ok()) return fail(digest.status());
+  manifest["sha256"]["model.so"] = *digest;
+  auto spec_text = fs::ReadFile(staging + "/spec.json");
+  if (!spec_text.ok()) return fail(spec_text.status());
+  auto spec = model::ModelSpec::FromJson(*spec_text);
+  if (!spec.ok()) return fail(spec.status().WithContext("build output"));
+  // Everything the worker wrote is fsynced before the manifest names it.
+  std::vector<std::string> written = {"model.so", "spec.json", "package.json", kGenerateFile, "build.log"};
+  written.insert(written.end(), kernels.begin(), kernels.end());
+  for (const auto& name : written) {
+    std::string p = staging + "/" + name;
+    if (!fs::Exists(p)) continue;
+    FILE* f = std::fopen(p.c_str(), "rb");
+    if (f != nullptr) {
+      ::fsync(fileno(f));
+      std::fclose(f);
+    }
+  }
+  Status s = fs::WriteFileAtomic(staging + "/manifest.json", manifest.dump(2));
+  if (!s.ok()) return fail(s);
+
+  std::string dest = EntryDir(key);
+  std::string parent = root_ + "/" + key.artifact;
+  s = fs::MakeDirs(parent);
+  if (!s.ok()) return fail(s);
+  if (fs::Exists(dest)) {
+    // A damaged entry: move it aside first so the rename below cannot fail
+    // on a non-empty directory, then drop it.
+    std::string old = staging + ".old";
+    if (::rename(dest.c_str(), old.c_str()) != 0) return fail(ErrnoError("move aside " + dest, errno));
+    (void)fs::RemoveAll(old);
+  }
+  if (::rename(staging.c_str(), dest.c_str()) != 0) return fail(ErrnoError("rename into " + dest, errno));
+  s = fs::FsyncDir(parent);
+  if (!s.ok()) return s;
+  model::CacheEntry e;
+  e.dir = dest;
+  e.so_path = dest + "/model.so";
+  e.spec = std::move(spec).value();
+  auto package_json = fs::ReadFile(dest + "/package.json");
+  if (!package_json.ok()) return package_json.status();
+  e.package_json = std::move(package_json).value();
+  if (manifest["files"].contains(kGenerateFile)) e.generate_path = dest + "/" + kGenerateFile;
+  return e;
+}
+
+std::vector<CacheListing> BuildCache::List() const {
+  std::vector<CacheListing> out;
+  std::error_code ec;
+  for (const auto& a : std::filesystem::directory_iterator(root_, ec)) {
+    std::string artifact = a.path().filename().string();
+    if (!a.is_directory() || !fs::IsSha256Hex(artifact)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(a.path(), ec)) {
+      if (!e.is_directory()) continue;
+      CacheListing l;
+      l.dir = e.path().string();
+      l.key.artifact = artifact;
+      for (const auto& f : std::filesystem::recursive_directory_iterator(e.path(), ec)) {
+        if (f.is_regular_file()) l.bytes += static_cast<int64_t>(f.file_size());
+      }
+      auto text = fs::ReadFile(l.dir + "/manifest.json");
+      auto m = text.ok() ? ParseJsonOrDiscarded(*text) : nlohmann::json();
+      if (!m.is_object()) {
+        l.status = Corruption("no readable manifest (an interrupted or damaged entry)");
+      } else {
+        l.key.package_model = m.value("package_model", "");
+        l.key.device = m.value("device", "");
+        l.key.fingerprint = m.value("fingerprint", "");
+        l.key.options = m.value("options", "");
+        auto found = Lookup(l.key);
+        l.status = found.ok()                 ? Status::OK()
+                   : EntryDir(l.key) != l.dir ? Corruption("its manifest describes another entry")
+                                              : found.status();
+      }
+      out.push_back(std::move(l));
+    }
+  }
+  return out;
+}
+
+Status BuildCache::ClearStaging() const {
+  RETURN_IF_ERROR(fs::RemoveAll(root_ + "/.staging"));
+  return fs::MakeDirs(root_ + "/.staging");
+}
+
+int BuildCache::RemoveFailedLogs(const std::set<std::string>& used, bool dry_run) const {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& a : std::filesystem::directory_iterator(root_, ec)) {
+    std::string artifact = a.path().filename().string();
+    if (!a.is_directory() || !fs::IsSha256Hex(artifact) || used.count(artifact)) continue;
+    std::error_code inner;
+    for (const auto& f : std::filesystem::directory_iterator(a.path(), inner)) {
+      if (!f.is_regular_file() || !f.path().filename().string().ends_with(".failed.log")) continue;
+      ++removed;
+      if (!dry_run) ::unlink(f.path().c_str());
+    }
+    if (!dry_run) ::rmdir(a.path().c_str());  // only when empty
+  }
+  return removed;
+}
+
+}  // namespace aotid::compile

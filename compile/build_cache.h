@@ -1,0 +1,142 @@
+// The cache of builds for this machine, under <store>/cache:
+//
+//   <artifact sha256>/<package model>.<device>.<fingerprint>[.<sha256 of options>]/
+//       model.so      the compiled model with its weights, loaded in place
+//       spec.json     inputs and outputs (names, datatypes, shapes)
+//       package.json  the package's metadata (AOTInductor's and the author's)
+//       generate.json a language model's generate spec and tokenizer (only those)
+//       *.cubin ...   kernel files a device model opens by name from the
+//                     folder its runner is given (IsKernelFile); only those
+//       build.log     the build's output
+//       manifest.json what the entry holds, with file sizes; written last
+//   <artifact sha256>/<entry>.failed.log   the log of the last build of that
+//       entry that failed (removed when one succeeds)
+//   .staging/         entries being built; never read, cleared at start
+//
+// An entry appears by rename of a complete staging directory, so a crash
+// leaves either a whole entry or none. An entry whose files do not match its
+// manifest is treated as absent (and rebuilt).
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+
+#include "base/status.h"
+#include "model/cache_entry.h"
+#include "model/tensor.h"
+
+namespace aotid::compile {
+
+// Whether `name` is a kernel file a compiled model opens at run time from
+// the folder its runner is given (bin_dir), rather than from model.so:
+// CUDA's .cubin and .fatbin (torch writes one per Triton kernel unless
+// aot_inductor.embed_kernel_binary), ROCm's .hsaco, XPU's .spv. A build
+// keeps a package's kernel files beside model.so, by their own names.
+bool IsKernelFile(const std::string& name);
+
+struct BuildKey {
+  std::string artifact;  // sha256 hex
+  std::string package_model;
+  std::string device;  // "cpu", "cuda", "mps"
+  std::string fingerprint;
+  std::string options;  // inductor options (JSON object text), "" for none
+
+  bool operator==(const BuildKey&) const = default;
+  // "artifact/package_model/device/fingerprint/options", for logs and maps.
+  std::string ToString() const;
+};
+
+// Threads per run that timing this build on this machine chose
+// (runtime/thread_choice.h), kept in its entry (threads.json, one record
+// per key: versions sharing a build may time it at different batches) so
+// that later loads use a settled one rather than time it again.
+struct RecordedThreads {
+  std::string key;  // what the timing depended on (machine, most threads, batch); reused only on a match
+  int threads = 0;
+  std::string note;  // as the timing said it
+  int64_t at_ms = 0;
+  bool settled = true;  // false: the machine was busy; kept only so that `set threads=` can ask again
+};
+
+// One entry as `aotid cache ls` shows it.
+struct CacheListing {
+  std::string dir;
+  BuildKey key;
+  int64_t bytes = 0;
+  Status status;  // ok, or what is wrong with it (missing files, older layout)
+};
+
+class BuildCache {
+ public:
+  explicit BuildCache(std::string root) : root_(std::move(root)) {}
+
+  // Ok with the entry when it is complete and intact and its manifest names
+  // exactly `key`; NotFound when absent; Corruption (with what is wrong)
+  // when present but damaged or built for another key. When a load of the
+  // entry ended its process (LoadCrashed): Corruption if model.so no longer
+  // matches its digest (rebuild it); FailedPrecondition once that happened
+  // kMaxUnfinishedLoads times in a row to an intact entry (do not load it
+  // again).
+  StatusOr<model::CacheEntry> Lookup(const BuildKey& key) const;
+
+  // model.so against the digest its manifest recorded; Corruption on a
+  // mismatch. Reads the whole file.
+  Status VerifyDigest(const model::CacheEntry& entry) const;
+
+  // Brackets a load of `entry` by this process with a marker file, so the
+  // next process to look the entry up knows when a load ended the process
+  // that made it (a damaged build can crash while loading).
+  Status BeginLoad(const model::CacheEntry& entry) const;
+  void EndLoad(const model::CacheEntry& entry) const;
+  // A load of `entry` by another process that never finished: how many in
+  // a row, and what is known of the last. Nothing when none is known.
+  struct UnfinishedLoad {
+    int attempts = 1;
+    std::string why;
+  };
+  std::optional<UnfinishedLoad> LoadCrashed(const model::CacheEntry& entry) const;
+  // Unfinished loads of an intact entry before Lookup stops offering it.
+  static constexpr int kMaxUnfinishedLoads = 2;
+
+  // A fresh, empty staging directory for a build of `key`.
+  StatusOr<std::string> NewStaging(const BuildKey& key) const;
+
+  // Checks the staging directory holds model.so, package.json and a valid spec.json,
+  // writes the manifest (which names its kernel files too, so that Lookup
+  // finds one missing), and renames it into place (replacing a damaged
+  // entry). The staging directory is gone afterwards either way.
+  StatusOr<model::CacheEntry> Commit(const std::string& staging, const BuildKey& key) const;
+
+  // Removes every staging directory: at start, none of them can be live.
+  Status ClearStaging() const;
+
+  // Every entry (complete or not) under the root.
+  std::vector<CacheListing> List() const;
+
+  // The entry's recorded threads for `key`; nullopt when none (or
+  // unreadable: it is only a shortcut, and timing again replaces it).
+  std::optional<RecordedThreads> ReadThreads(const std::string& entry_dir, const std::string& key) const;
+  // Every well-formed record of the entry.
+  std::vector<RecordedThreads> ListThreads(const std::string& entry_dir) const;
+  // Adds or replaces the record of r.key (at most 16 kept, the newest).
+  Status RecordThreads(const std::string& entry_dir, const RecordedThreads& r) const;
+  // Removes the record, so the next load times the build again; true when
+  // there was one.
+  bool ForgetThreads(const std::string& entry_dir) const;
+
+  std::string EntryDir(const BuildKey& key) const;
+  // Where the log of the last failed build of `key` is kept.
+  std::string FailedLogPath(const BuildKey& key) const { return EntryDir(key) + ".failed.log"; }
+  // Removes the failed builds' logs of every artifact not in `used`, and
+  // the artifact folders they leave empty; how many logs (with `dry_run`:
+  // would be removed).
+  int RemoveFailedLogs(const std::set<std::string>& used, bool dry_run) const;
+  const std::string& root() const { return root_; }
+
+ private:
+  StatusOr<model::CacheEntry> LookupFiles(const BuildKey& key) const;
+  std::string root_;
+};
+
+}  // namespace aotid::compile

@@ -1,0 +1,201 @@
+#include "compile/build_cache.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "base/fs.h"
+#include "test_util.h"
+
+namespace aotid::compile {
+namespace {
+
+using testing::TempDir;
+
+class BuildCacheTest : public ::testing::Test {
+ protected:
+  BuildKey key_{std::string(64, 'a'), "model", "cpu", "linux-x86_64-avx2-torch2-0"};
+  TempDir dir_;
+  BuildCache cache_{dir_.path()};
+
+  std::string Stage() {
+    auto s = cache_.NewStaging(key_);
+    EXPECT_TRUE(s.ok());
+    model::ModelSpec spec;
+    spec.inputs.push_back({"x", model::DType::kFloat32, {-1, 2}});
+    EXPECT_OK(fs::WriteFileAtomic(*s + "/model.so", "model bytes"));
+    EXPECT_OK(fs::WriteFileAtomic(*s + "/spec.json", spec.ToJson()));
+    EXPECT_OK(fs::WriteFileAtomic(*s + "/package.json", R"({"kind": "exported_program"})"));
+    return *s;
+  }
+};
+
+TEST_F(BuildCacheTest, CommitThenLookupFindsEntry) {
+  EXPECT_EQ(cache_.Lookup(key_).status().code(), StatusCode::kNotFound);
+  auto e = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto found = cache_.Lookup(key_);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->spec.inputs[0].name, "x");
+  EXPECT_EQ(*fs::ReadFile(found->so_path), "model bytes");
+  EXPECT_EQ(found->so_path, cache_.EntryDir(key_) + "/model.so");
+  EXPECT_EQ(found->package_json, R"({"kind": "exported_program"})");
+}
+
+// A CUDA model opens its .cubin files by name from the entry's folder when
+// it loads: they are part of the entry, and one gone is a damaged entry.
+TEST_F(BuildCacheTest, KernelFilesAreKeptInTheEntryAndOneMissingIsCorruption) {
+  BuildKey cuda = key_;
+  cuda.device = "cuda";
+  std::string staging = Stage();
+  ASSERT_OK(fs::WriteFileAtomic(staging + "/triton_poi_0.cubin", "kernel bytes"));
+  ASSERT_OK(fs::WriteFileAtomic(staging + "/notes.txt", "not a kernel"));
+  auto e = cache_.Commit(staging, cuda);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(fs::ReadFile(e->dir + "/triton_poi_0.cubin").value_or(""), "kernel bytes");
+  std::string manifest = *fs::ReadFile(e->dir + "/manifest.json");
+  EXPECT_NE(manifest.find("\"triton_poi_0.cubin\": 12"), std::string::npos) << manifest;
+  EXPECT_EQ(manifest.find("notes.txt"), std::string::npos) << manifest;
+  ASSERT_TRUE(cache_.Lookup(cuda).ok());
+  ASSERT_EQ(::unlink((e->dir + "/triton_poi_0.cubin").c_str()), 0);
+  auto found = cache_.Lookup(cuda);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("kernel file triton_poi_0.cubin is missing"), std::string::npos)
+      << found.status().message();
+}
+
+TEST(IsKernelFile, NamesTheFilesAModelOpensFromItsBinDir) {
+  for (const char* yes : {"triton_poi_fused_0.cubin", "k.fatbin", "k.hsaco", "k.spv"}) {
+    EXPECT_TRUE(IsKernelFile(yes)) << yes;
+  }
+  for (const char* no :
+       {"model.so", "spec.json", ".cubin", "a/b.cubin", "../x.cubin", "x.cubin.o", "x.cpp"}) {
+    EXPECT_FALSE(IsKernelFile(no)) << no;
+  }
+}
+
+TEST_F(BuildCacheTest, TruncatedModelIsCorruptionAndRecommitReplacesIt) {
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  ASSERT_OK(fs::WriteFileAtomic(cache_.EntryDir(key_) + "/model.so", "model"));
+  auto found = cache_.Lookup(key_);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("model.so"), std::string::npos);
+  auto listed = cache_.List();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].status.code(), StatusCode::kCorruption);
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  EXPECT_TRUE(cache_.Lookup(key_).ok());
+}
+
+TEST_F(BuildCacheTest, InductorOptionsMakeTheirOwnEntry) {
+  BuildKey tuned = key_;
+  tuned.options = R"({"max_autotune":true})";
+  EXPECT_NE(cache_.EntryDir(tuned), cache_.EntryDir(key_));
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  EXPECT_EQ(cache_.Lookup(tuned).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(cache_.Commit(Stage(), tuned).ok());
+  auto listed = cache_.List();
+  ASSERT_EQ(listed.size(), 2u);
+  for (const auto& l : listed) {
+    EXPECT_OK(l.status);
+    EXPECT_EQ(l.key.fingerprint, key_.fingerprint);
+    EXPECT_GT(l.bytes, 0);
+  }
+}
+
+TEST_F(BuildCacheTest, EntryOfAnOlderLayoutIsRebuiltNotLoaded) {
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
+  std::string manifest = *fs::ReadFile(cache_.EntryDir(key_) + "/manifest.json");
+  manifest.replace(manifest.find("\"layout\": 2"), 11, "\"layout\": 1");
+  ASSERT_OK(fs::WriteFileAtomic(cache_.EntryDir(key_) + "/manifest.json", manifest));
+  auto found = cache_.Lookup(key_);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("older aotid"), std::string::npos) << found.status().message();
+}
+
+TEST_F(BuildCacheTest, StagingWithoutOutputsIsRefusedAndRemoved) {
+  auto s = cache_.NewStaging(key_);
+  ASSERT_TRUE(s.ok());
+  auto e = cache_.Commit(*s, key_);
+  EXPECT_FALSE(e.ok());
+  EXPECT_FALSE(fs::Exists(*s));
+  EXPECT_EQ(cache_.Lookup(key_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(BuildCacheTest, KeysThatWouldEscapeTheCacheAreRefused) {
+  BuildKey bad = key_;
+  bad.artifact = "../../etc";
+  EXPECT_EQ(cache_.Lookup(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = key_;
+  bad.package_model = "../x";
+  EXPECT_EQ(cache_.NewStaging(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(BuildCacheTest, OptionsAreNamedByTheirFullDigest) {
+  BuildKey tuned = key_;
+  tuned.options = R"({"freezing":true})";
+  std::string dir = cache_.EntryDir(tuned);
+  EXPECT_EQ(dir.substr(dir.rfind('.') + 1), fs::Sha256Hex(tuned.options));
+}
+
+// Two keys whose entries land in one directory (as a weak hash of the
+// options could make them) must not load each other's build: the manifest
+// names the key it was built for, and Lookup compares it.
+TEST_F(BuildCacheTest, EntryWhoseManifestNamesAnotherKeyIsNeverLoaded) {
+  BuildKey a = key_, b = key_;
+  a.options = R"({"max_autotune":true})";
+  b.options = R"({"max_autotune":false})";
+  auto built = cache_.Commit(Stage(), a);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  std::filesystem::rename(built->dir, cache_.EntryDir(b));  // b's directory now holds a's build
+  auto found = cache_.Lookup(b);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("holds a build for another key"), std::string::npos)
+      << found.status().message();
+}
+
+// As a killed process leaves it: the marker of a load that never finished.
+void LeaveUnfinishedLoad(const model::CacheEntry& e, int attempts) {
+  ASSERT_OK(fs::WriteFileAtomic(e.dir + "/load.pending", "999999999 " + std::to_string(attempts) + "\n"));
+}
+
+// Bytes of model.so overwritten in place: the size still matches, so only
+// the digest shows it. Loading such a build once crashed the daemon at
+// every start.
+TEST_F(BuildCacheTest, EntryDamagedInPlaceIsRebuiltAfterALoadDidNotFinish) {
+  auto e = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_OK(cache_.VerifyDigest(*e));
+  ASSERT_OK(fs::WriteFileAtomic(e->so_path, "MODEL bytes"));  // same size
+  EXPECT_TRUE(cache_.Lookup(key_).ok());                      // sizes alone cannot tell
+  EXPECT_EQ(cache_.VerifyDigest(*e).code(), StatusCode::kCorruption);
+  LeaveUnfinishedLoad(*e, 1);
+  auto found = cache_.Lookup(key_);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("does not match the digest"), std::string::npos)
+      << found.status().message();
+  EXPECT_NE(found.status().message().find("never finished"), std::string::npos);
+  ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());  // the rebuild replaces it, marker and all
+  EXPECT_TRUE(cache_.Lookup(key_).ok());
+}
+
+TEST_F(BuildCacheTest, IntactEntryIsOfferedAgainOnceThenNotAfterASecondUnfinishedLoad) {
+  auto e = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(e.ok());
+  ASSERT_OK(cache_.BeginLoad(*e));
+  EXPECT_TRUE(cache_.Lookup(key_).ok());  // our own load, still running: no crash
+  cache_.EndLoad(*e);
+  LeaveUnfinishedLoad(*e, 1);  // killed once while loading
+  EXPECT_TRUE(cache_.Lookup(key_).ok());
+  ASSERT_OK(cache_.BeginLoad(*e));                                            // the retry counts on
+  ASSERT_OK(fs::WriteFileAtomic(e->dir + "/load.pending", "999999999 2\n"));  // and ends its process too
+  auto found = cache_.Lookup(key_);
+  EXPECT_EQ(found.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(found.status().message().find("ended its process 2 times"), std::string::npos)
+      << found.status().message();
+  cache_.EndLoad(*e);  // a load that finishes clears the count
+  EXPECT_TRUE(cache_.Lookup(key_).ok());
+}
+
+}  // namespace
+}  // namespace aotid::compile
