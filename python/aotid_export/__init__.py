@@ -30,12 +30,22 @@ output's datatype and shape, which a compiled model does not carry.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
+import keyword
+import os
+import re
+import subprocess
+import sys
+import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
 
-__all__ = ["export", "export_many", "AOTID_EXTRA_FILE", "FORMATS"]
+from .outputs import named_outputs
+
+__all__ = ["export", "export_many", "check_package", "named_outputs", "ExportError", "AOTID_EXTRA_FILE", "FORMATS"]
 
 FORMATS = ("exported_program", "aoti", "aoti_source")
 
@@ -43,19 +53,234 @@ AOTID_EXTRA_FILE = "aotid.json"
 MAX_DYNAMIC_BATCH = 1 << 16
 
 
+class ExportError(ValueError):
+    """The package would fail where aotid builds it; refused at export."""
+
+
+# Parameters a positional example rarely means to fill: a cache, labels,
+# embeddings given instead of ids, and flags (transformers' spelling).
+_UNLIKELY_POSITIONAL = re.compile(r"past|cache|labels?$|head_mask|embeds|^output_|^return_|^use_")
+
+
+def _forward_parameters(model) -> list:
+    try:
+        return list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C forward: nothing to read
+        return []
+
+
 def _input_names(model: torch.nn.Module, n: int, given: Sequence[str] | None) -> list[str]:
     if given is not None:
         if len(given) != n:
             raise ValueError(f"input_names has {len(given)} names for {n} example inputs")
         return list(given)
-    import inspect
-
-    params = [
-        p.name
-        for p in inspect.signature(model.forward).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    params = [p.name for p in _forward_parameters(model) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return params[:n] if len(params) >= n else [f"input{i}" for i in range(n)]
+
+
+def _warn_unlikely_positional(model, n: int) -> None:
+    """Warns where a positional example lands on a parameter it is rarely
+    meant for (GPT-2's forward(input_ids, past_key_values, attention_mask)
+    called with (ids, mask) gives the mask as the cache)."""
+    params = [p for p in _forward_parameters(model) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for i, p in enumerate(params[:n]):
+        if p.default is not p.empty and _UNLIKELY_POSITIONAL.search(p.name):
+            first = params[0].name if params else "input_ids"
+            warnings.warn(
+                f"example input {i} goes to {type(model).__name__}.forward's parameter '{p.name}', by position; "
+                f"if it is meant for another parameter, give the example as a dict of keyword inputs, "
+                f"e.g. {{'{first}': ..., 'attention_mask': ...}}", stacklevel=4)
+            return
+
+
+class _Inputs:
+    """The example as aotid serves it: named tensors, in order, and how each
+    reaches forward (the first ``n_positional`` by position, the rest by
+    their names), plus keyword constants the program is traced with."""
+
+    def __init__(self, names, tensors, n_positional, constants):
+        self.names, self.tensors, self.n_positional, self.constants = names, tensors, n_positional, constants
+
+    def call(self, forward, tensors):
+        n = self.n_positional
+        return forward(*tensors[:n], **dict(zip(self.names[n:], tensors[n:])), **self.constants)
+
+
+def _inputs(model, example_inputs, input_names) -> _Inputs:
+    if not isinstance(example_inputs, Mapping):
+        tensors = tuple(example_inputs)
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"example input {i} is a {type(t).__name__}; aotid serves tensor inputs only")
+        if input_names is None:
+            _warn_unlikely_positional(model, len(tensors))
+        return _Inputs(_input_names(model, len(tensors), input_names), tensors, len(tensors), {})
+    if input_names is not None:
+        raise ValueError("input_names goes with a tuple example; a dict example names its inputs by its keys")
+    params = _forward_parameters(model)
+    by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    where = f"{type(model).__name__}.forward"
+    names, tensors, constants = [], [], {}
+    for key, value in example_inputs.items():
+        if not isinstance(key, str):
+            raise TypeError(f"example keys are forward's parameter names; {key!r} is a {type(key).__name__}")
+        if key not in by_name and not takes_any:
+            raise TypeError(f"example input '{key}' is not a parameter of {where} (it takes "
+                            f"{', '.join(by_name) or 'no keyword parameters'})")
+        if isinstance(value, torch.Tensor):
+            names.append(key)
+            tensors.append(value)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            constants[key] = value  # traced with it, not an input: use_cache=False and the like
+        else:
+            raise TypeError(f"example input '{key}' is a {type(value).__name__}; aotid serves tensor inputs "
+                            "only (a bool, int, float, str or None is traced as a constant)")
+    for p in params:
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names \
+                and p.name not in constants:
+            raise TypeError(f"{where} needs '{p.name}' (it has no default): give it in the example")
+        if p.default is p.empty and p.kind == p.POSITIONAL_ONLY:
+            raise TypeError(f"{where} takes '{p.name}' by position only: give the example as a tuple")
+    if not tensors:
+        raise ValueError("the example has no tensor inputs")
+    return _Inputs(names, tuple(tensors), 0, constants)
+
+
+def _dim_items(spec):
+    if isinstance(spec, Mapping):
+        return list(spec.items())
+    if isinstance(spec, (list, tuple)):
+        return list(enumerate(spec))
+    return []
+
+
+def _is_root_dim(d) -> bool:
+    from torch.export.dynamic_shapes import _DerivedDim
+
+    return isinstance(d, torch.export.Dim) and not isinstance(d, _DerivedDim) and isinstance(
+        getattr(d, "__name__", None), str)
+
+
+def _bound(v) -> int | None:
+    return int(v) if isinstance(v, int) and abs(v) < 2**62 else None
+
+
+def _traced_sizes(tensors, specs):
+    """The example with every size-1 dynamic dim repeated to 2: torch.export
+    specializes a size of 1 (the command line traces at 2 too)."""
+    from torch.export.dynamic_shapes import _DerivedDim
+
+    derived = {d.root.__name__ for s in specs for _, d in _dim_items(s) if isinstance(d, _DerivedDim)}
+    out = []
+    for t, spec in zip(tensors, specs):
+        for i, d in _dim_items(spec):
+            if not (_is_root_dim(d) and d.__name__ not in derived and isinstance(i, int) and 0 <= i < t.dim()):
+                continue
+            hi = _bound(d.max)
+            if t.shape[i] == 1 and (hi is None or hi >= 2):
+                t = torch.cat([t, t], dim=i)
+        out.append(t)
+    return tuple(out)
+
+
+def _fixes_made(old_specs, new_specs) -> list[str]:
+    """What torch.export's suggested fixes changed, one line per dim:
+    ``samples: min 400 → 720``."""
+    said, lines = set(), []
+    for old, new in zip(old_specs, new_specs):
+        new_items = dict(_dim_items(new))
+        for i, d in _dim_items(old):
+            name = getattr(d, "__name__", None)
+            if not isinstance(name, str) or name in said:
+                continue
+            n = new_items.get(i)
+            if isinstance(n, int):
+                lines.append(f"{name}: dynamic → fixed at {n}")
+            elif getattr(n, "__name__", name) != name:
+                lines.append(f"{name}: now {n.__name__}")
+            else:
+                changed = [f"{k} {_bound(getattr(d, k))} → {_bound(getattr(n, k))}" for k in ("min", "max")
+                           if _bound(getattr(d, k)) != _bound(getattr(n, k))]
+                if not changed:
+                    continue
+                lines.append(f"{name}: {', '.join(changed)}")
+            said.add(name)
+    return lines
+
+
+def _suggested_fixes(error: Exception) -> str | None:
+    text = getattr(error, "msg", None)
+    text = text if isinstance(text, str) else str(error)
+    if "Suggested fixes:" not in text:
+        return None
+    # The fixes alone: torch's own parser stops at nothing.
+    head, _, rest = text.partition("Suggested fixes:")
+    fixes = []
+    for line in rest.strip("\n").splitlines():
+        if not line.strip():
+            break
+        fixes.append(line)
+    return head + "Suggested fixes:\n" + "\n".join(fixes) if fixes else None
+
+
+def _flat_forward(model, inputs: _Inputs, seen: list):
+    """A forward taking the inputs by position, in order, that returns the
+    model's output flattened to a tensor or a tuple of tensors (so the
+    program's outputs are plain whatever the model returns), noting their
+    names in ``seen``."""
+    original = model.forward
+
+    def forward(*tensors):
+        out = inputs.call(original, tensors)
+        named = named_outputs(out)
+        seen[:] = [n for n, _ in named]
+        if isinstance(out, torch.Tensor):
+            return out
+        return tuple(t for _, t in named)
+
+    # torch.export names the placeholders, and matches dynamic_shapes, by
+    # this signature.
+    params, used = [], set()
+    for i, name in enumerate(inputs.names):
+        ok = name.isidentifier() and not keyword.iskeyword(name) and name not in used
+        params.append(inspect.Parameter(name if ok else f"input{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        used.add(params[-1].name)
+    forward.__signature__ = inspect.Signature(params)
+    return forward
+
+
+@contextlib.contextmanager
+def _forward_replaced(model, forward):
+    had = "forward" in vars(model)
+    before = vars(model).get("forward")
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = before
+        else:
+            del model.forward
+
+
+def _trace(model, tensors, specs):
+    """torch.export's program, and the specs it was traced with: when it
+    suggests fixes to them, they are applied once and said."""
+    try:
+        return torch.export.export(model, tensors, dynamic_shapes=specs, strict=False), specs
+    except Exception as e:
+        fixes = _suggested_fixes(e) if specs is not None else None
+        if fixes is None:
+            raise
+        try:
+            refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(fixes, specs)
+        except Exception:
+            raise e from None
+        made = _fixes_made(specs, refined)
+        print("aotid_export: torch.export suggested fixes to the dynamic dims; exporting again with them:\n  "
+              + "\n  ".join(made or ["(no dim changed)"]), file=sys.stderr)
+        return torch.export.export(model, tensors, dynamic_shapes=refined, strict=False), refined
 
 
 def _declared_dims(example_inputs, dynamic_shapes, record_typical):
@@ -66,8 +291,7 @@ def _declared_dims(example_inputs, dynamic_shapes, record_typical):
     out = []
     for t, spec in zip(example_inputs, dynamic_shapes):
         dims = [None] * t.dim()
-        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
-        for i, d in items:
+        for i, d in _dim_items(spec):
             name, lo, hi = getattr(d, "__name__", None), getattr(d, "min", None), getattr(d, "max", None)
             if not isinstance(i, int) or not 0 <= i < t.dim() or not isinstance(name, str):
                 continue  # Dim.AUTO and the like: nothing declared to record
@@ -86,13 +310,11 @@ def _declared_dims(example_inputs, dynamic_shapes, record_typical):
 def _export_program(model, example_inputs, input_names, output_names, dynamic_batch, dynamic_shapes=None,
                     record_typical=True):
     """The exported program and the names aotid will show."""
-    example_inputs = tuple(example_inputs)
-    for i, t in enumerate(example_inputs):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"example input {i} is a {type(t).__name__}; aotid serves tensor inputs only")
-    names = _input_names(model, len(example_inputs), input_names)
+    inputs = _inputs(model, example_inputs, input_names)
+    names, tensors = inputs.names, inputs.tensors
     if dynamic_shapes is not None and dynamic_batch:
         raise ValueError("give dynamic_batch or dynamic_shapes, not both (dynamic_shapes can say dim 0 too)")
+    specs = None
     if dynamic_shapes is not None:
         # torch.export's own form: per input (in order, or by input name) a
         # {dim: torch.export.Dim} mapping; one Dim object shared between
@@ -102,26 +324,27 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
             unknown = set(dynamic_shapes) - set(names)
             if unknown:
                 raise ValueError(f"dynamic_shapes names {sorted(unknown)}, the inputs are {names}")
-            dynamic_shapes = tuple(dynamic_shapes.get(n) for n in names)
-        elif len(dynamic_shapes) != len(example_inputs):
-            raise ValueError(f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(example_inputs)} inputs")
+            specs = tuple(dynamic_shapes.get(n) for n in names)
+        elif len(dynamic_shapes) != len(tensors):
+            raise ValueError(f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(tensors)} inputs")
         else:
-            dynamic_shapes = tuple(dynamic_shapes)
+            specs = tuple(dynamic_shapes)
     elif dynamic_batch:
-        # torch.export specializes a dim of size 1, so trace a batch of 2.
-        example_inputs = tuple(
-            torch.cat([t, t]) if t.dim() > 0 and t.shape[0] == 1 else t for t in example_inputs)
         batch = torch.export.Dim("batch", min=1, max=MAX_DYNAMIC_BATCH)
-        dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in example_inputs)
-        record_typical = False  # the batch was doubled to trace it
+        specs = tuple({0: batch} if t.dim() > 0 else None for t in tensors)
+    if specs is not None and not any(specs):
+        specs = None
+    traced = _traced_sizes(tensors, specs) if specs is not None else tensors
     model = model.eval()
-    with torch.no_grad():
-        ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    seen: list[str] = []
+    with torch.no_grad(), _forward_replaced(model, _flat_forward(model, inputs, seen)):
+        ep, specs = _trace(model, traced, specs)
     n_out = len(ep.graph_signature.user_outputs)
     if output_names is not None and len(output_names) != n_out:
         raise ValueError(f"output_names has {len(output_names)} names; the model returns {n_out} outputs")
-    described = {"input_names": names, "output_names": list(output_names) if output_names is not None else None}
-    declared = _declared_dims(example_inputs, dynamic_shapes, record_typical) if dynamic_shapes else None
+    described = {"input_names": names, "output_names": list(output_names) if output_names is not None else seen}
+    # The typical sizes are the example's own, not the ones traced.
+    declared = _declared_dims(tensors, specs, record_typical) if specs else None
     if declared:
         described["input_dims"] = declared
     return ep, described
@@ -176,6 +399,7 @@ def _export(model, example_inputs, path, *, input_names, output_names, dynamic_b
         if inductor_configs:
             extra["inductor_options"] = _package_options(inductor_configs)
         torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})
+        _checked(path, ["model"])
         return ep
     _compile_aoti(ep, names, extra, path, format == "aoti_source", dict(inductor_configs or {}))
     return ep
@@ -212,9 +436,130 @@ def export_many(
     for name, (model, example_inputs, options) in models.items():
         programs[name], per_model[name] = _export_program(
             model, example_inputs, options.get("input_names"), options.get("output_names"),
-            options.get("dynamic_batch", False))
+            options.get("dynamic_batch", False), options.get("dynamic_shapes"))
     extra = {"format": 1, "models": per_model, "metadata": dict(metadata or {})}
     package_pt2(path, exported_programs=programs, extra_files={AOTID_EXTRA_FILE: json.dumps(extra)})
+    _checked(path, list(programs))
+
+
+# Run by check_package in a bare interpreter (python -I -S): the compile
+# worker's own load of the package, where no module but the standard
+# library, torch and its requirements, numpy and aotid_worker can be
+# imported, as in a worker that has only those.
+_CHECK_SCRIPT = r"""
+import json, sys
+from importlib.machinery import PathFinder
+allowed, paths, package, models = json.loads(sys.argv[1])
+allowed, stdlib = set(allowed), list(sys.path)
+
+class WorkerPathFinder:
+    # Finds what the worker would have and nothing else: importlib's own
+    # path finder, limited to those modules (and the standard library's).
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in allowed or top in sys.stdlib_module_names:
+            return PathFinder.find_spec(name, path, target)
+        if "." not in name:
+            return PathFinder.find_spec(name, stdlib, target)
+        return None
+
+    def invalidate_caches(self):
+        PathFinder.invalidate_caches()
+
+sys.meta_path[:] = [f for f in sys.meta_path if f is not PathFinder] + [WorkerPathFinder()]
+sys.path.extend(paths)
+try:
+    from aotid_worker.compile import load_program, model_spec
+    for m in models:
+        ep, names, _, _ = load_program(package, m)
+        model_spec(ep, names)
+except BaseException as e:
+    sys.stderr.write(str(e).strip() or type(e).__name__)
+    sys.exit(2)
+"""
+
+
+def _worker_modules() -> tuple[list[str], list[str]]:
+    """The top-level modules a compile worker has (the standard library
+    aside): torch's and numpy's distributions and what they require, and
+    aotid_worker; and the folders they are found in."""
+    from importlib import metadata
+
+    def norm(name):
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    dists, todo = {}, ["torch", "numpy"]
+    while todo:
+        name = norm(todo.pop())
+        if name in dists:
+            continue
+        try:
+            dists[name] = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            dists[name] = None
+            continue
+        for req in dists[name].requires or []:
+            spec, _, marker = req.partition(";")
+            if "extra" in marker:
+                continue
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+            if m:
+                todo.append(m.group(1))
+    allowed = {"aotid_worker"}
+    for module, owners in metadata.packages_distributions().items():
+        if any(norm(o) in dists for o in owners):
+            allowed.add(module)
+    import aotid_worker
+
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(aotid_worker.__file__)))]
+    for d in dists.values():
+        if d is not None:
+            where = os.path.abspath(str(d.locate_file("")))
+            if where not in paths:
+                paths.append(where)
+    return sorted(allowed), paths
+
+
+def check_package(path: str, package_models: Sequence[str] = ("model",)) -> None:
+    """Loads the exported-program package at ``path`` as aotid's compile
+    worker will, in a separate Python that has only what the worker has
+    (torch, numpy and the standard library; none of the author's
+    libraries), and raises ExportError with the reason if it cannot: a
+    pytree type from another library (transformers' ModelOutput, say), an
+    operator registered by one, names that do not match the program.
+    ``export`` and ``export_many`` call it on what they write (a second or
+    so, most of it importing torch)."""
+    allowed, paths = _worker_modules()
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _CHECK_SCRIPT,
+         json.dumps([allowed, paths, os.path.abspath(path), list(package_models)])],
+        env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode == 0:
+        return
+    said = proc.stderr.strip()
+    why = said.splitlines()[-1].strip().rstrip(".") if said else f"exit status {proc.returncode}"
+    pytree_type = re.search(r"Deserializing (\S+) in pytree is not registered", said)
+    op = re.search(r"failed to resolve (\S+) to an operator", said)
+    if pytree_type:
+        why = (f"the pytree type {pytree_type.group(1)} is not registered there (its library is not in the "
+               "worker, which has torch and numpy only): return tensors, or tuples, lists or dicts of them, "
+               "or export with aotid_export.export, which flattens what the model returns")
+    elif op:
+        why = (f"the operator {op.group(1)} is not registered there (the library that defines it is not in the "
+               "worker, which has torch and numpy only)")
+    elif len(why) > 1000:
+        why = why[:1000] + " ..."
+    raise ExportError(f"aotid's compile worker could not load {path}: {why}")
+
+
+def _checked(path: str, package_models: Sequence[str]) -> None:
+    """check_package; a package that fails it is removed, so it cannot be added."""
+    try:
+        check_package(path, package_models)
+    except ExportError:
+        os.unlink(path)
+        raise
 
 
 def _compile_aoti(ep, names, extra, path, source_only, configs):
