@@ -11,6 +11,19 @@ and aotid compiles them with AOTInductor for whatever hardware it runs on.
 Names and metadata travel inside the archive (``extra/aotid.json``); aotid
 uses the names in its HTTP API.
 
+A model called with keywords (a transformers model) takes a dict example,
+no wrapper needed; inputs are named by the keys, outputs by the keys and
+fields of what it returns (``aotid_export.outputs``)::
+
+    aotid_export.export(bert, {"input_ids": ids, "attention_mask": mask}, "bert.pt2",
+                        dynamic_shapes={"input_ids": {0: batch, 1: seq},
+                                        "attention_mask": {0: batch, 1: seq}})
+    # outputs: last_hidden_state, pooler_output
+
+Each exported program written is loaded back as aotid's compile worker will,
+in a Python without the author's libraries (``check_package``); what the
+worker could not load is refused here, with ``ExportError``.
+
 ``format`` picks the package kind:
 
 * ``"exported_program"`` (default): portable; aotid compiles it for each
@@ -352,7 +365,7 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
 
 def export(
     model: torch.nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    example_inputs: Sequence[torch.Tensor] | Mapping[str, Any],
     path: str,
     *,
     input_names: Sequence[str] | None = None,
@@ -365,15 +378,35 @@ def export(
 ) -> torch.export.ExportedProgram:
     """Exports ``model`` called on ``example_inputs`` to ``path``.
 
-    Every input must be a tensor and the model must return a tensor or a
-    tuple/list of tensors. With ``dynamic_batch``, dim 0 of every input is
-    dynamic (1 to 65536), so the served model takes any batch size.
-    ``dynamic_shapes`` says more, in torch.export's own form: per input, by
-    position or by input name, ``{dim: torch.export.Dim(name, min=, max=)}``.
-    One Dim shared by several inputs makes those dims equal (a batch, a
-    sequence length), and its range is what aotid serves and refuses
-    outside of. Example sizes of 1 are specialized by torch.export: trace a
-    dynamic dim at 2 or more.
+    ``example_inputs`` is a tuple of tensors, given to ``forward`` by
+    position and named by its parameters (or ``input_names``; ``input{i}``
+    for a ``forward(*args)``), or a dict of keyword inputs named by its keys
+    (``{"input_ids": ids, "attention_mask": mask}``): parameters it leaves
+    out keep their defaults, and a bool, int, float, str or None value is
+    traced as a constant rather than served as an input. A tuple example
+    that lands on a parameter such as ``past_key_values`` is warned of.
+
+    What the model returns may be a tensor or any pytree of them (tuples,
+    lists, dicts, namedtuples, transformers' ModelOutput): the program
+    returns it flattened to plain tensors, named by ``named_outputs`` (keys
+    and fields, nested ones joined with ".", None dropped; a tensor or a
+    tuple of tensors gives output0, output1, ...) unless ``output_names``
+    names them.
+
+    With ``dynamic_batch``, dim 0 of every input is dynamic (1 to 65536),
+    so the served model takes any batch size. ``dynamic_shapes`` says more,
+    in torch.export's own form: per input, by position or by input name,
+    ``{dim: torch.export.Dim(name, min=, max=)}``. One Dim shared by several
+    inputs makes those dims equal (a batch, a sequence length), and its
+    range is what aotid serves and refuses outside of. A dynamic dim of
+    size 1 in the example is traced at 2 (torch.export would fix it at 1);
+    the example's own sizes are recorded as the typical ones. When
+    torch.export suggests fixes to the dims (a larger minimum), they are
+    applied once and printed to stderr.
+
+    An exported program is then loaded as aotid's compile worker will
+    (``check_package``); if it cannot be, the file is removed and
+    ``ExportError`` says why.
     ``inductor_configs`` are AOTInductor's options: the two AOTInductor
     formats are compiled with them here; an exported program carries them,
     and aotid builds it with them on each machine (a version's own
@@ -428,7 +461,9 @@ def export_many(
 
     ``models`` maps each package model name to ``(module, example_inputs,
     options)``, where options are ``export``'s keyword arguments
-    ``input_names``, ``output_names`` and ``dynamic_batch``.
+    ``input_names``, ``output_names``, ``dynamic_batch`` and
+    ``dynamic_shapes``; examples, outputs and the load check are as
+    ``export``'s.
     """
     from torch.export.pt2_archive._package import package_pt2
 
