@@ -102,7 +102,7 @@ def _warn_unlikely_positional(model, n: int) -> None:
             warnings.warn(
                 f"example input {i} goes to {type(model).__name__}.forward's parameter '{p.name}', by position; "
                 f"if it is meant for another parameter, give the example as a dict of keyword inputs, "
-                f"e.g. {{'{first}': ..., 'attention_mask': ...}}", stacklevel=4)
+                f"e.g. {{'{first}': ..., 'attention_mask': ...}}", stacklevel=6)
             return
 
 
@@ -125,8 +125,7 @@ def _inputs(model, example_inputs, input_names) -> _Inputs:
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"example input {i} is a {type(t).__name__}; aotid serves tensor inputs only")
-        if input_names is None:
-            _warn_unlikely_positional(model, len(tensors))
+        _warn_unlikely_positional(model, len(tensors))
         return _Inputs(_input_names(model, len(tensors), input_names), tensors, len(tensors), {})
     if input_names is not None:
         raise ValueError("input_names goes with a tuple example; a dict example names its inputs by its keys")
