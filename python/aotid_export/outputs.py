@@ -75,8 +75,9 @@ def _walk(obj: Any, path: list[tuple[str, bool]], out: list) -> None:
     node_type = _node_type(obj)
     if node_type not in pytree.SUPPORTED_NODES:
         where = ".".join(p for p, _ in path) or "the output"
+        hint = " (a cache: give use_cache=False in a dict example)" if "Cache" in type(obj).__name__ else ""
         raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, which is neither a "
-                        "tensor nor a container torch.export can flatten; aotid serves tensor outputs only")
+                        f"tensor nor a container torch.export can flatten; aotid serves tensor outputs only{hint}")
     for child, name, positional in _children(obj, node_type):
         _walk(child, path + [(name, positional)], out)
 
