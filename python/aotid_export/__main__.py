@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import FORMATS, _export
+from . import FORMATS, ExportError, _export
 
 _INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]+)\[([^\]]*)\]$")
 # A dynamic dim: NAME:MIN..MAX (NAME alone: 1..65536). The same NAME in
@@ -90,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--dynamic-batch and named dims (NAME:MIN..MAX) do not mix: name dim 0 too")
     # The example sizes are made up here (2, within each range): none is
     # recorded as typical of requests.
-    _export(model, inputs, args.out, input_names=names, output_names=args.output_name,
-            dynamic_batch=args.dynamic_batch, metadata=json.loads(args.metadata), format=args.format,
-            inductor_configs=None, dynamic_shapes=[d or None for d in dynamic] if dims else None,
-            record_typical=False)
+    try:
+        _export(model, inputs, args.out, input_names=names, output_names=args.output_name,
+                dynamic_batch=args.dynamic_batch, metadata=json.loads(args.metadata), format=args.format,
+                inductor_configs=None, dynamic_shapes=[d or None for d in dynamic] if dims else None,
+                record_typical=False)
+    except ExportError as e:  # the worker could not load it: said, no traceback
+        raise SystemExit(str(e)) from None
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
