@@ -554,15 +554,23 @@ def _worker_modules() -> tuple[list[str], list[str]]:
     return sorted(allowed), paths
 
 
-def check_package(path: str, package_models: Sequence[str] = ("model",)) -> None:
+def check_package(path: str, package_models: Sequence[str] | None = None) -> None:
     """Loads the exported-program package at ``path`` as aotid's compile
     worker will, in a separate Python that has only what the worker has
     (torch, numpy and the standard library; none of the author's
     libraries), and raises ExportError with the reason if it cannot: a
     pytree type from another library (transformers' ModelOutput, say), an
     operator registered by one, names that do not match the program.
-    ``export`` and ``export_many`` call it on what they write (a second or
-    so, most of it importing torch)."""
+    ``export`` and ``export_many`` call it on what they write (a few
+    seconds: about twice an ``import torch``, most of it torch's own
+    imports). ``package_models``: the models to load
+    (default: every one the archive holds)."""
+    if package_models is None:
+        import zipfile
+
+        with zipfile.ZipFile(path) as z:
+            found = {m.group(1) for m in (re.match(r"^[^/]+/models/([^/]+)\.json$", n) for n in z.namelist()) if m}
+        package_models = sorted(found) or ["model"]
     allowed, paths = _worker_modules()
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     proc = subprocess.run(
