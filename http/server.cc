@@ -1255,6 +1255,7 @@ class Server::Impl {
         shared_->queued.store(shared_->ready.size());
         ++shared_->busy;
       }
+      if (TEST_on_worker_takes_) TEST_on_worker_takes_();
       for (;;) {
         Outcome outcome = ServeConnection(*c);
         if (outcome == Outcome::kPark) Park(std::move(c));
@@ -1603,6 +1604,7 @@ class Server::Impl {
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
   std::function<void()> TEST_before_worker_waits_;
+  std::function<void()> TEST_on_worker_takes_;
   std::function<void()> TEST_before_stopping_workers_;
   std::atomic<bool> draining_{false};  // Stop() was called: finishing what arrived
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
@@ -1627,6 +1629,10 @@ void Server::Stop() { impl_->Stop(); }
 
 void Server::TEST_SetBeforeWorkerWaits(std::function<void()> hook) {
   impl_->TEST_before_worker_waits_ = std::move(hook);
+}
+
+void Server::TEST_SetOnWorkerTakes(std::function<void()> hook) {
+  impl_->TEST_on_worker_takes_ = std::move(hook);
 }
 
 void Server::TEST_SetBeforeStoppingWorkers(std::function<void()> hook) {

@@ -241,7 +241,10 @@ class Server {
   // held, just before it waits for one. TEST_SetBeforeStoppingWorkers:
   // `hook` runs on the poller once the drain is done, just before it tells
   // the workers to end. TEST_stopping: whether they have been told.
+  // TEST_SetOnWorkerTakes: `hook` runs on a worker each time it takes a
+  // connection to serve, without the queue's lock.
   void TEST_SetBeforeWorkerWaits(std::function<void()> hook);
+  void TEST_SetOnWorkerTakes(std::function<void()> hook);
   void TEST_SetBeforeStoppingWorkers(std::function<void()> hook);
   bool TEST_stopping() const;
 
