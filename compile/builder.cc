@@ -12,12 +12,11 @@
 #include <string_view>
 #include <vector>
 
+#include "base/child_env.h"
 #include "base/fs.h"
 #include "base/log.h"
 #include "compile/package_build.h"
 #include "platform/confined_command.h"
-
-extern char** environ;
 
 namespace aotid::compile {
 namespace {
@@ -327,33 +326,26 @@ void Builder::Start(BuildJob job) {
     return fail_now(j, s, false);
   }
 
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "PYTHONPATH=", 11) != 0 && std::strncmp(*e, "TORCHINDUCTOR_CACHE_DIR=", 24) != 0 &&
-        std::strncmp(*e, "TMPDIR=", 7) != 0 && std::strncmp(*e, "TRITON_CACHE_DIR=", 17) != 0) {
-      env.emplace_back(*e);
-    }
-  }
-  env.push_back("PYTHONPATH=" + options_.worker_dir);
-  // Inductor's own cache lives in the build's staging folder and goes with
-  // it: it holds a second copy of the compiled model (as large as its
-  // weights), and a rebuild here is for other options or another torch,
-  // which would not hit it anyway.
-  env.push_back("TORCHINDUCTOR_CACHE_DIR=" + r->staging + "/" + kInductorScratch);
-  // Its temporary files (Python's tempfile, the compiler's) and Triton's
-  // cache go there too: the sandbox lets it write nowhere else.
-  env.push_back("TMPDIR=" + r->staging + "/" + kWorkerTmp);
-  env.push_back("TRITON_CACHE_DIR=" + r->staging + "/" + kInductorScratch + "/triton");
-  env.push_back("PYTHONUNBUFFERED=1");
-  // Every torch.load in the worker (torch.export.load reads the package's
-  // sample inputs and constants with it) takes tensors and plain data only:
-  // a pickle in a package must not run code when it is unpacked.
-  env.push_back("TORCH_FORCE_WEIGHTS_ONLY_LOAD=1");
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
+  std::vector<std::string> env = ChildEnvironment({
+      "PYTHONPATH=" + options_.worker_dir,
+      // Inductor's own cache lives in the build's staging folder and goes
+      // with it: it holds a second copy of the compiled model (as large as
+      // its weights), and a rebuild here is for other options or another
+      // torch, which would not hit it anyway.
+      "TORCHINDUCTOR_CACHE_DIR=" + r->staging + "/" + kInductorScratch,
+      // Its temporary files (Python's tempfile, the compiler's) and
+      // Triton's cache go there too: the sandbox lets it write nowhere else.
+      "TMPDIR=" + r->staging + "/" + kWorkerTmp,
+      "TRITON_CACHE_DIR=" + r->staging + "/" + kInductorScratch + "/triton",
+      "PYTHONUNBUFFERED=1",
+      // Every torch.load in the worker (torch.export.load reads the
+      // package's sample inputs and constants with it) takes tensors and
+      // plain data only: a pickle in a package must not run code when it
+      // is unpacked. Replacing, not adding: a 0 inherited from the daemon's
+      // environment must not stand beside it.
+      "TORCH_FORCE_WEIGHTS_ONLY_LOAD=1",
+  });
+  std::vector<char*> argv = NullTerminated(args), envp = NullTerminated(env);
 
   // The child writes both streams into one pipe; its write end is closed
   // here after the spawn, so the pipe ends when the child does.

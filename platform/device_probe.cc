@@ -20,11 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/child_env.h"
 #include "base/fd.h"
 #include "base/fs.h"
 #include "base/json.h"
-
-extern char** environ;
 
 namespace aotid::platform {
 namespace {
@@ -249,17 +248,9 @@ DeviceProbeOptions DeviceProbeForStore(const std::string& store_dir, const std::
 
 StatusOr<std::string> RunWorkerProbe(const DeviceProbeOptions& options) {
   std::vector<std::string> args = {options.python, "-m", "aotid_worker.probe"};
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "PYTHONPATH=", 11) != 0) env.emplace_back(*e);
-  }
-  env.push_back("PYTHONPATH=" + options.worker_dir);
-  env.push_back("PYTHONDONTWRITEBYTECODE=1");
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
+  std::vector<std::string> env =
+      ChildEnvironment({"PYTHONPATH=" + options.worker_dir, "PYTHONDONTWRITEBYTECODE=1"});
+  std::vector<char*> argv = NullTerminated(args), envp = NullTerminated(env);
 
   int fds[2];
   RETURN_IF_ERROR(fd::Pipe(fds));
