@@ -152,6 +152,7 @@ struct Builder::Running {
   int open_handles = 0;
   bool timed_out = false;
   bool cancelled = false;
+  bool stopped = false;  // cancelled by Shutdown()
   int64_t started_ms = 0;
 
   // Appends child output to the log and picks out step lines.
@@ -205,12 +206,24 @@ void Builder::StartNext() {
 }
 
 void Builder::Shutdown() {
+  if (shut_down_) return;
   shut_down_ = true;
-  queue_.clear();
+  // What the stop ends is cancelled, not failed: it says nothing of the
+  // artifact, and is not a failed attempt.
   for (Running* r : live_) {
     if (!uv_is_closing(reinterpret_cast<uv_handle_t*>(&r->process))) {
+      r->cancelled = true;
+      r->stopped = true;
       KillGroup(&r->process);
     }
+  }
+  std::deque<BuildJob> queued = std::move(queue_);
+  queue_.clear();
+  for (BuildJob& job : queued) {
+    BuildResult res;
+    res.status = Cancelled("build cancelled before it started: the daemon is stopping");
+    res.cancelled = true;
+    if (job.on_done) job.on_done(res);
   }
 }
 
@@ -261,7 +274,7 @@ bool Builder::Cancel(const BuildKey& key) {
     BuildJob job = std::move(*it);
     queue_.erase(it);
     BuildResult res;
-    res.status = Unavailable("build cancelled before it started");
+    res.status = Cancelled("build cancelled before it started");
     res.cancelled = true;
     if (job.on_done) job.on_done(res);
     return true;
@@ -455,7 +468,7 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
     std::string tail = LogTail(r->staging + "/build.log");
     std::string why;
     if (r->cancelled) {
-      why = "build cancelled";
+      why = r->stopped ? "build cancelled: the daemon is stopping" : "build cancelled";
       res.cancelled = true;
     } else if (r->timed_out) {
       why = "build timed out after " + std::to_string(options_.timeout_s) + "s (build.timeout_s)";
@@ -471,7 +484,8 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
         why = "build ran out of disk space (exit status " + std::to_string(exit_status) + "); retried later";
       }
     }
-    res.status = Internal(tail.empty() ? why : why + ":\n" + tail);
+    // A cancelled build's log says only that it was killed.
+    res.status = r->cancelled ? Cancelled(why) : Internal(tail.empty() ? why : why + ":\n" + tail);
     // The whole log outlives the staging directory (`aotid show` gives
     // its path); a cancelled build's is of no interest.
     if (!r->cancelled) {

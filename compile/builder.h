@@ -35,7 +35,7 @@ struct BuilderOptions {
 struct BuildResult {
   Status status;            // ok, or why the build failed with the log's last lines
   bool permanent = false;   // the artifact cannot be built; a retry will not help
-  bool cancelled = false;   // Cancel() stopped it
+  bool cancelled = false;   // Cancel() or Shutdown() stopped it (status is Cancelled)
   model::CacheEntry entry;  // when ok
   int64_t duration_ms = 0;
 };
@@ -86,8 +86,9 @@ class Builder final : public BuildRunner {
   size_t queued() const { return queue_.size(); }
   bool Cancel(const BuildKey& key) override;
   std::string Progress(const BuildKey& key) const override;
-  // Kills running builds (their callbacks still run, with an error) and
-  // drops queued ones.
+  // Kills running builds and ends queued ones, all as cancelled (their
+  // callbacks run with `cancelled` set: the queued ones' at once, the
+  // running ones' when they exit). Nothing starts after it.
   void Shutdown();
 
   // A reload's build.jobs and build.timeout_s: for builds started from now

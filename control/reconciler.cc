@@ -377,7 +377,11 @@ void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& 
   builds_.erase(bkey);
   auto rec = done.record;
   rec->finished_at_ms = storage::NowMs();
-  rec->state = r.status.ok() ? storage::BuildState::kReady : storage::BuildState::kFailed;
+  // Cancelled (nothing needed it, or the daemon stopped) is no verdict on
+  // the artifact: not a failure, and no attempt used up.
+  rec->state = r.status.ok() ? storage::BuildState::kReady
+               : r.cancelled ? storage::BuildState::kCancelled
+                             : storage::BuildState::kFailed;
   rec->error = r.status.ok() ? "" : r.status.message();
   rec->progress.clear();
   SaveBuild(*rec);
@@ -387,7 +391,8 @@ void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& 
     LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in "
              << r.duration_ms << " ms";
   } else if (r.cancelled) {
-    LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " cancelled: no served version needs it";
+    LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << ": "
+             << r.status.message();
   } else {
     LOG_ERROR << "build of " << rec->artifact.substr(0, 12) << " failed: " << r.status.message();
   }
@@ -395,7 +400,7 @@ void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& 
     std::string work = WorkKey(w);
     in_flight_.erase(work);
     if (r.cancelled) {
-      if (IsCurrent(w)) Record(w, "build_cancelled", "the build was cancelled");
+      if (IsCurrent(w)) Record(w, "build_cancelled", r.status.message());
       continue;
     }
     if (r.status.ok()) {

@@ -216,12 +216,14 @@ json BuildJson(const storage::BuildRecord& b, bool daemon_running, const compile
 
 // The build that serves a version on this machine, as far as the store
 // tells: a ready one first (a CPU fallback beside a failed device build),
-// then one in progress, then the latest failure.
+// then one in progress, then the latest that failed or was cancelled.
 std::optional<storage::BuildRecord> BuildHere(const std::vector<storage::BuildRecord>& builds,
                                               const storage::ModelVersion& v, const std::string& fp) {
   std::optional<storage::BuildRecord> best;
   auto rank = [](storage::BuildState s) {
-    return s == storage::BuildState::kReady ? 3 : s == storage::BuildState::kFailed ? 1 : 2;
+    return s == storage::BuildState::kReady                                            ? 3
+           : s == storage::BuildState::kFailed || s == storage::BuildState::kCancelled ? 1
+                                                                                       : 2;
   };
   for (const auto& b : builds) {
     if (b.fingerprint != fp || b.package_model != v.package_model ||

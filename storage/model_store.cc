@@ -378,12 +378,14 @@ std::string_view BuildStateName(BuildState s) {
     case BuildState::kBuilding: return "building";
     case BuildState::kReady: return "ready";
     case BuildState::kFailed: return "failed";
+    case BuildState::kCancelled: return "cancelled";
   }
   return "unknown";
 }
 
 bool ParseBuildState(std::string_view name, BuildState* out) {
-  for (auto s : {BuildState::kQueued, BuildState::kBuilding, BuildState::kReady, BuildState::kFailed}) {
+  for (auto s : {BuildState::kQueued, BuildState::kBuilding, BuildState::kReady, BuildState::kFailed,
+                 BuildState::kCancelled}) {
     if (BuildStateName(s) == name) {
       *out = s;
       return true;

@@ -84,7 +84,9 @@ struct ModelInfo {
 // pinned to a version it does not have.
 std::set<int64_t> WantedVersions(const ModelInfo& m);
 
-enum class BuildState { kQueued, kBuilding, kReady, kFailed };
+// kCancelled: stopped before it finished (nothing needed it any more, or
+// the daemon stopped); says nothing of whether the artifact builds.
+enum class BuildState { kQueued, kBuilding, kReady, kFailed, kCancelled };
 std::string_view BuildStateName(BuildState s);
 bool ParseBuildState(std::string_view name, BuildState* out);
 

@@ -237,6 +237,29 @@ TEST_F(BuilderTest, CancelStopsRunningAndQueuedBuilds) {
   EXPECT_EQ(started_, 1);
 }
 
+// The daemon's stop ends every build as cancelled, not failed: a stop says
+// nothing of the artifact, and must not read as a failed attempt.
+TEST_F(BuilderTest, ShutdownCancelsRunningAndQueuedBuilds) {
+  ::setenv("AOTID_FAKE_BUILD", "hang", 1);
+  Builder& b = Make();  // one job at a time: the second waits in the queue
+  b.Submit(Job());
+  b.Submit(Job(R"({"freezing":true})"));
+  ASSERT_TRUE(RunUntil([&] { return started_ == 1; }));
+  b.Shutdown();
+  ASSERT_EQ(results_.size(), 1u);  // the queued one, at once
+  EXPECT_TRUE(results_[0].cancelled);
+  EXPECT_EQ(results_[0].status.code(), StatusCode::kCancelled);
+  EXPECT_NE(results_[0].status.message().find("before it started: the daemon is stopping"), std::string::npos)
+      << results_[0].status.message();
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 2; }));  // the running one, once killed
+  EXPECT_TRUE(results_[1].cancelled);
+  EXPECT_EQ(results_[1].status.code(), StatusCode::kCancelled);
+  EXPECT_NE(results_[1].status.message().find("the daemon is stopping"), std::string::npos)
+      << results_[1].status.message();
+  EXPECT_FALSE(fs::Exists(cache_.FailedLogPath(Job().key)));  // no failure's log kept
+  EXPECT_EQ(started_, 1);
+}
+
 // A child that leaves a process behind holding its output pipe still
 // finishes when the child exits.
 TEST_F(BuilderTest, LeftoverGrandchildDoesNotHoldTheBuildOpen) {

@@ -447,6 +447,41 @@ TEST_F(ReconcilerTest, BuildThatMayPassIsRetriedWithDoublingWaitThenFails) {
   EXPECT_EQ(builds_->submitted.size(), 3u);
 }
 
+// A build cancelled before it started (here: its model was unloaded; the
+// daemon's stop ends builds the same way) reads as cancelled in the builds
+// table and the events, not as failed, and uses up no attempt.
+TEST_F(ReconcilerTest, ACancelledBuildReadsAsCancelledAndUsesNoAttempt) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);  // attempt 1 of 3
+  loop_.Advance(kRetryMs + 1);
+  ASSERT_EQ(builds_->submitted.size(), 2u);  // attempt 2, queued
+  runtime::BuildKey key = builds_->submitted[1];
+  Set("mlp", std::nullopt, {{"enabled", "false"}});
+  Reconcile();
+  ASSERT_EQ(builds_->cancelled.size(), 1u);
+  auto row = BuildRow(key);
+  ASSERT_TRUE(row);
+  EXPECT_EQ(storage::BuildStateName(row->state), "cancelled");
+  EXPECT_NE(row->error.find("cancelled"), std::string::npos) << row->error;
+  std::vector<std::string> events = Events("mlp", v);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "build_cancelled");
+  EXPECT_EQ(std::count(events.begin(), events.end(), "build_failed"), 1);  // attempt 1's alone
+
+  // Loaded again: the cancelled attempt is made again, not counted.
+  Set("mlp", std::nullopt, {{"enabled", "true"}});
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 3u);
+  builds_->StartNext();
+  EXPECT_EQ(BuildRow(key)->attempts, 2);
+  builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);
+  EXPECT_EQ(State("mlp", v), "queued");  // attempt 3 of 3 is still to come
+  loop_.Advance(2 * kRetryMs + 1);
+  BuildAndLoad();
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
 TEST_F(ReconcilerTest, RetrySucceedsAndServes) {
   int64_t v = Add("mlp");
   Reconcile();
