@@ -198,6 +198,44 @@ Status Flatten(const Tape& tape, uint32_t node, DType dtype, size_t expected, si
   return Status::OK();
 }
 
+// An integer element of `dtype` at `index`, as int64.
+int64_t IntegerAt(const std::vector<std::byte>& in, DType dtype, size_t index) {
+  switch (dtype) {
+    case DType::kUInt8: return Get<uint8_t>(in, index);
+    case DType::kInt8: return Get<int8_t>(in, index);
+    case DType::kInt16: return Get<int16_t>(in, index);
+    case DType::kInt32: return Get<int32_t>(in, index);
+    default: return Get<int64_t>(in, index);
+  }
+}
+
+// `t`, of a narrower integer datatype, as `to` (WidensTo): each element
+// converted, none changed in value.
+void Widen(HostTensor& t, DType to) {
+  size_t n = static_cast<size_t>(std::max<int64_t>(0, t.num_elements()));
+  std::vector<std::byte> wide(n * model::DTypeSize(to));
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v = IntegerAt(t.data, t.dtype, i);
+    switch (to) {
+      case DType::kInt16: Put<int16_t>(wide, i, static_cast<int16_t>(v)); break;
+      case DType::kInt32: Put<int32_t>(wide, i, static_cast<int32_t>(v)); break;
+      default: Put<int64_t>(wide, i, v); break;
+    }
+  }
+  t.data = std::move(wide);
+  t.dtype = to;
+}
+
+// Why a tensor sent as `sent` is refused by an input of `want`.
+Status DatatypeMismatch(const std::string& who, DType sent, DType want) {
+  std::string msg = who + " has datatype " + std::string(model::DTypeName(sent)) + ", expected " +
+                    std::string(model::DTypeName(want));
+  if (IsWideningInteger(want) && IsWideningInteger(sent) && !WidensTo(sent, want)) {
+    msg += " (narrower integers are widened, wider ones never narrowed: values could be lost)";
+  }
+  return InvalidArgument(msg);
+}
+
 static_assert(std::endian::native == std::endian::little,
               "binary tensor data is little endian; a big-endian host needs byte swapping here");
 
@@ -233,10 +271,10 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
     if (tape.kind(d) != Kind::kNumber || !add_dim(tape.text(d)))
       return InvalidArgument(who + ": 'shape' must hold non-negative integers");
   }
-  if (h.dtype != spec.dtype) {
-    return InvalidArgument(who + " has datatype " + std::string(model::DTypeName(h.dtype)) + ", expected " +
-                           std::string(model::DTypeName(spec.dtype)));
-  }
+  // A narrower integer (INT32 token ids for an INT64 input) is read as
+  // sent and widened below; anything else must be the input's datatype.
+  if (h.dtype != spec.dtype && !WidensTo(h.dtype, spec.dtype))
+    return DatatypeMismatch(who, h.dtype, spec.dtype);
   int64_t n = h.num_elements();
   if (n < 0 || n > limits.max_elements) {
     return InvalidArgument(who + ": shape " + model::ShapeString(h.shape) + " has more than " +
@@ -262,6 +300,7 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
         }
       }
     }
+    if (h.dtype != spec.dtype) Widen(h, spec.dtype);
     RETURN_IF_ERROR(model::CheckTensorAgainstSpec(h, spec));
     return h;
   }
@@ -286,6 +325,7 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
     return InvalidArgument(who + ": 'data' has " + std::to_string(count) + " elements, shape " +
                            model::ShapeString(h.shape) + " needs " + std::to_string(n));
   }
+  if (h.dtype != spec.dtype) Widen(h, spec.dtype);
   RETURN_IF_ERROR(model::CheckTensorAgainstSpec(h, spec));
   return h;
 }
@@ -339,6 +379,18 @@ void AppendData(std::string& out, const HostTensor& t) {
 }
 
 }  // namespace
+
+bool IsWideningInteger(DType d) {
+  return d == DType::kUInt8 || d == DType::kInt8 || d == DType::kInt16 || d == DType::kInt32 ||
+         d == DType::kInt64;
+}
+
+bool WidensTo(DType from, DType to) {
+  // Every target is signed and strictly wider: it holds every value of
+  // `from`, unsigned bytes included.
+  bool signed_target = to == DType::kInt16 || to == DType::kInt32 || to == DType::kInt64;
+  return IsWideningInteger(from) && signed_target && model::DTypeSize(to) > model::DTypeSize(from);
+}
 
 int JsonDepth(std::string_view body, int stop) {
   int depth = 0, max_depth = 0;

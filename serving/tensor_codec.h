@@ -2,7 +2,8 @@
 //
 // Decoding is strict: every input the model declares appears exactly once,
 // with its datatype, a shape that fits, and exactly as many elements as the
-// shape says (flat or nested "data"). Where the spec records what an exported
+// shape says (flat or nested "data"); a narrower integer datatype than the
+// input's is widened to it (WidensTo). Where the spec records what an exported
 // program was traced for, dynamic dims are within their ranges, dims that
 // share a symbol agree across inputs, and integer inputs hold values within
 // theirs. Errors name the input and what was expected. Nothing here touches
@@ -63,6 +64,14 @@ struct EncodedResponse {
 };
 EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
                                     const std::vector<model::HostTensor>& outputs);
+
+// Integer inputs sent narrower than the model takes them (INT32 token ids
+// for an INT64 input) are widened where no value can change: UINT8, INT8,
+// INT16 and INT32 to any wider signed integer. Nothing is ever narrowed; a
+// request that would need it is refused naming the input and both
+// datatypes.
+bool IsWideningInteger(runtime::DType d);  // UINT8, INT8, INT16, INT32, INT64
+bool WidensTo(runtime::DType from, runtime::DType to);
 
 // Deepest nesting of '[' and '{' outside strings; stops counting past `stop`.
 int JsonDepth(std::string_view body, int stop);

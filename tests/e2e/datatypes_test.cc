@@ -1,11 +1,14 @@
 // Every numeric datatype of the protocol through a real compiled model that
 // takes and returns each one (tests/models/make_test_models.py: AllTypes),
-// as JSON and as binary tensors, against eager PyTorch. Its own daemon and
-// store: one more build, about 15 s.
+// as JSON and as binary tensors, against eager PyTorch; and integers sent
+// narrower than an input takes them. Its own daemon and store, shared by
+// the suite: one more build, about 15 s.
 #include <httplib.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -71,27 +74,52 @@ double Tolerance(DType d, double want) {
   }
 }
 
-TEST(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
-  TempDir dir;
-  std::string store = dir / "store", out;
-  ASSERT_EQ(RunAotid({"--store", store, "add", TestData("alltypes.pt2"), "--name", "alltypes"}, &out), 0) << out;
-  auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, dir / "daemon.log");
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
-  httplib::Client c("127.0.0.1", (*d)->port());
-  c.set_read_timeout(60, 0);
-  bool ready = false;
-  std::string last = "no answer";
-  WaitFor(  // bounded: 5 minutes for one cold compile
-      [&] {
-        auto r = c.Get("/v2/models/alltypes/ready");
-        if (!r) return true;
-        last = r->body;
-        ready = r->status == 200;
-        return ready || json::parse(r->body, nullptr, false).value("state", "") == "failed";
-      },
-      300);
-  ASSERT_TRUE(ready) << last << (*d)->Log();
+// One daemon for the suite: one build of alltypes.pt2.
+class AllDatatypes : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    std::string store = *dir_ / "store", out;
+    ASSERT_EQ(RunAotid({"--store", store, "add", TestData("alltypes.pt2"), "--name", "alltypes"}, &out), 0)
+        << out;
+    auto d = DaemonProcess::Start({"--store", store, "--listen", "127.0.0.1:0"}, *dir_ / "daemon.log");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = d->release();
+    httplib::Client c("127.0.0.1", daemon_->port());
+    c.set_read_timeout(60, 0);
+    bool ready = false;
+    std::string last = "no answer";
+    WaitFor(  // bounded: 5 minutes for one cold compile
+        [&] {
+          auto r = c.Get("/v2/models/alltypes/ready");
+          if (!r) return true;
+          last = r->body;
+          ready = r->status == 200;
+          return ready || json::parse(r->body, nullptr, false).value("state", "") == "failed";
+        },
+        300);
+    ASSERT_TRUE(ready) << last << daemon_->Log();
+  }
+  static void TearDownTestSuite() {
+    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+    delete daemon_;
+    delete dir_;
+  }
+  void SetUp() override {
+    ASSERT_NE(daemon_, nullptr);
+    c_ = std::make_unique<httplib::Client>("127.0.0.1", daemon_->port());
+    c_->set_read_timeout(60, 0);
+  }
 
+  static TempDir* dir_;
+  static DaemonProcess* daemon_;
+  std::unique_ptr<httplib::Client> c_;
+};
+TempDir* AllDatatypes::dir_ = nullptr;
+DaemonProcess* AllDatatypes::daemon_ = nullptr;
+
+TEST_F(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
+  httplib::Client& c = *c_;
   json meta = json::parse(c.Get("/v2/models/alltypes")->body);
   ASSERT_EQ(meta["inputs"].size(), 10u);
   json kase = json::parse(*fs::ReadFile(TestData("cases.json")))["alltypes"][0];
@@ -161,7 +189,77 @@ TEST(AllDatatypes, RoundTripThroughAModelThatUsesEach) {
     at += n;
   }
   EXPECT_EQ(at, b->body.size());
-  EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
+}
+
+// Integer inputs sent narrower than the model's datatype (INT32 token ids
+// for an INT64 input) are widened, as JSON and as binary tensors, and
+// answer as eager PyTorch does with the wide values; a wider one is
+// refused, never narrowed.
+TEST_F(AllDatatypes, NarrowerIntegersAreWidenedAndWiderOnesRefused) {
+  httplib::Client& c = *c_;
+  json kase = json::parse(*fs::ReadFile(TestData("cases.json")))["alltypes"][0];
+  // AllTypes: o_i16 = i16 * 2, o_i32 = i32 + 7, o_i64 = i64 * 3; each sent
+  // narrower, with the extremes of the narrower type.
+  struct Narrow {
+    std::string input, datatype;
+    std::vector<int64_t> values;
+    std::function<int64_t(int64_t)> eager;
+  } narrow[] = {
+      {"i16", "UINT8", {0, 255, 1, 7, 128, 254}, [](int64_t x) { return x * 2; }},
+      {"i32", "INT16", {-32768, 0, 32767, 1, -1, 99}, [](int64_t x) { return x + 7; }},
+      {"i64", "INT32", {-2147483648LL, 0, 2147483647LL, 1, -1, 5}, [](int64_t x) { return x * 3; }},
+  };
+  for (bool binary : {false, true}) {
+    json header{{"inputs", json::array()}};
+    std::string tail;
+    for (const auto& in : kase["inputs"]) {
+      json entry = in;
+      for (const auto& n : narrow) {
+        if (in["name"] != n.input) continue;
+        entry["datatype"] = n.datatype;
+        entry["data"] = n.values;
+        if (binary) {
+          DType dt;
+          ASSERT_TRUE(runtime::ParseDType(n.datatype, &dt));
+          size_t before = tail.size();
+          for (int64_t v : n.values) AppendBytes(&tail, dt, v);
+          entry.erase("data");
+          entry["parameters"] = {{"binary_data_size", tail.size() - before}};
+        }
+      }
+      header["inputs"].push_back(entry);
+    }
+    std::string head = header.dump();
+    httplib::Headers h;
+    if (binary) h.emplace("Inference-Header-Content-Length", std::to_string(head.size()));
+    auto r = c.Post("/v2/models/alltypes/infer", h, head + tail,
+                    binary ? "application/octet-stream" : "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json outs = json::parse(r->body)["outputs"];
+    for (const auto& n : narrow) {
+      const json* got = nullptr;
+      for (const auto& o : outs) got = o["name"] == "o_" + n.input ? &o : got;
+      ASSERT_NE(got, nullptr) << n.input;
+      // The output keeps the model's datatype: the input was widened to it.
+      for (const auto& w : kase["outputs"]) {
+        if (w["name"] == (*got)["name"]) EXPECT_EQ((*got)["datatype"], w["datatype"]);
+      }
+      for (size_t k = 0; k < n.values.size(); ++k)
+        EXPECT_EQ((*got)["data"][k].get<int64_t>(), n.eager(n.values[k])) << n.input << "[" << k << "]";
+    }
+  }
+
+  json wide = json{{"inputs", kase["inputs"]}};
+  for (auto& in : wide["inputs"]) {
+    if (in["name"] == "i32") in["datatype"] = "INT64";
+  }
+  auto r = c.Post("/v2/models/alltypes/infer", wide.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("input 'i32' has datatype INT64, expected INT32 (narrower integers are widened"),
+            std::string::npos)
+      << r->body;
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ std::vector<T> Values(const HostTensor& t) {
   return v;
 }
 
+std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+
 TEST(TensorCodec, DecodesFlatAndNestedDataInSpecOrder) {
   auto r = DecodeInferRequest(R"({"id":"r1","inputs":[
       {"name":"ids","datatype":"INT64","shape":[3],"data":[1,-2,9007199254740993]},
@@ -252,6 +254,83 @@ TEST(TensorCodec, IntegerRangesAreChecked) {
   EXPECT_NE(r.status().message().find("out of range for UINT8"), std::string::npos) << r.status().message();
 }
 
+// INT32 token ids (what several tokenizers emit) for an INT64 input, and
+// every other lossless pair, JSON and binary: widened to the input's
+// datatype with every value kept, extremes included.
+TEST(TensorCodec, NarrowerIntegersAreWidenedToTheInputsDatatype) {
+  ModelSpec s;
+  s.inputs.push_back({"ids", DType::kInt64, {3}});
+  auto r = DecodeInferRequest(
+      R"({"inputs":[{"name":"ids","datatype":"INT32","shape":[3],"data":[-2147483648,7,2147483647]}]})", s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->inputs[0].dtype, DType::kInt64);
+  EXPECT_EQ(Values<int64_t>(r->inputs[0]), (std::vector<int64_t>{-2147483648LL, 7, 2147483647LL}));
+
+  int32_t ids[3] = {-5, 0, 1 << 30};
+  std::string header =
+      R"({"inputs":[{"name":"ids","datatype":"INT32","shape":[3],"parameters":{"binary_data_size":12}}]})";
+  r = DecodeInferRequest(header + Bytes(ids, sizeof ids), s, {}, header.size());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->inputs[0].dtype, DType::kInt64);
+  EXPECT_EQ(Values<int64_t>(r->inputs[0]), (std::vector<int64_t>{-5, 0, 1 << 30}));
+
+  // Unsigned bytes stay positive in a signed input; signed bytes keep their sign.
+  ModelSpec s16;
+  s16.inputs.push_back({"v", DType::kInt16, {2}});
+  uint8_t u8[2] = {255, 1};
+  header = R"({"inputs":[{"name":"v","datatype":"UINT8","shape":[2],"parameters":{"binary_data_size":2}}]})";
+  r = DecodeInferRequest(header + Bytes(u8, sizeof u8), s16, {}, header.size());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Values<int16_t>(r->inputs[0]), (std::vector<int16_t>{255, 1}));
+  r = DecodeInferRequest(R"({"inputs":[{"name":"v","datatype":"INT8","shape":[2],"data":[-128,127]}]})", s16);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Values<int16_t>(r->inputs[0]), (std::vector<int16_t>{-128, 127}));
+
+  // The values a request says it holds are checked against what it says:
+  // an INT32 request's element past INT32 is refused, not widened.
+  r = DecodeInferRequest(
+      R"({"inputs":[{"name":"ids","datatype":"INT32","shape":[3],"data":[1,2,2147483648]}]})", s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("out of range for INT32"), std::string::npos) << r.status().message();
+
+  // The input's own value range applies after widening.
+  s.inputs[0].values = runtime::ValueRange{0, 49};
+  r = DecodeInferRequest(R"({"inputs":[{"name":"ids","datatype":"INT32","shape":[3],"data":[1,2,50]}]})", s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ids"), std::string::npos) << r.status().message();
+}
+
+TEST(TensorCodec, IntegersAreNeverNarrowedNorTurnedIntoFloats) {
+  struct Case {
+    DType input;
+    const char* sent;
+    const char* needle;
+  } cases[] = {
+      {DType::kInt32, "INT64", "input 'v' has datatype INT64, expected INT32 (narrower integers are widened"},
+      {DType::kInt8, "UINT8", "input 'v' has datatype UINT8, expected INT8 (narrower"},
+      {DType::kUInt8, "INT8", "input 'v' has datatype INT8, expected UINT8 (narrower"},
+      {DType::kInt64, "BOOL", "input 'v' has datatype BOOL, expected INT64"},
+      {DType::kFloat32, "INT32", "input 'v' has datatype INT32, expected FP32"},
+      {DType::kInt64, "FP32", "input 'v' has datatype FP32, expected INT64"},
+  };
+  for (const auto& c : cases) {
+    ModelSpec s;
+    s.inputs.push_back({"v", c.input, {1}});
+    auto r = DecodeInferRequest(
+        std::string(R"({"inputs":[{"name":"v","datatype":")") + c.sent + R"(","shape":[1],"data":[1]}]})", s);
+    ASSERT_FALSE(r.ok()) << c.sent;
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << r.status().message();
+  }
+  for (auto [from, to] : {std::pair{DType::kInt64, DType::kInt32},
+                          {DType::kInt32, DType::kInt16},
+                          {DType::kUInt8, DType::kInt8},
+                          {DType::kInt8, DType::kUInt8},
+                          {DType::kBool, DType::kInt64},
+                          {DType::kInt32, DType::kInt32}}) {
+    EXPECT_FALSE(WidensTo(from, to)) << runtime::DTypeName(from) << " -> " << runtime::DTypeName(to);
+  }
+}
+
 // What the exported program was traced for (spec.json's "dims" and
 // "values"), checked on JSON and binary inputs alike, before anything runs.
 TEST(TensorCodec, TracedRangesAndSharedDimsAreChecked) {
@@ -339,8 +418,6 @@ TEST(TensorCodec, HalfAndBFloat16ConversionsRoundTripAndRound) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.5f)), 1.5f);
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.00390625f)), 1.0f);  // halfway rounds to even
 }
-
-std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
 
 // Binary tensor extension: JSON header, then each binary input's bytes in
 // the order the inputs are listed (not the model's order).
