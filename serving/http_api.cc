@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -45,10 +46,34 @@ void SendStatus(http::Response& res, const Status& s) {
   SendError(res, HttpStatusFor(s), s.message());
 }
 
+// What the exported program was traced for at each dynamic dim of `t`, as
+// the metadata route's extension: [{"dim": 0, "name": "batch", "min": 1,
+// "max": 64, "typical": 2}, ...]. "name" is the dim's symbol (dims sharing
+// one must agree across inputs); "max" is absent when unbounded, "typical"
+// when none was recorded. Dims with nothing recorded are left out.
+json DynamicDims(const model::TensorSpec& t) {
+  json dims = json::array();
+  for (size_t i = 0; i < t.dims.size(); ++i) {
+    if (!t.dims[i]) continue;
+    const model::DimRange& r = *t.dims[i];
+    json d{{"dim", i}};
+    if (!r.symbol.empty()) d["name"] = r.symbol;
+    d["min"] = r.min;
+    if (r.max != std::numeric_limits<int64_t>::max()) d["max"] = r.max;
+    if (r.typical > 0) d["typical"] = r.typical;
+    dims.push_back(std::move(d));
+  }
+  return dims;
+}
+
+// Inputs or outputs as OIP lists them (dynamic dims -1), plus
+// parameters.dynamic_dims where their ranges are known.
 json TensorList(const std::vector<model::TensorSpec>& specs) {
   json arr = json::array();
   for (const auto& t : specs) {
-    arr.push_back({{"name", t.name}, {"datatype", model::DTypeName(t.dtype)}, {"shape", t.shape}});
+    json e{{"name", t.name}, {"datatype", model::DTypeName(t.dtype)}, {"shape", t.shape}};
+    if (json dims = DynamicDims(t); !dims.empty()) e["parameters"] = {{"dynamic_dims", std::move(dims)}};
+    arr.push_back(std::move(e));
   }
   return arr;
 }

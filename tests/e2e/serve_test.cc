@@ -102,7 +102,10 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
   platform::HardwareInfo hw = platform::ProbeHardware();
   platform::ApplyDeviceAnswer(*answer, &hw);
   EXPECT_EQ(m.body["device"], platform::AutoDevice(hw));
-  EXPECT_EQ(m.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,8]}])"));
+  // Dynamic dims stay -1 in the shape (OIP clients read nothing else); their
+  // names and traced ranges come as the parameters extension.
+  EXPECT_EQ(m.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,8],
+      "parameters":{"dynamic_dims":[{"dim":0,"name":"batch","min":1,"max":65536}]}}])"));
   EXPECT_EQ(m.body["outputs"], json::parse(R"([{"name":"y","datatype":"FP32","shape":[-1,4]}])"));
   Reply e = Get(port(), "/v2/models/embed");
   EXPECT_EQ(e.body["inputs"], json::parse(R"([{"name":"ids","datatype":"INT64","shape":[2,5]}])"));

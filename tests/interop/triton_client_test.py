@@ -100,7 +100,9 @@ class TritonClientInterop(unittest.TestCase):
         self.assertTrue(self.client.is_server_ready())
         self.assertEqual(self.client.get_server_metadata()["name"], "aotid")
         meta = self.client.get_model_metadata("mlp")
-        self.assertEqual(meta["inputs"], [{"name": "x", "datatype": "FP32", "shape": [-1, 8]}])
+        self.assertEqual(meta["inputs"], [{"name": "x", "datatype": "FP32", "shape": [-1, 8],
+                                           "parameters": {"dynamic_dims": [{"dim": 0, "name": "batch", "min": 1,
+                                                                            "max": 65536}]}}])
         self.assertEqual(meta["outputs"], [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}])
         self.assertEqual(meta["versions"], ["1"])
 
