@@ -136,6 +136,55 @@ class TritonClientInterop(unittest.TestCase):
         self.assertTrue(self.client.is_model_ready("embed"))
         self.infer_and_compare("embed", binary=True)
 
+    def test_aotid_client_infers_and_verifies_against_eager(self):
+        # aotid's own client (aotid_export.client) against the same daemon:
+        # binary tensors both ways, INT32 ids widened for an INT64 input,
+        # a subset of outputs, and verify() against the eager modules that
+        # make_test_models.py exported.
+        import torch
+        from aotid_export.client import Client, ServerError, VerifyError, verify
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+        from make_test_models import Embed, Mlp
+
+        url = f"http://{self.daemon.url}"
+        c = Client(url)
+        case = CASES["mlp"][1]
+        out = c.infer("mlp", {"x": as_array(case["inputs"][0])})
+        self.assertEqual(list(out), ["y"])
+        np.testing.assert_allclose(out["y"], as_array(case["outputs"][0]), rtol=1e-5, atol=1e-5)
+        out = c.infer("mlp", {"x": as_array(case["inputs"][0])}, outputs=["y"], last_position=["y"])
+        np.testing.assert_allclose(out["y"], as_array(case["outputs"][0])[:, -1:], rtol=1e-5, atol=1e-5)
+        ecase = CASES["embed"][0]
+        ids32 = torch.from_numpy(as_array(ecase["inputs"][0]).astype(np.int32))
+        out = c.infer("embed", {"ids": ids32}, outputs=["pooled"])
+        np.testing.assert_allclose(out["pooled"], as_array(ecase["outputs"][0]), rtol=1e-5, atol=1e-5)
+        with self.assertRaises(ServerError) as e:
+            c.infer("mlp", {"x": as_array(case["inputs"][0])}, outputs=["logits"])
+        self.assertEqual(e.exception.status, 400)
+        self.assertIn("unknown output 'logits'; the model's outputs are 'y'", e.exception.message)
+        with self.assertRaises(ServerError) as e:  # never narrowed
+            c.infer("mlp", {"x": as_array(case["inputs"][0]).astype(np.float64)})
+        self.assertIn("input 'x' has datatype FP64, expected FP32", e.exception.message)
+
+        mlp = Mlp().eval()
+        mlp.load_state_dict(torch.load(os.path.join(TESTDATA, "mlp.state.pt")))
+        result = verify(mlp, "mlp", (torch.randn(3, 8),), url=url)
+        self.assertTrue(result.ok)
+        # The second size grows the dim the metadata names (batch) by one.
+        self.assertEqual([k.shapes for k in result.cases], [{"x": [3, 8]}, {"x": [4, 8]}])
+        self.assertLess(result.worst()["y"].max_abs, 1e-5)
+        embed = Embed().eval()
+        embed.load_state_dict(torch.load(os.path.join(TESTDATA, "embed.state.pt")))
+        result = verify(embed, "embed", {"ids": ids32}, url=url)  # fixed shape: one size
+        self.assertEqual(len(result.cases), 1)
+        self.assertLess(result.worst()["pooled"].max_abs, 1e-5)
+        self.assertTrue(result.ok)
+        torch.manual_seed(7)
+        with self.assertRaises(VerifyError) as e:  # other weights: a mismatch, named
+            verify(Mlp().eval(), "mlp", (torch.randn(2, 8),), url=url, quiet=True)
+        self.assertIn("y (max abs", str(e.exception))
+        self.assertFalse(e.exception.result.ok)
+
     def test_curl(self):
         case = CASES["mlp"][0]
         body = json.dumps({"inputs": case["inputs"]})

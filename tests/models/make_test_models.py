@@ -6,6 +6,8 @@ against. Run once per test run (a ctest fixture); writes into --out:
     embed.pt2     INT64 input 'ids' [2, 5] -> 'pooled' [2, 6]
     alltypes.pt2  one [2, 3] input and output of each of the 10 datatypes
     cases.json    inputs and eager outputs per model
+    mlp.state.pt, embed.state.pt  their weights, for tests that run them
+                  eagerly (the Mlp and Embed classes here)
     not_a_model.pt2   text, not a zip
     broken_program.pt2  mlp.pt2 with its program replaced by garbage: passes
                         the package check, fails its build
@@ -264,6 +266,7 @@ def main():
     aotid_export.export(mlp, (torch.randn(2, 8),), os.path.join(args.out, "mlp.pt2"),
                         input_names=["x"], output_names=["y"], dynamic_batch=True,
                         metadata={"purpose": "aotid test"})
+    torch.save(mlp.state_dict(), os.path.join(args.out, "mlp.state.pt"))
     cases["mlp"] = []
     for batch in (1, 3):
         x = torch.randn(batch, 8)
@@ -292,6 +295,7 @@ def main():
     embed = Embed().eval()
     aotid_export.export(embed, (torch.zeros(2, 5, dtype=torch.int64),), os.path.join(args.out, "embed.pt2"),
                         input_names=["ids"], output_names=["pooled"])
+    torch.save(embed.state_dict(), os.path.join(args.out, "embed.state.pt"))
     ids = torch.randint(0, 50, (2, 5))
     with torch.no_grad():
         pooled = embed(ids)
