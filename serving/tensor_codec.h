@@ -70,8 +70,8 @@ EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version
 // INT16 and INT32 to any wider signed integer. Nothing is ever narrowed; a
 // request that would need it is refused naming the input and both
 // datatypes.
-bool IsWideningInteger(runtime::DType d);  // UINT8, INT8, INT16, INT32, INT64
-bool WidensTo(runtime::DType from, runtime::DType to);
+bool IsWideningInteger(model::DType d);  // UINT8, INT8, INT16, INT32, INT64
+bool WidensTo(model::DType from, model::DType to);
 
 // Deepest nesting of '[' and '{' outside strings; stops counting past `stop`.
 int JsonDepth(std::string_view body, int stop);

@@ -456,7 +456,7 @@ TEST_F(ReconcilerTest, ACancelledBuildReadsAsCancelledAndUsesNoAttempt) {
   builds_->Fail("compile worker killed by signal 9", /*permanent=*/false);  // attempt 1 of 3
   loop_.Advance(kRetryMs + 1);
   ASSERT_EQ(builds_->submitted.size(), 2u);  // attempt 2, queued
-  runtime::BuildKey key = builds_->submitted[1];
+  compile::BuildKey key = builds_->submitted[1];
   Set("mlp", std::nullopt, {{"enabled", "false"}});
   Reconcile();
   ASSERT_EQ(builds_->cancelled.size(), 1u);

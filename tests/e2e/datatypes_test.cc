@@ -220,7 +220,7 @@ TEST_F(AllDatatypes, NarrowerIntegersAreWidenedAndWiderOnesRefused) {
         entry["data"] = n.values;
         if (binary) {
           DType dt;
-          ASSERT_TRUE(runtime::ParseDType(n.datatype, &dt));
+          ASSERT_TRUE(model::ParseDType(n.datatype, &dt));
           size_t before = tail.size();
           for (int64_t v : n.values) AppendBytes(&tail, dt, v);
           entry.erase("data");

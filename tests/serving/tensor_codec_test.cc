@@ -294,7 +294,7 @@ TEST(TensorCodec, NarrowerIntegersAreWidenedToTheInputsDatatype) {
   EXPECT_NE(r.status().message().find("out of range for INT32"), std::string::npos) << r.status().message();
 
   // The input's own value range applies after widening.
-  s.inputs[0].values = runtime::ValueRange{0, 49};
+  s.inputs[0].values = model::ValueRange{0, 49};
   r = DecodeInferRequest(R"({"inputs":[{"name":"ids","datatype":"INT32","shape":[3],"data":[1,2,50]}]})", s);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("ids"), std::string::npos) << r.status().message();
@@ -327,7 +327,7 @@ TEST(TensorCodec, IntegersAreNeverNarrowedNorTurnedIntoFloats) {
                           {DType::kInt8, DType::kUInt8},
                           {DType::kBool, DType::kInt64},
                           {DType::kInt32, DType::kInt32}}) {
-    EXPECT_FALSE(WidensTo(from, to)) << runtime::DTypeName(from) << " -> " << runtime::DTypeName(to);
+    EXPECT_FALSE(WidensTo(from, to)) << model::DTypeName(from) << " -> " << model::DTypeName(to);
   }
 }
 
