@@ -533,7 +533,25 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
         return InvalidArgument("every entry of 'outputs' needs a string 'name'");
       bool known = false;
       for (const auto& s : spec.outputs) known = known || s.name == name;
-      if (!known) return InvalidArgument("unknown output '" + name + "'");
+      if (!known) {
+        std::string have;
+        for (const auto& s : spec.outputs) have += (have.empty() ? "'" : ", '") + s.name + "'";
+        return InvalidArgument("unknown output '" + name + "'; the model's outputs are " + have);
+      }
+      if (uint32_t last = Param(tape, o, "last_position"); last != Tape::kNone) {
+        if (!tape.is_bool(last))
+          return InvalidArgument("output '" + name + "': last_position must be true or false");
+        const TensorSpec* out = nullptr;
+        for (const auto& s : spec.outputs) out = s.name == name ? &s : out;
+        if (tape.kind(last) == Kind::kTrue) {
+          if (out->shape.size() < 2) {
+            return InvalidArgument("output '" + name +
+                                   "': last_position takes the last index of dim 1, and '" + name +
+                                   "' has shape " + model::ShapeString(out->shape));
+          }
+          req.last_position.push_back(name);
+        }
+      }
       if (uint32_t b = Param(tape, o, "binary_data"); b != Tape::kNone) {
         if (!tape.is_bool(b))
           return InvalidArgument("output '" + name + "': binary_data must be true or false");
@@ -551,14 +569,34 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
 
 namespace {
 
+// `t` with dim 1 cut to its last index, kept as a dim of 1 (of none when
+// dim 1 is empty). A tensor of rank below 2 is left as it is.
+HostTensor LastPosition(const HostTensor& t) {
+  HostTensor out;
+  out.name = t.name;
+  out.dtype = t.dtype;
+  out.shape = t.shape;
+  if (t.shape.size() < 2) return t;
+  const size_t rows = static_cast<size_t>(t.shape[0]), positions = static_cast<size_t>(t.shape[1]);
+  size_t inner = model::DTypeSize(t.dtype);
+  for (size_t i = 2; i < t.shape.size(); ++i) inner *= static_cast<size_t>(t.shape[i]);
+  if (t.data.size() != rows * positions * inner) return t;  // not as its shape says: left whole
+  out.shape[1] = positions == 0 ? 0 : 1;
+  if (positions == 0) return out;
+  out.data.resize(rows * inner);
+  for (size_t b = 0; b < rows; ++b)
+    std::memcpy(out.data.data() + b * inner, t.data.data() + (b * positions + positions - 1) * inner, inner);
+  return out;
+}
+
 EncodedResponse Encode(std::string_view model_name, int64_t version, std::string_view id,
-                       const std::vector<HostTensor>& outputs, const std::vector<std::string>& wanted,
+                       const std::vector<const HostTensor*>& outputs, const std::vector<std::string>& wanted,
                        bool binary_default, const std::vector<std::pair<std::string, bool>>& binary_choice) {
   EncodedResponse r;
   std::string& out = r.body;
   std::vector<const HostTensor*> binary;
   size_t bytes = 0;
-  for (const auto& t : outputs) bytes += t.data.size();
+  for (const HostTensor* t : outputs) bytes += t->data.size();
   out.reserve(128 + bytes * 3);
   out += "{\"model_name\":";
   out += json(std::string(model_name)).dump();
@@ -569,7 +607,8 @@ EncodedResponse Encode(std::string_view model_name, int64_t version, std::string
   }
   out += ",\"outputs\":[";
   bool first = true;
-  for (const auto& t : outputs) {
+  for (const HostTensor* tp : outputs) {
+    const HostTensor& t = *tp;
     if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) continue;
     bool as_binary = binary_default;
     for (const auto& [name, choice] : binary_choice) {
@@ -612,13 +651,25 @@ EncodedResponse Encode(std::string_view model_name, int64_t version, std::string
 std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
                                 const std::vector<HostTensor>& outputs,
                                 const std::vector<std::string>& wanted) {
-  return Encode(model_name, version, id, outputs, wanted, false, {}).body;
+  std::vector<const HostTensor*> all;
+  for (const auto& t : outputs) all.push_back(&t);
+  return Encode(model_name, version, id, all, wanted, false, {}).body;
 }
 
 EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
                                     const std::vector<HostTensor>& outputs) {
-  return Encode(model_name, version, req.id, outputs, req.output_names, req.binary_outputs,
-                req.output_binary);
+  std::vector<HostTensor> cut;  // the outputs asked for at their last position
+  cut.reserve(req.last_position.size());
+  std::vector<const HostTensor*> view;
+  for (const auto& t : outputs) {
+    if (std::find(req.last_position.begin(), req.last_position.end(), t.name) != req.last_position.end()) {
+      cut.push_back(LastPosition(t));
+      view.push_back(&cut.back());
+    } else {
+      view.push_back(&t);
+    }
+  }
+  return Encode(model_name, version, req.id, view, req.output_names, req.binary_outputs, req.output_binary);
 }
 
 uint16_t FloatToHalf(float f) {

@@ -36,6 +36,10 @@ struct InferRequest {
   // (outputs[].parameters.binary_data), which win.
   bool binary_outputs = false;
   std::vector<std::pair<std::string, bool>> output_binary;
+  // outputs[].parameters.last_position: these outputs (rank 2 or more)
+  // answer with dim 1 cut to its last index, kept as a dim of 1 (a
+  // language model's logits [B, S, V] as [B, 1, V]).
+  std::vector<std::string> last_position;
 };
 
 // Decodes a request body. With the binary tensor extension, `json_length`
@@ -53,9 +57,10 @@ std::string EncodeInferResponse(std::string_view model_name, int64_t version, st
                                 const std::vector<std::string>& wanted = {});
 
 // Encodes the response `req` asked for: outputs filtered by its
-// output_names, those it wants in binary appended after the JSON (little
-// endian, BOOL one byte each) with parameters.binary_data_size in their JSON
-// entries. json_length is the size of the JSON part, for the
+// output_names, those it asked for at their last position cut to it, and
+// those it wants in binary appended after the JSON (little endian, BOOL one
+// byte each) with parameters.binary_data_size in their JSON entries.
+// json_length is the size of the JSON part, for the
 // Inference-Header-Content-Length header, when there is binary data.
 struct EncodedResponse {
   std::string body;

@@ -300,6 +300,15 @@ TEST(TensorCodec, NarrowerIntegersAreWidenedToTheInputsDatatype) {
   EXPECT_NE(r.status().message().find("ids"), std::string::npos) << r.status().message();
 }
 
+TEST(TensorCodec, AnUnknownOutputIsRefusedListingTheModelsOutputs) {
+  auto r = DecodeInferRequest(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]},
+      {"name":"ids","datatype":"INT64","shape":[3],"data":[1,2,3]}],"outputs":[{"name":"y"},{"name":"logits"}]})",
+                              TwoInputSpec());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "unknown output 'logits'; the model's outputs are 'y', 'z'");
+}
+
 TEST(TensorCodec, IntegersAreNeverNarrowedNorTurnedIntoFloats) {
   struct Case {
     DType input;
@@ -531,6 +540,63 @@ TEST(TensorCodecBinary, OutputsGoBinaryWhenAskedAndJsonOtherwise) {
   EncodedResponse p = EncodeInferResponse("m", 1, plain, {y, z});
   EXPECT_FALSE(p.has_binary);
   EXPECT_EQ(p.body, EncodeInferResponse("m", 1, "", {y, z}));
+}
+
+// A language model's logits [B, S, V] asked for at the last position only:
+// [B, 1, V], each row's last position, JSON or binary; only the outputs
+// asked, and only those of rank 2 or more.
+TEST(TensorCodec, AnOutputMayBeAskedForAtItsLastPositionOnly) {
+  ModelSpec s;
+  s.inputs.push_back({"ids", DType::kInt64, {-1, -1}});
+  s.outputs.push_back({"logits", DType::kFloat32, {-1, -1, 2}});
+  s.outputs.push_back({"pooled", DType::kFloat32, {-1}});
+  const std::string ids = R"({"name":"ids","datatype":"INT64","shape":[2,3],"data":[1,2,3,4,5,6]})";
+  auto r = DecodeInferRequest(R"({"inputs":[)" + ids + R"(],"outputs":[
+      {"name":"logits","parameters":{"last_position":true,"binary_data":true}}]})",
+                              s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->last_position, std::vector<std::string>{"logits"});
+
+  HostTensor logits;  // [2, 3, 2]: row b, position p, k -> 100b + 10p + k
+  logits.name = "logits";
+  logits.shape = {2, 3, 2};
+  std::vector<float> v;
+  for (int b = 0; b < 2; ++b)
+    for (int p = 0; p < 3; ++p)
+      for (int k = 0; k < 2; ++k) v.push_back(100.f * b + 10.f * p + k);
+  logits.data.resize(v.size() * 4);
+  std::memcpy(logits.data.data(), v.data(), logits.data.size());
+  HostTensor pooled;
+  pooled.name = "pooled";
+  pooled.shape = {2};
+  pooled.data.resize(8);
+  EncodedResponse e = EncodeInferResponse("m", 1, *r, {logits, pooled});
+  ASSERT_TRUE(e.has_binary);
+  auto j = nlohmann::json::parse(e.body.substr(0, e.json_length));
+  ASSERT_EQ(j["outputs"].size(), 1u);  // pooled was not asked for
+  EXPECT_EQ(j["outputs"][0]["shape"], nlohmann::json::parse("[2,1,2]"));
+  float want[4] = {20, 21, 120, 121};
+  EXPECT_EQ(e.body.substr(e.json_length), Bytes(want, sizeof want));
+
+  r = DecodeInferRequest(R"({"inputs":[)" + ids +
+                             R"(],"outputs":[{"name":"logits","parameters":{"last_position":true}},
+      {"name":"pooled"}]})",
+                         s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  j = nlohmann::json::parse(EncodeInferResponse("m", 1, *r, {logits, pooled}).body);
+  EXPECT_EQ(j["outputs"][0]["data"], nlohmann::json::parse("[20,21,120,121]"));
+  EXPECT_EQ(j["outputs"][1]["shape"], nlohmann::json::parse("[2]"));  // whole
+
+  r = DecodeInferRequest(
+      R"({"inputs":[)" + ids + R"(],"outputs":[{"name":"pooled","parameters":{"last_position":true}}]})", s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("output 'pooled': last_position takes the last index of dim 1"),
+            std::string::npos)
+      << r.status().message();
+  r = DecodeInferRequest(
+      R"({"inputs":[)" + ids + R"(],"outputs":[{"name":"logits","parameters":{"last_position":1}}]})", s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("last_position must be true or false"), std::string::npos);
 }
 
 }  // namespace
