@@ -13,8 +13,10 @@
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
+#include <vector>
 
 namespace aotid::fs {
 namespace stdfs = std::filesystem;
@@ -66,8 +68,9 @@ std::string Hex(const unsigned char* p, unsigned n) {
   return out;
 }
 
-// Streams `src` through sha256, writing to `dst_fd` when it is >= 0.
-StatusOr<std::string> HashStream(const std::string& src, int dst_fd, const std::string& dst) {
+// Streams `src` through sha256, handing each piece to `sink` when it is set.
+StatusOr<std::string> HashStream(const std::string& src,
+                                 const std::function<Status(std::string_view)>& sink) {
   Fd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (in.get() < 0) return ErrnoError("open " + src, errno);
   std::unique_ptr<EVP_MD_CTX, EvpCtxDeleter> ctx(EVP_MD_CTX_new());
@@ -83,7 +86,7 @@ StatusOr<std::string> HashStream(const std::string& src, int dst_fd, const std::
     }
     if (r == 0) break;
     EVP_DigestUpdate(ctx.get(), buf.get(), static_cast<size_t>(r));
-    if (dst_fd >= 0) RETURN_IF_ERROR(WriteAll(dst_fd, buf.get(), static_cast<size_t>(r), dst));
+    if (sink) RETURN_IF_ERROR(sink(std::string_view(buf.get(), static_cast<size_t>(r))));
   }
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned len = 0;
@@ -106,40 +109,51 @@ Status WriteAll(int fd, const char* p, size_t n, const std::string& what) {
   return Status::OK();
 }
 
-Status MakeDirs(const std::string& path, unsigned mode) {
-  std::error_code ec;
-  bool existed = stdfs::is_directory(path, ec);
-  stdfs::create_directories(path, ec);
-  if (ec) return IOError("create directory " + path + ": " + ec.message());
-  if (!existed) ::chmod(path.c_str(), mode);  // never change the mode of a directory we did not make
+Status MakeDirs(const std::string& path, unsigned mode) { return MakeDirs(Env::Default(), path, mode); }
+
+Status MakeDirs(Env* env, const std::string& path, unsigned mode) {
+  if (IsDirectory(path)) return Status::OK();
+  // Missing levels from the top down; intermediate ones get the default
+  // mode (less the umask), the last one `mode` exactly.
+  std::vector<std::string> missing;
+  stdfs::path p = stdfs::path(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "a/b/"
+  for (; !p.empty() && !IsDirectory(p.string()); p = p.parent_path()) {
+    missing.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    bool last = it + 1 == missing.rend();
+    Status s = env->CreateDir(*it, last ? mode : 0777);
+    if (s.code() == StatusCode::kAlreadyExists && IsDirectory(*it)) continue;  // made by another process
+    if (!s.ok()) return s.WithContext("create directory " + path);
+    if (last) ::chmod(it->c_str(), mode);  // exactly `mode`, whatever the umask
+  }
   return Status::OK();
 }
 
-Status FsyncDir(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoError("open directory " + path, errno);
-  if (::fsync(fd.get()) != 0) return ErrnoError("fsync directory " + path, errno);
-  return Status::OK();
-}
+Status FsyncDir(const std::string& path) { return Env::Default()->SyncDir(path); }
 
 Status WriteFileAtomic(const std::string& path, std::string_view data) {
+  return WriteFileAtomic(Env::Default(), path, data);
+}
+
+Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data) {
   std::string tmp = path + ".tmp-" + RandomSuffix();
   {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (fd.get() < 0) return ErrnoError("create " + tmp, errno);
-    Status s = WriteAll(fd.get(), data.data(), data.size(), tmp);
-    if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoError("fsync " + tmp, errno);
+    ASSIGN_OR_RETURN(auto file, env->OpenForWrite(tmp, Env::OpenMode::kCreateNew));
+    Status s = file->Append(data);
+    if (s.ok()) s = file->Sync();
     if (!s.ok()) {
-      ::unlink(tmp.c_str());
+      (void)env->RemoveFile(tmp);
       return s;
     }
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("rename to " + path, e);
+  if (Status s = env->Rename(tmp, path); !s.ok()) {
+    (void)env->RemoveFile(tmp);
+    return s;
   }
-  return FsyncDir(DirName(path));
+  return env->SyncDir(DirName(path));
 }
 
 StatusOr<std::string> ReadFile(const std::string& path) {
@@ -160,8 +174,17 @@ StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const std::string& dst) {
-  ASSIGN_OR_RETURN(std::string hex, HashStream(src, dst_fd, dst));
+  ASSIGN_OR_RETURN(std::string hex, HashStream(src, [&](std::string_view piece) {
+                     return WriteAll(dst_fd, piece.data(), piece.size(), dst);
+                   }));
   if (::fsync(dst_fd) != 0) return ErrnoError("fsync " + dst, errno);
+  return hex;
+}
+
+StatusOr<std::string> CopyAndHashInto(const std::string& src, WritableFile* dst) {
+  ASSIGN_OR_RETURN(std::string hex,
+                   HashStream(src, [&](std::string_view piece) { return dst->Append(piece); }));
+  RETURN_IF_ERROR(dst->Sync());
   return hex;
 }
 
@@ -173,7 +196,7 @@ StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst
   return hex;
 }
 
-StatusOr<std::string> Sha256File(const std::string& path) { return HashStream(path, -1, ""); }
+StatusOr<std::string> Sha256File(const std::string& path) { return HashStream(path, nullptr); }
 
 std::string Sha256Hex(std::string_view data) {
   unsigned char md[EVP_MAX_MD_SIZE];

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/env.h"
 #include "base/status.h"
 
 namespace aotid::fs {
@@ -14,12 +15,16 @@ namespace aotid::fs {
 // Creates `path` and its parents (mode 0755 unless given). Ok if it exists;
 // an existing directory keeps its mode.
 Status MakeDirs(const std::string& path, unsigned mode = 0755);
+// The same through `env`.
+Status MakeDirs(Env* env, const std::string& path, unsigned mode = 0755);
 
 // fsyncs a directory so that renames and creations inside it are durable.
 Status FsyncDir(const std::string& path);
 
 // Writes `data` to `path` atomically: temp file, fsync, rename, fsync dir.
 Status WriteFileAtomic(const std::string& path, std::string_view data);
+// The same through `env`.
+Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data);
 
 // Reads the whole file.
 StatusOr<std::string> ReadFile(const std::string& path);
@@ -30,6 +35,8 @@ StatusOr<std::string> CopyAndHash(const std::string& src, const std::string& dst
 // The same into an open file descriptor (`dst` names it in errors); the
 // caller owns the file and removes it on failure.
 StatusOr<std::string> CopyAndHashInto(const std::string& src, int dst_fd, const std::string& dst);
+// The same into a file opened through an Env.
+StatusOr<std::string> CopyAndHashInto(const std::string& src, WritableFile* dst);
 
 // Writes all of `n` bytes (retrying short writes and EINTR); `what` names
 // the file in the error.
