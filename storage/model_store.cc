@@ -188,34 +188,35 @@ class BlobLock {
 // unless it was renamed into place.
 class TmpBlob {
  public:
-  static StatusOr<std::unique_ptr<TmpBlob>> Create(const std::string& tmp_dir) {
-    RETURN_IF_ERROR(fs::MakeDirs(tmp_dir));
+  static StatusOr<std::unique_ptr<TmpBlob>> Create(Env* env, const std::string& tmp_dir) {
+    RETURN_IF_ERROR(fs::MakeDirs(env, tmp_dir));
     for (int attempt = 0;; ++attempt) {
       std::string path = tmp_dir + "/import-" + std::to_string(::getpid()) + "-" + std::to_string(NowMs()) +
                          "-" + std::to_string(attempt);
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd < 0 && errno == EEXIST && attempt < 100) continue;
-      if (fd < 0) return ErrnoError("create " + path, errno);
+      auto file = env->OpenForWrite(path, Env::OpenMode::kCreateNew);
+      if (file.status().code() == StatusCode::kAlreadyExists && attempt < 100) continue;
+      if (!file.ok()) return file.status();
       // gc in another process may lock and delete a new file before its
       // writer locks it: then start over with another name.
+      int fd = (*file)->fd();
       struct stat by_fd, by_path;
       if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::fstat(fd, &by_fd) != 0 ||
           ::stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino) {
-        ::close(fd);
         if (attempt >= 100) return Unavailable("cannot create a temporary file in " + tmp_dir);
         continue;
       }
-      return std::unique_ptr<TmpBlob>(new TmpBlob(std::move(path), fd));
+      return std::unique_ptr<TmpBlob>(new TmpBlob(env, std::move(path), std::move(file).value()));
     }
   }
   ~TmpBlob() {
     // An adopted file that did not go into place goes back where it was.
-    if (!renamed_ && (adopted_from_.empty() || ::rename(path_.c_str(), adopted_from_.c_str()) != 0)) {
-      ::unlink(path_.c_str());
+    if (!renamed_ && (adopted_from_.empty() || !env_->Rename(path_, adopted_from_).ok())) {
+      (void)env_->RemoveFile(path_);
     }
-    ::close(fd_);
+    file_.reset();
+    if (adopted_fd_ >= 0) ::close(adopted_fd_);
   }
-  int fd() const { return fd_; }
+  WritableFile* file() const { return file_.get(); }
   const std::string& path() const { return path_; }
   // Takes `file` (same file system) in place of this empty copy, locked
   // before it is renamed here so that gc never finds it unlocked, then
@@ -227,24 +228,27 @@ class TmpBlob {
       ::close(fd);
       return Unavailable(file + " is in use by another process");
     }
-    if (::rename(file.c_str(), path_.c_str()) != 0) {
-      int e = errno;
+    if (Status s = env_->Rename(file, path_); !s.ok()) {
       ::close(fd);
-      return ErrnoError("move " + file + " into " + path_, e);
+      return s.WithContext("move " + file + " into " + path_);
     }
-    ::close(fd_);
-    fd_ = fd;
+    file_.reset();  // our empty copy, replaced by the rename
+    adopted_fd_ = fd;
     adopted_from_ = file;
     ASSIGN_OR_RETURN(std::string sha, fs::Sha256File(path_));
-    if (::fsync(fd_) != 0) return ErrnoError("fsync " + path_, errno);
+    ASSIGN_OR_RETURN(file_, env_->OpenForWrite(path_, Env::OpenMode::kExisting));
+    RETURN_IF_ERROR(file_->Sync());
     return sha;
   }
   void MarkRenamed() { renamed_ = true; }
 
  private:
-  TmpBlob(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  TmpBlob(Env* env, std::string path, std::unique_ptr<WritableFile> file)
+      : env_(env), path_(std::move(path)), file_(std::move(file)) {}
+  Env* env_;
   std::string path_;
-  int fd_;
+  std::unique_ptr<WritableFile> file_;  // holds the lock until the adopted file's takes over
+  int adopted_fd_ = -1;                 // the adopted file, locked
   bool renamed_ = false;
   std::string adopted_from_;
 };
@@ -432,10 +436,18 @@ void SetReserveAside(const std::string& dir) {
 }  // namespace
 
 StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, bool create) {
+  StoreOptions options;
+  options.create = create;
+  return Open(dir, options);
+}
+
+StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, const StoreOptions& options) {
+  const bool create = options.create;
+  Env* env = options.env != nullptr ? options.env : Env::Default();
   std::string db_path = dir + "/aotid.db";
   if (!create && !fs::Exists(db_path)) return NotFound("no aotid store at " + dir);
   if (create) {
-    RETURN_IF_ERROR(fs::MakeDirs(dir, 0750).WithContext("creating the store"));
+    RETURN_IF_ERROR(fs::MakeDirs(env, dir, 0750).WithContext("creating the store"));
     // Writers need the directory (SQLite's -wal and -shm files live there)
     // and the blob directories; say so plainly rather than fail half-way.
     for (const std::string& d : {dir, dir + "/blobs", dir + "/blobs/sha256", dir + "/blobs/tmp"}) {
@@ -444,11 +456,11 @@ StatusOr<std::unique_ptr<ModelStore>> ModelStore::Open(const std::string& dir, b
                        "); aotid must be able to write its store");
       }
     }
-    RETURN_IF_ERROR(fs::MakeDirs(dir + "/blobs/sha256").WithContext("creating the store"));
+    RETURN_IF_ERROR(fs::MakeDirs(env, dir + "/blobs/sha256").WithContext("creating the store"));
   }
   ReleaseReserveIfFull(dir);
-  ASSIGN_OR_RETURN(auto db, Db::Open(db_path, create));
-  std::unique_ptr<ModelStore> store(new ModelStore(dir, std::move(db)));
+  ASSIGN_OR_RETURN(auto db, Db::Open(db_path, create, options.sqlite_vfs));
+  std::unique_ptr<ModelStore> store(new ModelStore(dir, std::move(db), env));
   RETURN_IF_ERROR(store->Migrate());
   SetReserveAside(dir);
   return store;
@@ -529,13 +541,13 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
 
   // The slow part, with no lock held: copy into a private, locked temp file
   // while hashing.
-  RETURN_IF_ERROR(fs::MakeDirs(dir_ + "/blobs/sha256"));
-  ASSIGN_OR_RETURN(auto tmp, TmpBlob::Create(dir_ + "/blobs/tmp"));
+  RETURN_IF_ERROR(fs::MakeDirs(env_, dir_ + "/blobs/sha256"));
+  ASSIGN_OR_RETURN(auto tmp, TmpBlob::Create(env_, dir_ + "/blobs/tmp"));
   std::string sha;
   if (req.move_file) {
     ASSIGN_OR_RETURN(sha, tmp->Adopt(req.file));
   } else {
-    ASSIGN_OR_RETURN(sha, fs::CopyAndHashInto(req.file, tmp->fd(), tmp->path()));
+    ASSIGN_OR_RETURN(sha, fs::CopyAndHashInto(req.file, tmp->file()));
   }
   CrashPoint("add:copied");
 
@@ -610,11 +622,9 @@ StatusOr<ModelVersion> ModelStore::Add(const AddRequest& req) {
   // The blob, verified above, enters blobs/sha256 under the write lock,
   // durable before the rows that reference it commit.
   if (!have_blob) {
-    if (::rename(tmp->path().c_str(), final_path.c_str()) != 0) {
-      return ErrnoError("rename blob into " + final_path, errno);
-    }
+    RETURN_IF_ERROR(env_->Rename(tmp->path(), final_path).WithContext("rename blob into place"));
     tmp->MarkRenamed();
-    RETURN_IF_ERROR(fs::FsyncDir(dir_ + "/blobs/sha256"));
+    RETURN_IF_ERROR(env_->SyncDir(dir_ + "/blobs/sha256"));
   }
   CrashPoint("add:before_commit");
   RETURN_IF_ERROR(txn->Commit());

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/env.h"
 #include "base/status.h"
 #include "package/package.h"
 #include "storage/sqlite.h"
@@ -140,6 +141,18 @@ struct GcReport {
   std::vector<std::string> missing_blobs;  // referenced but absent: reported, not fixable here
 };
 
+// How a store is opened.
+struct StoreOptions {
+  // Create the store when it does not exist (else NotFound).
+  bool create = true;
+  // The file system its blobs and directories are written through; null:
+  // Env::Default(). Must outlive the store.
+  Env* env = nullptr;
+  // A registered SQLite VFS for aotid.db and its -wal and -shm files;
+  // empty: SQLite's default. Tests put the database under the same seam.
+  std::string sqlite_vfs;
+};
+
 class ModelStore {
  public:
   // Opens the store in `dir`, creating it when `create` is set, and migrates
@@ -149,6 +162,7 @@ class ModelStore {
   // SQLite has room for its -wal and -shm files and a delete; it sets the
   // reserve aside again once the disk has 32 MiB free.
   static StatusOr<std::unique_ptr<ModelStore>> Open(const std::string& dir, bool create = true);
+  static StatusOr<std::unique_ptr<ModelStore>> Open(const std::string& dir, const StoreOptions& options);
   static constexpr int64_t kReserveBytes = int64_t{8} << 20;
 
   // Checks the request and the file without touching any store: the name,
@@ -236,12 +250,14 @@ class ModelStore {
   int SchemaVersion() const { return schema_version_; }
 
  private:
-  ModelStore(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}
+  ModelStore(std::string dir, std::unique_ptr<Db> db, Env* env)
+      : dir_(std::move(dir)), db_(std::move(db)), env_(env) {}
   Status Migrate();
   StatusOr<std::vector<ModelVersion>> QueryVersions(const std::string& where, const std::string& name);
 
   std::string dir_;
   std::unique_ptr<Db> db_;
+  Env* env_;
   std::function<void()> TEST_while_checking_blob_;
   int schema_version_ = 0;
 };

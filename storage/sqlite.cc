@@ -6,10 +6,10 @@
 
 namespace aotid::storage {
 
-StatusOr<std::unique_ptr<Db>> Db::Open(const std::string& path, bool create) {
+StatusOr<std::unique_ptr<Db>> Db::Open(const std::string& path, bool create, const std::string& vfs) {
   sqlite3* raw = nullptr;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_CREATE : 0);
-  int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags, vfs.empty() ? nullptr : vfs.c_str());
   if (rc != SQLITE_OK) {
     std::string msg = raw ? sqlite3_errmsg(raw) : sqlite3_errstr(rc);
     sqlite3_close(raw);

@@ -21,8 +21,10 @@ class Stmt;
 class Db {
  public:
   // Opens (creating if asked) the database file and applies aotid's
-  // connection settings: WAL, busy timeout, foreign keys.
-  static StatusOr<std::unique_ptr<Db>> Open(const std::string& path, bool create);
+  // connection settings: WAL, busy timeout, foreign keys. `vfs` names a
+  // registered SQLite VFS to open it with; empty: SQLite's default.
+  static StatusOr<std::unique_ptr<Db>> Open(const std::string& path, bool create,
+                                            const std::string& vfs = "");
   ~Db();
   Db(const Db&) = delete;
   Db& operator=(const Db&) = delete;
