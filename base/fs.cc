@@ -128,6 +128,10 @@ Status MakeDirs(Env* env, const std::string& path, unsigned mode) {
     if (s.code() == StatusCode::kAlreadyExists && IsDirectory(*it)) continue;  // made by another process
     if (!s.ok()) return s.WithContext("create directory " + path);
     if (last) ::chmod(it->c_str(), mode);  // exactly `mode`, whatever the umask
+    // A new directory is only a name in its parent until the parent is
+    // synced: a power cut would take it, and whatever was made durable in
+    // it, away.
+    RETURN_IF_ERROR(env->SyncDir(DirName(*it)));
   }
   return Status::OK();
 }

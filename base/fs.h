@@ -12,8 +12,9 @@
 
 namespace aotid::fs {
 
-// Creates `path` and its parents (mode 0755 unless given). Ok if it exists;
-// an existing directory keeps its mode.
+// Creates `path` and its parents (mode 0755 unless given), each durable
+// (its parent fsynced) before it returns. Ok if it exists; an existing
+// directory keeps its mode.
 Status MakeDirs(const std::string& path, unsigned mode = 0755);
 // The same through `env`.
 Status MakeDirs(Env* env, const std::string& path, unsigned mode = 0755);
