@@ -186,6 +186,7 @@ TEST_F(StoreFaultInjection, EveryCrashPointLeavesACleanStoreWithNothingAcknowled
   {
     auto store = ModelStore::Open(StoreDir(), /*create=*/false);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_NO_FATAL_FAILURE(ExpectSound(store->get()));
     auto d = Describe(store->get());
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(*d, states.back());
