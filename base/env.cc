@@ -31,6 +31,17 @@ class PosixWritableFile : public WritableFile {
   int fd_;
 };
 
+// Opens `path` with `flags` and fsyncs it.
+Status Fsync(const std::string& path, int flags, const std::string& what) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open " + path, errno);
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoError(what + path, e);
+  return Status::OK();
+}
+
 class PosixEnv : public Env {
  public:
   StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path, OpenMode mode,
@@ -76,14 +87,9 @@ class PosixEnv : public Env {
     return Status::OK();
   }
 
+  Status SyncFile(const std::string& path) override { return Fsync(path, O_RDONLY, "fsync "); }
   Status SyncDir(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ErrnoError("open directory " + path, errno);
-    int rc = ::fsync(fd);
-    int e = errno;
-    ::close(fd);
-    if (rc != 0) return ErrnoError("fsync directory " + path, e);
-    return Status::OK();
+    return Fsync(path, O_RDONLY | O_DIRECTORY, "fsync directory ");
   }
 
   StatusOr<std::string> ReadFile(const std::string& path) override {

@@ -57,6 +57,9 @@ class Env {
   // mkdir(2) of one directory (its parent must exist); AlreadyExists when
   // something is at `path`. Durable once its parent directory is synced.
   virtual Status CreateDir(const std::string& path, unsigned mode) = 0;
+  // fsyncs a file written by someone else (another process): its bytes so
+  // far survive a crash once this returns ok.
+  virtual Status SyncFile(const std::string& path) = 0;
   // fsyncs a directory: the creations, renames and removals in it so far
   // survive a crash.
   virtual Status SyncDir(const std::string& path) = 0;
@@ -78,6 +81,7 @@ class EnvWrapper : public Env {
   Status RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
   Status Truncate(const std::string& path, int64_t size) override { return target_->Truncate(path, size); }
   Status CreateDir(const std::string& path, unsigned mode) override { return target_->CreateDir(path, mode); }
+  Status SyncFile(const std::string& path) override { return target_->SyncFile(path); }
   Status SyncDir(const std::string& path) override { return target_->SyncDir(path); }
   StatusOr<std::string> ReadFile(const std::string& path) override { return target_->ReadFile(path); }
 

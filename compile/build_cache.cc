@@ -296,28 +296,26 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
   for (const auto& name : written) {
     std::string p = staging + "/" + name;
     if (!fs::Exists(p)) continue;
-    FILE* f = std::fopen(p.c_str(), "rb");
-    if (f != nullptr) {
-      ::fsync(fileno(f));
-      std::fclose(f);
-    }
+    if (Status synced = env_->SyncFile(p); !synced.ok()) return fail(synced);
   }
-  Status s = fs::WriteFileAtomic(staging + "/manifest.json", manifest.dump(2));
+  Status s = fs::WriteFileAtomic(env_, staging + "/manifest.json", manifest.dump(2));
   if (!s.ok()) return fail(s);
 
   std::string dest = EntryDir(key);
   std::string parent = root_ + "/" + key.artifact;
-  s = fs::MakeDirs(parent);
+  s = fs::MakeDirs(env_, parent);
   if (!s.ok()) return fail(s);
   if (fs::Exists(dest)) {
     // A damaged entry: move it aside first so the rename below cannot fail
     // on a non-empty directory, then drop it.
     std::string old = staging + ".old";
-    if (::rename(dest.c_str(), old.c_str()) != 0) return fail(ErrnoError("move aside " + dest, errno));
+    s = env_->Rename(dest, old);
+    if (!s.ok()) return fail(s.WithContext("move aside " + dest));
     (void)fs::RemoveAll(old);
   }
-  if (::rename(staging.c_str(), dest.c_str()) != 0) return fail(ErrnoError("rename into " + dest, errno));
-  s = fs::FsyncDir(parent);
+  s = env_->Rename(staging, dest);
+  if (!s.ok()) return fail(s.WithContext("publish the build"));
+  s = env_->SyncDir(parent);
   if (!s.ok()) return s;
   model::CacheEntry e;
   e.dir = dest;

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 
+#include "base/env.h"
 #include "base/status.h"
 #include "model/cache_entry.h"
 #include "model/tensor.h"
@@ -69,7 +70,9 @@ struct CacheListing {
 
 class BuildCache {
  public:
-  explicit BuildCache(std::string root) : root_(std::move(root)) {}
+  // `env`: the file system entries are published through (Commit); it
+  // must outlive the cache.
+  explicit BuildCache(std::string root, Env* env = Env::Default()) : root_(std::move(root)), env_(env) {}
 
   // Ok with the entry when it is complete and intact and its manifest names
   // exactly `key`; NotFound when absent; Corruption (with what is wrong)
@@ -137,6 +140,7 @@ class BuildCache {
  private:
   StatusOr<model::CacheEntry> LookupFiles(const BuildKey& key) const;
   std::string root_;
+  Env* env_;
 };
 
 }  // namespace aotid::compile

@@ -51,6 +51,7 @@ class FaultInjectionEnv : public EnvWrapper {
   Status RemoveFile(const std::string& path) override;
   Status Truncate(const std::string& path, int64_t size) override;
   Status CreateDir(const std::string& path, unsigned mode) override;
+  Status SyncFile(const std::string& path) override { return FileSynced(path); }
   Status SyncDir(const std::string& path) override;
 
   // For wrappers that apply the change themselves (the SQLite VFS): each
