@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "base/fs.h"
 #include "test_util.h"
+#include "tests/base/fault_env.h"
 
 namespace aotid::compile {
 namespace {
@@ -195,6 +197,61 @@ TEST_F(BuildCacheTest, IntactEntryIsOfferedAgainOnceThenNotAfterASecondUnfinishe
       << found.status().message();
   cache_.EndLoad(*e);  // a load that finishes clears the count
   EXPECT_TRUE(cache_.Lookup(key_).ok());
+}
+
+// Publishing a build under a power cut at every file-system operation
+// (tests/base/fault_env.h): afterwards Lookup finds the whole entry or none
+// (NotFound, or Corruption, which rebuilds it), and the whole entry once
+// Commit returned ok. The worker's files are written without an fsync, as
+// a build child writes them: Commit must make them durable itself.
+TEST(BuildCacheFaults, APowerCutLeavesTheWholeEntryOrNone) {
+  TempDir dir;
+  const std::string root = fs::RealPath(dir.path());
+  ASSERT_OK(fs::MakeDirs(root + "/scratch"));
+  testing::FaultInjectionEnv env(root + "/scratch");
+  const BuildKey key{std::string(64, 'b'), "model", "cpu", "linux-x86_64-avx2-torch2-0"};
+  ModelSpec spec;
+  spec.inputs.push_back({"x", DType::kFloat32, {-1, 2}});
+  const std::map<std::string, std::string> files = {{"model.so", std::string(5000, 'm')},
+                                                    {"spec.json", spec.ToJson()},
+                                                    {"package.json", R"({"kind": "exported_program"})"},
+                                                    {"triton_0.cubin", "kernel"}};
+  auto run = [&]() -> Status {
+    std::filesystem::remove_all(root + "/cache");
+    BuildCache cache(root + "/cache", &env);
+    ASSIGN_OR_RETURN(std::string staging, cache.NewStaging(key));
+    for (const auto& [name, bytes] : files) {
+      ASSIGN_OR_RETURN(auto f, env.OpenForWrite(staging + "/" + name, Env::OpenMode::kCreateNew));
+      RETURN_IF_ERROR(f->Append(bytes));
+    }
+    return cache.Commit(staging, key).status();
+  };
+  auto expect_whole = [&](const CacheEntry& e) {
+    for (const auto& [name, bytes] : files)
+      EXPECT_EQ(fs::ReadFile(e.dir + "/" + name).value_or(""), bytes) << name;
+  };
+
+  ASSERT_OK(run());
+  const int64_t total = env.ops();
+  ASSERT_OK(env.DropUnsynced());
+  {
+    auto e = BuildCache(root + "/cache").Lookup(key);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    expect_whole(*e);
+  }
+  for (int64_t k = 0; k < total; ++k) {
+    SCOPED_TRACE("crash at file-system operation " + std::to_string(k) + " of " + std::to_string(total));
+    env.CrashAtOp(k);
+    EXPECT_FALSE(run().ok());
+    ASSERT_OK(env.DropUnsynced());
+    auto e = BuildCache(root + "/cache").Lookup(key);
+    if (e.ok()) {
+      expect_whole(*e);
+    } else {
+      EXPECT_TRUE(e.status().code() == StatusCode::kNotFound || e.status().code() == StatusCode::kCorruption)
+          << e.status().ToString();
+    }
+  }
 }
 
 }  // namespace
