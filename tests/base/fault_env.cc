@@ -71,6 +71,16 @@ std::string FaultInjectionEnv::Parent(const std::string& path) {
   return stdfs::path(path).parent_path().string();
 }
 
+void FaultInjectionEnv::Repath(Undo* u, const std::string& from, const std::string& to) {
+  if (u->path == from) {
+    // A creation of the old name stays with the old name (Rename decides
+    // what undoing it means).
+    if (u->kind == Undo::kContent || u->kind == Undo::kRename) u->path = to;
+  } else if (u->path.starts_with(from + "/")) {
+    u->path = to + u->path.substr(from.size());  // inside a renamed directory
+  }
+}
+
 std::string FaultInjectionEnv::Backup() { return scratch_ + "/removed-" + std::to_string(backups_++); }
 
 Status FaultInjectionEnv::Step(const std::string& what) {
@@ -171,10 +181,9 @@ Status FaultInjectionEnv::Rename(const std::string& from, const std::string& to)
     }
     break;
   }
-  // What is recorded of the file follows it to its new name.
-  for (Undo& x : undo_) {
-    if (x.path == f && (x.kind == Undo::kContent || x.kind == Undo::kRename)) x.path = t;
-  }
+  // What is recorded of the file (or of what is in the directory) follows
+  // it to its new name.
+  for (Undo& x : undo_) Repath(&x, f, t);
   undo_.push_back(std::move(u));
   return Status::OK();
 }
@@ -255,11 +264,7 @@ Status FaultInjectionEnv::DropUnsynced() {
         } else {
           if (::rename(u.path.c_str(), u.from.c_str()) != 0)
             note(ErrnoError("fault env: undo rename", errno));
-          for (size_t j = 0; j < i; ++j) {
-            if (undo_[j].path == u.path &&
-                (undo_[j].kind == Undo::kContent || undo_[j].kind == Undo::kRename))
-              undo_[j].path = u.from;
-          }
+          for (size_t j = 0; j < i; ++j) Repath(&undo_[j], u.path, u.from);
         }
         if (!u.backup.empty() && ::rename(u.backup.c_str(), u.path.c_str()) != 0)
           note(ErrnoError("fault env: restore " + u.path, errno));

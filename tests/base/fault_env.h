@@ -77,6 +77,7 @@ class FaultInjectionEnv : public EnvWrapper {
   Status SaveContent(const std::string& path, int64_t offset, int64_t end);  // REQUIRES: mu_ held
   std::string Backup();                                                      // REQUIRES: mu_ held
   static std::string Parent(const std::string& path);
+  static void Repath(Undo* u, const std::string& from, const std::string& to);
 
   const std::string scratch_;
   mutable std::mutex mu_;
