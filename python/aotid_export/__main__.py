@@ -1,4 +1,5 @@
 """Command line: python -m aotid_export MODULE:FACTORY --input NAME=DTYPE[SHAPE] ... -o OUT.pt2
+              python -m aotid_export hf FOLDER --task TASK -o OUT.pt2   (a Hugging Face folder; aotid_export.hf)
 
 FACTORY is a callable in an importable module that returns an nn.Module
 (for example ``mypkg.models:make_model``). Each ``--input`` declares one
@@ -64,6 +65,11 @@ def _example(spec: str, dims: dict) -> tuple[str, torch.Tensor, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hf"]:
+        from .hf import main as hf_main
+
+        return hf_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m aotid_export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("factory", help="MODULE:CALLABLE returning an nn.Module")
