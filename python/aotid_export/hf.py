@@ -241,16 +241,18 @@ def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None =
             return
         say(f"{family}: aotid's generate routes take Llama-family models (llama, mistral, phi3); this package "
             "is the forward pass alone: logits for every position, no cache")
-    # A cache is state across calls that a served forward pass does not keep.
-    if hasattr(config, "use_cache"):
-        config.use_cache = False
     inputs, dynamic_shapes, chosen = example_inputs(model, dynamic, path)
+    # A cache is state across calls that a served forward pass does not keep.
+    if "use_cache" in _params(model):
+        inputs["use_cache"] = False  # traced as a constant, not an input
+    elif hasattr(config, "use_cache"):
+        config.use_cache = False
     from . import export
 
     metadata = {"source": "huggingface", "task": task, "model_type": family,
                 "architecture": type(model).__name__}
     export(model, inputs, out, dynamic_shapes=dynamic_shapes, metadata=metadata, format=format)
-    sizes = ", ".join(f"{n} {list(t.shape)}" for n, t in inputs.items())
+    sizes = ", ".join(f"{n} {list(t.shape)}" for n, t in inputs.items() if isinstance(t, torch.Tensor))
     say(f"exported {type(model).__name__} for {task}: inputs {sizes}; dynamic: {', '.join(chosen) or 'none'}")
     say(_tokenizer_note(path))
 
