@@ -124,8 +124,16 @@ def _params(model) -> list[str]:
     return list(inspect.signature(model.forward).parameters)
 
 
+# Families whose positions count from padding_idx + 1: their table holds
+# that many fewer tokens than max_position_embeddings says.
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "data2vec-text")
+
+
 def _max_positions(config) -> int | None:
-    return _config_get(config, "max_position_embeddings", "n_positions", "max_target_positions")
+    most = _config_get(config, "max_position_embeddings", "n_positions", "max_target_positions")
+    if most and getattr(config, "model_type", "") in _OFFSET_POSITIONS:
+        most -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    return most
 
 
 def _image_size(config, folder: str | None) -> tuple[int, int]:
