@@ -474,6 +474,8 @@ def _export_generate(model, path: str, out: str, max_seq_len: int, say) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import ExportError
+
     p = argparse.ArgumentParser(prog="aotid-export hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="a local model folder (config.json and weights)")
@@ -499,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         export_folder(args.path, args.task, args.out, dynamic=dynamic, generate=not args.no_generate,
                       max_seq_len=args.max_seq_len, format=args.format, say=say)
     except HfExportError as e:
+        raise SystemExit(f"aotid-export hf: {e}") from None
+    except ExportError as e:  # the worker could not load what was written: said, no traceback
         raise SystemExit(f"aotid-export hf: {e}") from None
     say(f"wrote {args.out}")
     return 0
