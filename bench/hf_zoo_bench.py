@@ -19,6 +19,7 @@ kept-alive connection, against eager PyTorch at the same threads in process.
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,6 +155,7 @@ def main():
     for s in ("export", "build", "equal"):
         print(f"{s}: {sum(bool(v.get(s)) for v in stage.values())}/{n}")
     print(json.dumps(stage))
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def latency(port, work, eager, names):
