@@ -210,8 +210,8 @@ TEST(BuildCacheFaults, APowerCutLeavesTheWholeEntryOrNone) {
   ASSERT_OK(fs::MakeDirs(root + "/scratch"));
   testing::FaultInjectionEnv env(root + "/scratch");
   const BuildKey key{std::string(64, 'b'), "model", "cpu", "linux-x86_64-avx2-torch2-0"};
-  ModelSpec spec;
-  spec.inputs.push_back({"x", DType::kFloat32, {-1, 2}});
+  model::ModelSpec spec;
+  spec.inputs.push_back({"x", model::DType::kFloat32, {-1, 2}});
   const std::map<std::string, std::string> files = {{"model.so", std::string(5000, 'm')},
                                                     {"spec.json", spec.ToJson()},
                                                     {"package.json", R"({"kind": "exported_program"})"},
@@ -226,7 +226,7 @@ TEST(BuildCacheFaults, APowerCutLeavesTheWholeEntryOrNone) {
     }
     return cache.Commit(staging, key).status();
   };
-  auto expect_whole = [&](const CacheEntry& e) {
+  auto expect_whole = [&](const model::CacheEntry& e) {
     for (const auto& [name, bytes] : files)
       EXPECT_EQ(fs::ReadFile(e.dir + "/" + name).value_or(""), bytes) << name;
   };
