@@ -105,7 +105,7 @@ TEST_F(ServeTest, HealthAndMetadataDescribeTheModels) {
   // Dynamic dims stay -1 in the shape (OIP clients read nothing else); their
   // names and traced ranges come as the parameters extension.
   EXPECT_EQ(m.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,8],
-      "parameters":{"dynamic_dims":[{"dim":0,"name":"batch","min":1,"max":65536}]}}])"));
+      "parameters":{"dynamic_dims":[{"dim":0,"name":"batch","min":1,"max":65536,"typical":2}]}}])"));
   EXPECT_EQ(m.body["outputs"], json::parse(R"([{"name":"y","datatype":"FP32","shape":[-1,4]}])"));
   Reply e = Get(port(), "/v2/models/embed");
   EXPECT_EQ(e.body["inputs"], json::parse(R"([{"name":"ids","datatype":"INT64","shape":[2,5]}])"));

@@ -102,7 +102,7 @@ class TritonClientInterop(unittest.TestCase):
         meta = self.client.get_model_metadata("mlp")
         self.assertEqual(meta["inputs"], [{"name": "x", "datatype": "FP32", "shape": [-1, 8],
                                            "parameters": {"dynamic_dims": [{"dim": 0, "name": "batch", "min": 1,
-                                                                            "max": 65536}]}}])
+                                                                            "max": 65536, "typical": 2}]}}])
         self.assertEqual(meta["outputs"], [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}])
         self.assertEqual(meta["versions"], ["1"])
 
