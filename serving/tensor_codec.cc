@@ -544,10 +544,13 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
         const TensorSpec* out = nullptr;
         for (const auto& s : spec.outputs) out = s.name == name ? &s : out;
         if (tape.kind(last) == Kind::kTrue) {
-          if (out->shape.size() < 2) {
+          // Dim 1 is a sequence only in [batch, positions, ...]: on a
+          // [batch, features] output it would cut a feature.
+          if (out->shape.size() < 3) {
             return InvalidArgument("output '" + name +
-                                   "': last_position takes the last index of dim 1, and '" + name +
-                                   "' has shape " + model::ShapeString(out->shape));
+                                   "': last_position takes the last index of dim 1 of a [batch, positions, "
+                                   "...] output, and '" +
+                                   name + "' has shape " + model::ShapeString(out->shape));
           }
           req.last_position.push_back(name);
         }

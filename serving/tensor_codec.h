@@ -36,7 +36,7 @@ struct InferRequest {
   // (outputs[].parameters.binary_data), which win.
   bool binary_outputs = false;
   std::vector<std::pair<std::string, bool>> output_binary;
-  // outputs[].parameters.last_position: these outputs (rank 2 or more)
+  // outputs[].parameters.last_position: these outputs (rank 3 or more)
   // answer with dim 1 cut to its last index, kept as a dim of 1 (a
   // language model's logits [B, S, V] as [B, 1, V]).
   std::vector<std::string> last_position;

@@ -544,12 +544,13 @@ TEST(TensorCodecBinary, OutputsGoBinaryWhenAskedAndJsonOtherwise) {
 
 // A language model's logits [B, S, V] asked for at the last position only:
 // [B, 1, V], each row's last position, JSON or binary; only the outputs
-// asked, and only those of rank 2 or more.
+// asked, and only those of rank 3 or more: dim 1 of a [batch, features]
+// output is no position.
 TEST(TensorCodec, AnOutputMayBeAskedForAtItsLastPositionOnly) {
   ModelSpec s;
   s.inputs.push_back({"ids", DType::kInt64, {-1, -1}});
   s.outputs.push_back({"logits", DType::kFloat32, {-1, -1, 2}});
-  s.outputs.push_back({"pooled", DType::kFloat32, {-1}});
+  s.outputs.push_back({"pooled", DType::kFloat32, {-1, 4}});
   const std::string ids = R"({"name":"ids","datatype":"INT64","shape":[2,3],"data":[1,2,3,4,5,6]})";
   auto r = DecodeInferRequest(R"({"inputs":[)" + ids + R"(],"outputs":[
       {"name":"logits","parameters":{"last_position":true,"binary_data":true}}]})",
@@ -568,8 +569,8 @@ TEST(TensorCodec, AnOutputMayBeAskedForAtItsLastPositionOnly) {
   std::memcpy(logits.data.data(), v.data(), logits.data.size());
   HostTensor pooled;
   pooled.name = "pooled";
-  pooled.shape = {2};
-  pooled.data.resize(8);
+  pooled.shape = {2, 4};
+  pooled.data.resize(32);
   EncodedResponse e = EncodeInferResponse("m", 1, *r, {logits, pooled});
   ASSERT_TRUE(e.has_binary);
   auto j = nlohmann::json::parse(e.body.substr(0, e.json_length));
@@ -585,7 +586,7 @@ TEST(TensorCodec, AnOutputMayBeAskedForAtItsLastPositionOnly) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   j = nlohmann::json::parse(EncodeInferResponse("m", 1, *r, {logits, pooled}).body);
   EXPECT_EQ(j["outputs"][0]["data"], nlohmann::json::parse("[20,21,120,121]"));
-  EXPECT_EQ(j["outputs"][1]["shape"], nlohmann::json::parse("[2]"));  // whole
+  EXPECT_EQ(j["outputs"][1]["shape"], nlohmann::json::parse("[2,4]"));  // whole
 
   r = DecodeInferRequest(
       R"({"inputs":[)" + ids + R"(],"outputs":[{"name":"pooled","parameters":{"last_position":true}}]})", s);
