@@ -70,8 +70,11 @@ TEST(Packages, ModelZooMultiModelAndDeviceFallback) {
   ExpectCasesMatchEager(port, "encoder", "multi_encoder");
   ExpectCasesMatchEager(port, "head", "multi_head");
   Reply two = Get(port, "/v2/models/two_io");
-  EXPECT_EQ(two.body["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,6]},
-                                                {"name":"idx","datatype":"INT64","shape":[-1]}])"));
+  // Both inputs share the dynamic batch the exporter declared (traced at 2).
+  const std::string batch = R"({"dynamic_dims":[{"dim":0,"name":"batch","min":1,"max":65536,"typical":2}]})";
+  EXPECT_EQ(two.body["inputs"],
+            json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,6],"parameters":)" + batch +
+                        R"(},{"name":"idx","datatype":"INT64","shape":[-1],"parameters":)" + batch + "}]"));
   EXPECT_EQ(Get(port, "/v2/models/head").body["parameters"]["author"]["suite"], "multi-model test");
 
   // Fallback on: served on the CPU, the reason where people look.
