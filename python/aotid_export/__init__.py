@@ -111,8 +111,11 @@ class _Inputs:
     reaches forward (the first ``n_positional`` by position, the rest by
     their names), plus keyword constants the program is traced with."""
 
-    def __init__(self, names, tensors, n_positional, constants):
+    def __init__(self, names, tensors, n_positional, constants, to_kwargs=(), parameters=()):
         self.names, self.tensors, self.n_positional, self.constants = names, tensors, n_positional, constants
+        # Keys forward does not name (they went to its **kwargs), and the
+        # names it does: a key there the graph never reads is a misspelling.
+        self.to_kwargs, self.parameters = list(to_kwargs), list(parameters)
 
     def call(self, forward, tensors):
         n = self.n_positional
@@ -156,7 +159,28 @@ def _inputs(model, example_inputs, input_names) -> _Inputs:
             raise TypeError(f"{where} takes '{p.name}' by position only: give the example as a tuple")
     if not tensors:
         raise ValueError("the example has no tensor inputs")
-    return _Inputs(names, tuple(tensors), 0, constants)
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return _Inputs(names, tuple(tensors), 0, constants, [k for k in names if k not in by_name], named)
+
+
+def _refuse_unread_extras(ep, inputs: _Inputs, where: str) -> None:
+    """An example key that went to forward's **kwargs and that the program
+    never reads is refused: served, it would be demanded and ignored (a
+    misspelled ``atention_mask``). Named parameters left unused stay."""
+    if not inputs.to_kwargs:
+        return
+    import difflib
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for name, spec in zip(inputs.names, ep.graph_signature.user_inputs):
+        node = placeholders.get(spec) if isinstance(spec, str) else None
+        if name not in inputs.to_kwargs or node is None or node.users:
+            continue
+        close = difflib.get_close_matches(name, inputs.parameters, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise TypeError(f"example input '{name}' is not a parameter of {where} (it went to its **kwargs) and "
+                        f"the exported model never reads it{hint} (forward's parameters: "
+                        f"{', '.join(inputs.parameters) or 'none'})")
 
 
 def _dim_items(spec):
@@ -351,6 +375,7 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
     seen: list[str] = []
     with torch.no_grad(), _forward_replaced(model, _flat_forward(model, inputs, seen)):
         ep, specs = _trace(model, traced, specs)
+    _refuse_unread_extras(ep, inputs, f"{type(model).__name__}.forward")
     n_out = len(ep.graph_signature.user_outputs)
     if output_names is not None and len(output_names) != n_out:
         raise ValueError(f"output_names has {len(output_names)} names; the model returns {n_out} outputs")
