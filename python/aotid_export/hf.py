@@ -6,7 +6,11 @@
     aotid-export hf ./llama-folder --task text-generation -o llama.pt2
 
 Nothing is fetched: the folder is read with ``local_files_only``, and a
-folder that names weights it does not hold is an error. transformers is an
+folder that names weights it does not hold is an error, and so is one that
+lacks weights the task needs (a plain ``BertModel`` folder asked for
+``fill-mask`` has no head: transformers would make one at random; the error
+names the task the folder's architecture suggests, and
+``--allow-new-weights`` exports it anyway). transformers is an
 optional extra (``pip install aotid-export[hf]``); the device that serves
 the package needs none of it.
 
@@ -96,9 +100,24 @@ def _transformers():
     return transformers
 
 
-def load_folder(path: str, task: str) -> torch.nn.Module:
+def _task_of(transformers, config) -> str | None:
+    """The task whose Auto class loads the folder's own architecture
+    (``config.architectures``), if one does."""
+    for arch in getattr(config, "architectures", None) or []:
+        for task, auto_name in TASKS.items():
+            try:
+                if getattr(transformers, auto_name)._model_mapping[type(config)].__name__ == arch:
+                    return task
+            except (AttributeError, KeyError, ValueError):
+                continue
+    return None
+
+
+def load_folder(path: str, task: str, allow_new_weights: bool = False) -> torch.nn.Module:
     """The folder's model for ``task``, in eval mode, read from the folder
-    alone (``local_files_only``)."""
+    alone (``local_files_only``). Weights the task's class needs that the
+    folder lacks (a head transformers would initialize at random) are
+    refused unless ``allow_new_weights``."""
     if task not in TASKS:
         raise HfExportError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -106,9 +125,20 @@ def load_folder(path: str, task: str) -> torch.nn.Module:
     transformers = _transformers()
     auto = getattr(transformers, TASKS[task])
     try:
-        model = auto.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model, info = auto.from_pretrained(path, local_files_only=True, dtype=torch.float32,
+                                           output_loading_info=True)
     except (OSError, ValueError, KeyError) as e:
         raise HfExportError(f"{path}: transformers cannot load it for {task} ({TASKS[task]}): {e}") from None
+    new = sorted(set(info.get("missing_keys") or ()) | {k[0] if isinstance(k, tuple) else k
+                                                         for k in info.get("mismatched_keys") or ()})
+    if new and not allow_new_weights:
+        suggested = _task_of(transformers, model.config)
+        archs = ", ".join(getattr(model.config, "architectures", None) or []) or "not named in config.json"
+        hint = (f"; the folder's architecture ({archs}) suggests --task {suggested}" if suggested and
+                suggested != task else f"; the folder's architecture is {archs}")
+        raise HfExportError(f"{path}: {len(new)} weights {type(model).__name__} needs for {task} are not in the "
+                            f"folder and would be newly initialized at random ({', '.join(new[:4])}"
+                            f"{', ...' if len(new) > 4 else ''}){hint}; --allow-new-weights exports them anyway")
     return model.eval()
 
 
@@ -237,10 +267,11 @@ def example_inputs(model: torch.nn.Module, dynamic: list[str] | None = None, fol
 
 
 def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None = None, generate: bool = True,
-                  max_seq_len: int = 2048, format: str = "exported_program", say=print) -> None:
+                  max_seq_len: int = 2048, format: str = "exported_program", say=print,
+                  allow_new_weights: bool = False) -> None:
     """``aotid-export hf``: the folder's model for ``task`` written to
     ``out``; what it chose and left out goes to ``say``."""
-    model = load_folder(path, task)
+    model = load_folder(path, task, allow_new_weights)
     config = model.config
     family = getattr(config, "model_type", "")
     if task == "text-generation" and generate:
@@ -488,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=2048,
                    help="a generate package's context (its cache is sized for it)")
     p.add_argument("--format", default="exported_program", choices=("exported_program", "aoti", "aoti_source"))
+    p.add_argument("--allow-new-weights", action="store_true",
+                   help="export even when weights the task needs are not in the folder (they would be random)")
     p.add_argument("-o", "--out", required=True)
     args = p.parse_args(argv)
     dynamic = None
@@ -499,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         export_folder(args.path, args.task, args.out, dynamic=dynamic, generate=not args.no_generate,
-                      max_seq_len=args.max_seq_len, format=args.format, say=say)
+                      max_seq_len=args.max_seq_len, format=args.format, say=say,
+                      allow_new_weights=args.allow_new_weights)
     except HfExportError as e:
         raise SystemExit(f"aotid-export hf: {e}") from None
     except ExportError as e:  # the worker could not load what was written: said, no traceback
