@@ -289,7 +289,9 @@ def verify(module, name: str, example, url: str = "http://127.0.0.1:8765", token
     """Compares the served model ``name`` with ``module`` run eagerly.
 
     ``example`` is a tuple of tensors (the model's inputs in order) or a dict
-    of keyword inputs (by name). The module runs on it and on a second size,
+    of keyword inputs (by name; its bool, int, float, str and None values,
+    such as ``use_cache=False``, are constants the program was traced with:
+    given to the module, not sent). The module runs on it and on a second size,
     each named dynamic dim of the served model's metadata grown by one
     within its range; each size is sent to the daemon and every output
     compared by name (``aotid_export.outputs.named_outputs``; a model whose
@@ -306,9 +308,13 @@ def verify(module, name: str, example, url: str = "http://127.0.0.1:8765", token
     meta = c.metadata(name, version)
     served_in = [m["name"] for m in meta.get("inputs", [])]
     served_out = [m["name"] for m in meta.get("outputs", [])]
+    constants: dict = {}
     if isinstance(example, Mapping):
         as_dict = True
-        feed = {k: v for k, v in example.items()}
+        # A bool, int, float, str or None is a constant the exporter traced
+        # the program with (use_cache=False): for the eager module only.
+        constants = {k: v for k, v in example.items() if v is None or isinstance(v, (bool, int, float, str))}
+        feed = {k: v for k, v in example.items() if k not in constants}
         unknown = [k for k in feed if k not in served_in]
         if unknown:
             raise ValueError(f"example input {unknown[0]!r} is not an input of {name!r}: it takes {served_in}")
@@ -330,7 +336,7 @@ def verify(module, name: str, example, url: str = "http://127.0.0.1:8765", token
         print(f"verify {name}: no dynamic dim in its metadata: one size only")
     for inputs in cases:
         with torch.no_grad():
-            eager = module(**inputs) if as_dict else module(*[inputs[k] for k in served_in])
+            eager = module(**inputs, **constants) if as_dict else module(*[inputs[k] for k in served_in])
         named = named_outputs(eager)
         got = c.infer(name, inputs, version=version)
         if all(n in got for n, _ in named):

@@ -1,7 +1,9 @@
 """Mistakes a first-time author makes with aotid_export, refused at export
 with what to change, not served broken: an example key that forward's
 **kwargs swallowed and the graph never reads (a misspelling); a Hugging
-Face folder asked for a task whose head it lacks.
+Face folder asked for a task whose head it lacks. And verify with the
+example the export took (use_cache=False), its constants kept from the
+server.
 
     export_mistakes_test.py
 """
@@ -61,6 +63,48 @@ def hf_folder_without_the_head(work):
     print("a folder without the task's head is refused, its own task suggested")
 
 
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).eval()
+
+
+class ProgramClient:
+    """The daemon's part of verify, played by the exported program: its
+    metadata and its answers, refusing inputs it does not take."""
+
+    def __init__(self, path):
+        from aotid_worker.compile import load_program
+
+        self.ep, self.names, _, _ = load_program(path, "model")
+
+    def metadata(self, name, version=None):
+        return {"inputs": [{"name": n} for n in self.names["input_names"]],
+                "outputs": [{"name": n} for n in self.names["output_names"]]}
+
+    def infer(self, name, inputs, version=None):
+        unknown = set(inputs) - set(self.names["input_names"])
+        assert not unknown, f"sent {sorted(unknown)}, which the model does not take"
+        out = self.ep.module()(*[torch.as_tensor(inputs[n]) for n in self.names["input_names"]])
+        out = out if isinstance(out, tuple) else (out,)
+        return {n: t.detach().numpy() for n, t in zip(self.names["output_names"], out)}
+
+
+def verify_keeps_constants_from_the_server(gpt2, work):
+    from aotid_export.client import verify
+
+    path = os.path.join(work, "gpt2.pt2")
+    ids = torch.randint(0, 50, (1, 6))
+    example = {"input_ids": ids, "attention_mask": torch.ones(1, 6, dtype=torch.int64), "use_cache": False}
+    aotid_export.export(gpt2, example, path)
+    result = verify(gpt2, "gpt2", example, client=ProgramClient(path), quiet=True)
+    assert result.ok and [o.name for c in result.cases for o in c.outputs] == ["logits"], result
+    print("verify with use_cache=False: the constant goes to eager only, logits equal")
+
+
 def main():
     work = tempfile.mkdtemp()
     ids, mask = torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5)
@@ -78,6 +122,8 @@ def main():
     print("a **kwargs key the graph never reads is refused; an unused named parameter is not")
 
     hf_folder_without_the_head(work)
+    gpt2 = tiny_gpt2()
+    verify_keeps_constants_from_the_server(gpt2, work)
     print("ok")
 
 
