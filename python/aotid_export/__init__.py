@@ -183,6 +183,19 @@ def _refuse_unread_extras(ep, inputs: _Inputs, where: str) -> None:
                         f"{', '.join(inputs.parameters) or 'none'})")
 
 
+def _out_folder_problem(path: str) -> str | None:
+    """Why ``path`` cannot be written, as far as its folder says (the
+    command lines ask before the work, not after), or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"-o {path}: the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"-o {path}: the folder {folder} is not writable"
+    if os.path.isdir(path):
+        return f"-o {path}: a folder; give the path of the .pt2 file to write"
+    return None
+
+
 def _dim_items(spec):
     if isinstance(spec, Mapping):
         return list(spec.items())

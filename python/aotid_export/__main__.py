@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from . import FORMATS, ExportError, _export
+from . import FORMATS, ExportError, _export, _out_folder_problem
 
 _INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]+)\[([^\]]*)\]$")
 # A dynamic dim: NAME:MIN..MAX (NAME alone: 1..65536). The same NAME in
@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                         "for this machine), aoti_source (C++ that aotid compiles without Python)")
     p.add_argument("-o", "--out", required=True)
     args = p.parse_args(argv)
+    problem = _out_folder_problem(args.out)
+    if problem:
+        raise SystemExit(problem)
 
     module_name, _, attr = args.factory.partition(":")
     if not attr:

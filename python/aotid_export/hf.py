@@ -505,7 +505,7 @@ def _export_generate(model, path: str, out: str, max_seq_len: int, say) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import ExportError
+    from . import ExportError, _out_folder_problem
 
     p = argparse.ArgumentParser(prog="aotid-export hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -523,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="export even when weights the task needs are not in the folder (they would be random)")
     p.add_argument("-o", "--out", required=True)
     args = p.parse_args(argv)
+    problem = _out_folder_problem(args.out)
+    if problem:
+        raise SystemExit(f"aotid-export hf: {problem}")
     dynamic = None
     if args.dynamic is not None:
         dynamic = [] if args.dynamic == "none" else [d.strip() for d in args.dynamic.split(",") if d.strip()]

@@ -3,7 +3,7 @@ with what to change, not served broken: an example key that forward's
 **kwargs swallowed and the graph never reads (a misspelling); a Hugging
 Face folder asked for a task whose head it lacks. And verify with the
 example the export took (use_cache=False), its constants kept from the
-server.
+server. An -o whose folder does not exist, said before any work.
 
     export_mistakes_test.py
 """
@@ -105,6 +105,24 @@ def verify_keeps_constants_from_the_server(gpt2, work):
     print("verify with use_cache=False: the constant goes to eager only, logits equal")
 
 
+def out_folder_checked_first(work):
+    from aotid_export import hf
+    from aotid_export.__main__ import main as cli
+
+    missing = os.path.join(work, "nonexistdir", "x.pt2")
+    # The folder and the factory are never read: the -o is refused first.
+    for run, argv in [(hf.main, [os.path.join(work, "no-folder"), "--task", "fill-mask", "-o", missing]),
+                      (cli, ["no_such_module:make", "--input", "x=float32[1,4]", "-o", missing])]:
+        try:
+            run(argv)
+        except SystemExit as e:
+            said = str(e.code)
+        else:
+            raise AssertionError(f"{argv}: no exit")
+        assert said.endswith(f"-o {missing}: the folder {os.path.dirname(missing)} does not exist"), said
+    print("an -o in a missing folder is said first, in one line")
+
+
 def main():
     work = tempfile.mkdtemp()
     ids, mask = torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5)
@@ -124,6 +142,7 @@ def main():
     hf_folder_without_the_head(work)
     gpt2 = tiny_gpt2()
     verify_keeps_constants_from_the_server(gpt2, work)
+    out_folder_checked_first(work)
     print("ok")
 
 
