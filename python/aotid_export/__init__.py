@@ -283,6 +283,10 @@ def _flat_forward(model, inputs: _Inputs, seen: list):
     def forward(*tensors):
         out = inputs.call(original, tensors)
         named = named_outputs(out)
+        if not named:  # a program with no outputs: torch.export's own error says nothing of why
+            raise ValueError("the model returns no tensors (all its outputs are None)" if out is not None and (
+                not isinstance(out, (tuple, list, dict)) or len(out)) else
+                f"the model returns no tensors ({out!r})")
         seen[:] = [n for n, _ in named]
         if isinstance(out, torch.Tensor):
             return out

@@ -3,7 +3,7 @@ with what to change, not served broken: an example key that forward's
 **kwargs swallowed and the graph never reads (a misspelling); a Hugging
 Face folder asked for a task whose head it lacks. And verify with the
 example the export took (use_cache=False), its constants kept from the
-server. An -o whose folder does not exist, said before any work.
+server. A model that returns only None. An -o whose folder does not exist, said before any work.
 
     export_mistakes_test.py
 """
@@ -25,6 +25,11 @@ class Kwargs(torch.nn.Module):
         if "bias" in kwargs:
             out = out + kwargs["bias"]
         return out
+
+
+class NoneOut(torch.nn.Module):
+    def forward(self, x):
+        return {"b": None}
 
 
 def refused(error, texts, *args, **kwargs):
@@ -137,7 +142,9 @@ def main():
     # A named parameter left unused, and a **kwargs key the graph reads, stay.
     aotid_export.export(Kwargs(), {"input_ids": ids, "unused": mask}, out)
     aotid_export.export(Kwargs(), {"input_ids": ids, "bias": mask}, out)
-    print("a **kwargs key the graph never reads is refused; an unused named parameter is not")
+    refused(ValueError, ["the model returns no tensors (all its outputs are None)"], NoneOut(), (ids,), out)
+    print("a **kwargs key the graph never reads is refused, an unused named parameter is not; "
+          "a model returning only None is refused")
 
     hf_folder_without_the_head(work)
     gpt2 = tiny_gpt2()
