@@ -196,6 +196,31 @@ def _out_folder_problem(path: str) -> str | None:
     return None
 
 
+def _refuse_past_positions(model, names, specs) -> None:
+    """A transformers model's position table is as long as its config says
+    (``max_position_embeddings``, ``n_positions``): a dynamic sequence dim
+    (dim 1 of ``input_ids``, and every dim sharing its Dim) declared longer
+    would export, then fail every request past the table. Refused."""
+    config = getattr(model, "config", None)
+    if config is None or specs is None or "input_ids" not in names:
+        return
+    field = next((f for f in ("max_position_embeddings", "n_positions")
+                  if isinstance(getattr(config, f, None), int)), None)
+    if field is None:
+        return
+    most = getattr(config, field)
+    from .hf import _OFFSET_POSITIONS
+
+    if getattr(config, "model_type", "") in _OFFSET_POSITIONS:
+        most -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    seq = dict(_dim_items(specs[names.index("input_ids")])).get(1)
+    hi = _bound(getattr(seq, "max", None)) if _is_root_dim(seq) else None
+    if hi is not None and hi > most:
+        raise ValueError(f"dynamic dim '{seq.__name__}' (dim 1 of input_ids) has max {hi}, but "
+                         f"{type(model).__name__} has {most} positions (config.{field}): requests past {most} "
+                         f"tokens would fail; declare max={most} or less")
+
+
 def _dim_items(spec):
     if isinstance(spec, Mapping):
         return list(spec.items())
@@ -387,6 +412,7 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
         specs = tuple({0: batch} if t.dim() > 0 else None for t in tensors)
     if specs is not None and not any(specs):
         specs = None
+    _refuse_past_positions(model, names, specs)
     traced = _traced_sizes(tensors, specs) if specs is not None else tensors
     model = model.eval()
     seen: list[str] = []

@@ -3,7 +3,8 @@ with what to change, not served broken: an example key that forward's
 **kwargs swallowed and the graph never reads (a misspelling); a Hugging
 Face folder asked for a task whose head it lacks. And verify with the
 example the export took (use_cache=False), its constants kept from the
-server. A model that returns only None. An -o whose folder does not exist, said before any work.
+server. A model that returns only None. A sequence dim declared longer
+than a transformers model's positions. An -o whose folder does not exist, said before any work.
 
     export_mistakes_test.py
 """
@@ -128,6 +129,15 @@ def out_folder_checked_first(work):
     print("an -o in a missing folder is said first, in one line")
 
 
+def seq_beyond_positions(gpt2, work):
+    ids, mask = torch.randint(0, 50, (1, 6)), torch.ones(1, 6, dtype=torch.int64)
+    seq = torch.export.Dim("seq", max=100)
+    refused(ValueError, ["'seq' (dim 1 of input_ids) has max 100", "GPT2LMHeadModel has 64 positions"],
+            gpt2, {"input_ids": ids, "attention_mask": mask, "use_cache": False}, os.path.join(work, "long.pt2"),
+            dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    print("a sequence dim past the model's positions is refused, both numbers named")
+
+
 def main():
     work = tempfile.mkdtemp()
     ids, mask = torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5)
@@ -150,6 +160,7 @@ def main():
     gpt2 = tiny_gpt2()
     verify_keeps_constants_from_the_server(gpt2, work)
     out_folder_checked_first(work)
+    seq_beyond_positions(gpt2, work)
     print("ok")
 
 
