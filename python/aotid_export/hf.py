@@ -11,7 +11,7 @@ lacks weights the task needs (a plain ``BertModel`` folder asked for
 ``fill-mask`` has no head: transformers would make one at random; the error
 names the task the folder's architecture suggests, and
 ``--allow-new-weights`` exports it anyway). transformers is an
-optional extra (``pip install aotid-export[hf]``); the device that serves
+optional extra (``pip install 'aotid-export[hf]'``); the device that serves
 the package needs none of it.
 
 The task picks the class (``AutoModel``, ``AutoModelFor...``), and the
@@ -63,7 +63,7 @@ import torch
 __all__ = ["TASKS", "load_folder", "example_inputs", "export_folder", "llama_from_hf", "tokenizer_from_folder",
            "main"]
 
-INSTALL_HINT = "pip install aotid-export[hf]"
+INSTALL_HINT = "pip install 'aotid-export[hf]'"  # quoted: zsh would read [hf] as a glob
 
 # Task -> the transformers Auto class that loads it.
 TASKS = {

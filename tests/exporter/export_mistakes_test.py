@@ -4,7 +4,8 @@ with what to change, not served broken: an example key that forward's
 Face folder asked for a task whose head it lacks. And verify with the
 example the export took (use_cache=False), its constants kept from the
 server. A model that returns only None. A sequence dim declared longer
-than a transformers model's positions. An -o whose folder does not exist, said before any work.
+than a transformers model's positions. Install lines that a shell takes
+as written (quoted extras). An -o whose folder does not exist, said before any work.
 
     export_mistakes_test.py
 """
@@ -138,6 +139,27 @@ def seq_beyond_positions(gpt2, work):
     print("a sequence dim past the model's positions is refused, both numbers named")
 
 
+def install_lines_quoted():
+    import contextlib
+    import io
+    import re
+
+    from aotid_export import hf
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.suppress(SystemExit):
+        hf.main(["--help"])
+    assert "pip install 'aotid-export[hf]'" in said.getvalue(), said.getvalue()
+    assert hf.INSTALL_HINT == "pip install 'aotid-export[hf]'", hf.INSTALL_HINT
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    # An unquoted extra is a glob to zsh ("no matches found").
+    bare = re.findall(r"pip install [^'\s`]*\[[a-z]+\]", readme)
+    assert not bare, bare
+    print("pip install lines with extras are quoted (hf --help, README)")
+
+
 def main():
     work = tempfile.mkdtemp()
     ids, mask = torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5)
@@ -161,6 +183,7 @@ def main():
     verify_keeps_constants_from_the_server(gpt2, work)
     out_folder_checked_first(work)
     seq_beyond_positions(gpt2, work)
+    install_lines_quoted()
     print("ok")
 
 

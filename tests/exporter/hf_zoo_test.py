@@ -128,7 +128,7 @@ def refusals(work):
              (["hf", work, "--task", "fill-mask", "-o", os.path.join(work, "x.pt2")], "no config.json")]
     saved = sys.modules.get("transformers")
     for argv, why in cases + [(["hf", os.path.join(work, "vit"), "--task", "image-classification", "-o",
-                                os.path.join(work, "v.pt2")], "pip install aotid-export[hf]")]:
+                                os.path.join(work, "v.pt2")], "pip install 'aotid-export[hf]'")]:
         if why.startswith("pip"):
             sys.modules["transformers"] = None  # import transformers raises ImportError
         try:
