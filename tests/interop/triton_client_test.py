@@ -152,8 +152,12 @@ class TritonClientInterop(unittest.TestCase):
         out = c.infer("mlp", {"x": as_array(case["inputs"][0])})
         self.assertEqual(list(out), ["y"])
         np.testing.assert_allclose(out["y"], as_array(case["outputs"][0]), rtol=1e-5, atol=1e-5)
-        out = c.infer("mlp", {"x": as_array(case["inputs"][0])}, outputs=["y"], last_position=["y"])
-        np.testing.assert_allclose(out["y"], as_array(case["outputs"][0])[:, -1:], rtol=1e-5, atol=1e-5)
+        # y is [batch, features]: its dim 1 is no position, so last_position
+        # is refused (tensor_codec_test cuts a [batch, positions, vocab] one).
+        with self.assertRaises(ServerError) as e:
+            c.infer("mlp", {"x": as_array(case["inputs"][0])}, outputs=["y"], last_position=["y"])
+        self.assertEqual(e.exception.status, 400)
+        self.assertIn("of a [batch, positions, ...] output, and 'y' has shape [-1, 4]", e.exception.message)
         ecase = CASES["embed"][0]
         ids32 = torch.from_numpy(as_array(ecase["inputs"][0]).astype(np.int32))
         out = c.infer("embed", {"ids": ids32}, outputs=["pooled"])
