@@ -103,8 +103,8 @@ class BatchingModel final : public model::LoadedModel {
   struct Pending {
     const std::vector<model::HostTensor>* inputs = nullptr;
     int64_t rows = 0;
-    int64_t enqueued_us = 0;                   // on clock_
-    const model::RunContext* ctx = nullptr;    // the caller's, alive while it waits
+    int64_t enqueued_us = 0;                 // on clock_
+    const model::RunContext* ctx = nullptr;  // the caller's, alive while it waits
     // Written by the worker that runs it: `result` before `done`, and
     // `done` under mu_, which the caller reads under mu_.
     bool done = false;

@@ -506,16 +506,15 @@ void Infer(const RouteContext& ctx, const http::Request& req, http::Response& re
   std::vector<model::HostTensor> inputs = std::move(request->inputs);
   http::Reply reply = res.Defer();
   const auto run_start = Clock::now();
-  RunModel(
-      sm, std::move(inputs), std::move(run), std::move(announced),
-      [sm, reply, request, record, in_flight, run_start](StatusOr<std::vector<model::HostTensor>> out) {
-        double compute_s = SecondsSince(run_start);
-        auto outputs = std::make_shared<StatusOr<std::vector<model::HostTensor>>>(std::move(out));
-        reply([sm, request, outputs, record, in_flight, compute_s](http::Response& res) {
-          AnswerInfer(*sm, *request, *outputs, res);
-          record(res.status, compute_s);
-        });
-      });
+  RunModel(sm, std::move(inputs), std::move(run), std::move(announced),
+           [sm, reply, request, record, in_flight, run_start](StatusOr<std::vector<model::HostTensor>> out) {
+             double compute_s = SecondsSince(run_start);
+             auto outputs = std::make_shared<StatusOr<std::vector<model::HostTensor>>>(std::move(out));
+             reply([sm, request, outputs, record, in_flight, compute_s](http::Response& res) {
+               AnswerInfer(*sm, *request, *outputs, res);
+               record(res.status, compute_s);
+             });
+           });
 }
 
 // ---- generate ----

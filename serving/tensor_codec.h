@@ -28,9 +28,9 @@ struct DecodeLimits {
 };
 
 struct InferRequest {
-  std::string id;                           // echoed when non-empty
-  std::vector<model::HostTensor> inputs;    // in the order of spec.inputs
-  std::vector<std::string> output_names;    // empty means all
+  std::string id;                         // echoed when non-empty
+  std::vector<model::HostTensor> inputs;  // in the order of spec.inputs
+  std::vector<std::string> output_names;  // empty means all
   // Binary tensor extension, outputs: the request-wide default
   // (parameters.binary_data_output) and per-output choices
   // (outputs[].parameters.binary_data), which win.
