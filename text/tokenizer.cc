@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
 #include "base/json.h"
+#include "text/wordpiece.h"
 
 namespace aotid::text {
 namespace {
@@ -150,6 +152,37 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, int32_t>> specials;  // longest first
   std::vector<std::unique_ptr<Pattern>> patterns;
 
+  // A WordPiece tokenizer (read from a Hugging Face tokenizer.json) has
+  // these in place of the byte-level fields above.
+  bool wordpiece = false;
+  std::optional<BertNormalizer> normalizer;
+  bool bert_pre_tokenizer = false;
+  std::string prefix;  // continuing_subword_prefix
+  size_t max_chars = 0;
+  size_t longest_token = 0;  // bytes, prefix included
+  int32_t unk = -1;
+  std::vector<int32_t> before, after;  // what the post-processor puts around a sequence
+  bool wordpiece_decoder = false;
+  std::string decoder_prefix;
+  bool cleanup = false;
+
+  static StatusOr<std::unique_ptr<Impl>> WordPieceFromHf(const nlohmann::json& j);
+
+  void WordPiece(std::string_view s, std::vector<int32_t>* out) const {
+    std::string normalized = normalizer ? normalizer->Normalize(s) : std::string(s);
+    std::vector<std::string_view> words;
+    if (bert_pre_tokenizer) {
+      words = BertPreTokenize(normalized);
+    } else if (!normalized.empty()) {
+      words.push_back(normalized);
+    }
+    auto find = [this](const std::string& t) {
+      auto it = by_text.find(t);
+      return it == by_text.end() ? -1 : it->second;
+    };
+    for (std::string_view w : words) WordPieceEncode(w, find, prefix, max_chars, longest_token, unk, out);
+  }
+
   static uint64_t PairKey(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
@@ -209,6 +242,10 @@ struct Tokenizer::Impl {
 
   // Splits `s` by each pattern in turn, then merges each piece.
   Status EncodeOrdinary(std::string_view s, std::vector<int32_t>* out) const {
+    if (wordpiece) {
+      WordPiece(s, out);
+      return Status::OK();
+    }
     std::vector<std::string_view> pieces{s}, next;
     pcre2_match_data* md = nullptr;
     for (const auto& p : patterns) {
@@ -264,6 +301,219 @@ struct Tokenizer::Impl {
   }
 };
 
+namespace {
+
+// A tokenizer.json's field that may be null or missing.
+const nlohmann::json& Field(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+// A boolean field of `part` (the tokenizer.json's "normalizer" and so on),
+// `fallback` where it is missing.
+StatusOr<bool> Flag(const nlohmann::json& part, const char* name, const char* key, bool fallback) {
+  const auto& v = Field(part, key);
+  if (v.is_null()) return fallback;
+  if (!v.is_boolean())
+    return InvalidArgument(std::string("the tokenizer.json's ") + name + "." + key + " is not true or false");
+  return v.get<bool>();
+}
+
+std::string TypeOf(const nlohmann::json& part) {
+  const auto& t = Field(part, "type");
+  return t.is_string() ? t.get<std::string>() : t.dump();
+}
+
+}  // namespace
+
+// Hugging Face's tokenizer.json, where the model is WordPiece: what a BERT
+// tokenizer has is read, and anything else is refused by name rather than
+// passed over, since a step left out would give the model other ids.
+// "truncation" and "padding" are not read: how long a batch is, and what
+// it is padded with, is the server's to decide.
+StatusOr<std::unique_ptr<Tokenizer::Impl>> Tokenizer::Impl::WordPieceFromHf(const nlohmann::json& j) {
+  const auto& model = j["model"];
+  if (!model.is_object()) return InvalidArgument("the tokenizer.json's \"model\" is not an object");
+  if (TypeOf(model) != "WordPiece") {
+    return InvalidArgument("the tokenizer.json's model is " + TypeOf(model) +
+                           ": aotid reads WordPiece from a tokenizer.json (and byte-level BPE from the "
+                           "exporter's description)");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->wordpiece = true;
+  const auto& vocab = Field(model, "vocab");
+  if (!vocab.is_object() || vocab.empty() || vocab.size() > (1u << 24)) {
+    return InvalidArgument("the tokenizer.json's model.vocab is not an object of 1 to 16M tokens");
+  }
+  impl->text.resize(vocab.size());
+  std::vector<bool> seen(vocab.size(), false);
+  for (const auto& [token, id] : vocab.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= static_cast<int64_t>(vocab.size()) || seen[id.get<size_t>()]) {
+      return InvalidArgument("the tokenizer.json's model.vocab gives \"" + token +
+                             "\" an id that is not one of 0 to " + std::to_string(vocab.size() - 1) +
+                             " once each");
+    }
+    seen[id.get<size_t>()] = true;
+    impl->text[id.get<size_t>()] = token;
+    impl->by_text.emplace(token, id.get<int32_t>());
+  }
+  const auto& unk = Field(model, "unk_token");
+  if (!unk.is_string() || !impl->by_text.contains(unk.get<std::string>())) {
+    return InvalidArgument("the tokenizer.json's model.unk_token is not a token of its vocabulary");
+  }
+  impl->unk = impl->by_text.at(unk.get<std::string>());
+  const auto& prefix = Field(model, "continuing_subword_prefix");
+  if (!prefix.is_null() && !prefix.is_string()) {
+    return InvalidArgument("the tokenizer.json's model.continuing_subword_prefix is not a string");
+  }
+  impl->prefix = prefix.is_string() ? prefix.get<std::string>() : "##";
+  const auto& max_chars = Field(model, "max_input_chars_per_word");
+  if (!max_chars.is_null() && (!max_chars.is_number_unsigned() || max_chars.get<uint64_t>() == 0)) {
+    return InvalidArgument("the tokenizer.json's model.max_input_chars_per_word is not a positive number");
+  }
+  impl->max_chars = max_chars.is_null() ? 100 : max_chars.get<size_t>();
+  for (const std::string& t : impl->text) impl->longest_token = std::max(impl->longest_token, t.size());
+
+  impl->special.assign(impl->text.size(), false);
+  const auto& added = Field(j, "added_tokens");
+  if (!added.is_null() && !added.is_array())
+    return InvalidArgument("the tokenizer.json's added_tokens is not a list");
+  for (const auto& a : added.is_array() ? added : nlohmann::json::array()) {
+    const auto& content = Field(a, "content");
+    const auto& id = Field(a, "id");
+    if (!content.is_string() || content.get<std::string>().empty() || !id.is_number_integer()) {
+      return InvalidArgument("an added token of the tokenizer.json has no \"content\" or \"id\"");
+    }
+    const std::string text = content.get<std::string>();
+    auto it = impl->by_text.find(text);
+    if (it == impl->by_text.end() || it->second != id.get<int64_t>()) {
+      return InvalidArgument("the tokenizer.json's added token \"" + text +
+                             "\" is not the vocabulary's token of that id; aotid reads added tokens "
+                             "that are in the vocabulary");
+    }
+    for (const char* key : {"single_word", "lstrip", "rstrip", "normalized"}) {
+      ASSIGN_OR_RETURN(bool on, Flag(a, "added token", key, false));
+      if (on) {
+        return InvalidArgument("the tokenizer.json's added token \"" + text + "\" has " + key +
+                               " set, which aotid does not implement");
+      }
+    }
+    ASSIGN_OR_RETURN(bool special, Flag(a, "added token", "special", false));
+    if (!special) {
+      return InvalidArgument("the tokenizer.json's added token \"" + text +
+                             "\" is not special: aotid implements special added tokens only");
+    }
+    impl->special[static_cast<size_t>(it->second)] = true;
+    impl->specials.emplace_back(text, it->second);
+  }
+  std::stable_sort(impl->specials.begin(), impl->specials.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  impl->bytes.resize(impl->text.size());
+  for (size_t i = 0; i < impl->text.size(); ++i) {
+    const std::string& t = impl->text[i];
+    bool continues = !impl->special[i] && !impl->prefix.empty() && t.starts_with(impl->prefix);
+    impl->bytes[i] = continues ? t.substr(impl->prefix.size()) : t;
+  }
+
+  const auto& norm = Field(j, "normalizer");
+  if (!norm.is_null()) {
+    if (TypeOf(norm) != "BertNormalizer") {
+      return InvalidArgument("the tokenizer.json's normalizer is " + TypeOf(norm) +
+                             ", which aotid does not implement (it implements BertNormalizer)");
+    }
+    BertNormalizer n;
+    ASSIGN_OR_RETURN(n.clean_text, Flag(norm, "normalizer", "clean_text", true));
+    ASSIGN_OR_RETURN(n.handle_chinese_chars, Flag(norm, "normalizer", "handle_chinese_chars", true));
+    ASSIGN_OR_RETURN(n.lowercase, Flag(norm, "normalizer", "lowercase", true));
+    // Not given, accents go as lower case goes (BERT's uncased models).
+    ASSIGN_OR_RETURN(n.strip_accents, Flag(norm, "normalizer", "strip_accents", n.lowercase));
+    impl->normalizer = n;
+  }
+  const auto& pre = Field(j, "pre_tokenizer");
+  if (!pre.is_null()) {
+    if (TypeOf(pre) != "BertPreTokenizer") {
+      return InvalidArgument("the tokenizer.json's pre_tokenizer is " + TypeOf(pre) +
+                             ", which aotid does not implement (it implements BertPreTokenizer)");
+    }
+    impl->bert_pre_tokenizer = true;
+  }
+  const auto& post = Field(j, "post_processor");
+  auto special_id = [&](const nlohmann::json& v, const std::string& what) -> StatusOr<int32_t> {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() >= static_cast<int64_t>(impl->text.size())) {
+      return InvalidArgument("the tokenizer.json's post_processor gives " + what +
+                             " an id outside the vocabulary");
+    }
+    return v.get<int32_t>();
+  };
+  if (TypeOf(post) == "BertProcessing") {
+    for (const char* key : {"cls", "sep"}) {
+      const auto& pair = Field(post, key);
+      if (!pair.is_array() || pair.size() != 2) {
+        return InvalidArgument(std::string("the tokenizer.json's post_processor.") + key +
+                               " is not [token, id]");
+      }
+      ASSIGN_OR_RETURN(int32_t id, special_id(pair[1], key));
+      (std::string_view(key) == "cls" ? impl->before : impl->after).push_back(id);
+    }
+  } else if (TypeOf(post) == "TemplateProcessing") {
+    const auto& single = Field(post, "single");
+    const auto& tokens = Field(post, "special_tokens");
+    if (!single.is_array() || !tokens.is_object()) {
+      return InvalidArgument(
+          "the tokenizer.json's post_processor has no \"single\" template or \"special_tokens\"");
+    }
+    int sequences = 0;
+    for (const auto& piece : single) {
+      if (piece.contains("Sequence")) {
+        if (Field(piece["Sequence"], "id") != "A") {
+          return InvalidArgument("the tokenizer.json's single template names a sequence other than A");
+        }
+        ++sequences;
+        continue;
+      }
+      const auto& name = Field(Field(piece, "SpecialToken"), "id");
+      if (!name.is_string() || !tokens.contains(name.get<std::string>())) {
+        return InvalidArgument(
+            "the tokenizer.json's single template has a piece that is not a sequence or a "
+            "special token it defines: " +
+            piece.dump());
+      }
+      const auto& ids = Field(tokens[name.get<std::string>()], "ids");
+      if (!ids.is_array()) {
+        return InvalidArgument("the tokenizer.json's special token " + name.dump() + " has no \"ids\"");
+      }
+      for (const auto& id : ids) {
+        ASSIGN_OR_RETURN(int32_t v, special_id(id, name.get<std::string>()));
+        (sequences == 0 ? impl->before : impl->after).push_back(v);
+      }
+    }
+    if (sequences != 1) {
+      return InvalidArgument("the tokenizer.json's single template has " + std::to_string(sequences) +
+                             " sequences, not 1");
+    }
+  } else if (!post.is_null()) {
+    return InvalidArgument("the tokenizer.json's post_processor is " + TypeOf(post) +
+                           ", which aotid does not implement (it implements TemplateProcessing and "
+                           "BertProcessing)");
+  }
+  const auto& dec = Field(j, "decoder");
+  if (TypeOf(dec) == "WordPiece") {
+    const auto& p = Field(dec, "prefix");
+    if (!p.is_null() && !p.is_string())
+      return InvalidArgument("the tokenizer.json's decoder.prefix is not a string");
+    impl->wordpiece_decoder = true;
+    impl->decoder_prefix = p.is_string() ? p.get<std::string>() : "##";
+    ASSIGN_OR_RETURN(impl->cleanup, Flag(dec, "decoder", "cleanup", true));
+  } else if (!dec.is_null()) {
+    return InvalidArgument("the tokenizer.json's decoder is " + TypeOf(dec) +
+                           ", which aotid does not implement (it implements WordPiece)");
+  }
+  return impl;
+}
+
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
@@ -272,8 +522,14 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view descri
       "the tokenizer", [&]() -> StatusOr<std::unique_ptr<Tokenizer>> {
         auto j = ParseJsonOrDiscarded(description);
         if (j.is_discarded() || !j.is_object()) return InvalidArgument("the tokenizer is not a JSON object");
+        if (j.contains("model")) {
+          ASSIGN_OR_RETURN(auto impl, Impl::WordPieceFromHf(j));
+          return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+        }
         if (j.value("type", "") != "byte_level_bpe") {
-          return InvalidArgument("the tokenizer's type is not \"byte_level_bpe\", the one aotid reads");
+          return InvalidArgument(
+              "the tokenizer's type is not \"byte_level_bpe\", and it is not a tokenizer.json with a "
+              "\"model\": aotid reads those two");
         }
         auto impl = std::make_unique<Impl>();
         const auto& tokens = j["tokens"];
@@ -445,11 +701,36 @@ const std::string& Tokenizer::Bytes(int32_t id) const {
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  if (impl_->wordpiece) {
+    std::vector<std::string_view> tokens;
+    for (int32_t id : ids) {
+      if (id >= 0 && id < vocab_size()) tokens.push_back(impl_->text[static_cast<size_t>(id)]);
+    }
+    if (impl_->wordpiece_decoder) return WordPieceDecode(tokens, impl_->decoder_prefix, impl_->cleanup);
+    std::string out;  // no decoder: the tokens with spaces between
+    for (size_t i = 0; i < tokens.size(); ++i) (out += i > 0 ? " " : "") += tokens[i];
+    return out;
+  }
   std::string raw;
   for (int32_t id : ids) raw += Bytes(id);
   Utf8Stream s;
   return s.Push(raw) + s.Flush();
 }
+
+StatusOr<std::vector<int32_t>> Tokenizer::EncodeForModel(std::string_view text) const {
+  ASSIGN_OR_RETURN(auto ids, Encode(text));
+  return WithSpecialTokens(std::move(ids));
+}
+
+std::vector<int32_t> Tokenizer::WithSpecialTokens(std::vector<int32_t> ids) const {
+  if (impl_->before.empty() && impl_->after.empty()) return ids;
+  std::vector<int32_t> out = impl_->before;
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.insert(out.end(), impl_->after.begin(), impl_->after.end());
+  return out;
+}
+
+Tokenizer::Kind Tokenizer::kind() const { return impl_->wordpiece ? Kind::kWordPiece : Kind::kByteLevelBpe; }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->text.size()); }
 

@@ -1,3 +1,5 @@
+// A tokenizer of one of two kinds, chosen by what it is read from.
+//
 // A byte-level BPE tokenizer (the GPT-2 kind, which most small language
 // models use), read from the description the exporter writes into a
 // package (aotid_export.llm, docs/GENERATE.md):
@@ -13,6 +15,15 @@
 // pre-tokenizer pattern in turn (PCRE2, Unicode properties on; both the
 // matches and the text between them become pieces); each piece's bytes
 // map to their byte-level symbols and are merged by rank.
+//
+// A WordPiece tokenizer (the BERT kind, which sentence encoders use), read
+// from a Hugging Face tokenizer.json as it is ({"model": {"type":
+// "WordPiece", ...}, "normalizer": ..., ...}): special tokens are split out
+// as above (the added tokens, all of which must be special), then each
+// stretch goes through BertNormalizer, BertPreTokenizer and the WordPiece
+// model (text/wordpiece.h). A step or setting aotid does not implement is
+// refused by name, never passed over. The tokenizer.json's "truncation"
+// and "padding" are not applied: they are the server's to decide per batch.
 #pragma once
 
 #include <cstdint>
@@ -45,10 +56,23 @@ class Tokenizer {
   StatusOr<std::vector<int32_t>> Encode(std::string_view text,
                                         const std::vector<std::pair<size_t, size_t>>& plain) const;
 
+  // Encode(text), then WithSpecialTokens: the ids a model takes for `text`.
+  StatusOr<std::vector<int32_t>> EncodeForModel(std::string_view text) const;
+  // The ids a model takes for one sequence of tokens: `ids` between the
+  // special tokens the post-processor puts around them ([CLS] ids [SEP] for
+  // BERT's); a byte-level BPE's models take `ids` as they are.
+  std::vector<int32_t> WithSpecialTokens(std::vector<int32_t> ids) const;
+
+  enum class Kind { kByteLevelBpe, kWordPiece };
+  Kind kind() const;
+
   // The bytes a token stands for: a special token's own text, others their
-  // bytes (which may be part of one UTF-8 character). Empty for an id
-  // outside the vocabulary.
+  // bytes (which may be part of one UTF-8 character; a WordPiece token's
+  // text without its "##"). Empty for an id outside the vocabulary.
   const std::string& Bytes(int32_t id) const;
+  // Byte-level BPE: the tokens' bytes, as whole UTF-8. WordPiece: the
+  // tokenizer.json's decoder (tokens joined by spaces, "##" pieces to the
+  // one before). Special tokens come out as their text.
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int32_t vocab_size() const;
