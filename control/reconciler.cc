@@ -612,7 +612,8 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
   if (current) {
     serving::ServedModel m = *current;
     m.state = serving::ServeState::kFailed;
-    m.message = e.message;
+    m.message =
+        e.message + "; loading it again (POST /v2/repository/models/" + v.model + "/load) starts it afresh";
     m.model = nullptr;
     registry_->Put(std::move(m));
   }

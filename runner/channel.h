@@ -41,13 +41,17 @@ struct SlotHeader {
   std::atomic<uint32_t> state;
   uint32_t command;
   uint32_t status;  // response: a StatusCode; 0 is ok
-  uint32_t reserved;
+  // 0 when the daemon stores a request; the runner stores 1 once it has
+  // taken it, so a runner's death tells the runs it was running from those
+  // sent after it was already gone.
+  std::atomic<uint32_t> taken;
   uint64_t payload_bytes;  // bytes after the header the message takes
   uint64_t capacity;       // the slot's size, header included; set by the daemon
   uint8_t pad[32];
 };
 static_assert(sizeof(SlotHeader) == 64);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint32_t>) == 4);
 
 // The address space each slot takes. Pages are only used as they are
 // written (a memfd is sparse), and a run that wrote more than

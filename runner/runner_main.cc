@@ -80,6 +80,7 @@ void Serve(model::LoadedModel* model, Slot* slot) {
       WaitWhile(&h->state, v, std::max<int64_t>(0, spin_until - MonotonicNs()), -1);
       continue;
     }
+    h->taken.store(1, std::memory_order_release);
     StatusOr<uint64_t> done = Internal("unset");
     try {
       done = Handle(*model, *slot, max_inputs);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <random>
 
 #include "base/fd.h"
 #include "base/fs.h"
@@ -91,10 +92,67 @@ void CloseFd(int* fd) {
   *fd = -1;
 }
 
+// A random key per model for the inputs' fingerprints.
+uint64_t RandomKey() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd() ^ 0x9E3779B97F4A7C15ull;
+}
+
+uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// A keyed 64-bit hash of `n` bytes, mixed in with `h`: four lanes of
+// multiply-rotate over 8-byte words (several GB/s, so a run pays nothing
+// noticeable for it), folded and finished with a 64-bit avalanche.
+uint64_t HashBytes(uint64_t h, const uint8_t* p, size_t n) {
+  constexpr uint64_t kM1 = 0x9E3779B97F4A7C15ull, kM2 = 0xC2B2AE3D27D4EB4Full;
+  uint64_t lane[4] = {h ^ kM1, h ^ kM2, Rotl(h, 17) ^ kM1, Rotl(h, 41) ^ kM2};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      lane[k] = Rotl(lane[k] ^ (w * kM2), 31) * kM1;
+    }
+  }
+  uint64_t acc = h ^ (n * kM1);
+  for (uint64_t l : lane) acc = Rotl(acc ^ l, 27) * kM2;
+  for (; i < n; ++i) acc = Rotl(acc ^ p[i], 11) * kM1;
+  acc ^= acc >> 33;
+  acc *= 0xFF51AFD7ED558CCDull;
+  acc ^= acc >> 33;
+  acc *= 0xC4CEB9FE1A85EC53ull;
+  acc ^= acc >> 33;
+  return acc;
+}
+
 }  // namespace
 
 RunnerModel::RunnerModel(const model::CacheEntry& entry, RunnerOptions options)
-    : spec_(entry.spec), entry_dir_(entry.dir), options_(std::move(options)) {}
+    : spec_(entry.spec), entry_dir_(entry.dir), options_(std::move(options)), hash_key_(RandomKey()) {}
+
+uint64_t RunnerModel::Fingerprint(const std::vector<model::HostTensor>& inputs) const {
+  uint64_t h = hash_key_;
+  for (const model::HostTensor& t : inputs) {
+    uint64_t head[2] = {static_cast<uint64_t>(t.dtype), t.shape.size()};
+    h = HashBytes(h, reinterpret_cast<const uint8_t*>(head), sizeof head);
+    h = HashBytes(h, reinterpret_cast<const uint8_t*>(t.shape.data()), t.shape.size() * sizeof(int64_t));
+    h = HashBytes(h, reinterpret_cast<const uint8_t*>(t.data.data()), t.data.size());
+  }
+  return h == 0 ? 1 : h;  // 0 marks an idle slot
+}
+
+void RunnerModel::SuspectLocked(uint64_t fingerprint, const std::string& cause) {
+  auto [it, fresh] = suspects_.try_emplace(fingerprint);
+  if (fresh) {
+    suspect_order_.push_back(fingerprint);
+    if (suspect_order_.size() > kMaxSuspects) {
+      suspects_.erase(suspect_order_.front());
+      suspect_order_.pop_front();
+    }
+  }
+  ++it->second.crashes;
+  it->second.cause = cause;
+}
 
 StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const model::CacheEntry& entry,
                                                           RunnerOptions options) {
@@ -114,6 +172,7 @@ StatusOr<std::unique_ptr<RunnerModel>> RunnerModel::Start(const model::CacheEntr
   {
     MutexLock lock(&m->mu_);
     for (int i = slots - 1; i >= 0; --i) m->free_.push_back(i);
+    m->running_.assign(static_cast<size_t>(slots), 0);
     m->up_ = true;
   }
   m->supervisor_ = std::thread([p = m.get()] { p->Supervise(); });
@@ -392,15 +451,24 @@ void RunnerModel::Died(int status) {
     MutexLock lock(&mu_);
     if (stopping_) return;
     std::string last = LastError();
-    cause = !kill_cause_.empty() ? kill_cause_
-                                 : "the runner for " + options_.label + " " + DescribeExit(status) +
-                                       (last.empty() ? "" : ": " + last);
+    const bool crashed = kill_cause_.empty();  // not a kill of the daemon's own
+    cause = !crashed ? kill_cause_
+                     : "the runner for " + options_.label + " " + DescribeExit(status) +
+                           (last.empty() ? "" : ": " + last);
     kill_cause_.clear();
     down_cause_ = cause;
     up_ = false;
     ended_.emplace_back(generation_, cause);
     if (ended_.size() > 16) ended_.pop_front();
     ++generation_;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      // The runs the runner had taken when it died are suspects (not those
+      // sent to it after it had died).
+      const SlotHeader* h = slots_[i].header();
+      if (crashed && running_[i] != 0 && h->state.load(std::memory_order_acquire) == kRequest &&
+          h->taken.load(std::memory_order_acquire) == 1)
+        SuspectLocked(running_[i], cause);
+    }
     for (Slot& s : slots_) {
       s.header()->state.store(kDead, std::memory_order_release);
       Wake(&s.header()->state);
@@ -507,8 +575,16 @@ StatusOr<std::vector<model::HostTensor>> RunnerModel::Infer(const std::vector<mo
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.run_timeout_ms);
   int index = -1;
   uint64_t generation = 0;
+  const uint64_t fingerprint = Fingerprint(inputs);
   {
     MutexLock lock(&mu_);
+    if (auto it = suspects_.find(fingerprint);
+        it != suspects_.end() && it->second.crashes >= kCrashesToRefuse) {
+      return InvalidArgument("these inputs were being run each of the " + std::to_string(it->second.crashes) +
+                             " times " + options_.label + "'s runner crashed (last: " + it->second.cause +
+                             "); they are refused without running, so that " + options_.label +
+                             " stays up for other requests");
+    }
     while (!failed_ && !stopping_ && (!up_ || free_.empty())) {
       if (!timed) {
         changed_.Wait(&mu_);
@@ -525,6 +601,7 @@ StatusOr<std::vector<model::HostTensor>> RunnerModel::Infer(const std::vector<mo
     if (stopping_) return Unavailable(options_.label + " is unloading");
     index = free_.back();
     free_.pop_back();
+    running_[static_cast<size_t>(index)] = fingerprint;
     generation = generation_;
   }
   struct Release {
@@ -533,6 +610,7 @@ StatusOr<std::vector<model::HostTensor>> RunnerModel::Infer(const std::vector<mo
     ~Release() {
       {
         MutexLock lock(&m->mu_);
+        m->running_[static_cast<size_t>(index)] = 0;
         m->free_.push_back(index);
       }
       m->changed_.Signal();  // one slot frees one waiter
@@ -545,6 +623,7 @@ StatusOr<std::vector<model::HostTensor>> RunnerModel::Infer(const std::vector<mo
   ASSIGN_OR_RETURN(uint64_t written, WriteTensors(slot, inputs));
   h->command = kRun;
   h->status = 0;
+  h->taken.store(0, std::memory_order_relaxed);
   h->payload_bytes = written;
   uint32_t expected = kIdle;
   if (!h->state.compare_exchange_strong(expected, kRequest, std::memory_order_acq_rel))

@@ -19,6 +19,13 @@
 //  - after max_crashes crashes within crash_window_ms it is not started
 //    again: on_event gets kFailed and every run answers Unavailable with
 //    the reason.
+// Inputs that crash it. The runs a runner held when it crashed are
+// remembered by a keyed hash of their inputs (dtype, shape and bytes); an
+// input that was in flight at kCrashesToRefuse crashes is refused from then
+// on (InvalidArgument naming the crash) without being sent. So one client
+// repeating an input that crashes a kernel every time (an index out of
+// bounds) costs the version two restarts, never the max_crashes that take
+// it down for everyone. Kills the daemon makes (a deadline) do not count.
 // A run that takes longer than run_timeout_ms answers DeadlineExceeded;
 // its runner is killed (the runs it held fail) and replaced the same way.
 #pragma once
@@ -32,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -92,6 +100,13 @@ class RunnerModel final : public model::LoadedModel {
   // Runners started after the first.
   int restarts() const { return restarts_.load(); }
 
+  // Crashes an input must have been in flight for before it is refused: two,
+  // so that one crash that had nothing to do with it (a kill by another
+  // hand, a neighbour's input in the same runner) refuses nobody.
+  static constexpr int kCrashesToRefuse = 2;
+  // Inputs remembered, the oldest forgotten first.
+  static constexpr size_t kMaxSuspects = 256;
+
  private:
   struct Process {
     pid_t pid = -1;
@@ -122,6 +137,13 @@ class RunnerModel final : public model::LoadedModel {
   // it is set; "" otherwise.
   std::string MemoryNote(const std::string& failure) const;
   void KillForDeadline(uint64_t generation);
+  // The crashes `fingerprint` was in flight for, and the last one's cause.
+  struct Suspect {
+    int crashes = 0;
+    std::string cause;
+  };
+  void SuspectLocked(uint64_t fingerprint, const std::string& cause) REQUIRES(mu_);
+  uint64_t Fingerprint(const std::vector<model::HostTensor>& inputs) const;
   // Waits up to `ms` unless the model is being destroyed; false when it is.
   bool Pause(int64_t ms);
 
@@ -157,6 +179,10 @@ class RunnerModel final : public model::LoadedModel {
   // the cause of the runner it was sent to even once the next one is up
   // and down_cause_ is cleared.
   std::deque<std::pair<uint64_t, std::string>> ended_ GUARDED_BY(mu_);
+  const uint64_t hash_key_;                        // per model, so no one can aim a collision
+  std::vector<uint64_t> running_ GUARDED_BY(mu_);  // by slot: its run's fingerprint, 0 when idle
+  std::unordered_map<uint64_t, Suspect> suspects_ GUARDED_BY(mu_);
+  std::deque<uint64_t> suspect_order_ GUARDED_BY(mu_);  // oldest first
 };
 
 }  // namespace aotid::runner

@@ -648,7 +648,9 @@ TEST_F(ReconcilerTest, RunnerCrashesAreRecorded) {
   EXPECT_TRUE(HasEvent("mlp", v, "runner_failed"));
   // Given up on: failed with the reason, not shown as ready.
   EXPECT_EQ(State("mlp", v), "failed");
-  EXPECT_EQ(Served("mlp", v)->message, "mlp:1 is not restarted");
+  EXPECT_EQ(
+      Served("mlp", v)->message,
+      "mlp:1 is not restarted; loading it again (POST /v2/repository/models/mlp/load) starts it afresh");
   Reconcile();  // and not loaded again by itself
   EXPECT_EQ(State("mlp", v), "failed");
   EXPECT_EQ(loader_->pending(), 0u);

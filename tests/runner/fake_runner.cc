@@ -47,6 +47,7 @@ void Serve(Slot* slot) {
       WaitWhile(&h->state, v, 20'000, -1);
       continue;
     }
+    h->taken.store(1, std::memory_order_release);
     auto inputs = ReadTensors(*slot, h->payload_bytes, 8);
     Status failure;
     uint64_t payload = 0;

@@ -222,7 +222,8 @@ TEST_F(RunnerModelTest, RepeatedCrashesStopTheRestartsAndSayWhy) {
   o.max_crashes = 2;
   auto m = RunnerModel::Start(entry_, o);
   ASSERT_TRUE(m.ok());
-  for (int i = 0; i < 3; ++i) EXPECT_FALSE((*m)->Infer({Ids({-1})}, {}).ok());
+  // Three inputs that crash it, each once (one repeated is refused: below).
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE((*m)->Infer({Ids({-1, i})}, {}).ok());
   auto after = (*m)->Infer({Ids({1})}, {});
   ASSERT_FALSE(after.ok());
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
@@ -237,6 +238,83 @@ TEST_F(RunnerModelTest, RepeatedCrashesStopTheRestartsAndSayWhy) {
   EXPECT_EQ(events[1].kind, RunnerEvent::Kind::kCrashed);
   EXPECT_EQ(events[2].kind, RunnerEvent::Kind::kFailed);
   EXPECT_EQ((*m)->pid(), 0);
+}
+
+// One client repeating an input that crashes the kernel every time: the
+// input is refused after its second crash, unsent, and the version stays up
+// for everyone else however often the client tries.
+TEST_F(RunnerModelTest, AnInputThatCrashesTheRunnerTwiceIsRefusedAndTheVersionStaysUp) {
+  RunnerOptions o = Options();
+  o.max_crashes = 3;
+  auto m = RunnerModel::Start(entry_, o);
+  ASSERT_TRUE(m.ok());
+  for (int i = 0; i < RunnerModel::kCrashesToRefuse; ++i) {
+    auto crashed = (*m)->Infer({Ids({-1, 7})}, {});
+    ASSERT_FALSE(crashed.ok());
+    EXPECT_EQ(crashed.status().code(), StatusCode::kInternal) << crashed.status().message();
+  }
+  for (int i = 0; i < 10; ++i) {
+    auto refused = (*m)->Infer({Ids({-1, 7})}, {});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().message();
+    EXPECT_NE(refused.status().message().find("refused without running"), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("index out of bounds"), std::string::npos)
+        << refused.status().message();
+  }
+  // Other inputs still run, and an input differing in a single element (or
+  // in shape alone) is not taken for the refused one.
+  auto other = (*m)->Infer({Ids({4, 7})}, {});
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ(Values((*other)[0]), (std::vector<int64_t>{4, 7}));
+  auto differs = (*m)->Infer({Ids({-1, 8})}, {});
+  ASSERT_FALSE(differs.ok());
+  EXPECT_EQ(differs.status().code(), StatusCode::kInternal) << differs.status().message();
+  // Three crashes in all: the ten refusals sent nothing.
+  ASSERT_TRUE(AwaitEvents(3));
+  auto events = Events();
+  EXPECT_EQ(events.size(), 3u);
+  for (const RunnerEvent& e : events) EXPECT_EQ(e.kind, RunnerEvent::Kind::kCrashed) << e.message;
+  auto after = (*m)->Infer({Ids({5})}, {});
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+}
+
+// A run in flight when the runner was killed by another hand (or died of a
+// neighbour's input) is a suspect for that one crash only: it runs again.
+TEST_F(RunnerModelTest, OneCrashRefusesNoInput) {
+  std::string hangs = dir_ + "/hangs";
+  ASSERT_EQ(::mkfifo(hangs.c_str(), 0600), 0);
+  int hung = ::open(hangs.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(hung, 0);
+  // A writer of the test's own, so the FIFO has one between the runners.
+  int writer = ::open(hangs.c_str(), O_WRONLY | O_NONBLOCK);
+  ASSERT_GE(writer, 0);
+  ::setenv("FAKE_RUNNER_HANGS", hangs.c_str(), 1);
+  auto m = RunnerModel::Start(entry_, Options());
+  ASSERT_TRUE(m.ok());
+  StatusOr<std::vector<HostTensor>> held = Internal("not run");
+  std::thread t([&] { held = (*m)->Infer({Ids({-2, 1})}, {}); });
+  bool hanging = ReadBytes(hung, 1);
+  EXPECT_TRUE(hanging);
+  ASSERT_GT((*m)->pid(), 0);
+  ASSERT_EQ(::kill((*m)->pid(), SIGKILL), 0);
+  t.join();
+  ASSERT_FALSE(held.ok());
+  EXPECT_EQ(held.status().code(), StatusCode::kInternal) << held.status().message();
+  // Sent again, it runs (and hangs again, so the runner is killed again).
+  std::thread again([&] { held = (*m)->Infer({Ids({-2, 1})}, {}); });
+  hanging = ReadBytes(hung, 1);
+  ::close(hung);
+  ::close(writer);
+  EXPECT_TRUE(hanging) << "the input was not sent again after one crash";
+  if (!hanging) {  // refused: the thread has its answer already
+    again.join();
+    FAIL() << held.status().ToString();
+  }
+  ASSERT_GT((*m)->pid(), 0);
+  ASSERT_EQ(::kill((*m)->pid(), SIGKILL), 0);
+  again.join();
+  EXPECT_EQ(held.status().code(), StatusCode::kInternal) << held.status().message();
 }
 
 TEST_F(RunnerModelTest, ARunnerThatCannotLoadSaysWhy) {
