@@ -79,6 +79,13 @@ StatusOr<GenerateSpec> GenerateSpec::FromJson(std::string_view text) {
     }
     auto tok = Tokenizer::FromJson(j["tokenizer"].dump());
     if (!tok.ok()) return tok.status();
+    // A language model's tokenizer is byte-level BPE: WordPiece lower-cases
+    // and drops what it has no piece for, so its text would not come back.
+    if ((*tok)->kind() != Tokenizer::Kind::kByteLevelBpe) {
+      return InvalidArgument(
+          "generate.json's tokenizer is WordPiece (a sentence encoder's); a generating model needs a byte-level "
+          "BPE tokenizer");
+    }
     g.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tok).value());
     const int64_t vocab = g.tokenizer->vocab_size();
     if (!j.contains("eos_token_ids") || !j["eos_token_ids"].is_array()) {

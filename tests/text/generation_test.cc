@@ -126,6 +126,10 @@ TEST(GenerateSpec, ReadsTheExportersSectionAndNamesWhatIsWrong) {
   EXPECT_NE(bad("max_prefill", 65).find("max_prefill"), std::string::npos);
   EXPECT_NE(bad("eos_token_ids", {49152}).find("outside the vocabulary"), std::string::npos);
   EXPECT_NE(bad("tokenizer", 1).find("tokenizer"), std::string::npos);
+  auto wordpiece = nlohmann::json::parse(
+      fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/minilm_tokenizer.json").value());
+  EXPECT_NE(bad("tokenizer", wordpiece).find("needs a byte-level BPE tokenizer"), std::string::npos)
+      << bad("tokenizer", wordpiece);
   // Values of another type than the reader takes for granted are refused,
   // not thrown out of the daemon that loads the package.
   EXPECT_NE(bad("kind", 1).find("generate.json has a value of an unexpected type"), std::string::npos);
