@@ -308,9 +308,11 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
     double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(live.status, 200);
     EXPECT_EQ(other.status, 200) << other.body.dump();
-    EXPECT_LT(took_s, 1.0) << "the other model waited behind the hung runner's requests";
     bystander_s.push_back(took_s);
   }
+  // Answered while the 16 still wait (they leave only at the time limit),
+  // so not behind them. Said by order, not by a timing.
+  EXPECT_GE(Scrape(port())["aotid_inflight_requests"], 16) << "the other model waited behind the hung runner's requests";
   std::sort(bystander_s.begin(), bystander_s.end());
   std::cout << "while a stopped runner held 16 requests: health + the other model's infer, median "
             << bystander_s[1] * 1000 << " ms\n";
