@@ -342,9 +342,71 @@ def _forward_replaced(model, forward):
             del model.forward
 
 
+def _within_declared(declared, refined):
+    """``refined`` (torch.export's suggested fixes applied to ``declared``)
+    kept within the ranges the author declared: a suggestion may narrow a
+    dim, never widen it (torch writes ``Dim('b', max=50)`` for a dim
+    declared from 1, which reads as a minimum of 0). Derived dims
+    (``a = 2*b + 1``) narrow their root so that they stay within the range
+    declared for the dim they replace. ExportError when nothing is left."""
+    from sympy import Integer
+    from torch.export.dynamic_shapes import _DerivedDim
+
+    limits: dict = {}  # root name -> [min, max, the dims that bound it]
+
+    def limit(root, fn, lo, hi, why):
+        cur = limits.setdefault(root.__name__, [_bound(root.min), _bound(root.max), []])
+        b = int(fn(Integer(0)))
+        a = int(fn(Integer(1))) - b  # fn is a*x + b, a > 0
+        if lo is not None:
+            r = -((b - lo) // a)  # the least r with a*r + b >= lo
+            cur[0] = r if cur[0] is None else max(cur[0], r)
+        if hi is not None:
+            r = (hi - b) // a
+            cur[1] = r if cur[1] is None else min(cur[1], r)
+        cur[2].append(why)
+
+    for old, new in zip(declared, refined):
+        new_items = dict(_dim_items(new))
+        for i, d in _dim_items(old):
+            n = new_items.get(i)
+            if not _is_root_dim(d) or n is None or isinstance(n, int):
+                continue
+            why = f"{d.__name__} ({_bound(d.min)} to {_bound(d.max)})"
+            if isinstance(n, _DerivedDim) and _is_root_dim(n.root):
+                limit(n.root, n.fn, _bound(d.min), _bound(d.max), why)
+            elif _is_root_dim(n):
+                limit(n, lambda x: x, _bound(d.min), _bound(d.max), why)
+    roots = {}
+    for name, (lo, hi, whys) in limits.items():
+        if lo is not None and hi is not None and lo > hi:
+            raise ExportError(f"torch.export's suggested fixes to the dynamic dims leave no size for '{name}' within "
+                              f"the declared range of {', '.join(whys)}: the model cannot take those sizes; declare "
+                              "a range it can")
+        roots[name] = torch.export.Dim(name, min=lo, max=hi)
+
+    def kept(d):
+        if isinstance(d, _DerivedDim) and _is_root_dim(d.root) and d.root.__name__ in roots:
+            return _DerivedDim(d.__name__, roots[d.root.__name__], d.fn)
+        if _is_root_dim(d) and d.__name__ in roots:
+            return roots[d.__name__]
+        return d
+
+    out = []
+    for spec in refined:
+        if isinstance(spec, Mapping):
+            out.append({i: kept(d) for i, d in spec.items()})
+        elif isinstance(spec, (list, tuple)):
+            out.append(type(spec)(kept(d) for d in spec))
+        else:
+            out.append(spec)
+    return tuple(out)
+
+
 def _trace(model, tensors, specs):
     """torch.export's program, and the specs it was traced with: when it
-    suggests fixes to them, they are applied once and said."""
+    suggests fixes to them, they are applied once (never widening a declared
+    range) and said; if the program still fails, ExportError says so."""
     try:
         return torch.export.export(model, tensors, dynamic_shapes=specs, strict=False), specs
     except Exception as e:
@@ -355,25 +417,43 @@ def _trace(model, tensors, specs):
             refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(fixes, specs)
         except Exception:
             raise e from None
+        refined = _within_declared(specs, refined)
         made = _fixes_made(specs, refined)
         print("aotid_export: torch.export suggested fixes to the dynamic dims; exporting again with them:\n  "
               + "\n  ".join(made or ["(no dim changed)"]), file=sys.stderr)
+    try:
         return torch.export.export(model, tensors, dynamic_shapes=refined, strict=False), refined
+    except Exception as again:
+        text = getattr(again, "msg", None)
+        text = (text if isinstance(text, str) else str(again)).strip()
+        head = text.split("Suggested fixes:")[0].strip()
+        if len(head) > 1500:
+            head = head[:1500] + " ..."
+        raise ExportError(
+            "torch.export suggested fixes to the dynamic dims (" + ("; ".join(made) or "none") + "); exported "
+            "again with them, the model still fails, so the dims need another declaration: change dynamic_shapes "
+            f"so that the model takes every size in each range.\ntorch.export said: {head}") from None
 
 
-def _declared_dims(example_inputs, dynamic_shapes, record_typical):
+def _declared_dims(example_inputs, dynamic_shapes, record_typical, given=None):
     """Per input, per dim: None, or the dynamic dim as declared (its name, its
     range, and the example's size as a typical one). The compile worker
     prefers these to what tracing recorded: torch.export raises a declared
-    minimum of 0 or 1 to 2, and names dims s0, s1, ..."""
+    minimum of 0 or 1 to 2, and names dims s0, s1, ... A derived dim
+    (``2*b``) is no name: it is recorded under the name the author gave that
+    dim in ``given`` (the specs before suggested fixes), else unnamed."""
     out = []
-    for t, spec in zip(example_inputs, dynamic_shapes):
+    given = given if given is not None else dynamic_shapes
+    for t, spec, said in zip(example_inputs, dynamic_shapes, given):
+        said = dict(_dim_items(said))
         dims = [None] * t.dim()
         for i, d in _dim_items(spec):
             name, lo, hi = getattr(d, "__name__", None), getattr(d, "min", None), getattr(d, "max", None)
             if not isinstance(i, int) or not 0 <= i < t.dim() or not isinstance(name, str):
                 continue  # Dim.AUTO and the like: nothing declared to record
-            entry = {"name": name}
+            if not _is_root_dim(d):
+                name = said[i].__name__ if _is_root_dim(said.get(i)) else None
+            entry = {"name": name} if name else {}
             if isinstance(lo, int):
                 entry["min"] = lo
             if isinstance(hi, int) and hi < 2**62:
@@ -417,6 +497,7 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
     model = model.eval()
     seen: list[str] = []
     with torch.no_grad(), _forward_replaced(model, _flat_forward(model, inputs, seen)):
+        given = specs
         ep, specs = _trace(model, traced, specs)
     _refuse_unread_extras(ep, inputs, f"{type(model).__name__}.forward")
     n_out = len(ep.graph_signature.user_outputs)
@@ -424,7 +505,7 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
         raise ValueError(f"output_names has {len(output_names)} names; the model returns {n_out} outputs")
     described = {"input_names": names, "output_names": list(output_names) if output_names is not None else seen}
     # The typical sizes are the example's own, not the ones traced.
-    declared = _declared_dims(tensors, specs, record_typical) if specs else None
+    declared = _declared_dims(tensors, specs, record_typical, given) if specs else None
     if declared:
         described["input_dims"] = declared
     return ep, described

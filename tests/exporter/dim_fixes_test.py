@@ -30,6 +30,21 @@ class Frames(torch.nn.Module):
         return audio[..., 10:] * 2 + audio[..., :-10].mean(-1, keepdim=True)
 
 
+class Halves(torch.nn.Module):
+    """x is twice as long as y: torch.export suggests `a = 2*b` and writes
+    b's fix as `Dim('b', max=50)`, a minimum of 0."""
+
+    def forward(self, x, y):
+        return x[:, : y.shape[1] * 2] + torch.cat([y, y], 1)
+
+
+class Sixths(torch.nn.Module):
+    """x twice y, and x in threes: the first fix (a = 2*b) is not enough."""
+
+    def forward(self, x, y):
+        return x[:, : y.shape[1] * 2] + torch.cat([y, y], 1) + x.reshape(x.shape[0], -1, 3).sum().reshape(1, 1)
+
+
 def dims(path):
     with zipfile.ZipFile(path) as z:
         return json.loads(z.read(next(n for n in z.namelist() if n.endswith("extra/aotid.json"))))["input_dims"]
@@ -60,6 +75,33 @@ def main():
         x = torch.randn(1, n)
         assert torch.allclose(program(x), Frames()(x)), n
     print("suggested fixes applied once:", said.getvalue().strip().splitlines()[-1].strip())
+
+    # A fix narrows what was declared, never widens it (b stays from 1),
+    # and a dim replaced by an expression keeps its declared name.
+    path = os.path.join(work, "halves.pt2")
+    said = io.StringIO()
+    D = torch.export.Dim
+    with contextlib.redirect_stderr(said):
+        aotid_export.export(Halves(), (torch.randn(2, 8), torch.randn(2, 4)), path,
+                            dynamic_shapes=({1: D("a", min=1, max=100)}, {1: D("b", min=1, max=100)}))
+    assert "min 1 → 0" not in said.getvalue() and "b: max 100 → 50" in said.getvalue(), said.getvalue()
+    assert dims(path) == [[None, {"name": "a", "min": 2, "max": 100, "typical": 8}],
+                          [None, {"name": "b", "min": 1, "max": 50, "typical": 4}]], dims(path)
+    program = load_program(path, "model")[0].module()
+    for n in (1, 37):
+        x, y = torch.randn(2, 2 * n), torch.randn(2, n)
+        assert torch.allclose(program(x, y), Halves()(x, y)), n
+    print("a fix never widens a declared range, nor names an expression:", dims(path))
+
+    # Still failing after the fix: the exporter's own error, not torch's.
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            aotid_export.export(Sixths(), (torch.randn(2, 12), torch.randn(2, 6)), os.path.join(work, "six.pt2"),
+                                dynamic_shapes=({1: D("a", min=1, max=100)}, {1: D("b", min=1, max=100)}))
+        raise AssertionError("Sixths exported")
+    except aotid_export.ExportError as e:
+        assert "suggested fixes" in str(e) and "a: now 2*b" in str(e) and "still fails" in str(e), e
+        print("still failing after the fix:", str(e).splitlines()[0])
     print("ok")
 
 
