@@ -480,11 +480,22 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
         # serves.
         if isinstance(dynamic_shapes, Mapping):
             unknown = set(dynamic_shapes) - set(names)
+            constant = sorted(unknown & set(inputs.constants))
+            if constant:
+                said = ", ".join(f"'{k}' (= {inputs.constants[k]!r})" for k in constant)
+                raise ValueError(
+                    f"dynamic_shapes names {said}, which the example gives as a constant: a constant is traced "
+                    f"into the program, not served as an input, so it has no dims; leave it out of dynamic_shapes "
+                    f"(its tensor inputs are {', '.join(names)})")
             if unknown:
                 raise ValueError(f"dynamic_shapes names {sorted(unknown)}, the inputs are {names}")
             specs = tuple(dynamic_shapes.get(n) for n in names)
         elif len(dynamic_shapes) != len(tensors):
-            raise ValueError(f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(tensors)} inputs")
+            also = (f"; the example's constants ({', '.join(inputs.constants)}) are traced into the program, not "
+                    "inputs, and take no entry: give dynamic_shapes as a dict by input name"
+                    if inputs.constants and len(dynamic_shapes) == len(tensors) + len(inputs.constants) else "")
+            raise ValueError(f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(tensors)} inputs "
+                             f"({', '.join(names)}){also}")
         else:
             specs = tuple(dynamic_shapes)
     elif dynamic_batch:

@@ -146,6 +146,12 @@ def main():
             os.path.join(work, "x.pt2"), input_names=["ids"])
     refused(ValueError, "dynamic_shapes names ['ids']", model, {"input_ids": ids}, os.path.join(work, "x.pt2"),
             dynamic_shapes={"ids": {0: batch}})
+    # A constant given a None entry, by name or by place: it has no dims.
+    refused(ValueError, "dynamic_shapes names 'scale' (= 2.0), which the example gives as a constant", model,
+            {"input_ids": ids, "scale": 2.0}, os.path.join(work, "x.pt2"),
+            dynamic_shapes={"input_ids": {0: batch}, "scale": None})
+    refused(ValueError, "constants (scale) are traced into the program, not inputs, and take no entry", model,
+            {"input_ids": ids, "scale": 2.0}, os.path.join(work, "x.pt2"), dynamic_shapes=({0: batch}, None))
     assert not os.path.exists(os.path.join(work, "x.pt2"))
     print("ok")
 
