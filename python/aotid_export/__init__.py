@@ -67,7 +67,8 @@ MAX_DYNAMIC_BATCH = 1 << 16
 
 
 class ExportError(ValueError):
-    """The package would fail where aotid builds it; refused at export."""
+    """Refused at export: a package that would fail where aotid builds it, or
+    a model that cannot be exported as given (said in the example's terms)."""
 
 
 # Parameters a positional example rarely means to fill: a cache, labels,
@@ -91,19 +92,27 @@ def _input_names(model: torch.nn.Module, n: int, given: Sequence[str] | None) ->
     return params[:n] if len(params) >= n else [f"input{i}" for i in range(n)]
 
 
-def _warn_unlikely_positional(model, n: int) -> None:
-    """Warns where a positional example lands on a parameter it is rarely
-    meant for (GPT-2's forward(input_ids, past_key_values, attention_mask)
-    called with (ids, mask) gives the mask as the cache)."""
+def _unlikely_positional(model, n: int):
+    """Where a positional example of ``n`` inputs lands on a parameter it is
+    rarely meant for (GPT-2's forward(input_ids, past_key_values,
+    attention_mask) called with (ids, mask) gives the mask as the cache):
+    the example's index, the parameter, and forward's first parameter; else
+    None."""
     params = [p for p in _forward_parameters(model) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     for i, p in enumerate(params[:n]):
         if p.default is not p.empty and _UNLIKELY_POSITIONAL.search(p.name):
-            first = params[0].name if params else "input_ids"
-            warnings.warn(
-                f"example input {i} goes to {type(model).__name__}.forward's parameter '{p.name}', by position; "
-                f"if it is meant for another parameter, give the example as a dict of keyword inputs, "
-                f"e.g. {{'{first}': ..., 'attention_mask': ...}}", stacklevel=6)
-            return
+            return i, p.name, params[0].name if params else "input_ids"
+    return None
+
+
+def _warn_unlikely_positional(model, n: int) -> None:
+    found = _unlikely_positional(model, n)
+    if found is not None:
+        i, name, first = found
+        warnings.warn(
+            f"example input {i} goes to {type(model).__name__}.forward's parameter '{name}', by position; "
+            f"if it is meant for another parameter, give the example as a dict of keyword inputs, "
+            f"e.g. {{'{first}': ..., 'attention_mask': ...}}", stacklevel=6)
 
 
 class _Inputs:
@@ -507,9 +516,25 @@ def _export_program(model, example_inputs, input_names, output_names, dynamic_ba
     traced = _traced_sizes(tensors, specs) if specs is not None else tensors
     model = model.eval()
     seen: list[str] = []
+    found = _unlikely_positional(model, inputs.n_positional) if inputs.n_positional else None
+    order = ", ".join(p.name for p in _forward_parameters(model)[:found[0] + 2]) if found else ""
     with torch.no_grad(), _forward_replaced(model, _flat_forward(model, inputs, seen)):
         given = specs
-        ep, specs = _trace(model, traced, specs)
+        try:
+            ep, specs = _trace(model, traced, specs)
+        except Exception as e:
+            # A tensor given by position to a cache or the like fails deep in
+            # the model (GPT-2: 'FakeTensor' object has no attribute
+            # 'get_seq_length'): said in the example's terms.
+            if found is None or isinstance(e, ExportError):
+                raise
+            i, name, first = found
+            raise ExportError(
+                f"example input {i} went to {type(model).__name__}.forward's parameter '{name}' by position (its "
+                f"parameters, in order: {order}, ...), "
+                f"and the export failed there ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]}); give "
+                f"the example as a dict of keyword inputs, e.g. {{'{first}': ids, 'attention_mask': mask}}, so that "
+                "each tensor reaches the parameter it is for") from e
     _refuse_unread_extras(ep, inputs, f"{type(model).__name__}.forward")
     n_out = len(ep.graph_signature.user_outputs)
     if output_names is not None and len(output_names) != n_out:

@@ -11,7 +11,7 @@ import tempfile
 import zipfile
 
 import torch
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 import aotid_export
 from aotid_worker.compile import load_program, model_spec
@@ -56,6 +56,19 @@ def main():
             err = (a - e).abs().max().item()
             assert a.shape == e.shape and err < 1e-5, (name, a.shape, e.shape, err)
     print("BertModel without a wrapper: names from its ModelOutput, equal to eager at batch 1 and 3")
+
+    # GPT-2 given (ids, mask) by position: the mask reaches past_key_values
+    # and fails deep in the model; refused in the example's terms.
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2,
+                                      bos_token_id=0, eos_token_id=0)).eval()
+    ids = torch.randint(0, 64, (1, 8))
+    try:
+        aotid_export.export(gpt2, (ids, torch.ones(1, 8, dtype=torch.int64)), path)
+        raise AssertionError("GPT-2 exported with its mask as the cache")
+    except aotid_export.ExportError as e:
+        assert "example input 1 went to GPT2LMHeadModel.forward's parameter 'past_key_values'" in str(e), e
+        assert "give the example as a dict of keyword inputs" in str(e), e
+    print("GPT-2 given (ids, mask) by position: refused, naming past_key_values")
 
 
 if __name__ == "__main__":
