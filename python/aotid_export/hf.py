@@ -113,6 +113,24 @@ def _task_of(transformers, config) -> str | None:
     return None
 
 
+def model_folder(path: str) -> str:
+    """The model folder ``path`` names: the folder itself, or the folder of
+    its config.json when given that file; else HfExportError saying what to
+    pass."""
+    if os.path.isfile(path):
+        if os.path.basename(path) == "config.json":
+            return os.path.dirname(os.path.abspath(path))
+        raise HfExportError(f"{path}: a file; give the model folder, the one that holds config.json and the "
+                            f"weights (as save_pretrained writes it)")
+    if not os.path.isdir(path):
+        raise HfExportError(f"{path}: no such folder; give the model folder, the one that holds config.json and "
+                            "the weights")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise HfExportError(f"{path}: no config.json; give the model folder, the one that holds config.json and "
+                            "the weights (as save_pretrained writes it)")
+    return path
+
+
 def load_folder(path: str, task: str, allow_new_weights: bool = False) -> torch.nn.Module:
     """The folder's model for ``task``, in eval mode, read from the folder
     alone (``local_files_only``). Weights the task's class needs that the
@@ -120,8 +138,7 @@ def load_folder(path: str, task: str, allow_new_weights: bool = False) -> torch.
     refused unless ``allow_new_weights``."""
     if task not in TASKS:
         raise HfExportError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise HfExportError(f"{path}: no config.json; expected a model folder as save_pretrained writes it")
+    path = model_folder(path)
     transformers = _transformers()
     auto = getattr(transformers, TASKS[task])
     try:
@@ -270,7 +287,9 @@ def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None =
                   max_seq_len: int = 2048, format: str = "exported_program", say=print,
                   allow_new_weights: bool = False) -> None:
     """``aotid-export hf``: the folder's model for ``task`` written to
-    ``out``; what it chose and left out goes to ``say``."""
+    ``out``; what it chose and left out goes to ``say``. ``path`` may be
+    the folder's config.json."""
+    path = model_folder(path)
     model = load_folder(path, task, allow_new_weights)
     config = model.config
     family = getattr(config, "model_type", "")
@@ -509,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="aotid-export hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="a local model folder (config.json and weights)")
+    p.add_argument("path", help="a local model folder (config.json and weights), or its config.json")
     p.add_argument("--task", required=True, choices=list(TASKS))
     p.add_argument("--dynamic", default=None, metavar="DIMS",
                    help="the dims to make dynamic, comma-separated (batch, seq, samples); default all the "

@@ -54,15 +54,24 @@ def hf_folder_without_the_head(work):
                         vocab_size=50, max_position_embeddings=32)
     BertModel(config).save_pretrained(folder)
     out = os.path.join(work, "mlm.pt2")
+    # The folder, or its config.json (read as its folder): the same refusal.
+    for given in (folder, os.path.join(folder, "config.json")):
+        try:
+            hf.main([given, "--task", "fill-mask", "-o", out])
+        except SystemExit as e:
+            said = str(e.code)
+        else:
+            raise AssertionError("a BertModel folder exported for fill-mask with a random head")
+        for text in ("newly initialized", "cls.predictions.", "BertForMaskedLM", "--task feature-extraction",
+                     "--allow-new-weights"):
+            assert text in said, (given, text, said)
+    # Another file of the folder: what to give instead.
     try:
-        hf.main([folder, "--task", "fill-mask", "-o", out])
+        hf.main([os.path.join(folder, "model.safetensors"), "--task", "fill-mask", "-o", out])
     except SystemExit as e:
-        said = str(e.code)
+        assert "model.safetensors: a file; give the model folder, the one that holds config.json" in str(e.code), e
     else:
-        raise AssertionError("a BertModel folder exported for fill-mask with a random head")
-    for text in ("newly initialized", "cls.predictions.", "BertForMaskedLM", "--task feature-extraction",
-                 "--allow-new-weights"):
-        assert text in said, (text, said)
+        raise AssertionError("a weights file taken as a model folder")
     assert not os.path.exists(out)
     # Forced, the head is made (at random) as transformers does.
     model = hf.load_folder(folder, "fill-mask", allow_new_weights=True)
