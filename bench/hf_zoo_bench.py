@@ -53,6 +53,10 @@ EXTRA = {
         hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32, num_labels=3)),
     "resnet": ("image-classification", lambda: T.ResNetConfig(
         embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=3)),
+    # GPT-2 with its real vocabulary (50,257) and a tiny body: the logits
+    # of 128 positions are 25.7 MB, the answer the last position saves.
+    "gpt2-vocab": ("text-generation", lambda: T.GPT2Config(
+        vocab_size=50257, n_positions=256, n_embd=32, n_layer=2, n_head=2)),
     "whisper": ("feature-extraction", lambda: T.WhisperConfig(
         vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50,
@@ -151,6 +155,8 @@ def main():
                 stage[name]["why"] = str(e)[:300]
             print(name, stage[name], flush=True)
         latency(port, work, eager, [n for n in ("bert", "vit") if n in pt2])
+        if "gpt2-vocab" in pt2:
+            decoder_latency(port, work, eager["gpt2-vocab"], "gpt2-vocab")
     n = len(names)
     for s in ("export", "build", "equal"):
         print(f"{s}: {sum(bool(v.get(s)) for v in stage.values())}/{n}")
@@ -161,7 +167,6 @@ def main():
 def latency(port, work, eager, names):
     from aotid_export.hf import example_inputs
 
-    store = os.path.join(work, "store")
     for name in names:
         model = eager[name]
         example, _, _ = example_inputs(model, None, os.path.join(work, name))
@@ -170,16 +175,7 @@ def latency(port, work, eager, names):
                                        "shape": list(t.shape), "data": t.flatten().tolist()}
                                       for k, t in example.items()]})
         for threads in (1, 2):
-            subprocess.run([AOTID, "--store", store, "set", name, f"threads={threads}"], check=True,
-                           stdout=subprocess.DEVNULL)
-            log = os.path.join(work, "daemon.log")
-            want = f"serving {name}:1 on cpu"
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:  # the reload after the setting
-                lines = [ln for ln in open(log) if want in ln]
-                if lines and f"x {threads} thread" in lines[-1]:
-                    break
-                time.sleep(0.2)
+            set_threads(work, name, threads)
             conn = http.client.HTTPConnection("127.0.0.1", port)
             samples = []
             for i in range(220):
@@ -202,6 +198,65 @@ def latency(port, work, eager, names):
             a, b = statistics.median(samples) * 1e6, statistics.median(ref) * 1e6
             print(f"latency {name} {list(example.values())[0].shape}, {threads} thread(s): aotid over HTTP "
                   f"{a:.0f} µs, eager in process {b:.0f} µs ({b / a:.2f}x)", flush=True)
+
+
+def set_threads(work, name, threads):
+    """`aotid set NAME threads=N`, then waits for the reload to serve it."""
+    subprocess.run([AOTID, "--store", os.path.join(work, "store"), "set", name, f"threads={threads}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    log = os.path.join(work, "daemon.log")
+    want = f"serving {name}:1 on cpu"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        lines = [ln for ln in open(log) if want in ln]
+        if lines and f"x {threads} thread" in lines[-1]:
+            return
+        time.sleep(0.2)
+
+
+def decoder_latency(port, work, model, name, seq=128):
+    """A decoder's logits for `seq` positions over HTTP (binary output): the
+    whole [1, seq, vocab] answer, then only the last position
+    (parameters.last_position), against eager's forward at the same
+    threads. Median of 50 after 5."""
+    ids = torch.randint(3, int(model.config.vocab_size), (1, seq), generator=G)
+    mask = torch.ones(1, seq, dtype=torch.int64)
+    inputs = [{"name": k, "datatype": "INT64", "shape": [1, seq], "data": t.flatten().tolist()}
+              for k, t in (("input_ids", ids), ("attention_mask", mask))]
+    bodies = {
+        "all positions": {"inputs": inputs, "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]},
+        "last position": {"inputs": inputs, "outputs": [
+            {"name": "logits", "parameters": {"binary_data": True, "last_position": True}}]},
+    }
+    for threads in (1, 2):
+        set_threads(work, name, threads)
+        figures = {}
+        for what, body in bodies.items():
+            data = json.dumps(body)
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            samples, size = [], 0
+            for i in range(55):
+                t0 = time.perf_counter()
+                conn.request("POST", f"/v2/models/{name}/infer", data, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                size = len(r.read())
+                assert r.status == 200
+                if i >= 5:
+                    samples.append(time.perf_counter() - t0)
+            conn.close()
+            figures[what] = (statistics.median(samples) * 1e6, size)
+        torch.set_num_threads(threads)
+        ref = []
+        with torch.no_grad():
+            for i in range(55):
+                t0 = time.perf_counter()
+                model(input_ids=ids, attention_mask=mask, use_cache=False)
+                if i >= 5:
+                    ref.append(time.perf_counter() - t0)
+        e = statistics.median(ref) * 1e6
+        for what, (us, size) in figures.items():
+            print(f"latency {name} [1, {seq}] logits, {what}, {threads} thread(s): aotid over HTTP {us:.0f} µs "
+                  f"({size / 1e6:.2f} MB answer), eager in process {e:.0f} µs ({e / us:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
