@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -424,6 +425,20 @@ uint32_t Param(const Tape& tape, uint32_t entry, std::string_view name) {
   return p == Tape::kNone ? Tape::kNone : tape.Member(p, name);
 }
 
+// The keys of object `obj` not in `known`, quoted and joined ("'a', 'b'");
+// empty when all are known or `obj` is not an object.
+std::string UnknownKeys(const Tape& tape, uint32_t obj, std::initializer_list<std::string_view> known) {
+  std::string unknown;
+  if (obj == Tape::kNone || tape.kind(obj) != Kind::kObject) return unknown;
+  for (uint32_t k = obj + 1; k < tape.end(obj); k = tape.end(tape.end(k))) {
+    std::string key = tape.String(k);
+    if (std::find(known.begin(), known.end(), key) == known.end() &&
+        unknown.find("'" + key + "'") == std::string::npos)
+      unknown += (unknown.empty() ? "'" : ", '") + key + "'";
+  }
+  return unknown;
+}
+
 // The string 'name' of an entry of 'inputs' or 'outputs'.
 bool EntryName(const Tape& tape, uint32_t entry, std::string* name) {
   uint32_t n = tape.Member(entry, "name");
@@ -538,6 +553,17 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
         for (const auto& s : spec.outputs) have += (have.empty() ? "'" : ", '") + s.name + "'";
         return InvalidArgument("unknown output '" + name + "'; the model's outputs are " + have);
       }
+      // One answer per name: a second entry would be answered once, its
+      // parameters silently merged with the first's.
+      if (std::find(req.output_names.begin(), req.output_names.end(), name) != req.output_names.end())
+        return InvalidArgument("output '" + name + "' is listed twice in 'outputs'; list each output once");
+      if (uint32_t p = tape.Member(o, "parameters"); p != Tape::kNone) {
+        if (tape.kind(p) != Kind::kObject)
+          return InvalidArgument("output '" + name + "': parameters must be an object");
+        if (std::string unknown = UnknownKeys(tape, p, {"binary_data", "last_position"}); !unknown.empty())
+          return InvalidArgument("output '" + name + "': unknown parameter " + unknown +
+                                 "; an output's parameters are binary_data and last_position");
+      }
       if (uint32_t last = Param(tape, o, "last_position"); last != Tape::kNone) {
         if (!tape.is_bool(last))
           return InvalidArgument("output '" + name + "': last_position must be true or false");
@@ -562,6 +588,17 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
       }
       req.output_names.push_back(std::move(name));
     }
+  }
+  // An output's own parameters given for the whole request would be
+  // ignored: refused, with where they go. (Other request parameters, OIP's
+  // and clients' own, pass.)
+  for (std::string_view own : {"binary_data", "last_position"}) {
+    if (tape.Member(tape.Member(kRoot, "parameters"), own) != Tape::kNone)
+      return InvalidArgument(
+          "parameters." + std::string(own) +
+          " is a parameter of an output, not of the request: give it in the entry of "
+          "'outputs' it is for, e.g. {\"outputs\": [{\"name\": \"...\", \"parameters\": {\"" +
+          std::string(own) + "\": true}}]}");
   }
   if (uint32_t b = tape.Member(tape.Member(kRoot, "parameters"), "binary_data_output"); b != Tape::kNone) {
     if (!tape.is_bool(b)) return InvalidArgument("parameters.binary_data_output must be true or false");

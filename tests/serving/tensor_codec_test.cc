@@ -600,5 +600,41 @@ TEST(TensorCodec, AnOutputMayBeAskedForAtItsLastPositionOnly) {
   EXPECT_NE(r.status().message().find("last_position must be true or false"), std::string::npos);
 }
 
+// An output parameter misspelled, or given for the whole request, and an
+// output listed twice would each be answered as if not said: refused (400),
+// named.
+TEST(TensorCodec, UnknownOutputParametersAndRepeatedOutputsAreRefused) {
+  ModelSpec s;
+  s.inputs.push_back({"ids", DType::kInt64, {-1, -1}});
+  s.outputs.push_back({"logits", DType::kFloat32, {-1, -1, 2}});
+  s.outputs.push_back({"pooled", DType::kFloat32, {-1, 4}});
+  const std::string ids = R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":[1,2]}])";
+  auto refused = [&](const std::string& rest, const std::string& want) {
+    auto r = DecodeInferRequest(ids + rest, s);
+    ASSERT_FALSE(r.ok()) << rest;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  };
+  refused(R"(,"outputs":[{"name":"logits","parameters":{"last_positon":true,"binary":1}}]})",
+          "output 'logits': unknown parameter 'last_positon', 'binary'; an output's parameters are "
+          "binary_data and "
+          "last_position");
+  refused(R"(,"outputs":[{"name":"logits","parameters":[true]}]})",
+          "output 'logits': parameters must be an object");
+  refused(R"(,"parameters":{"last_position":true}})",
+          "parameters.last_position is a parameter of an output, not of the request");
+  refused(R"(,"parameters":{"binary_data":true},"outputs":[{"name":"logits"}]})",
+          "parameters.binary_data is a parameter of an output");
+  refused(
+      R"(,"outputs":[{"name":"pooled"},{"name":"logits"},{"name":"pooled","parameters":{"binary_data":true}}]})",
+      "output 'pooled' is listed twice in 'outputs'");
+  // What is known still passes, and request parameters of other kinds too.
+  auto r = DecodeInferRequest(ids + R"(,"parameters":{"binary_data_output":true,"priority":1},
+      "outputs":[{"name":"logits","parameters":{"last_position":true,"binary_data":false}},{"name":"pooled"}]})",
+                              s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->output_names, (std::vector<std::string>{"logits", "pooled"}));
+}
+
 }  // namespace
 }  // namespace aotid::serving
