@@ -13,7 +13,10 @@ below) is saved as a folder and goes through the stages in turn:
 
 Then an encoder (bert) and a vision model (vit) are timed over HTTP at 1
 and 2 threads (``aotid set NAME threads=N``), median of 200 requests on one
-kept-alive connection, against eager PyTorch at the same threads in process.
+kept-alive connection, against eager PyTorch at the same threads in process;
+and, when gpt2-vocab is among the names, a decoder's [1, 128, vocab] logits
+whole and at the last position (parameters.last_position), binary, median
+of 50, against eager's forward.
 """
 
 import http.client
