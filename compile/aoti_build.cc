@@ -100,7 +100,9 @@ const std::map<std::string, model::DType>& AotiDtypes() {
       {"int8", model::DType::kInt8},       {"int16", model::DType::kInt16},
       {"int32", model::DType::kInt32},     {"int64", model::DType::kInt64},
       {"float16", model::DType::kFloat16}, {"bfloat16", model::DType::kBFloat16},
-      {"float32", model::DType::kFloat32}, {"float64", model::DType::kFloat64}};
+      {"float32", model::DType::kFloat32}, {"float64", model::DType::kFloat64},
+      {"uint16", model::DType::kUInt16},   {"uint32", model::DType::kUInt32},
+      {"uint64", model::DType::kUInt64}};
   return *m;
 }
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "base/json.h"
 
@@ -14,10 +16,11 @@ struct DTypeInfo {
   size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kBool, "BOOL", 1},    {DType::kUInt8, "UINT8", 1},   {DType::kInt8, "INT8", 1},
-    {DType::kInt16, "INT16", 2},  {DType::kInt32, "INT32", 4},   {DType::kInt64, "INT64", 8},
-    {DType::kFloat16, "FP16", 2}, {DType::kBFloat16, "BF16", 2}, {DType::kFloat32, "FP32", 4},
-    {DType::kFloat64, "FP64", 8},
+    {DType::kBool, "BOOL", 1},     {DType::kUInt8, "UINT8", 1},   {DType::kInt8, "INT8", 1},
+    {DType::kInt16, "INT16", 2},   {DType::kInt32, "INT32", 4},   {DType::kInt64, "INT64", 8},
+    {DType::kFloat16, "FP16", 2},  {DType::kBFloat16, "BF16", 2}, {DType::kFloat32, "FP32", 4},
+    {DType::kFloat64, "FP64", 8},  {DType::kUInt16, "UINT16", 2}, {DType::kUInt32, "UINT32", 4},
+    {DType::kUInt64, "UINT64", 8},
 };
 }  // namespace
 
@@ -133,9 +136,13 @@ Status CheckValues(const HostTensor& t, const ValueRange& r, const std::string& 
   for (size_t i = 0; i < n; ++i) {
     T v;
     std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-    if (static_cast<int64_t>(v) < r.min || static_cast<int64_t>(v) > r.max) {
-      return InvalidArgument(who + " holds " + std::to_string(static_cast<int64_t>(v)) + " (element " +
-                             std::to_string(i) + "), valid range " + ValueRangeString(r));
+    // A UINT64 past INT64's range is past any range recorded.
+    bool past = false;
+    if constexpr (std::is_same_v<T, uint64_t>)
+      past = v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    if (past || static_cast<int64_t>(v) < r.min || static_cast<int64_t>(v) > r.max) {
+      return InvalidArgument(who + " holds " + std::to_string(v) + " (element " + std::to_string(i) +
+                             "), valid range " + ValueRangeString(r));
     }
   }
   return Status::OK();
@@ -238,6 +245,9 @@ Status CheckTensorAgainstSpec(const HostTensor& t, const TensorSpec& spec) {
       case DType::kInt16: return CheckValues<int16_t>(t, *spec.values, who);
       case DType::kInt32: return CheckValues<int32_t>(t, *spec.values, who);
       case DType::kInt64: return CheckValues<int64_t>(t, *spec.values, who);
+      case DType::kUInt16: return CheckValues<uint16_t>(t, *spec.values, who);
+      case DType::kUInt32: return CheckValues<uint32_t>(t, *spec.values, who);
+      case DType::kUInt64: return CheckValues<uint64_t>(t, *spec.values, who);
       default: break;  // a range is recorded for integer inputs alone
     }
   }

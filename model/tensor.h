@@ -15,7 +15,23 @@
 
 namespace aotid::model {
 
-enum class DType { kBool, kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64 };
+// The unsigned types past UINT8 come last: the runner channel sends a
+// DType as its number, and kUInt64 is the highest.
+enum class DType {
+  kBool,
+  kUInt8,
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kFloat64,
+  kUInt16,
+  kUInt32,
+  kUInt64
+};
 
 // Open Inference Protocol names: "BOOL", "UINT8", ..., "FP16", "BF16", "FP32", "FP64".
 std::string_view DTypeName(DType d);

@@ -185,7 +185,7 @@ StatusOr<std::vector<model::HostTensor>> ReadTensors(const Slot& slot, uint64_t 
     TensorDesc d;
     std::memcpy(&d, base + table + i * sizeof(TensorDesc), sizeof(d));
     auto& t = out[i];
-    if (d.dtype > static_cast<uint32_t>(model::DType::kFloat64)) return bad("unknown datatype");
+    if (d.dtype > static_cast<uint32_t>(model::DType::kUInt64)) return bad("unknown datatype");
     if (d.rank > kMaxRank) return bad("rank out of range");
     t.dtype = static_cast<model::DType>(d.dtype);
     t.shape.assign(d.dims, d.dims + d.rank);

@@ -55,6 +55,9 @@ at::ScalarType ToScalarType(model::DType d) {
     case model::DType::kBFloat16: return at::kBFloat16;
     case model::DType::kFloat32: return at::kFloat;
     case model::DType::kFloat64: return at::kDouble;
+    case model::DType::kUInt16: return at::kUInt16;
+    case model::DType::kUInt32: return at::kUInt32;
+    case model::DType::kUInt64: return at::kUInt64;
   }
   return at::kFloat;
 }
@@ -62,7 +65,8 @@ at::ScalarType ToScalarType(model::DType d) {
 StatusOr<model::DType> FromScalarType(at::ScalarType t) {
   for (model::DType d : {model::DType::kBool, model::DType::kUInt8, model::DType::kInt8, model::DType::kInt16,
                          model::DType::kInt32, model::DType::kInt64, model::DType::kFloat16,
-                         model::DType::kBFloat16, model::DType::kFloat32, model::DType::kFloat64}) {
+                         model::DType::kBFloat16, model::DType::kFloat32, model::DType::kFloat64,
+                         model::DType::kUInt16, model::DType::kUInt32, model::DType::kUInt64}) {
     if (ToScalarType(d) == t) return d;
   }
   return InvalidArgument(std::string("model produced unsupported dtype ") + c10::toString(t));

@@ -41,6 +41,9 @@ void FillWith(model::HostTensor& t, int64_t value) {
     case model::DType::kInt16: return Fill<int16_t>(t.data, value);
     case model::DType::kInt32: return Fill<int32_t>(t.data, value);
     case model::DType::kInt64: return Fill<int64_t>(t.data, value);
+    case model::DType::kUInt16: return Fill<uint16_t>(t.data, value);
+    case model::DType::kUInt32: return Fill<uint32_t>(t.data, value);
+    case model::DType::kUInt64: return Fill<uint64_t>(t.data, value);
     default: return;
   }
 }

@@ -110,6 +110,31 @@ Status PutNumber(std::string_view t, DType dtype, size_t i, std::vector<std::byt
       Put<int64_t>(out, i, x);
       return Status::OK();
     }
+    case DType::kUInt16: {
+      ASSIGN_OR_RETURN(int64_t x, integer(0, std::numeric_limits<uint16_t>::max()));
+      Put<uint16_t>(out, i, static_cast<uint16_t>(x));
+      return Status::OK();
+    }
+    case DType::kUInt32: {
+      ASSIGN_OR_RETURN(int64_t x, integer(0, std::numeric_limits<uint32_t>::max()));
+      Put<uint32_t>(out, i, static_cast<uint32_t>(x));
+      return Status::OK();
+    }
+    case DType::kUInt64: {
+      // Past INT64's range: read as unsigned.
+      uint64_t u;
+      int64_t x;
+      if (Tape::ToUInt64(t, &u)) {
+        Put<uint64_t>(out, i, u);
+        return Status::OK();
+      }
+      if (Tape::ToInt64(t, &x))  // negative
+        return InvalidArgument(who + ": element " + std::to_string(i) + " (" + std::to_string(x) +
+                               ") is out of range for UINT64");
+      if (Tape::IsIntegerText(t))
+        return InvalidArgument(who + ": element " + std::to_string(i) + " is out of range");
+      return InvalidArgument(who + ": element " + std::to_string(i) + " is number, expected an integer");
+    }
     default: break;
   }
   double d = Tape::ToDouble(t);
@@ -374,6 +399,9 @@ void AppendData(std::string& out, const HostTensor& t) {
       case DType::kBFloat16: AppendFloat(out, BFloat16ToFloat(Get<uint16_t>(t.data, i))); break;
       case DType::kFloat32: AppendFloat(out, Get<float>(t.data, i)); break;
       case DType::kFloat64: AppendNumber(out, Get<double>(t.data, i)); break;
+      case DType::kUInt16: AppendInt(out, Get<uint16_t>(t.data, i)); break;
+      case DType::kUInt32: AppendInt(out, Get<uint32_t>(t.data, i)); break;
+      case DType::kUInt64: AppendInt(out, Get<uint64_t>(t.data, i)); break;
     }
   }
   out += ']';

@@ -41,6 +41,7 @@ __all__ = ["Client", "ServerError", "VerifyError", "VerifyResult", "OutputError"
 _NUMPY = {
     "BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
     "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
 }
 _DATATYPE = {np.dtype(t): name for name, t in _NUMPY.items()}
 

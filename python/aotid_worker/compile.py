@@ -34,6 +34,7 @@ EXIT_PERMANENT = 2
 _DTYPES = {
     "bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "int16": "INT16", "int32": "INT32",
     "int64": "INT64", "float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64",
+    "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
 }
 
 

@@ -14,7 +14,7 @@ from collections import namedtuple
 import torch
 
 import aotid_export
-from aotid_worker.compile import load_program
+from aotid_worker.compile import load_program, model_spec
 
 Scores = namedtuple("Scores", ["logits", "probs"])
 
@@ -45,6 +45,13 @@ class Varargs(torch.nn.Module):
     def forward(self, *args):
         ids, mask = args
         return (ids.float() * mask).sum(-1, keepdim=True), mask * 2
+
+
+class Unsigned(torch.nn.Module):
+    """Takes and returns torch's wide unsigned integers."""
+
+    def forward(self, u16, u32, u64):
+        return {"wide": u16.to(torch.int64) + u32.to(torch.int64), "u64": u64, "u32": u32}
 
 
 class Gpt2Like(torch.nn.Module):
@@ -153,6 +160,23 @@ def main():
     refused(ValueError, "constants (scale) are traced into the program, not inputs, and take no entry", model,
             {"input_ids": ids, "scale": 2.0}, os.path.join(work, "x.pt2"), dynamic_shapes=({0: batch}, None))
     assert not os.path.exists(os.path.join(work, "x.pt2"))
+
+    # uint16, uint32 and uint64 inputs and outputs: served as UINT16 to
+    # UINT64, so the worker takes the package.
+    path = os.path.join(work, "unsigned.pt2")
+    example = {"u16": torch.tensor([[1, 65535]], dtype=torch.uint16),
+               "u32": torch.tensor([[2, 4294967295]], dtype=torch.uint32),
+               "u64": torch.tensor([[3, 2**64 - 1]], dtype=torch.uint64)}
+    aotid_export.export(Unsigned(), example, path)
+    ep, names, _, _ = load_program(path, "model")
+    spec = model_spec(ep, names)
+    assert [(t["name"], t["datatype"]) for t in spec["inputs"]] == [
+        ("u16", "UINT16"), ("u32", "UINT32"), ("u64", "UINT64")], spec["inputs"]
+    assert [(t["name"], t["datatype"]) for t in spec["outputs"]] == [
+        ("wide", "INT64"), ("u64", "UINT64"), ("u32", "UINT32")], spec["outputs"]
+    got = ep.module()(*example.values())
+    assert got[0].tolist() == [[3, 65535 + 4294967295]] and got[1].dtype == torch.uint64, got
+    print("uint16, uint32 and uint64 inputs and outputs are taken")
     print("ok")
 
 

@@ -600,6 +600,47 @@ TEST(TensorCodec, AnOutputMayBeAskedForAtItsLastPositionOnly) {
   EXPECT_NE(r.status().message().find("last_position must be true or false"), std::string::npos);
 }
 
+// UINT16, UINT32 and UINT64 (torch's uint16 to uint64, which AOTInductor
+// compiles as inputs and outputs): every value of the type in and out, by
+// JSON and as binary data; one past it, or negative, refused.
+TEST(TensorCodec, WideUnsignedIntegersRoundTrip) {
+  struct Case {
+    DType dtype;
+    const char* name;
+    const char* top;
+    const char* past;
+  };
+  for (const Case& c : {Case{DType::kUInt16, "UINT16", "65535", "65536"},
+                        Case{DType::kUInt32, "UINT32", "4294967295", "4294967296"},
+                        Case{DType::kUInt64, "UINT64", "18446744073709551615", "18446744073709551616"}}) {
+    ModelSpec s;
+    s.inputs.push_back({"x", c.dtype, {3}});
+    s.outputs.push_back({"y", c.dtype, {3}});
+    const std::string head =
+        R"({"inputs":[{"name":"x","datatype":")" + std::string(c.name) + R"(","shape":[3],)";
+    auto r = DecodeInferRequest(head + R"("data":[0,7,)" + c.top + "]}]}", s);
+    ASSERT_TRUE(r.ok()) << c.name << " " << r.status().ToString();
+    HostTensor t = r->inputs[0];
+    ASSERT_EQ(t.data.size(), 3 * model::DTypeSize(c.dtype)) << c.name;
+    t.name = "y";
+    auto j = nlohmann::json::parse(EncodeInferResponse("m", 1, "", {t}));
+    EXPECT_EQ(j["outputs"][0]["datatype"], c.name);
+    EXPECT_EQ(j["outputs"][0]["data"].dump(), std::string("[0,7,") + c.top + "]") << c.name;
+    // The same bytes as binary data.
+    std::string bytes(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+    std::string json = head + R"("parameters":{"binary_data_size":)" + std::to_string(bytes.size()) + "}}]}";
+    r = DecodeInferRequest(json + bytes, s, {}, json.size());
+    ASSERT_TRUE(r.ok()) << c.name << " " << r.status().ToString();
+    EXPECT_EQ(r->inputs[0].data, t.data) << c.name;
+    for (std::string bad : {std::string(c.past), std::string("-1")}) {
+      r = DecodeInferRequest(head + R"("data":[0,7,)" + bad + "]}]}", s);
+      ASSERT_FALSE(r.ok()) << c.name << " " << bad;
+      EXPECT_NE(r.status().message().find("element 2"), std::string::npos) << r.status().message();
+      EXPECT_NE(r.status().message().find("out of range"), std::string::npos) << r.status().message();
+    }
+  }
+}
+
 // An output parameter misspelled, or given for the whole request, and an
 // output listed twice would each be answered as if not said: refused (400),
 // named.
