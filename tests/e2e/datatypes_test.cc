@@ -35,6 +35,9 @@ void AppendBytes(std::string* out, DType dtype, const json& v) {
     case DType::kInt16: put(v.get<int16_t>()); break;
     case DType::kInt32: put(v.get<int32_t>()); break;
     case DType::kInt64: put(v.get<int64_t>()); break;
+    case DType::kUInt16: put(v.get<uint16_t>()); break;
+    case DType::kUInt32: put(v.get<uint32_t>()); break;
+    case DType::kUInt64: put(v.get<uint64_t>()); break;
     case DType::kFloat16: put(serving::FloatToHalf(v.get<float>())); break;
     case DType::kBFloat16: put(serving::FloatToBFloat16(v.get<float>())); break;
     case DType::kFloat32: put(v.get<float>()); break;
@@ -56,6 +59,9 @@ double ElementAt(const char* p, DType dtype, size_t i) {
     case DType::kInt16: return get(int16_t{});
     case DType::kInt32: return get(int32_t{});
     case DType::kInt64: return static_cast<double>(get(int64_t{}));
+    case DType::kUInt16: return get(uint16_t{});
+    case DType::kUInt32: return get(uint32_t{});
+    case DType::kUInt64: return static_cast<double>(get(uint64_t{}));
     case DType::kFloat16: return serving::HalfToFloat(get(uint16_t{}));
     case DType::kBFloat16: return serving::BFloat16ToFloat(get(uint16_t{}));
     case DType::kFloat32: return get(float{});
