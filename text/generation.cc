@@ -133,7 +133,23 @@ Sampler::Sampler(const SamplingParams& params) : p_(params) {
 
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-int32_t Sampler::Next(const float* logits, int32_t vocab) {
+void Sampler::Accept(int32_t id) {
+  if (p_.presence_penalty != 0 || p_.frequency_penalty != 0) ++counts_[id];
+}
+
+const float* Sampler::Penalized(const float* logits, int32_t vocab) {
+  if (counts_.empty()) return logits;
+  penalized_.assign(logits, logits + vocab);
+  for (const auto& [id, n] : counts_) {
+    if (id < 0 || id >= vocab) continue;
+    penalized_[static_cast<size_t>(id)] -=
+        static_cast<float>(n * p_.frequency_penalty + (n > 0 ? p_.presence_penalty : 0.0));
+  }
+  return penalized_.data();
+}
+
+int32_t Sampler::Next(const float* raw, int32_t vocab) {
+  const float* logits = Penalized(raw, vocab);
   if (p_.greedy()) {
     int32_t best = 0;
     for (int32_t i = 1; i < vocab; ++i) {
@@ -166,6 +182,16 @@ int32_t Sampler::Next(const float* logits, int32_t vocab) {
     total += probs[i];
   }
   if (!(total > 0) || !std::isfinite(total)) return c[0].second;  // NaN or inf logits: the highest
+  if (p_.min_p > 0) {
+    // probs[0] is the likeliest's (exp 0 = 1): keep those of at least min_p.
+    size_t n = 1;
+    while (n < keep && probs[n] >= p_.min_p) ++n;
+    if (n < keep) {
+      keep = n;
+      total = 0;
+      for (size_t i = 0; i < keep; ++i) total += probs[i];
+    }
+  }
   if (p_.top_p < 1.0) {
     // The fewest tokens whose probability reaches top_p, at least one.
     double cum = 0;
@@ -184,6 +210,28 @@ int32_t Sampler::Next(const float* logits, int32_t vocab) {
     if (u < 0) return c[i].second;
   }
   return c[keep - 1].second;
+}
+
+TokenLogprob Logprobs(const float* logits, int32_t vocab, int32_t id, int top) {
+  TokenLogprob t;
+  t.id = id;
+  if (vocab <= 0) return t;
+  double most = -std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < vocab; ++i) most = std::max(most, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - most);
+  const double log_z = most + std::log(sum);
+  auto lp = [&](int32_t i) { return static_cast<double>(logits[i]) - log_z; };
+  if (id >= 0 && id < vocab) t.logprob = lp(id);
+  const size_t n = static_cast<size_t>(std::clamp(top, 0, vocab));
+  if (n == 0) return t;
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int32_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = i;
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+      [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+  for (size_t i = 0; i < n; ++i) t.top.emplace_back(order[i], lp(order[i]));
+  return t;
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {

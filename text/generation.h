@@ -74,6 +74,12 @@ struct SamplingParams {
   double temperature = 0.8;
   int top_k = 40;      // 0: every token
   double top_p = 0.9;  // 1: no nucleus cut
+  double min_p = 0;    // drops tokens under min_p times the likeliest's probability
+  // OpenAI's penalties on the tokens generated so far (Sampler::Accept):
+  // each token's logit less count * frequency_penalty, and less
+  // presence_penalty once it has appeared. Before the temperature.
+  double presence_penalty = 0;
+  double frequency_penalty = 0;
   std::optional<uint64_t> seed;
 
   // Temperatures under 1e-4 sample the top token all but always: greedy.
@@ -87,15 +93,31 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   int32_t Next(const float* logits, int32_t vocab);
+  // Counts `id` as generated, for the penalties.
+  void Accept(int32_t id);
   uint64_t seed() const { return seed_; }
 
  private:
   double Uniform();
+  // `logits` less the penalties, in penalized_; `logits` itself when none apply.
+  const float* Penalized(const float* logits, int32_t vocab);
   SamplingParams p_;
   uint64_t seed_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> scratch_;
+  std::map<int32_t, int> counts_;  // generated tokens and how often
+  std::vector<float> penalized_;
 };
+
+// A token's log-probability under the model (the log-softmax of its raw
+// logits, before temperature and penalties) and the `top` likeliest
+// tokens' with theirs, highest first (equal ones by id).
+struct TokenLogprob {
+  int32_t id = 0;
+  double logprob = 0;
+  std::vector<std::pair<int32_t, double>> top;
+};
+TokenLogprob Logprobs(const float* logits, int32_t vocab, int32_t id, int top);
 
 // Watches generated text for stop strings. Text that might be the start of
 // one is held back until it is known not to be, so a client never sees a

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/fs.h"
 
@@ -80,6 +82,68 @@ TEST(Sampler, TopKAndTopPKeepOnlyTheMostLikely) {
   // A nucleus so small that only the top token is in it.
   Sampler p({.temperature = 1.0, .top_k = 0, .top_p = 1e-9, .seed = 1});
   for (int i = 0; i < 20; ++i) EXPECT_EQ(p.Next(l.data(), 1000), order[0]);
+}
+
+TEST(Sampler, PenaltiesLowerTheGeneratedTokensAsOpenAiDefinesThem) {
+  std::vector<float> l = {5.0f, 4.5f, 0.0f};
+  // Frequency: less count * penalty, so a repeated token falls behind.
+  Sampler freq({.temperature = 0, .frequency_penalty = 0.3});
+  EXPECT_EQ(freq.Next(l.data(), 3), 0);
+  freq.Accept(0);
+  EXPECT_EQ(freq.Next(l.data(), 3), 0);  // 4.7 > 4.5
+  freq.Accept(0);
+  EXPECT_EQ(freq.Next(l.data(), 3), 1);  // 4.4 < 4.5
+  // Presence: once, however often the token came.
+  Sampler presence({.temperature = 0, .presence_penalty = 0.3});
+  presence.Accept(0);
+  presence.Accept(0);
+  presence.Accept(0);
+  EXPECT_EQ(presence.Next(l.data(), 3), 0);  // 4.7
+  Sampler more({.temperature = 0, .presence_penalty = 0.6});
+  more.Accept(0);
+  EXPECT_EQ(more.Next(l.data(), 3), 1);  // 4.4
+  // A negative penalty favours what was said.
+  Sampler favour({.temperature = 0, .frequency_penalty = -1.0});
+  favour.Accept(2);
+  favour.Accept(2);
+  favour.Accept(2);
+  favour.Accept(2);
+  favour.Accept(2);
+  favour.Accept(2);
+  EXPECT_EQ(favour.Next(l.data(), 3), 2);  // 6 > 5
+  // No penalty: what was generated changes nothing.
+  Sampler none({.temperature = 0});
+  none.Accept(0);
+  EXPECT_EQ(none.Next(l.data(), 3), 0);
+}
+
+TEST(Sampler, MinPDropsTokensBelowItsShareOfTheLikeliest) {
+  // Relative to the likeliest: 1, e^-1 = 0.37, e^-1.5 = 0.22.
+  std::vector<float> l = {0.0f, -1.0f, -1.5f};
+  auto seen = [&](double min_p) {
+    std::set<int32_t> got;
+    Sampler s({.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = min_p, .seed = 3});
+    for (int i = 0; i < 500; ++i) got.insert(s.Next(l.data(), 3));
+    return got;
+  };
+  EXPECT_EQ(seen(0), (std::set<int32_t>{0, 1, 2}));
+  EXPECT_EQ(seen(0.3), (std::set<int32_t>{0, 1}));
+  EXPECT_EQ(seen(0.5), (std::set<int32_t>{0}));
+}
+
+TEST(Logprobs, AreTheLogSoftmaxOfTheLogitsWithTheLikeliestFirst) {
+  std::vector<float> l = {1.0f, 3.0f, 2.0f, 3.0f};
+  const double z = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+  TokenLogprob t = Logprobs(l.data(), 4, 2, 3);
+  EXPECT_EQ(t.id, 2);
+  EXPECT_NEAR(t.logprob, 2.0 - z, 1e-9);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].first, 1);  // equal logits by id
+  EXPECT_EQ(t.top[1].first, 3);
+  EXPECT_EQ(t.top[2].first, 2);
+  EXPECT_NEAR(t.top[0].second, 3.0 - z, 1e-9);
+  EXPECT_TRUE(Logprobs(l.data(), 4, 0, 0).top.empty());
+  EXPECT_EQ(Logprobs(l.data(), 4, 0, 10).top.size(), 4u);  // no more than the vocabulary
 }
 
 TEST(StopMatcher, HoldsBackWhatMayBeAStopAndCutsAtIt) {
