@@ -324,10 +324,10 @@ StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) con
   return prompt;
 }
 
-StatusOr<GenerateResult> Generator::Run(model::LoadedModel& model, const GenerateRequest& req,
-                                        const std::vector<int32_t>& prompt,
-                                        const std::function<bool(std::string_view)>& on_text,
-                                        const std::function<bool()>& cancelled, Status* error) const {
+StatusOr<GenerateResult> Generator::Run(
+    model::LoadedModel& model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
+    const std::function<bool(std::string_view)>& on_text, const std::function<bool()>& cancelled,
+    Status* error, const std::function<void(const text::TokenLogprob&)>& on_logprob) const {
   const text::Tokenizer& tok = *spec_.tokenizer;
   const auto n_prompt = static_cast<int64_t>(prompt.size());
   if (n_prompt == 0 || n_prompt >= spec_.max_seq_len)
@@ -396,6 +396,12 @@ StatusOr<GenerateResult> Generator::Run(model::LoadedModel& model, const Generat
       r.ids.pop_back();  // the end-of-text token is not part of the answer
       r.finish_reason = "stop";
       break;
+    }
+    sampler.Accept(next);
+    if (req.top_logprobs >= 0) {
+      r.logprobs.push_back(
+          text::Logprobs(logits.data(), static_cast<int32_t>(vocab_), next, req.top_logprobs));
+      if (on_logprob) on_logprob(r.logprobs.back());
     }
     // A special token (<|im_start|>, ...) counts but shows no text.
     std::string piece =

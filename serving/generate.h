@@ -33,6 +33,9 @@ struct GenerateRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool return_token_ids = false;
+  // Each answer token's log-probability and this many likeliest
+  // alternatives' (GenerateResult::logprobs); -1: none.
+  int top_logprobs = -1;
   std::string id;  // echoed in the answer
 };
 
@@ -47,6 +50,7 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
 struct GenerateResult {
   std::string text;
   std::vector<int32_t> ids;
+  std::vector<text::TokenLogprob> logprobs;  // one per id, when the request asked (top_logprobs >= 0)
   int64_t prompt_tokens = 0;
   std::string finish_reason;  // "stop" (end of text or a stop string), "length", "cancelled"
   uint64_t seed = 0;
@@ -82,11 +86,13 @@ class Generator {
   // stops the sequence (the client left). `cancelled` is asked while the
   // sequence waits its turn and between tokens. A failure before any text
   // is an error; after some, the result says "cancelled" or carries the
-  // error in `error`.
-  StatusOr<GenerateResult> Run(model::LoadedModel& model, const GenerateRequest& req,
-                               const std::vector<int32_t>& prompt,
-                               const std::function<bool(std::string_view text)>& on_text,
-                               const std::function<bool()>& cancelled, Status* error = nullptr) const;
+  // error in `error`. `on_logprob`, when set and the request asks for
+  // logprobs, gets each answer token's before its text goes to `on_text`.
+  StatusOr<GenerateResult> Run(
+      model::LoadedModel& model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
+      const std::function<bool(std::string_view text)>& on_text, const std::function<bool()>& cancelled,
+      Status* error = nullptr,
+      const std::function<void(const text::TokenLogprob&)>& on_logprob = nullptr) const;
 
   // The most requests that wait for a version's turn: past it a request
   // gets 503 at once rather than hold an HTTP worker too (a waiting or
