@@ -637,6 +637,8 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
   m.device_note = plan ? plan->note : "";
   m.package_json = std::move(package_json);
   m.artifact = v.artifact;
+  m.build_key = plan && model ? KeyFor(v, plan->device).ToString() : "";
+  m.created_at_ms = v.created_at_ms;
   m.settings = v.settings;
   m.model = std::move(model);
   m.generator = std::move(generator);
