@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "http/host.h"
 #include "http/json_tape.h"
+#include "serving/openai.h"
 #include "serving/tensor_codec.h"
 
 namespace aotid::serving {
@@ -214,6 +215,9 @@ HttpApi::~HttpApi() = default;
 void HttpApi::Handle(http::Request& req, http::Response& res) const {
   std::shared_ptr<const HttpOptions> access = Access();  // one request, one policy
   if (Admit(req, res, *access)) router_.Dispatch(req, res);
+  // OpenAI's clients read errors in OpenAI's shape: also the refusals
+  // before any route (Host, token) and the router's own 404 and 405.
+  if (req.path.rfind("/v1/", 0) == 0) ToOpenAiError(res);
   // Refusals are the client's business, but an operator chasing one turns
   // on log.level = "debug" and sees each with its reason.
   if (res.status >= 400) {
@@ -720,6 +724,8 @@ void HttpApi::Routes() {
         [ctx](const http::Request& req, http::Response& res) { SetEnabled(ctx, true, req, res); });
   r.Add("POST", "/v2/repository/models/*/unload",
         [ctx](const http::Request& req, http::Response& res) { SetEnabled(ctx, false, req, res); });
+
+  AddOpenAiRoutes(r, reg, metrics_, stopping_);
 }
 
 Status HttpApi::Bind() {
