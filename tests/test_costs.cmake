@@ -17,6 +17,7 @@ set(_aotid_test_costs
   llm.Int8WeightsGenerateEagerGreedyChoices 136
   fuzz.Build 126
   e2e.Generate 124
+  llm.OpenAiClientChatAndCompletions 95
   fuzz.HttpMutationLiveDaemon 72
   interop.TritonClientAndCurl 70
   exporter.NamedDynamicDimsServedAndBounded 64
