@@ -6,6 +6,9 @@
 // text (less the bytes SmolLM2's vocabulary has no token for);
 // streaming the bytes in two pieces gives what decoding them whole gives;
 // no stop string, nor its start at the end, ever leaves the stop matcher.
+// The same bytes go to the generate request parser and to OpenAI's /v1
+// chat and completions parsers (with the prompt prepared from what they
+// read): an error, never a crash.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +17,7 @@
 
 #include "fuzz_generate_spec.h"
 #include "serving/generate.h"
+#include "serving/openai.h"
 #include "text/generation.h"
 #include "text/tokenizer.h"
 
@@ -64,5 +68,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // The request parser on the same bytes.
   (void)aotid::serving::ParseGenerateRequest(in, Spec());
+  for (auto endpoint : {aotid::serving::OpenAiEndpoint::kChat, aotid::serving::OpenAiEndpoint::kCompletions}) {
+    aotid::serving::OpenAiRequest req;
+    aotid::serving::OpenAiError err;
+    if (aotid::serving::ParseOpenAiRequest(in, endpoint, &req, &err)) {
+      (void)aotid::serving::PreparePrompt(Spec(), &req, &err);
+    } else {
+      Check(err.status == 400 && !err.message.empty());
+    }
+  }
   return 0;
 }
