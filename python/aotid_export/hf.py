@@ -45,8 +45,17 @@ refused with the reason; ``--no-generate`` exports the forward pass alone.
 Other causal models (GPT-2 ...) export their forward pass: logits for every
 position.
 
-aotid runs a tokenizer only for the ``generate`` routes, and only byte-level
-BPE: other packages take token ids, and the command says so.
+``feature-extraction`` or ``sentence-similarity`` with a sentence-transformers
+folder (a ``modules.json``: Transformer, Pooling, and Normalize or not)
+writes an embedding package (``aotid_export.embed``): the encoder with its
+pooling (``1_Pooling/config.json``: mean, CLS or last token) and
+normalisation in the graph, its WordPiece ``tokenizer.json`` and its
+``max_seq_length``; ``--matryoshka`` for a model trained to be cut to its
+first dimensions. ``--no-embed`` exports the encoder's forward pass alone.
+
+aotid runs a tokenizer for the ``generate`` routes (byte-level BPE) and for
+embedding packages (WordPiece): other packages take token ids, and the
+command says so.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ INSTALL_HINT = "pip install 'aotid-export[hf]'"  # quoted: zsh would read [hf] a
 # Task -> the transformers Auto class that loads it.
 TASKS = {
     "feature-extraction": "AutoModel",
+    "sentence-similarity": "AutoModel",
     "text-classification": "AutoModelForSequenceClassification",
     "token-classification": "AutoModelForTokenClassification",
     "fill-mask": "AutoModelForMaskedLM",
@@ -284,18 +294,31 @@ def example_inputs(model: torch.nn.Module, dynamic: list[str] | None = None, fol
 
 
 def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None = None, generate: bool = True,
-                  max_seq_len: int = 2048, format: str = "exported_program", say=print,
-                  allow_new_weights: bool = False) -> None:
+                  max_seq_len: int | None = None, format: str = "exported_program", say=print,
+                  allow_new_weights: bool = False, embed: bool = True, matryoshka: bool = False) -> None:
     """``aotid-export hf``: the folder's model for ``task`` written to
-    ``out``; what it chose and left out goes to ``say``. ``path`` may be
+    ``out``; what it chose and left out goes to ``say``. ``max_seq_len``:
+    a generate package's context (default 2048), an embedding package's
+    truncation (default the folder's ``max_seq_length``). ``path`` may be
     the folder's config.json."""
     path = model_folder(path)
+    if task in EMBED_TASKS and embed:
+        layout = sentence_transformers_layout(path)
+        if layout is not None:
+            _export_embedding(path, layout, out, max_seq_len, matryoshka, allow_new_weights, say)
+            return
+        if task == "sentence-similarity":
+            raise HfExportError(f"{path}: no modules.json, so not a sentence-transformers folder: its pooling "
+                                "is not known; export it with aotid_export.embed.export_sentence_encoder, "
+                                "naming the pooling, or use --task feature-extraction for the token vectors")
+    if matryoshka:
+        raise HfExportError("--matryoshka is for embedding packages (a sentence-transformers folder)")
     model = load_folder(path, task, allow_new_weights)
     config = model.config
     family = getattr(config, "model_type", "")
     if task == "text-generation" and generate:
         if family in LLAMA_FAMILY:
-            _export_generate(model, path, out, max_seq_len, say)
+            _export_generate(model, path, out, max_seq_len or 2048, say)
             return
         say(f"{family}: aotid's generate routes take Llama-family models (llama, mistral, phi3); this package "
             "is the forward pass alone: logits for every position, no cache")
@@ -320,9 +343,93 @@ def _tokenizer_note(path: str) -> str:
     if kind is None:
         return "tokenizer: none in the folder"
     if kind == "wordpiece":
-        return ("tokenizer not packed: it is WordPiece, which aotid cannot run yet (byte-level BPE only); "
-                "requests send token ids")
+        return ("tokenizer not packed: aotid runs WordPiece for embedding packages only (a sentence-transformers "
+                "folder, --task sentence-similarity); requests send token ids")
     return f"tokenizer not packed: aotid runs tokenizers for generate models only; requests send token ids ({kind})"
+
+
+# The embedding package: a sentence-transformers folder's modules.
+
+EMBED_TASKS = ("feature-extraction", "sentence-similarity")
+_ST_POOLING = {"mean": "mean", "mean_tokens": "mean", "cls": "cls", "cls_token": "cls", "lasttoken": "last_token"}
+
+
+def _read_json(file: str, what: str):
+    try:
+        with open(file, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError:
+        return None
+    except ValueError as e:
+        raise HfExportError(f"{file}: {what} is not JSON: {e}") from None
+
+
+def sentence_transformers_layout(path: str) -> dict | None:
+    """What a sentence-transformers folder's ``modules.json`` says, or None
+    when it has none: ``{"transformer": folder, "pooling": "mean" | "cls" |
+    "last_token", "normalize": bool, "max_seq_len": int | None}``.
+    HfExportError for modules aotid does not run (Dense, max pooling ...)."""
+    modules = _read_json(os.path.join(path, "modules.json"), "modules.json")
+    if modules is None:
+        return None
+    if not isinstance(modules, list):
+        raise HfExportError(f"{path}/modules.json is not a list of modules")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise HfExportError(f"{path}: the modules are {', '.join(kinds)}; aotid exports Transformer, Pooling and "
+                            "(optionally) Normalize, in that order")
+    transformer = os.path.join(path, modules[0].get("path") or "")
+    pool_dir = os.path.join(path, modules[1].get("path") or "")
+    pool = _read_json(os.path.join(pool_dir, "config.json"), "the pooling config")
+    if pool is None:
+        raise HfExportError(f"{pool_dir}: no config.json, so the pooling is not known")
+    if "pooling_mode" in pool:
+        modes = [str(pool["pooling_mode"])]
+    else:
+        modes = [k[len("pooling_mode_"):] for k, v in pool.items() if k.startswith("pooling_mode_") and v is True]
+    if len(modes) != 1 or modes[0] not in _ST_POOLING:
+        raise HfExportError(f"{pool_dir}/config.json pools by {' + '.join(modes) or 'nothing'}; aotid pools by "
+                            "the mean, the CLS token or the last token, one of them")
+    bert = _read_json(os.path.join(transformer, "sentence_bert_config.json"), "sentence_bert_config.json") or {}
+    most = bert.get("max_seq_length")
+    return {"transformer": transformer, "pooling": _ST_POOLING[modes[0]], "normalize": "Normalize" in kinds,
+            "max_seq_len": int(most) if most else None, "lower_case": bool(bert.get("do_lower_case"))}
+
+
+def _export_embedding(path: str, layout: dict, out: str, max_seq_len: int | None, matryoshka: bool,
+                      allow_new_weights: bool, say) -> None:
+    from .embed import export_sentence_encoder
+
+    folder = layout["transformer"]
+    model = load_folder(folder, "feature-extraction", allow_new_weights)
+    try:
+        with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
+            tokenizer = f.read()
+    except OSError:
+        raise HfExportError(f"{folder}: no tokenizer.json; an embedding package needs the tokenizer") from None
+    normalizer = json.loads(tokenizer).get("normalizer") or {}
+    if layout["lower_case"] and not normalizer.get("lowercase"):
+        raise HfExportError(f"{folder}: sentence_bert_config.json lower-cases the text before the tokenizer, "
+                            "which aotid's tokenizer does not (its normalizer does not lower-case)")
+    positions = _max_positions(model.config)
+    most = max_seq_len or layout["max_seq_len"] or positions
+    if positions and most > positions:
+        if max_seq_len:
+            raise HfExportError(f"--max-seq-len {max_seq_len}: the encoder has {positions} positions")
+        most = positions
+    metadata = {"source": "huggingface", "task": "sentence-similarity", "model_type": model.config.model_type,
+                "architecture": type(model).__name__}
+    try:
+        export_sentence_encoder(model, out, tokenizer=tokenizer, max_seq_len=most, pooling=layout["pooling"],
+                                normalize=layout["normalize"], truncatable_dims=matryoshka,
+                                max_positions=positions, metadata=metadata)
+    except ValueError as e:
+        if type(e) is not ValueError:
+            raise
+        raise HfExportError(str(e)) from None
+    say(f"exported {type(model).__name__} as an embedding package: {layout['pooling']} pooling, "
+        f"{'normalized' if layout['normalize'] else 'not normalized'}, up to {most} tokens, WordPiece tokenizer"
+        + (", dimensions truncatable (Matryoshka)" if matryoshka else ""))
 
 
 def _tokenizer_kind(path: str) -> str | None:
@@ -535,8 +642,15 @@ def main(argv: list[str] | None = None) -> int:
                         "task's; 'none' for none")
     p.add_argument("--no-generate", action="store_true",
                    help="text-generation: export the forward pass alone, not a generate package")
-    p.add_argument("--max-seq-len", type=int, default=2048,
-                   help="a generate package's context (its cache is sized for it)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="a generate package's context (its cache is sized for it; default 2048), or where an "
+                        "embedding package truncates a text's tokens (default the folder's max_seq_length)")
+    p.add_argument("--no-embed", action="store_true",
+                   help="feature-extraction on a sentence-transformers folder: export the encoder's token "
+                        "vectors, not an embedding package")
+    p.add_argument("--matryoshka", action="store_true",
+                   help="an embedding package whose model was trained to be cut to its first dimensions: "
+                        "requests may ask for fewer dimensions")
     p.add_argument("--format", default="exported_program", choices=("exported_program", "aoti", "aoti_source"))
     p.add_argument("--allow-new-weights", action="store_true",
                    help="export even when weights the task needs are not in the folder (they would be random)")
@@ -555,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         export_folder(args.path, args.task, args.out, dynamic=dynamic, generate=not args.no_generate,
                       max_seq_len=args.max_seq_len, format=args.format, say=say,
-                      allow_new_weights=args.allow_new_weights)
+                      allow_new_weights=args.allow_new_weights, embed=not args.no_embed,
+                      matryoshka=args.matryoshka)
     except HfExportError as e:
         raise SystemExit(f"aotid-export hf: {e}") from None
     except ExportError as e:  # the worker could not load what was written: said, no traceback
