@@ -688,9 +688,9 @@ class WorkerPathFinder:
 sys.meta_path[:] = [f for f in sys.meta_path if f is not PathFinder] + [WorkerPathFinder()]
 sys.path.extend(paths)
 try:
-    from aotid_worker.compile import load_program, model_spec
+    from aotid_worker.compile import load_package, model_spec
     for m in models:
-        ep, names, _, _ = load_program(package, m)
+        ep, names = load_package(package, m)[:2]
         model_spec(ep, names)
 except BaseException as e:
     sys.stderr.write(str(e).strip() or type(e).__name__)

@@ -390,7 +390,9 @@ def extract_build(pkg: str, out: str, package_model: str) -> dict:
     return meta
 
 
-def load_program(path: str, package_model: str):
+def load_package(path: str, package_model: str):
+    """The program of `package_model` and what the build writes beside it:
+    ``(ep, names, author metadata, generate spec or None, embed spec or None)``."""
     from torch.export.pt2_archive._package import load_pt2
 
     try:
@@ -411,7 +413,13 @@ def load_program(path: str, package_model: str):
     per_model = extra.get("models", {}).get(package_model, {})
     names = {**extra, **per_model}
     generate = generate_section(names.get("generate"), contents.extra_files, names)
-    return programs[package_model], names, extra.get("metadata", {}), generate
+    embed = embed_section(names.get("embed"), contents.extra_files, names)
+    return programs[package_model], names, extra.get("metadata", {}), generate, embed
+
+
+def load_program(path: str, package_model: str):
+    """``load_package`` without the embed spec: ``(ep, names, author, generate)``."""
+    return load_package(path, package_model)[:4]
 
 
 def generate_section(generate, extra_files, names):
@@ -437,6 +445,31 @@ def generate_section(generate, extra_files, names):
     if generate.get("logits_output") not in (names.get("output_names") or []):
         raise BuildError(f"aotid.json \"generate\" logits_output {generate.get('logits_output')!r} is not an output")
     return {**generate, "tokenizer": tokenizer}
+
+
+def embed_section(embed, extra_files, names):
+    """A sentence encoder's embed spec with its tokenizer.json inside (the
+    build's embed.json), or None for a model that has none."""
+    if embed is None:
+        return None
+    if not isinstance(embed, dict):
+        raise BuildError("aotid.json \"embed\" is not an object")
+    ref = embed.get("tokenizer")
+    text = extra_files.get(ref) if isinstance(ref, str) else None
+    if text is None:
+        raise BuildError(f"aotid.json \"embed\" names the tokenizer file {ref!r}, which the package lacks")
+    if isinstance(text, bytes):
+        text = text.decode()
+    try:
+        tokenizer = json.loads(text)
+    except ValueError as e:
+        raise BuildError(f"the package's tokenizer file {ref} is not JSON: {e}") from e
+    for key in ("input_ids", "attention_mask"):
+        if embed.get(key) not in (names.get("input_names") or []):
+            raise BuildError(f"aotid.json \"embed\" {key} {embed.get(key)!r} is not one of the inputs")
+    if embed.get("output") not in (names.get("output_names") or []):
+        raise BuildError(f"aotid.json \"embed\" output {embed.get('output')!r} is not an output")
+    return {**embed, "tokenizer": tokenizer}
 
 
 def device_unusable(device: str) -> str:
@@ -482,7 +515,7 @@ def build(args: argparse.Namespace) -> None:
     log(f"torch {torch.__version__} loaded in {time.monotonic() - t0:.1f}s")
 
     log("step 2/4: loading the exported program")
-    ep, names, author, generate = load_program(args.artifact, args.package_model)
+    ep, names, author, generate, embed = load_package(args.artifact, args.package_model)
     spec = model_spec(ep, names)
     log(f"exported program loaded: {len(spec['inputs'])} inputs, {len(spec['outputs'])} outputs")
     configs = inductor_configs(args.inductor_options, names.get("inductor_options"))
@@ -508,6 +541,8 @@ def build(args: argparse.Namespace) -> None:
     write_json(os.path.join(args.out, "spec.json"), spec)
     if generate is not None:
         write_json(os.path.join(args.out, "generate.json"), generate)
+    if embed is not None:
+        write_json(os.path.join(args.out, "embed.json"), embed)
     write_json(os.path.join(args.out, "package.json"),
                {"kind": "exported_program", "package_model": args.package_model, "aoti": aoti,
                 "author": author, "inductor_options": configs})

