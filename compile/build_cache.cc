@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
 
 #include "base/fs.h"
@@ -17,8 +18,11 @@ namespace aotid::compile {
 namespace {
 
 constexpr const char* kEntryFiles[] = {"model.so", "spec.json", "package.json"};
-// Written by some builds only: a language model's generate spec.
+// Written by some builds only: a language model's generate spec, a
+// sentence encoder's embed spec.
 constexpr char kGenerateFile[] = "generate.json";
+constexpr char kEmbedFile[] = "embed.json";
+constexpr const char* kOptionalFiles[] = {kGenerateFile, kEmbedFile};
 // Entries written by an aotid with another layout are rebuilt, not loaded.
 constexpr int kLayout = 2;
 
@@ -147,13 +151,15 @@ StatusOr<model::CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
   e.spec = std::move(spec).value();
   e.so_path = e.dir + "/model.so";
   ASSIGN_OR_RETURN(e.package_json, fs::ReadFile(e.dir + "/package.json"));
-  if (auto want = m["files"].find(kGenerateFile); want != m["files"].end()) {
-    auto have = FileSize(e.dir + "/" + kGenerateFile);
+  for (const char* name : kOptionalFiles) {
+    auto want = m["files"].find(name);
+    if (want == m["files"].end()) continue;
+    auto have = FileSize(e.dir + "/" + name);
     if (!have.ok() || !want->is_number_integer() || *have != want->get<int64_t>()) {
-      return Corruption("cache entry " + e.dir + ": " + kGenerateFile +
+      return Corruption("cache entry " + e.dir + ": " + name +
                         " is missing or not the size its manifest says");
     }
-    e.generate_path = e.dir + "/" + kGenerateFile;
+    (std::string_view(name) == kGenerateFile ? e.generate_path : e.embed_path) = e.dir + "/" + name;
   }
   return e;
 }
@@ -270,10 +276,11 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
     if (!size.ok()) return fail(Corruption("build produced no " + std::string(name)));
     manifest["files"][name] = *size;
   }
-  if (fs::Exists(staging + "/" + kGenerateFile)) {
-    auto size = FileSize(staging + "/" + kGenerateFile);
+  for (const char* name : kOptionalFiles) {
+    if (!fs::Exists(staging + "/" + name)) continue;
+    auto size = FileSize(staging + "/" + name);
     if (!size.ok()) return fail(size.status());
-    manifest["files"][kGenerateFile] = *size;
+    manifest["files"][name] = *size;
   }
   std::vector<std::string> kernels = KernelFilesIn(staging);
   for (const auto& name : kernels) {
@@ -291,7 +298,8 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
   auto spec = model::ModelSpec::FromJson(*spec_text);
   if (!spec.ok()) return fail(spec.status().WithContext("build output"));
   // Everything the worker wrote is fsynced before the manifest names it.
-  std::vector<std::string> written = {"model.so", "spec.json", "package.json", kGenerateFile, "build.log"};
+  std::vector<std::string> written = {"model.so",    "spec.json", "package.json",
+                                      kGenerateFile, kEmbedFile,  "build.log"};
   written.insert(written.end(), kernels.begin(), kernels.end());
   for (const auto& name : written) {
     std::string p = staging + "/" + name;
@@ -325,6 +333,7 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
   if (!package_json.ok()) return package_json.status();
   e.package_json = std::move(package_json).value();
   if (manifest["files"].contains(kGenerateFile)) e.generate_path = dest + "/" + kGenerateFile;
+  if (manifest["files"].contains(kEmbedFile)) e.embed_path = dest + "/" + kEmbedFile;
   return e;
 }
 

@@ -5,6 +5,7 @@
 //       spec.json     inputs and outputs (names, datatypes, shapes)
 //       package.json  the package's metadata (AOTInductor's and the author's)
 //       generate.json a language model's generate spec and tokenizer (only those)
+//       embed.json    a sentence encoder's embed spec and tokenizer (only those)
 //       *.cubin ...   kernel files a device model opens by name from the
 //                     folder its runner is given (IsKernelFile); only those
 //       build.log     the build's output

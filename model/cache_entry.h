@@ -15,6 +15,7 @@ struct CacheEntry {
   ModelSpec spec;
   std::string package_json;   // package.json as written by the build
   std::string generate_path;  // generate.json (a language model's generate spec), "" when the build has none
+  std::string embed_path;     // embed.json (a sentence encoder's embed spec), "" when the build has none
 };
 
 }  // namespace aotid::model

@@ -44,6 +44,38 @@ TEST_F(BuildCacheTest, CommitThenLookupFindsEntry) {
   EXPECT_EQ(found->package_json, R"({"kind": "exported_program"})");
 }
 
+// A language model's generate.json and a sentence encoder's embed.json go
+// with the build to whoever loads it; one gone is a damaged entry.
+TEST_F(BuildCacheTest, GenerateAndEmbedSpecsTravelWithTheEntry) {
+  BuildKey lm = key_, encoder = key_;
+  lm.package_model = "lm";
+  encoder.package_model = "encoder";
+  std::string staging = Stage();
+  ASSERT_OK(fs::WriteFileAtomic(staging + "/generate.json", R"({"kind": "causal_lm"})"));
+  ASSERT_TRUE(cache_.Commit(staging, lm).ok());
+  staging = Stage();
+  ASSERT_OK(fs::WriteFileAtomic(staging + "/embed.json", R"({"kind": "sentence_embedding"})"));
+  auto committed = cache_.Commit(staging, encoder);
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  EXPECT_EQ(committed->embed_path, cache_.EntryDir(encoder) + "/embed.json");
+
+  auto with_generate = cache_.Lookup(lm);
+  ASSERT_TRUE(with_generate.ok()) << with_generate.status().ToString();
+  EXPECT_EQ(fs::ReadFile(with_generate->generate_path).value_or(""), R"({"kind": "causal_lm"})");
+  EXPECT_EQ(with_generate->embed_path, "");
+  auto with_embed = cache_.Lookup(encoder);
+  ASSERT_TRUE(with_embed.ok()) << with_embed.status().ToString();
+  EXPECT_EQ(fs::ReadFile(with_embed->embed_path).value_or(""), R"({"kind": "sentence_embedding"})");
+  EXPECT_EQ(with_embed->generate_path, "");
+  EXPECT_EQ(cache_.Lookup(key_).status().code(), StatusCode::kNotFound);  // neither: a plain model's key
+
+  ASSERT_EQ(::unlink(with_embed->embed_path.c_str()), 0);
+  auto found = cache_.Lookup(encoder);
+  EXPECT_EQ(found.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(found.status().message().find("embed.json is missing"), std::string::npos)
+      << found.status().message();
+}
+
 // A CUDA model opens its .cubin files by name from the entry's folder when
 // it loads: they are part of the entry, and one gone is a damaged entry.
 TEST_F(BuildCacheTest, KernelFilesAreKeptInTheEntryAndOneMissingIsCorruption) {
