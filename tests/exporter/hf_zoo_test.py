@@ -177,7 +177,7 @@ def zoo(work):
     from aotid_export.__main__ import main as cli
 
     # What each says it did, and what it left out and why.
-    said = {"bert-mlm": "tokenizer not packed: it is WordPiece, which aotid cannot run yet",
+    said = {"bert-mlm": "tokenizer not packed: aotid runs WordPiece for embedding packages only",
             "gpt2": "this package is the forward pass alone: logits for every position",
             "vit": "inputs pixel_values [1, 3, 32, 32]; dynamic: batch",
             "llama": "as a generate package: context 64, byte-level BPE tokenizer of 320 tokens"}
