@@ -126,6 +126,18 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           }
           work->result.generator = std::move(gen).value();
         }
+        // An embedding model's spec and tokenizer, likewise.
+        if (!r.entry.embed_path.empty()) {
+          auto text = fs::ReadFile(r.entry.embed_path);
+          auto spec =
+              text.ok() ? serving::EmbedSpec::FromJson(*text) : StatusOr<serving::EmbedSpec>(text.status());
+          Status fits = spec.ok() ? serving::CheckEmbedModel(*spec, r.entry.spec) : spec.status();
+          if (!fits.ok()) {
+            work->result.model = fits.WithContext(r.entry.embed_path);
+            return;
+          }
+          work->result.embed = std::make_shared<const serving::EmbedSpec>(std::move(spec).value());
+        }
         // Loads that time their threads take turns: runners timing side by
         // side on the same cores would measure each other (and find the
         // machine busy). Loads that do not time run freely.

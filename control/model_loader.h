@@ -16,6 +16,7 @@
 #include "compile/build_cache.h"
 #include "model/loaded_model.h"
 #include "runner/runner_model.h"
+#include "serving/embeddings.h"
 #include "serving/generate.h"
 
 namespace aotid::control {
@@ -52,6 +53,8 @@ struct LoadResult {
   bool threads_recorded = false;
   // A language model's token loop (its build has a generate spec).
   std::shared_ptr<const serving::Generator> generator;
+  // An embedding model's spec and tokenizer (its build has an embed spec).
+  std::shared_ptr<const serving::EmbedSpec> embed;
 };
 
 class ModelLoader {

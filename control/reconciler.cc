@@ -581,7 +581,7 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
            "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
     if (result.threads_recorded) threads_records_[WorkKey(v)] = entry.dir;
     Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json,
-            std::move(result.generator));
+            std::move(result.generator), std::move(result.embed));
   }
   MaybeStartupDone();
 }
@@ -621,7 +621,8 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
 
 void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                          std::shared_ptr<model::LoadedModel> model, const DevicePlan* plan,
-                         std::string package_json, std::shared_ptr<const serving::Generator> generator) {
+                         std::string package_json, std::shared_ptr<const serving::Generator> generator,
+                         std::shared_ptr<const serving::EmbedSpec> embed) {
   if (!IsCurrent(v)) return;  // removed or changed since this work began
   auto current = registry_->Find(v.model, v.version);
   // A ready model keeps serving through a reload, and through its failure.
@@ -642,6 +643,7 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
   m.settings = v.settings;
   m.model = std::move(model);
   m.generator = std::move(generator);
+  m.embed = std::move(embed);
   registry_->Put(std::move(m));
   if (state == serving::ServeState::kReady || state == serving::ServeState::kFailed) Retire(v.model);
 }

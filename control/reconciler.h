@@ -155,7 +155,8 @@ class Reconciler {
                                             std::shared_ptr<model::LoadedModel> model, bool language_model);
   void Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                std::shared_ptr<model::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
-               std::string package_json = "", std::shared_ptr<const serving::Generator> generator = nullptr);
+               std::string package_json = "", std::shared_ptr<const serving::Generator> generator = nullptr,
+               std::shared_ptr<const serving::EmbedSpec> embed = nullptr);
   // Drops the served versions of `name` that the store no longer has, and
   // those the policy no longer wants once a wanted one is ready.
   void Retire(const std::string& name);

@@ -112,6 +112,45 @@ StatusOr<EmbedSpec> EmbedSpec::FromJson(std::string_view text) {
   });
 }
 
+Status CheckEmbedModel(const EmbedSpec& spec, const model::ModelSpec& model) {
+  const std::string what = "the model's embed spec does not fit the compiled model: ";
+  auto find = [](const std::vector<model::TensorSpec>& v,
+                 const std::string& name) -> const model::TensorSpec* {
+    for (const auto& t : v) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  };
+  if (model.inputs.size() != 2) {
+    return InvalidArgument(what + "it takes " + std::to_string(model.inputs.size()) +
+                           " inputs, an embedding model takes input_ids and attention_mask");
+  }
+  for (const std::string* name : {&spec.ids_input, &spec.mask_input}) {
+    const model::TensorSpec* t = find(model.inputs, *name);
+    if (t == nullptr) return InvalidArgument(what + "it has no input \"" + *name + "\"");
+    if (t->dtype != model::DType::kInt64 || t->shape.size() != 2) {
+      return InvalidArgument(what + "\"" + *name + "\" must be INT64 [batch, seq]; it is " +
+                             std::string(model::DTypeName(t->dtype)) + " " + model::ShapeString(t->shape));
+    }
+    if (t->shape[1] != -1) {
+      return InvalidArgument(what + "\"" + *name + "\" has a fixed seq of " + std::to_string(t->shape[1]) +
+                             "; a batch is padded to its longest text, so seq must be dynamic");
+    }
+    if (t->dims.size() == 2 && t->dims[1] && t->dims[1]->max < spec.max_seq_len) {
+      return InvalidArgument(what + "\"" + *name + "\" takes up to " + std::to_string(t->dims[1]->max) +
+                             " tokens, fewer than max_seq_len " + std::to_string(spec.max_seq_len));
+    }
+  }
+  const model::TensorSpec* out = find(model.outputs, spec.output);
+  if (out == nullptr) return InvalidArgument(what + "it has no output \"" + spec.output + "\"");
+  if (out->dtype != model::DType::kFloat32 || out->shape.size() != 2 || out->shape[1] != spec.dim) {
+    return InvalidArgument(what + "\"" + spec.output + "\" must be FP32 [batch, " + std::to_string(spec.dim) +
+                           "]; it is " + std::string(model::DTypeName(out->dtype)) + " " +
+                           model::ShapeString(out->shape));
+  }
+  return Status::OK();
+}
+
 StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body, EmbeddingsError* error) {
   using R = EmbeddingsRequest;
   auto parsed = ParseJson(body, "the request body");

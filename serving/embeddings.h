@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/tensor.h"
 #include "text/tokenizer.h"
 
 namespace aotid::serving {
@@ -38,6 +39,12 @@ struct EmbedSpec {
   // Errors name the field.
   static StatusOr<EmbedSpec> FromJson(std::string_view json);
 };
+
+// Whether the compiled model is the one the spec describes: its two inputs
+// INT64 [batch, seq] with seq dynamic up to max_seq_len at least (a batch
+// is padded to its longest row), its output FP32 [batch, dim]. Checked
+// when the model loads, so a mismatch fails the load, not each request.
+Status CheckEmbedModel(const EmbedSpec& spec, const model::ModelSpec& model);
 
 // An OpenAI embeddings request body. `input` is one text, a list of texts,
 // one list of token ids or a list of them; token ids are a text's tokens,

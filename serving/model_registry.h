@@ -16,6 +16,7 @@
 
 #include "base/mutex.h"
 #include "model/loaded_model.h"
+#include "serving/embeddings.h"
 #include "serving/generate.h"
 #include "storage/model_store.h"
 
@@ -42,6 +43,9 @@ struct ServedModel {
   // Set for a language model (its build has a generate spec): the token
   // loop, and the turn-taking every run of this model goes through.
   std::shared_ptr<const Generator> generator;
+  // Set for an embedding model (its build has an embed spec): its
+  // tokenizer, truncation and vector size (serving/embeddings.h).
+  std::shared_ptr<const EmbedSpec> embed;
 };
 
 // Every version in the store, as of the last reconcile: what the

@@ -101,6 +101,50 @@ TEST(EmbedSpec, RefusesWhatItCannotServeNamingTheField) {
   EXPECT_FALSE(EmbedSpec::FromJson(j.dump()).ok());
 }
 
+// The compiled model MiniLM's package builds into: ids and mask INT64
+// [batch, seq] (seq up to 512), embedding FLOAT32 [batch, 384].
+model::ModelSpec MiniLMModel() {
+  model::ModelSpec m;
+  for (const char* name : {"input_ids", "attention_mask"}) {
+    m.inputs.push_back({name,
+                        model::DType::kInt64,
+                        {-1, -1},
+                        {model::DimRange{"batch", 1, 256}, model::DimRange{"seq", 1, 512}}});
+  }
+  m.outputs.push_back({"embedding", model::DType::kFloat32, {-1, 384}});
+  return m;
+}
+
+TEST(EmbedSpec, ChecksTheCompiledModelFitsIt) {
+  EmbedSpec spec = Spec();
+  EXPECT_TRUE(CheckEmbedModel(spec, MiniLMModel()).ok());
+  auto refused = [&](const model::ModelSpec& m) {
+    Status s = CheckEmbedModel(spec, m);
+    EXPECT_FALSE(s.ok());
+    return s.message();
+  };
+  model::ModelSpec m = MiniLMModel();
+  m.outputs[0].shape = {-1, 768};
+  EXPECT_NE(refused(m).find("\"embedding\" must be FP32 [batch, 384]; it is FP32 [-1, 768]"),
+            std::string::npos)
+      << refused(m);
+  m = MiniLMModel();
+  m.inputs[1].name = "token_type_ids";
+  EXPECT_NE(refused(m).find("no input \"attention_mask\""), std::string::npos);
+  m = MiniLMModel();
+  m.inputs[0].dtype = model::DType::kInt32;
+  EXPECT_NE(refused(m).find("\"input_ids\" must be INT64 [batch, seq]"), std::string::npos);
+  m = MiniLMModel();
+  m.inputs[0].shape = {-1, 128};
+  EXPECT_NE(refused(m).find("fixed seq of 128"), std::string::npos);
+  m = MiniLMModel();
+  m.inputs[1].dims[1]->max = 128;
+  EXPECT_NE(refused(m).find("takes up to 128 tokens, fewer than max_seq_len 256"), std::string::npos);
+  m = MiniLMModel();
+  m.inputs.pop_back();
+  EXPECT_NE(refused(m).find("takes 1 inputs"), std::string::npos);
+}
+
 TEST(EmbeddingsRequest, ReadsEveryFormOfInput) {
   EmbeddingsRequest one = Parse({{"model", "minilm"}, {"input", "Hello world"}});
   EXPECT_EQ(one.model, "minilm");
