@@ -1,6 +1,7 @@
 #include "base/json.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace aotid {
 
@@ -14,8 +15,12 @@ std::string JsonPlace(std::string_view text, size_t at) {
   return "at byte " + std::to_string(at) + " (near '" + near + "')";
 }
 
-Status CheckJsonDepth(std::string_view text, int max_depth) {
+Status CheckJsonDepth(std::string_view text, int max_depth) { return CheckJsonShape(text, max_depth, 0); }
+
+Status CheckJsonShape(std::string_view text, int max_depth, size_t max_values) {
   int depth = 0;
+  size_t values = 1;
+  const size_t limit = max_values == 0 ? SIZE_MAX : max_values;
   const char* p = text.data();
   const char* end = p + text.size();
   while (p < end) {
@@ -31,8 +36,15 @@ Status CheckJsonDepth(std::string_view text, int max_depth) {
         return InvalidArgument("nests deeper than " + std::to_string(max_depth) + " levels " +
                                JsonPlace(text, static_cast<size_t>(p - text.data())));
       }
+      ++values;
     } else if (c == ']' || c == '}') {
       --depth;
+    } else if (c == ',') {
+      ++values;
+    }
+    if (values > limit) {
+      return InvalidArgument("holds more than " + std::to_string(max_values) + " values " +
+                             JsonPlace(text, static_cast<size_t>(p - text.data())));
     }
     ++p;
   }
@@ -47,7 +59,7 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
     return refuse("is " + std::to_string(text.size()) + " bytes, over the limit of " +
                   std::to_string(limits.max_bytes));
   }
-  if (Status s = CheckJsonDepth(text, limits.max_depth); !s.ok()) return refuse(s.message());
+  if (Status s = CheckJsonShape(text, limits.max_depth, limits.max_values); !s.ok()) return refuse(s.message());
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
@@ -72,7 +84,7 @@ std::string JsonErrorReason(const std::exception& e) {
 }
 
 nlohmann::json ParseJsonOrDiscarded(std::string_view text, const JsonLimits& limits) {
-  if (text.size() > limits.max_bytes || !CheckJsonDepth(text, limits.max_depth).ok())
+  if (text.size() > limits.max_bytes || !CheckJsonShape(text, limits.max_depth, limits.max_values).ok())
     return nlohmann::json(nlohmann::json::value_t::discarded);
   return nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }

@@ -26,7 +26,18 @@ struct JsonLimits {
   int max_depth = 64;
   // The whole document's size in bytes.
   size_t max_bytes = size_t{64} << 20;
+  // Values in the document (counted as its arrays, objects and separators,
+  // which a scan finds without allocating); 0 for no limit. A DOM node
+  // costs 16 to 100 bytes against the 3 bytes of "{}," that make one, so a
+  // request body within max_bytes can still ask for gigabytes: 64 MiB of
+  // [{},{},...] made 2.4 GB. Request bodies set it.
+  size_t max_values = 0;
 };
+
+// The most values a request body of the generate and /v1 routes may hold:
+// a million (a prompt of token ids, a batch of inputs to embed, a chat of
+// many messages all fit well within it), about 100 MB of DOM at worst.
+inline constexpr size_t kMaxRequestJsonValues = size_t{1} << 20;
 
 // "at byte N (near '...')": a place in `text` for an error message, with up
 // to 16 bytes of the text before it and 16 after (bytes outside printable
@@ -38,6 +49,9 @@ std::string JsonPlace(std::string_view text, size_t at);
 // byte where it was passed. Brackets inside strings do not count. It does
 // not validate anything else: ParseJson does that.
 Status CheckJsonDepth(std::string_view text, int max_depth);
+// The same scan, refusing also a document with more than `max_values`
+// values (0: no limit), naming the byte where the count was passed.
+Status CheckJsonShape(std::string_view text, int max_depth, size_t max_values);
 
 // Parses `text` into a DOM within `limits`. InvalidArgument, beginning with
 // `what` ("the manifest"), for a document over the size or depth limit or

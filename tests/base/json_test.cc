@@ -48,6 +48,24 @@ TEST(ParseJson, ADocumentNested300000DeepIsRefusedBeforeItIsBuilt) {
   EXPECT_TRUE(ParseJsonOrDiscarded(bomb).is_discarded());
 }
 
+TEST(ParseJson, ADocumentOfTooManyValuesIsRefusedBeforeItIsBuilt) {
+  // 64 MiB of "{}," once made a 2.4 GB DOM that the daemon kept.
+  std::string many = "[";
+  for (int i = 0; i < 2000; ++i) many += "{},";
+  many += "{}]";
+  auto j = ParseJson(many, "the request body", {.max_values = 1000});
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("the request body holds more than 1000 values at byte"), std::string::npos)
+      << j.status().message();
+  EXPECT_TRUE(ParseJsonOrDiscarded(many, {.max_values = 1000}).is_discarded());
+  // Commas and brackets inside strings are not values.
+  std::string text = "[\"" + std::string(5000, ',') + std::string(5000, '[') + "\"]";
+  EXPECT_TRUE(ParseJson(text, "x", {.max_values = 10}).ok());
+  // 1, its 2002 arrays and objects and its 2000 commas: within 4003.
+  EXPECT_TRUE(ParseJson(many, "x", {.max_values = 4003}).ok());
+  EXPECT_FALSE(ParseJson(many, "x", {.max_values = 4002}).ok());
+}
+
 TEST(ParseJson, ADocumentOverItsSizeIsRefusedWithTheSizeAndTheLimit) {
   auto j = ParseJson(R"({"a": "0123456789"})", "extra/aotid.json", {.max_bytes = 8});
   ASSERT_FALSE(j.ok());
