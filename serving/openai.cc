@@ -73,9 +73,15 @@ std::optional<std::optional<Bad>> CommonParameter(const std::string& key, const 
     return ok;
   }
   if (key == "max_tokens" || key == "max_completion_tokens") {
+    if (v.is_null()) return ok;
     if (!v.is_number_unsigned() || v.get<uint64_t>() < 1 || v.get<uint64_t>() > (1u << 31))
       return bad("must be an integer from 1 to 2147483648 (the model's context bounds it too)");
+    // Both given: one limit, said twice, or a mistake that no choice between
+    // them would make right.
+    if (r->max_tokens_given && r->generate.max_tokens != v.get<int64_t>())
+      return bad("differs from the other of max_tokens and max_completion_tokens; give one");
     r->generate.max_tokens = v.get<int64_t>();
+    r->max_tokens_given = true;
     return ok;
   }
   if (key == "stop") {
@@ -92,7 +98,8 @@ std::optional<std::optional<Bad>> CommonParameter(const std::string& key, const 
     }
     if (stops.size() > 16) return bad("holds more than 16 strings");
     for (const auto& e : stops) {
-      if (e.size() > 1000 || !text::ValidUtf8(e)) return bad("must be UTF-8 strings of at most 1000 bytes");
+      if (e.empty() || e.size() > 1000 || !text::ValidUtf8(e))
+        return bad("must be UTF-8 strings of 1 to 1000 bytes");
     }
     r->generate.stop = std::move(stops);
     return ok;
@@ -106,10 +113,14 @@ std::optional<std::optional<Bad>> CommonParameter(const std::string& key, const 
     if (!v.is_object()) return bad("must be an object");
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (it.value().is_null()) continue;
-      if (it.key() == "include_usage" && it.value().is_boolean()) {
-        r->include_usage = it.value().get<bool>();
-      } else if (it.key() == "include_obfuscation" && it.value().is_boolean()) {
-        // Padding against length side channels; aotid's answers carry none.
+      if (it.key() == "include_usage" || it.key() == "include_obfuscation") {
+        if (!it.value().is_boolean()) {
+          return std::optional<Bad>(
+              Bad{"stream_options", "stream_options." + it.key() + " must be true or false"});
+        }
+        // include_obfuscation: padding against length side channels; aotid's
+        // answers carry none.
+        if (it.key() == "include_usage") r->include_usage = it.value().get<bool>();
       } else {
         return std::optional<Bad>(
             Bad{"stream_options", "stream_options." + it.key() + " is not supported (include_usage is)"});
@@ -131,9 +142,22 @@ std::optional<std::optional<Bad>> CommonParameter(const std::string& key, const 
     if (!v.is_object() || !v.empty()) return bad("is not supported");
     return ok;
   }
-  // Said to the server, with no effect on the answer.
-  if (key == "user" || key == "metadata" || key == "store" || key == "service_tier" ||
-      key == "prompt_cache_key" || key == "safety_identifier") {
+  // Said to the server, with no effect on the answer; still of the type
+  // OpenAI's API takes, so that a mistake is not silently carried.
+  if (key == "user" || key == "service_tier" || key == "prompt_cache_key" || key == "safety_identifier") {
+    if (!v.is_string() && !v.is_null()) return bad("must be a string");
+    return ok;
+  }
+  if (key == "store") {
+    if (!v.is_boolean() && !v.is_null()) return bad("must be true or false");
+    return ok;
+  }
+  if (key == "metadata") {
+    if (v.is_null()) return ok;
+    if (!v.is_object() || v.size() > 16) return bad("must be an object of at most 16 strings");
+    for (const auto& [k, s] : v.items()) {
+      if (!s.is_string()) return bad("must be an object of at most 16 strings (" + k + " is not a string)");
+    }
     return ok;
   }
   return std::nullopt;
@@ -175,6 +199,10 @@ std::optional<Bad> ChatParameter(const std::string& key, const json& v, OpenAiRe
               }
               if (!part.contains("text") || !part["text"].is_string())
                 return Bad{p, p + " must have \"text\" as a string"};
+              for (auto f = part.begin(); f != part.end(); ++f) {
+                if (f.key() != "type" && f.key() != "text")
+                  return Bad{p + "." + f.key(), p + "." + f.key() + " is not supported"};
+              }
               content += part["text"].get<std::string>();
             }
           } else if (!c.is_null()) {
@@ -276,7 +304,8 @@ void ToOpenAiError(http::Response& res) {
 
 bool ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint, OpenAiRequest* out,
                         OpenAiError* err) {
-  auto j = ParseJson(body, "the request body", {.max_depth = 32, .max_bytes = body.size()});
+  auto j = ParseJson(body, "the request body",
+                    {.max_depth = 32, .max_bytes = body.size(), .max_values = kMaxRequestJsonValues});
   if (!j.ok()) {
     *err = {400, j.status().message(), "", ""};
     return false;
@@ -432,8 +461,18 @@ json ChatLogprobs(const std::vector<text::TokenLogprob>& lps, const text::Tokeni
   return json{{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
+// The characters `bytes` adds to a UTF-8 text: its bytes that are not
+// continuation bytes. A token that ends mid-character counts that character;
+// the next, which finishes it, counts none: offsets index the decoded text
+// as its characters, as OpenAI's text_offset does.
+size_t Utf8Chars(std::string_view bytes) {
+  size_t n = 0;
+  for (char c : bytes) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
 // Completions' (legacy) logprobs: parallel lists, `offset` the first token's
-// place in the answer's text.
+// place in the answer's text, in characters.
 json CompletionLogprobs(const std::vector<text::TokenLogprob>& lps, const text::Tokenizer& tok,
                         size_t offset) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
@@ -444,7 +483,7 @@ json CompletionLogprobs(const std::vector<text::TokenLogprob>& lps, const text::
     for (const auto& [id, lp] : t.top) alternatives[tok.Bytes(id)] = lp;
     top.push_back(std::move(alternatives));
     offsets.push_back(offset);
-    offset += tok.Bytes(t.id).size();
+    offset += Utf8Chars(tok.Bytes(t.id));
   }
   return json{{"tokens", std::move(tokens)},
               {"token_logprobs", std::move(token_logprobs)},
@@ -650,7 +689,7 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
     size_t offset = 0;                        // of the pending tokens' text in the answer
     auto flush = [&](std::string_view piece, const std::string& finish_reason) {
       bool ok = event(StreamChunk(r, meta, piece, false, pending, finish_reason, tok, offset));
-      for (const auto& t : pending) offset += tok.Bytes(t.id).size();
+      for (const auto& t : pending) offset += Utf8Chars(tok.Bytes(t.id));
       pending.clear();
       return ok;
     };

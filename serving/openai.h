@@ -52,6 +52,7 @@ struct OpenAiRequest {
   std::string prompt;                       // completions: the text, or...
   std::vector<int32_t> prompt_ids;          // ... token ids (has_prompt_ids)
   bool has_prompt_ids = false;
+  bool max_tokens_given = false;  // max_tokens or max_completion_tokens
   // The sampling, length, stop strings and logprobs asked for; the prompt
   // is set by PreparePrompt once the model is known.
   GenerateRequest generate;

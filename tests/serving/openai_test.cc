@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "base/json.h"
 
 namespace aotid::serving {
 namespace {
@@ -115,6 +116,17 @@ TEST(OpenAiRequest, ChatMessagesTakeStringsAndTextPartsAndMakeTheTemplatesPrompt
   EXPECT_FALSE(r.generate.prompt[r.generate.prompt.size() - 3].special);
 }
 
+TEST(OpenAiRequest, ABodyOfMillionsOfValuesIsRefusedBeforeItIsBuilt) {
+  std::string body = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":[)";
+  for (size_t i = 0; i < kMaxRequestJsonValues; ++i) body += "{},";
+  body += "{}]}";
+  OpenAiRequest r;
+  OpenAiError err;
+  ASSERT_FALSE(ParseOpenAiRequest(body, OpenAiEndpoint::kChat, &r, &err));
+  EXPECT_EQ(err.status, 400);
+  EXPECT_NE(err.message.find("holds more than 1048576 values"), std::string::npos) << err.message;
+}
+
 TEST(OpenAiRequest, WhatAotidDoesNotDoIsRefusedNamingTheParameter) {
   auto chat = [](json extra) {
     json b = {{"model", "m"}, {"messages", Hi()}};
@@ -122,6 +134,20 @@ TEST(OpenAiRequest, WhatAotidDoesNotDoIsRefusedNamingTheParameter) {
     return RefusedParam(OpenAiEndpoint::kChat, b);
   };
   EXPECT_EQ(chat({{"n", 2}}), "n");
+  // Accepted without effect, but only of OpenAI's types.
+  EXPECT_EQ(chat({{"user", json::array({0, 0})}}), "user");
+  EXPECT_EQ(chat({{"metadata", 5}}), "metadata");
+  EXPECT_EQ(chat({{"metadata", {{"k", 1}}}}), "metadata");
+  EXPECT_EQ(chat({{"store", "yes"}}), "store");
+  EXPECT_EQ(chat({{"max_tokens", 4}, {"max_completion_tokens", 3}}), "max_tokens");
+  EXPECT_EQ(chat({{"stop", json::array({""})}}), "stop");
+  EXPECT_EQ(chat({{"stream", true}, {"stream_options", {{"include_usage", "yes"}}}}), "stream_options");
+  EXPECT_EQ(RefusedParam(OpenAiEndpoint::kChat,
+                         {{"model", "m"},
+                          {"messages", {{{"role", "user"},
+                                         {"content", {{{"type", "text"}, {"text", "hi"}, {"extra", 1}}}}}}}}),
+            "messages[0].content[0].extra");
+  EXPECT_EQ(chat({{"service_tier", 3}}), "service_tier");
   EXPECT_EQ(chat({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}), "tools");
   EXPECT_EQ(chat({{"functions", {{{"name", "f"}}}}}), "functions");
   EXPECT_EQ(chat({{"tool_choice", "auto"}}), "tool_choice");
@@ -237,6 +263,20 @@ TEST(OpenAiAnswer, LogprobsNameEachTokenWithItsBytesAndAlternatives) {
   EXPECT_EQ(l["token_logprobs"], json({-0.5, -0.25}));
   EXPECT_EQ(l["text_offset"], json({0, tok.Bytes(19556).size()}));
   EXPECT_EQ(l["top_logprobs"][0][tok.Bytes(17)], -1.5);
+
+  // text_offset counts characters, as the decoded text is indexed, not bytes.
+  auto ids = tok.Encode("Le café est très bon. Le thé", false);
+  ASSERT_TRUE(ids.ok());
+  g.logprobs.clear();
+  for (int32_t id : *ids) g.logprobs.push_back({id, -0.1, {}});
+  json offsets = json::parse(CompletionBody(cr, Meta(), g, tok))["choices"][0]["logprobs"]["text_offset"];
+  ASSERT_EQ(offsets.size(), ids->size());
+  for (size_t i = 0; i < ids->size(); ++i) {
+    std::string before = tok.Decode(std::vector<int32_t>(ids->begin(), ids->begin() + static_cast<long>(i)));
+    size_t chars = 0;
+    for (unsigned char c : before) chars += (c & 0xC0) != 0x80;
+    EXPECT_EQ(offsets[i], chars) << "token " << i << " after '" << before << "'";
+  }
 }
 
 TEST(OpenAiAnswer, StreamChunksGoRoleThenContentThenFinishThenUsage) {
