@@ -155,6 +155,14 @@ bool AcceptedBodyType(std::string type) {
          type == "application/x-www-form-urlencoded";
 }
 
+// A body sent as it is: no Content-Encoding, or "identity" (in any case).
+bool UnencodedBody(std::string enc) {
+  enc.erase(0, enc.find_first_not_of(" \t") == std::string::npos ? enc.size() : enc.find_first_not_of(" \t"));
+  enc.erase(enc.find_last_not_of(" \t") + 1);
+  std::transform(enc.begin(), enc.end(), enc.begin(), [](unsigned char c) { return std::tolower(c); });
+  return enc.empty() || enc == "identity";
+}
+
 // "Bearer " in any case (RFC 7235: the scheme is case-insensitive).
 bool IsBearer(const std::string& auth) {
   if (auth.size() < 7 || auth[6] != ' ') return false;
@@ -283,6 +291,14 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res, const HttpOpt
                 "Content-Type '" + req.Get("Content-Type") +
                     "' is not accepted: send application/json, or application/octet-stream with the "
                     "binary tensor extension");
+      return false;
+    }
+    // A compressed body would be read as its compressed bytes: "not valid
+    // JSON" at best. Say what is wrong instead.
+    if (!UnencodedBody(req.Get("Content-Encoding"))) {
+      SendError(res, 415,
+                "Content-Encoding '" + req.Get("Content-Encoding").substr(0, 100) +
+                    "' is not accepted: send the body uncompressed");
       return false;
     }
     bool needs_token = opts.token_for_all || req.path.rfind("/v2/repository/", 0) == 0;

@@ -164,6 +164,16 @@ TEST_F(HttpApiTest, PostBodiesOfFormAndTextTypesAreRefusedWith415) {
   EXPECT_EQ(StatusOf(Send(Post("/v2/models/m/infer", ""))), 404);  // no type at all
 }
 
+// A compressed body is refused naming its encoding, not read as its bytes.
+TEST_F(HttpApiTest, EncodedBodiesAreRefusedWith415NamingTheEncoding) {
+  for (std::string enc : {"gzip", "br", "deflate"}) {
+    std::string reply = Send(Post("/v2/models/m/infer", "Content-Encoding: " + enc + "\r\n"));
+    EXPECT_EQ(StatusOf(reply), 415) << enc << ": " << reply;
+    EXPECT_NE(reply.find("Content-Encoding '" + enc + "' is not accepted"), std::string::npos) << reply;
+  }
+  EXPECT_EQ(StatusOf(Send(Post("/v2/models/m/infer", "Content-Encoding: Identity\r\n"))), 404);
+}
+
 TEST_F(HttpApiTest, BearerSchemeIsCaseInsensitive) {
   Stop();
   HttpOptions o;
