@@ -59,7 +59,8 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
     return refuse("is " + std::to_string(text.size()) + " bytes, over the limit of " +
                   std::to_string(limits.max_bytes));
   }
-  if (Status s = CheckJsonShape(text, limits.max_depth, limits.max_values); !s.ok()) return refuse(s.message());
+  if (Status s = CheckJsonShape(text, limits.max_depth, limits.max_values); !s.ok())
+    return refuse(s.message());
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {

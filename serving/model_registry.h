@@ -36,9 +36,9 @@ struct ServedModel {
   std::string device_note;   // why it runs where it runs, when not where asked (CPU fallback)
   std::string package_json;  // the build's package.json: the package's metadata
   std::string artifact;
-  std::string build_key;      // the build it runs (compile::BuildKey::ToString()); "" until loaded
-  int64_t created_at_ms = 0;  // when the version was added to the store
-  storage::VersionSettings settings;          // what `model` was loaded with
+  std::string build_key;              // the build it runs (compile::BuildKey::ToString()); "" until loaded
+  int64_t created_at_ms = 0;          // when the version was added to the store
+  storage::VersionSettings settings;  // what `model` was loaded with
   std::shared_ptr<model::LoadedModel> model;  // set when ready
   // Set for a language model (its build has a generate spec): the token
   // loop, and the turn-taking every run of this model goes through.

@@ -83,7 +83,8 @@ StatusOr<GenerateSpec> GenerateSpec::FromJson(std::string_view text) {
     // and drops what it has no piece for, so its text would not come back.
     if ((*tok)->kind() != Tokenizer::Kind::kByteLevelBpe) {
       return InvalidArgument(
-          "generate.json's tokenizer is WordPiece (a sentence encoder's); a generating model needs a byte-level "
+          "generate.json's tokenizer is WordPiece (a sentence encoder's); a generating model needs a "
+          "byte-level "
           "BPE tokenizer");
     }
     g.tokenizer = std::shared_ptr<const Tokenizer>(std::move(tok).value());

@@ -55,7 +55,8 @@ TEST(ParseJson, ADocumentOfTooManyValuesIsRefusedBeforeItIsBuilt) {
   many += "{}]";
   auto j = ParseJson(many, "the request body", {.max_values = 1000});
   ASSERT_FALSE(j.ok());
-  EXPECT_NE(j.status().message().find("the request body holds more than 1000 values at byte"), std::string::npos)
+  EXPECT_NE(j.status().message().find("the request body holds more than 1000 values at byte"),
+            std::string::npos)
       << j.status().message();
   EXPECT_TRUE(ParseJsonOrDiscarded(many, {.max_values = 1000}).is_discarded());
   // Commas and brackets inside strings are not values.

@@ -312,7 +312,8 @@ TEST_F(ServeTest, CrashedKilledOrHungRunnerCostsItsRequestsNotTheDaemon) {
   }
   // Answered while the 16 still wait (they leave only at the time limit),
   // so not behind them. Said by order, not by a timing.
-  EXPECT_GE(Scrape(port())["aotid_inflight_requests"], 16) << "the other model waited behind the hung runner's requests";
+  EXPECT_GE(Scrape(port())["aotid_inflight_requests"], 16)
+      << "the other model waited behind the hung runner's requests";
   std::sort(bystander_s.begin(), bystander_s.end());
   std::cout << "while a stopped runner held 16 requests: health + the other model's infer, median "
             << bystander_s[1] * 1000 << " ms\n";

@@ -68,7 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // The request parser on the same bytes.
   (void)aotid::serving::ParseGenerateRequest(in, Spec());
-  for (auto endpoint : {aotid::serving::OpenAiEndpoint::kChat, aotid::serving::OpenAiEndpoint::kCompletions}) {
+  for (auto endpoint :
+       {aotid::serving::OpenAiEndpoint::kChat, aotid::serving::OpenAiEndpoint::kCompletions}) {
     aotid::serving::OpenAiRequest req;
     aotid::serving::OpenAiError err;
     if (aotid::serving::ParseOpenAiRequest(in, endpoint, &req, &err)) {

@@ -142,11 +142,12 @@ TEST(OpenAiRequest, WhatAotidDoesNotDoIsRefusedNamingTheParameter) {
   EXPECT_EQ(chat({{"max_tokens", 4}, {"max_completion_tokens", 3}}), "max_tokens");
   EXPECT_EQ(chat({{"stop", json::array({""})}}), "stop");
   EXPECT_EQ(chat({{"stream", true}, {"stream_options", {{"include_usage", "yes"}}}}), "stream_options");
-  EXPECT_EQ(RefusedParam(OpenAiEndpoint::kChat,
-                         {{"model", "m"},
-                          {"messages", {{{"role", "user"},
-                                         {"content", {{{"type", "text"}, {"text", "hi"}, {"extra", 1}}}}}}}}),
-            "messages[0].content[0].extra");
+  EXPECT_EQ(
+      RefusedParam(OpenAiEndpoint::kChat,
+                   {{"model", "m"},
+                    {"messages",
+                     {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}, {"extra", 1}}}}}}}}),
+      "messages[0].content[0].extra");
   EXPECT_EQ(chat({{"service_tier", 3}}), "service_tier");
   EXPECT_EQ(chat({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}), "tools");
   EXPECT_EQ(chat({{"functions", {{{"name", "f"}}}}}), "functions");
