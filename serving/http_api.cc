@@ -568,15 +568,6 @@ json GenerateSummary(const ServedModel& sm, const GenerateResult& g, const Gener
   return j;
 }
 
-void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error) {
-  std::string how = error.ok()                                 ? g.finish_reason
-                    : error.code() == StatusCode::kCancelled   ? "cancelled"
-                    : error.code() == StatusCode::kUnavailable ? "busy"
-                                                               : "error";
-  metrics->RecordGenerate(sm.name, sm.version, how, g.prompt_tokens, static_cast<int64_t>(g.ids.size()),
-                          g.first_token_ms / 1000.0);
-}
-
 // Text generation (Triton's generate extension): the whole answer at once,
 // or Server-Sent Events as it is made (`stream`).
 void Generate(const RouteContext& ctx, bool stream, const http::Request& req, http::Response& res) {

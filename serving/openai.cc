@@ -619,7 +619,9 @@ std::shared_ptr<const ServedModel> ReadyGenerator(const ModelRegistry* reg, cons
   return sm;
 }
 
-void Record(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error) {
+}  // namespace
+
+void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error) {
   std::string how = error.ok()                                 ? g.finish_reason
                     : error.code() == StatusCode::kCancelled   ? "cancelled"
                     : error.code() == StatusCode::kUnavailable ? "busy"
@@ -627,6 +629,8 @@ void Record(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, co
   metrics->RecordGenerate(sm.name, sm.version, how, g.prompt_tokens, static_cast<int64_t>(g.ids.size()),
                           g.first_token_ms / 1000.0);
 }
+
+namespace {
 
 OpenAiError RunError(const Status& s) {
   int status = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kResourceExhausted ? 503
@@ -666,11 +670,11 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
     if (!g.ok()) {
       GenerateResult none;
       none.prompt_tokens = static_cast<int64_t>(prompt->size());
-      Record(metrics, *sm, none, g.status());
+      RecordGenerate(metrics, *sm, none, g.status());
       if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
       return Send(res, RunError(g.status()));
     }
-    Record(metrics, *sm, *g, error);
+    RecordGenerate(metrics, *sm, *g, error);
     if (!error.ok()) return Send(res, RunError(error));
     res.status = 200;
     res.Set(CompletionBody(r, meta, *g, *gen.spec().tokenizer), kJson);
@@ -700,11 +704,11 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
     auto g = sm->generator->Run(*sm->model, r.generate, prompt, on_text, gone, &error, on_logprob);
     if (!g.ok()) error = g.status();
     if (g.ok()) {
-      Record(metrics, *sm, *g, error);
+      RecordGenerate(metrics, *sm, *g, error);
     } else {
       GenerateResult none;
       none.prompt_tokens = static_cast<int64_t>(prompt.size());
-      Record(metrics, *sm, none, error);
+      RecordGenerate(metrics, *sm, none, error);
     }
     if (!error.ok()) {
       event(OpenAiErrorBody(RunError(error)));

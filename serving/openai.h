@@ -99,6 +99,10 @@ std::string UsageChunk(const OpenAiRequest& r, const AnswerMeta& meta, const Gen
 // GET /v1/models: the language models served and ready.
 std::string ModelList(const ModelRegistry& reg);
 
+// Counts one sequence of /generate or /v1 in `metrics`: its outcome (the
+// finish reason, or cancelled, busy, error), its tokens and time to the first.
+void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error);
+
 // Adds GET /v1/models, GET /v1/models/*, POST /v1/chat/completions and
 // POST /v1/completions to `router`. `metrics` records each generation as
 // /generate's do; `stopping` ends sequences when the daemon stops.
