@@ -422,54 +422,43 @@ def load_program(path: str, package_model: str):
     return load_package(path, package_model)[:4]
 
 
-def generate_section(generate, extra_files, names):
-    """A language model's generate spec with its tokenizer inside (the
-    build's generate.json), or None for a model that has none."""
-    if generate is None:
+def _section_with_tokenizer(kind, section, extra_files, names, inputs, output):
+    """The package's ``kind`` section ("generate", "embed") with the tokenizer
+    file it names read in, its ``inputs`` keys naming inputs of the model and
+    its ``output`` key one of its outputs; None for a model without one."""
+    if section is None:
         return None
-    if not isinstance(generate, dict):
-        raise BuildError("aotid.json \"generate\" is not an object")
-    ref = generate.get("tokenizer")
+    if not isinstance(section, dict):
+        raise BuildError(f"aotid.json \"{kind}\" is not an object")
+    ref = section.get("tokenizer")
     text = extra_files.get(ref) if isinstance(ref, str) else None
     if text is None:
-        raise BuildError(f"aotid.json \"generate\" names the tokenizer file {ref!r}, which the package lacks")
+        raise BuildError(f"aotid.json \"{kind}\" names the tokenizer file {ref!r}, which the package lacks")
     if isinstance(text, bytes):
         text = text.decode()
     try:
         tokenizer = json.loads(text)
     except ValueError as e:
         raise BuildError(f"the package's tokenizer file {ref} is not JSON: {e}") from e
-    for key in ("tokens_input", "positions_input"):
-        if generate.get(key) not in (names.get("input_names") or []):
-            raise BuildError(f"aotid.json \"generate\" {key} {generate.get(key)!r} is not one of the inputs")
-    if generate.get("logits_output") not in (names.get("output_names") or []):
-        raise BuildError(f"aotid.json \"generate\" logits_output {generate.get('logits_output')!r} is not an output")
-    return {**generate, "tokenizer": tokenizer}
+    for key in inputs:
+        if section.get(key) not in (names.get("input_names") or []):
+            raise BuildError(f"aotid.json \"{kind}\" {key} {section.get(key)!r} is not one of the inputs")
+    if section.get(output) not in (names.get("output_names") or []):
+        raise BuildError(f"aotid.json \"{kind}\" {output} {section.get(output)!r} is not an output")
+    return {**section, "tokenizer": tokenizer}
+
+
+def generate_section(generate, extra_files, names):
+    """A language model's generate spec with its tokenizer inside (the
+    build's generate.json), or None for a model that has none."""
+    return _section_with_tokenizer("generate", generate, extra_files, names,
+                                   ("tokens_input", "positions_input"), "logits_output")
 
 
 def embed_section(embed, extra_files, names):
     """A sentence encoder's embed spec with its tokenizer.json inside (the
     build's embed.json), or None for a model that has none."""
-    if embed is None:
-        return None
-    if not isinstance(embed, dict):
-        raise BuildError("aotid.json \"embed\" is not an object")
-    ref = embed.get("tokenizer")
-    text = extra_files.get(ref) if isinstance(ref, str) else None
-    if text is None:
-        raise BuildError(f"aotid.json \"embed\" names the tokenizer file {ref!r}, which the package lacks")
-    if isinstance(text, bytes):
-        text = text.decode()
-    try:
-        tokenizer = json.loads(text)
-    except ValueError as e:
-        raise BuildError(f"the package's tokenizer file {ref} is not JSON: {e}") from e
-    for key in ("input_ids", "attention_mask"):
-        if embed.get(key) not in (names.get("input_names") or []):
-            raise BuildError(f"aotid.json \"embed\" {key} {embed.get(key)!r} is not one of the inputs")
-    if embed.get("output") not in (names.get("output_names") or []):
-        raise BuildError(f"aotid.json \"embed\" output {embed.get('output')!r} is not an output")
-    return {**embed, "tokenizer": tokenizer}
+    return _section_with_tokenizer("embed", embed, extra_files, names, ("input_ids", "attention_mask"), "output")
 
 
 def device_unusable(device: str) -> str:
