@@ -15,14 +15,64 @@ using model::TensorSpec;
 
 namespace {
 
-// Same dims apart from the first, for every input.
-bool Joinable(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+// Same dims apart from the first (and the second, where it is padded),
+// for every input.
+bool Joinable(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b, bool padded) {
   if (a.size() != b.size()) return false;
+  const size_t from = padded ? 2 : 1;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].shape.size() != b[i].shape.size()) return false;
-    if (!std::equal(a[i].shape.begin() + 1, a[i].shape.end(), b[i].shape.begin() + 1)) return false;
+    if (a[i].shape.size() != b[i].shape.size() || a[i].shape.size() < from) return false;
+    if (!std::equal(a[i].shape.begin() + from, a[i].shape.end(), b[i].shape.begin() + from)) return false;
   }
   return true;
+}
+
+// One input of every request in `batch`, joined along dim 0: the bytes
+// follow one another, row-major. With `pad`, each row is first widened
+// along dim 1 to the longest in the batch with that value (INT64).
+template <typename Batch>
+StatusOr<HostTensor> JoinInput(const Batch& batch, size_t i, int64_t rows, const int64_t* pad) {
+  const HostTensor& first = (*batch[0]->inputs)[i];
+  HostTensor joined;
+  joined.name = first.name;
+  joined.dtype = first.dtype;
+  joined.shape = first.shape;
+  joined.shape[0] = rows;
+  if (pad == nullptr) {
+    size_t bytes = 0;
+    for (const auto* p : batch) bytes += (*p->inputs)[i].data.size();
+    joined.data.resize(bytes);
+    size_t at = 0;
+    for (const auto* p : batch) {
+      const auto& d = (*p->inputs)[i].data;
+      if (!d.empty()) std::memcpy(joined.data.data() + at, d.data(), d.size());
+      at += d.size();
+    }
+    return joined;
+  }
+  if (first.dtype != model::DType::kInt64) {
+    return Internal("input '" + first.name + "' is padded, but is not INT64");
+  }
+  int64_t longest = 0;
+  for (const auto* p : batch) longest = std::max(longest, (*p->inputs)[i].shape[1]);
+  joined.shape[1] = longest;
+  // One row's elements past dim 1 (1 for [rows, seq]).
+  int64_t inner = 1;
+  for (size_t d = 2; d < first.shape.size(); ++d) inner *= first.shape[d];
+  std::vector<int64_t> out(static_cast<size_t>(rows * longest * inner), *pad);
+  size_t at = 0;
+  for (const auto* p : batch) {
+    const HostTensor& t = (*p->inputs)[i];
+    const auto row = static_cast<size_t>(t.shape[1] * inner);
+    const auto* src = reinterpret_cast<const int64_t*>(t.data.data());
+    for (int64_t r = 0; r < t.shape[0]; ++r) {
+      std::copy_n(src + static_cast<size_t>(r) * row, row, out.begin() + static_cast<std::ptrdiff_t>(at));
+      at += static_cast<size_t>(longest * inner);
+    }
+  }
+  joined.data.resize(out.size() * sizeof(int64_t));
+  std::memcpy(joined.data.data(), out.data(), joined.data.size());
+  return joined;
 }
 
 }  // namespace
@@ -210,7 +260,8 @@ void BatchingModel::Work() {
     int64_t rows = batch[0]->rows;
     queued_rows_ -= rows;
     for (auto it = queue_.begin(); it != queue_.end() && rows < options_.max_batch_size;) {
-      if (rows + (*it)->rows <= options_.max_batch_size && Joinable(*batch[0]->inputs, *(*it)->inputs)) {
+      if (rows + (*it)->rows <= options_.max_batch_size &&
+          Joinable(*batch[0]->inputs, *(*it)->inputs, !options_.pad.empty())) {
         rows += (*it)->rows;
         queued_rows_ -= (*it)->rows;
         batch.push_back(*it);
@@ -256,28 +307,21 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
     batch[0]->result = inner_->Infer(*batch[0]->inputs, *batch[0]->ctx);
     return;
   }
-  // Join each input along dim 0: row-major, so the bytes simply follow.
   const auto& first = *batch[0]->inputs;
-  std::vector<HostTensor> joined(first.size());
-  for (size_t i = 0; i < first.size(); ++i) {
-    joined[i].name = first[i].name;
-    joined[i].dtype = first[i].dtype;
-    joined[i].shape = first[i].shape;
-    joined[i].shape[0] = report.rows;
-    size_t bytes = 0;
-    for (const Pending* p : batch) bytes += (*p->inputs)[i].data.size();
-    joined[i].data.resize(bytes);
-    size_t at = 0;
-    for (const Pending* p : batch) {
-      const auto& d = (*p->inputs)[i].data;
-      if (!d.empty()) std::memcpy(joined[i].data.data() + at, d.data(), d.size());
-      at += d.size();
-    }
-  }
-  auto out = inner_->Infer(joined, {});
   auto fail_all = [&](const Status& s) {
     for (Pending* p : batch) p->result = s;
   };
+  if (!options_.pad.empty() && options_.pad.size() != first.size()) {
+    return fail_all(Internal("the batcher pads " + std::to_string(options_.pad.size()) + " inputs; the model has " +
+                             std::to_string(first.size())));
+  }
+  std::vector<HostTensor> joined;
+  for (size_t i = 0; i < first.size(); ++i) {
+    auto t = JoinInput(batch, i, report.rows, options_.pad.empty() ? nullptr : &options_.pad[i]);
+    if (!t.ok()) return fail_all(t.status());
+    joined.push_back(std::move(t).value());
+  }
+  auto out = inner_->Infer(joined, {});
   if (!out.ok()) return fail_all(out.status());
   for (const auto& t : *out) {
     if (t.shape.empty() || t.shape[0] != report.rows) {

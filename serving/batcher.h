@@ -9,8 +9,10 @@
 // loses more waiting than it gains). A lone client never waits.
 //
 // Only models whose every input and output has a dynamic first dim can be
-// batched (CanBatch). Requests whose other dims differ are never joined;
-// a request with more rows than max_batch_size runs alone.
+// batched (CanBatch). Requests whose other dims differ are never joined,
+// unless the model pads (BatchOptions::pad: token ids and their mask,
+// whose lengths differ from text to text); a request with more rows than
+// max_batch_size runs alone.
 #pragma once
 
 #include <chrono>
@@ -35,6 +37,12 @@ struct BatchOptions {
   int max_delay_us = 0;  // the most the oldest request may wait for more (see above)
   int max_queued = 256;  // requests waiting; beyond this Infer answers ResourceExhausted
   int workers = 1;       // batches run at once (the model's runner count)
+  // Per input, the value that pads its dim 1 so that requests of different
+  // lengths join: each row is padded on the right to the batch's longest
+  // (an embedding model: its pad token id for the ids, 0 for the attention
+  // mask, which keeps the padding out of the result). The inputs are
+  // INT64, and no output has that dim. Empty: nothing is padded.
+  std::vector<int64_t> pad;
 };
 
 // What one run looked like, for metrics.

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "base/counter.h"
@@ -422,6 +423,104 @@ TEST(Batcher, RequestsOfClientsThatLeftAreDroppedBeforeTheyRun) {
   EXPECT_EQ(fake->calls.Get(), 2);      // the one that held, and the kept one
   EXPECT_EQ(fake->max_rows.load(), 1);  // only the kept row ran
   EXPECT_EQ(dropped.load(), 1);
+}
+
+// A model of token ids and their mask, [rows, seq] INT64 each: per row,
+// the sum of its ids under the mask, the sum of all the ids it got, and
+// the length it got (FP32 [rows, 3]). Counts the runs that joined rows.
+class TokensModel : public LoadedModel {
+ public:
+  TokensModel() {
+    spec_.inputs.push_back({"ids", DType::kInt64, {-1, -1}});
+    spec_.inputs.push_back({"mask", DType::kInt64, {-1, -1}});
+    spec_.outputs.push_back({"y", DType::kFloat32, {-1, 3}});
+  }
+  const ModelSpec& spec() const override { return spec_; }
+  const std::string& device() const override { return device_; }
+  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in, const RunContext&) override {
+    calls.Add();
+    gate.wait_for(std::chrono::seconds(10));  // opened by the test (10 s: it has failed)
+    const int64_t rows = in[0].shape[0], seq = in[0].shape[1];
+    if (in[1].shape != in[0].shape) return InvalidArgument("ids and mask differ in shape");
+    if (rows > 1) joined_runs++;
+    const auto* ids = reinterpret_cast<const int64_t*>(in[0].data.data());
+    const auto* mask = reinterpret_cast<const int64_t*>(in[1].data.data());
+    HostTensor y{"y", DType::kFloat32, {rows, 3}, {}};
+    std::vector<float> v;
+    for (int64_t r = 0; r < rows; ++r) {
+      float masked = 0, all = 0;
+      for (int64_t t = 0; t < seq; ++t) {
+        masked += static_cast<float>(ids[r * seq + t] * mask[r * seq + t]);
+        all += static_cast<float>(ids[r * seq + t]);
+      }
+      v.insert(v.end(), {masked, all, static_cast<float>(seq)});
+    }
+    y.data.resize(v.size() * 4);
+    std::memcpy(y.data.data(), v.data(), y.data.size());
+    return std::vector<HostTensor>{y};
+  }
+  aotid::testing::Counter calls;
+  std::atomic<int> joined_runs{0};
+  std::shared_future<void> gate;
+
+ private:
+  ModelSpec spec_;
+  std::string device_ = "cpu";
+};
+
+HostTensor Int64Rows(const char* name, const std::vector<std::vector<int64_t>>& rows) {
+  HostTensor t{name, DType::kInt64, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, {}};
+  for (const auto& r : rows) {
+    const auto* b = reinterpret_cast<const std::byte*>(r.data());
+    t.data.insert(t.data.end(), b, b + r.size() * 8);
+  }
+  return t;
+}
+
+// With `pad`, requests of different lengths join: each row is padded on
+// the right to the batch's longest with the input's own pad value (ids 7,
+// mask 0), so a masked sum is the row's own, and the model sees the pad.
+// Without it, requests of different lengths never join (the test above).
+TEST(Batcher, PaddedInputsJoinRequestsOfDifferentLengths) {
+  auto fake = std::make_shared<TokensModel>();
+  std::promise<void> open;
+  fake->gate = open.get_future().share();
+  BatchOptions opts;
+  opts.max_batch_size = 16;
+  opts.pad = {7, 0};
+  BatchingModel model(fake, opts);
+  QueueWatch watch(model);
+  // A first request holds the one run, so the others queue behind it.
+  std::thread blocker([&] { EXPECT_TRUE(model.Infer({Int64Rows("ids", {{1}}), Int64Rows("mask", {{1}})}, {}).ok()); });
+  ASSERT_TRUE(fake->calls.Await(1));
+  constexpr int kClients = 6;
+  aotid::testing::Counter answered;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < kClients; ++c) {
+    // Client c sends 1 + c % 2 rows of length c + 1: ids 1..c+1, all unmasked.
+    std::vector<int64_t> ids(static_cast<size_t>(c + 1)), mask(ids.size(), 1);
+    for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<int64_t>(t + 1);
+    std::vector<std::vector<int64_t>> id_rows(static_cast<size_t>(1 + c % 2), ids);
+    std::vector<std::vector<int64_t>> mask_rows(id_rows.size(), mask);
+    auto done = [&, c, rows = id_rows.size()](StatusOr<std::vector<HostTensor>> out) {
+      const float own = static_cast<float>((c + 1) * (c + 2) / 2);
+      const float longest = kClients;
+      const float padded = own + 7 * (longest - static_cast<float>(c + 1));
+      std::vector<float> want;
+      for (size_t r = 0; r < rows; ++r) want.insert(want.end(), {own, padded, longest});
+      if (!out.ok() || (*out)[0].shape != std::vector<int64_t>{int64_t(rows), 3} || Floats((*out)[0]) != want)
+        wrong++;
+      answered.Add();
+    };
+    EXPECT_OK(model.Submit({Int64Rows("ids", id_rows), Int64Rows("mask", mask_rows)}, {}, done));
+  }
+  ASSERT_TRUE(watch.queued.Await(kClients));
+  open.set_value();
+  blocker.join();
+  ASSERT_TRUE(answered.Await(kClients));
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(fake->joined_runs.load(), 1);  // the six, 9 rows, in one run
+  EXPECT_EQ(fake->calls.Get(), 2);
 }
 
 TEST(Batcher, OnlyDynamicFirstDimsCanBatch) {
