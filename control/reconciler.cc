@@ -46,7 +46,7 @@ std::function<void()> Reconciler::Guard(std::function<void()> fn) {
 
 std::shared_ptr<model::LoadedModel> Reconciler::Queue(const storage::ModelVersion& v,
                                                       std::shared_ptr<model::LoadedModel> model,
-                                                      bool language_model) {
+                                                      bool language_model, const serving::EmbedSpec* embed) {
   if (language_model) return model;
   serving::BatchOptions opts;
   opts.max_delay_us = v.settings.max_batch_delay_us;
@@ -82,6 +82,10 @@ std::shared_ptr<model::LoadedModel> Reconciler::Queue(const storage::ModelVersio
     if (rows <= 1) return queue_only();
   }
   opts.max_batch_size = static_cast<int>(rows);
+  if (embed) {
+    // The loader checked the model's two inputs are the ids and the mask.
+    for (const auto& in : model->spec().inputs) opts.pad.push_back(in.name == embed->ids_input ? embed->pad_id : 0);
+  }
   serving::Metrics* metrics = metrics_;
   std::string name = v.model;
   int64_t version = v.version;
@@ -568,7 +572,8 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
     LOG_INFO << "dropping the load of " << Name(v) << ": its version policy no longer serves it";
   } else {
     std::shared_ptr<model::LoadedModel> model =
-        Queue(v, std::move(result.model).value(), /*language_model=*/result.generator != nullptr);
+        Queue(v, std::move(result.model).value(), /*language_model=*/result.generator != nullptr,
+              result.embed.get());
     std::string how = built_now ? "after build" : "from cache";
     const int64_t batch_rows = model->max_batch_rows();
     LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "

@@ -150,9 +150,11 @@ class Reconciler {
   // holds no HTTP worker, and the model's waiting requests are bounded on
   // their own (server.max_queued_requests), so a runner that hangs costs
   // its own requests, not every model's. A language model (its generator
-  // calls the model once a token) is left as it is.
+  // calls the model once a token) is left as it is; an embedding model's
+  // batches pad its texts' tokens to the longest (`embed`, else null).
   std::shared_ptr<model::LoadedModel> Queue(const storage::ModelVersion& v,
-                                            std::shared_ptr<model::LoadedModel> model, bool language_model);
+                                            std::shared_ptr<model::LoadedModel> model, bool language_model,
+                                            const serving::EmbedSpec* embed);
   void Publish(const storage::ModelVersion& v, serving::ServeState state, std::string message,
                std::shared_ptr<model::LoadedModel> model = nullptr, const DevicePlan* plan = nullptr,
                std::string package_json = "", std::shared_ptr<const serving::Generator> generator = nullptr,

@@ -177,6 +177,7 @@ class FakeLoader final : public ModelLoader {
     r.model = std::shared_ptr<model::LoadedModel>(
         std::make_shared<InertModel>(req.entry.spec, req.options.device, req.entry.dir));
     r.threads = req.options.threads;
+    r.embed = embed;
     if (record_threads && req.choose_threads_at_batch > 0) {
       // As the real loader does after a settled timing: the choice goes
       // into the build's entry.
@@ -198,6 +199,7 @@ class FakeLoader final : public ModelLoader {
   }
 
   std::vector<LoadRequest> requests;
+  std::shared_ptr<const serving::EmbedSpec> embed;  // given with each model loaded: an embedding model
   bool record_threads = false;  // record auto threads with the build, as a settled timing does
 
  private:

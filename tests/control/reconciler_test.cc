@@ -776,6 +776,28 @@ TEST_F(ReconcilerTest, BatchesStayWithinTheTracedRowsOfDimZero) {
   }
 }
 
+// An embedding model's batches join texts of different lengths: its ids
+// are padded with its pad token, its attention mask with 0, in whatever
+// order the compiled model takes them.
+TEST_F(ReconcilerTest, AnEmbeddingModelsBatchesPadItsTokens) {
+  int64_t v = Add("enc", {{"max_batch_size", "16"}});
+  Reconcile();
+  model::ModelSpec spec;
+  spec.inputs.push_back({"attention_mask", model::DType::kInt64, {-1, -1}});
+  spec.inputs.push_back({"input_ids", model::DType::kInt64, {-1, -1}});
+  spec.outputs.push_back({"embedding", model::DType::kFloat32, {-1, 8}});
+  builds_->Succeed(spec);
+  auto embed = std::make_shared<serving::EmbedSpec>();
+  embed->pad_id = 7;
+  loader_->embed = embed;
+  loader_->Succeed();
+  auto* batching = dynamic_cast<const serving::BatchingModel*>(Served("enc", v)->model.get());
+  ASSERT_NE(batching, nullptr);
+  EXPECT_EQ(batching->options().max_batch_size, 16);
+  EXPECT_EQ(batching->options().pad, (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(Served("enc", v)->embed, embed);
+}
+
 TEST_F(ReconcilerTest, LoadFinishingAfterTheReconcilerIsGoneDoesNothing) {
   Add("mlp");
   Reconcile();
