@@ -554,8 +554,9 @@ json ModelEntry(const ServedModel& sm, const std::string& id) {
   return json{{"id", id}, {"object", "model"}, {"created", sm.created_at_ms / 1000}, {"owned_by", "aotid"}};
 }
 
-bool Generates(const std::shared_ptr<const ServedModel>& sm) {
-  return sm && sm->state == ServeState::kReady && sm->model && sm->generator;
+// Whether /v1 lists the version: ready, and generating or embedding text.
+bool Listed(const std::shared_ptr<const ServedModel>& sm) {
+  return sm && sm->state == ServeState::kReady && sm->model && (sm->generator || sm->embed);
 }
 
 }  // namespace
@@ -564,9 +565,9 @@ std::string ModelList(const ModelRegistry& reg) {
   json data = json::array();
   for (const auto& [name, versions] : *reg.All()) {
     auto preferred = reg.Find(name);
-    if (Generates(preferred)) data.push_back(ModelEntry(*preferred, name));
+    if (Listed(preferred)) data.push_back(ModelEntry(*preferred, name));
     for (const auto& [v, sm] : versions) {
-      if (Generates(sm)) data.push_back(ModelEntry(*sm, name + ":" + std::to_string(v)));
+      if (Listed(sm)) data.push_back(ModelEntry(*sm, name + ":" + std::to_string(v)));
     }
   }
   return Dump(json{{"object", "list"}, {"data", std::move(data)}});
@@ -589,6 +590,22 @@ void Send(http::Response& res, const OpenAiError& e) {
 // Retry-After set on `res` for one that will be.
 std::shared_ptr<const ServedModel> ReadyGenerator(const ModelRegistry* reg, const std::string& ref,
                                                   http::Response& res, OpenAiError* err) {
+  std::shared_ptr<const ServedModel> sm = ReadyModel(reg, ref, res, err);
+  if (sm && !sm->generator) {
+    *err = {400,
+            "model '" + ref + "' does not generate text" +
+                (sm->embed ? ": it embeds text, through /v1/embeddings"
+                           : ": it serves tensors through /v2/models/" + sm->name + "/infer"),
+            "model", ""};
+    return nullptr;
+  }
+  return sm;
+}
+
+}  // namespace
+
+std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const std::string& ref,
+                                              http::Response& res, OpenAiError* err) {
   std::string name;
   std::optional<int64_t> version;
   std::shared_ptr<const ServedModel> sm;
@@ -609,17 +626,16 @@ std::shared_ptr<const ServedModel> ReadyGenerator(const ModelRegistry* reg, cons
             "model", ""};
     return nullptr;
   }
-  if (!sm->generator) {
-    *err = {
-        400,
-        "model '" + ref + "' does not generate text: it serves tensors through /v2/models/" + name + "/infer",
-        "model", ""};
-    return nullptr;
-  }
   return sm;
 }
 
-}  // namespace
+OpenAiError OpenAiErrorFor(const Status& s) {
+  int status = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kResourceExhausted ? 503
+               : s.code() == StatusCode::kCancelled                                               ? 499
+               : s.code() == StatusCode::kInvalidArgument                                         ? 400
+                                                                                                  : 500;
+  return {status, s.message(), "", ""};
+}
 
 void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error) {
   std::string how = error.ok()                                 ? g.finish_reason
@@ -632,13 +648,6 @@ void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResul
 
 namespace {
 
-OpenAiError RunError(const Status& s) {
-  int status = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kResourceExhausted ? 503
-               : s.code() == StatusCode::kCancelled                                               ? 499
-               : s.code() == StatusCode::kInvalidArgument                                         ? 400
-                                                                                                  : 500;
-  return {status, s.message(), "", ""};
-}
 
 void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Request& req,
               http::Response& res) {
@@ -672,10 +681,10 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
       none.prompt_tokens = static_cast<int64_t>(prompt->size());
       RecordGenerate(metrics, *sm, none, g.status());
       if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
-      return Send(res, RunError(g.status()));
+      return Send(res, OpenAiErrorFor(g.status()));
     }
     RecordGenerate(metrics, *sm, *g, error);
-    if (!error.ok()) return Send(res, RunError(error));
+    if (!error.ok()) return Send(res, OpenAiErrorFor(error));
     res.status = 200;
     res.Set(CompletionBody(r, meta, *g, *gen.spec().tokenizer), kJson);
     return;
@@ -711,7 +720,7 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
       RecordGenerate(metrics, *sm, none, error);
     }
     if (!error.ok()) {
-      event(OpenAiErrorBody(RunError(error)));
+      event(OpenAiErrorBody(OpenAiErrorFor(error)));
       return;
     }
     if (g->finish_reason == "cancelled") return;  // its client is gone
@@ -729,7 +738,7 @@ void GetModel(const ModelRegistry* reg, const http::Request& req, http::Response
   std::shared_ptr<const ServedModel> sm;
   if (storage::ParseModelRef(ref, &name, &version).ok())
     sm = version ? reg->Find(name, *version) : reg->Find(name);
-  if (!Generates(sm)) {
+  if (!Listed(sm)) {
     return Send(res, {404, "the model '" + ref + "' is not served here (GET /v1/models lists those that are)",
                       "model", "model_not_found"});
   }
@@ -751,6 +760,7 @@ void AddOpenAiRoutes(http::Router& router, const ModelRegistry* registry, Metric
   router.Add("POST", "/v1/completions", [ctx](const http::Request& req, http::Response& res) {
     Complete(ctx, OpenAiEndpoint::kCompletions, req, res);
   });
+  AddEmbeddingsRoute(router, registry, metrics);
 }
 
 }  // namespace aotid::serving

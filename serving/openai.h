@@ -96,15 +96,28 @@ std::string StreamChunk(const OpenAiRequest& r, const AnswerMeta& meta, std::str
 // The chunk stream_options.include_usage adds before [DONE]: no choices, the usage.
 std::string UsageChunk(const OpenAiRequest& r, const AnswerMeta& meta, const GenerateResult& g);
 
-// GET /v1/models: the language models served and ready.
+// The served version `ref` ("name" or "name:version") names, ready to
+// run; else null with `err` (404 in OpenAI's shape for an unknown model,
+// 503 for one not ready, with Retry-After set on `res` for one on its way).
+std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const std::string& ref,
+                                              http::Response& res, OpenAiError* err);
+
+// The error a failed run answers with: 503 for a busy or stopping model,
+// 499 when its client left, 400 for a bad request, else 500.
+OpenAiError OpenAiErrorFor(const Status& s);
+
+// GET /v1/models: the language and embedding models served and ready.
 std::string ModelList(const ModelRegistry& reg);
 
 // Counts one sequence of /generate or /v1 in `metrics`: its outcome (the
 // finish reason, or cancelled, busy, error), its tokens and time to the first.
 void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResult& g, const Status& error);
 
-// Adds GET /v1/models, GET /v1/models/*, POST /v1/chat/completions and
-// POST /v1/completions to `router`. `metrics` records each generation as
+// POST /v1/embeddings (serving/openai_embeddings.cc).
+void AddEmbeddingsRoute(http::Router& router, const ModelRegistry* registry, Metrics* metrics);
+
+// Adds GET /v1/models, GET /v1/models/*, POST /v1/chat/completions,
+// POST /v1/completions and POST /v1/embeddings to `router`. `metrics` records each generation as
 // /generate's do; `stopping` ends sequences when the daemon stops.
 void AddOpenAiRoutes(http::Router& router, const ModelRegistry* registry, Metrics* metrics,
                      std::shared_ptr<std::atomic<bool>> stopping);
