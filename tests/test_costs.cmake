@@ -14,6 +14,7 @@ set(_aotid_test_costs
   install.WheelRunsFromAFreshVenvWithoutTheCheckout 342
   e2e.DaemonOverHttp 246
   sync.PushSyncServeResumeAndRefuse 145
+  llm.MiniLmServedEqualsSentenceTransformers 140
   llm.Int8WeightsGenerateEagerGreedyChoices 136
   fuzz.Build 126
   e2e.Generate 124
