@@ -5,9 +5,9 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <numeric>
 
+#include "base/mutex.h"
 #include "serving/embeddings.h"
 #include "serving/openai.h"
 
@@ -31,10 +31,10 @@ struct EmbedJob {
   http::Reply reply;
   Metrics* metrics = nullptr;
 
-  std::mutex mu;
-  size_t pending = 0;  // chunks not yet back
-  Status error;        // the first chunk's failure
-  double compute_s = 0;
+  Mutex mu;
+  size_t pending GUARDED_BY(mu) = 0;  // chunks not yet back
+  Status error GUARDED_BY(mu);        // the first chunk's failure
+  double compute_s GUARDED_BY(mu) = 0;
 };
 
 // The rows of each chunk, as indexes into the request's inputs: longest
@@ -99,8 +99,15 @@ void Answer(const std::shared_ptr<EmbedJob>& job) {
   job->reply([job](http::Response& res) {
     const ServedModel& sm = *job->sm;
     const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
-    if (!job->error.ok()) {
-      OpenAiError e = OpenAiErrorFor(job->error);
+    Status error;
+    double compute_s = 0;
+    {
+      MutexLock lock(&job->mu);
+      error = job->error;
+      compute_s = job->compute_s;
+    }
+    if (!error.ok()) {
+      OpenAiError e = OpenAiErrorFor(error);
       if (e.status == 503) res.SetHeader("Retry-After", "1");
       res.status = e.status;
       res.Set(OpenAiErrorBody(e), kJson);
@@ -116,7 +123,7 @@ void Answer(const std::shared_ptr<EmbedJob>& job) {
         res.Set(OpenAiErrorBody({500, body.status().message(), "", ""}), kJson);
       }
     }
-    if (job->metrics) job->metrics->RecordInfer(sm.name, sm.version, res.status, total_s, job->compute_s);
+    if (job->metrics) job->metrics->RecordInfer(sm.name, sm.version, res.status, total_s, compute_s);
   });
 }
 
@@ -155,7 +162,10 @@ void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Req
     if (in.dims.size() > 0 && in.dims[0]) max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
   }
   std::vector<std::vector<size_t>> chunks = Chunks(*ids, max_rows);
-  job->pending = chunks.size();
+  {
+    MutexLock lock(&job->mu);
+    job->pending = chunks.size();
+  }
   job->reply = res.Defer();
   int fd = req.connection_fd;
   for (auto& rows : chunks) {
@@ -169,13 +179,23 @@ void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Req
       Status s = out.ok() ? Gather(*job, rows, *out) : out.status();
       bool last = false;
       {
-        std::lock_guard<std::mutex> lock(job->mu);
+        MutexLock lock(&job->mu);
         if (job->error.ok() && !s.ok()) job->error = s;
         job->compute_s = std::max(job->compute_s, took);
         last = --job->pending == 0;
       }
       if (last) Answer(job);
     };
+    // After a chunk was refused (a full queue), the rest are not queued.
+    Status failed;
+    {
+      MutexLock lock(&job->mu);
+      failed = job->error;
+    }
+    if (!failed.ok()) {
+      done(failed);
+      continue;
+    }
     Status queued = sm.model->Submit(ChunkInputs(sm, chunk_ids), std::move(run), done, std::move(announced));
     if (!queued.ok()) done(queued);
   }
