@@ -59,14 +59,35 @@ struct ExportRecord {
   // "inductor_options" object) as JSON text; "{}" without. The compile
   // worker checks them; the owner's settings override them.
   std::string package_options = "{}";
+  // What the model is for: "generate" (a language model: the record has a
+  // "generate" section for it), "embed" (a sentence encoder: an "embed"
+  // section), or "" (tensors in, tensors out).
+  std::string task;
 };
 // The record for `package_model`; the defaults above when the package has
 // none. InvalidArgument when extra/aotid.json is there but not a JSON object.
 StatusOr<ExportRecord> ReadExportRecord(const Archive& archive, const std::string& package_model);
 
 // The record of the package at `path` (its author's metadata, the options
-// it asks for); the defaults when it has none or its record is not JSON.
-StatusOr<ExportRecord> ReadPackageRecord(const std::string& path);
+// it asks for, what `package_model` is for); the defaults when it has none
+// or its record is not JSON.
+StatusOr<ExportRecord> ReadPackageRecord(const std::string& path, const std::string& package_model = "");
+
+// The record's section for `package_model`'s task ("generate" or "embed",
+// ExportRecord::task) with the tokenizer file it names read in, as the
+// build's generate.json or embed.json holds it: the text
+// text::GenerateSpec::FromJson or serving::EmbedSpec::FromJson reads. ""
+// for a model without one; InvalidArgument when the file it names is not
+// in the package.
+StatusOr<std::string> ReadTaskSpec(const Archive& archive, const std::string& package_model);
+
+// The kind of `package_model`'s weights, from the exported program's list
+// of them (<root>/data/weights/<model>_weights_config.json): the dtype most
+// of their bytes are in, as torch names it ("float32", "int8" for
+// quantized weights with float scales, "bfloat16"). "" when the package
+// lists none (an AOTInductor package keeps them in its compiled code) or
+// its list cannot be read.
+std::string WeightsKind(const Archive& archive, const std::string& package_model);
 
 // The first entry that keeps weights outside the compiled code
 // (<root>/data/weights/..., <root>/data/constants/...), or "" when the

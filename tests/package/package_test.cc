@@ -3,9 +3,11 @@
 #include <map>
 
 #include "base/fs.h"
+#include "base/json.h"
 #include "package/aoti_metadata.h"
 #include "package/archive.h"
 #include "test_util.h"
+#include "text/generation.h"
 #include "zip_util.h"
 
 namespace aotid::package {
@@ -243,6 +245,99 @@ TEST(ExternalWeights, WeightsOutsideTheCompiledCodeAreFound) {
   ASSERT_TRUE(inside.ok() && outside.ok());
   EXPECT_EQ(ExternalWeightsEntry(*inside), "");
   EXPECT_EQ(ExternalWeightsEntry(*outside), "p/data/weights/w0");
+}
+
+// The record's own words for what a model is for: a language model's
+// "generate" section, a sentence encoder's "embed", a model's own under
+// "models" before the package's.
+TEST(ExportRecord, SaysWhatEachModelIsFor) {
+  auto record = ReadPackageRecord(TestData("tiny_llm.pt2"), "model");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(record->task, "generate");
+  record = ReadPackageRecord(TestData("mlp_so.pt2"), "model");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(record->task, "");
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/extra/aotid.json", R"({"format":1,"generate":{"max_seq_len":8},
+                                                   "models":{"enc":{"generate":null,"embed":{"dim":4}},
+                                                             "plain":{"generate":null}}})"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  for (auto [model, task] :
+       std::map<std::string, std::string>{{"model", "generate"}, {"enc", "embed"}, {"plain", ""}}) {
+    record = ReadPackageRecord(d / "p.pt2", model);
+    ASSERT_TRUE(record.ok()) << record.status().ToString();
+    EXPECT_EQ(record->task, task) << model;
+  }
+}
+
+TEST(ReadTaskSpec, IsTheSectionWithItsTokenizerAsTheBuildWritesIt) {
+  auto archive = Archive::Open(TestData("tiny_llm.pt2"));
+  ASSERT_TRUE(archive.ok()) << archive.status().ToString();
+  auto text = ReadTaskSpec(*archive, "model");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto spec = text::GenerateSpec::FromJson(*text);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  // As the package's record says.
+  auto record = ParseJson(archive->Read("tiny_llm/extra/aotid.json").value(), "record");
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  const nlohmann::json& generate = (*record)["generate"];
+  EXPECT_EQ(spec->max_seq_len, generate["max_seq_len"].get<int64_t>());
+  EXPECT_EQ(spec->eos_ids, generate["eos_token_ids"].get<std::vector<int32_t>>());
+  EXPECT_TRUE(spec->chat.has_value());
+  auto tokenizer = ParseJson(archive->Read("tiny_llm/extra/aotid_tokenizer.json").value(), "tokenizer");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  ASSERT_NE(spec->tokenizer, nullptr);
+  EXPECT_EQ(spec->tokenizer->vocab_size(), static_cast<int32_t>((*tokenizer)["tokens"].size()));
+
+  auto mlp = Archive::Open(TestData("mlp_so.pt2"));
+  ASSERT_TRUE(mlp.ok()) << mlp.status().ToString();
+  EXPECT_EQ(ReadTaskSpec(*mlp, "model").value(), "");
+
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/extra/aotid.json", R"({"format":1,"embed":{"dim":4,"tokenizer":"tok.json"}})"},
+                         {"p/data/aotinductor/model/m.so", "so"}});
+  auto lacking = Archive::Open(d / "p.pt2");
+  ASSERT_TRUE(lacking.ok()) << lacking.status().ToString();
+  auto none = ReadTaskSpec(*lacking, "model");
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      none.status().message().find("\"embed\" names the tokenizer file 'tok.json', which the package lacks"),
+      std::string::npos)
+      << none.status().message();
+}
+
+// One weight of `dtype` (torch's export schema number) and `elements`
+// elements, stored as `path`, as the weights list has it.
+std::string Weight(const std::string& name, const std::string& path, int dtype, int elements) {
+  return "\"" + name + "\": {\"path_name\": \"" + path +
+         "\", \"is_param\": true, \"tensor_meta\": {\"dtype\": " + std::to_string(dtype) +
+         ", \"sizes\": [{\"as_int\": " + std::to_string(elements) + "}]}}";
+}
+
+TEST(WeightsKind, IsTheDtypeMostOfTheWeightsBytesAreIn) {
+  auto kind = [](const std::string& file) {
+    auto archive = Archive::Open(TestData(file));
+    EXPECT_TRUE(archive.ok()) << archive.status().ToString();
+    return archive.ok() ? WeightsKind(*archive, "model") : "?";
+  };
+  EXPECT_EQ(kind("tiny_llm.pt2"), "float32");
+  // The quantized model's author says what its weights are.
+  auto author = ParseJson(ReadPackageRecord(TestData("tiny_llm_int8.pt2"))->author_metadata, "metadata");
+  ASSERT_TRUE(author.ok()) << author.status().ToString();
+  EXPECT_EQ(kind("tiny_llm_int8.pt2"), (*author)["weights"].get<std::string>());
+  EXPECT_EQ(kind("mlp_so.pt2"), "");  // compiled: the weights are in its code
+
+  // Tied weights (one stored tensor under two names) count once: 40 bytes
+  // of float32 against 60 of bfloat16.
+  TempDir d;
+  WriteZip(d / "p.pt2", {{"p/data/weights/model_weights_config.json",
+                          "{\"config\": {" + Weight("a", "w0", 7, 10) + ", " + Weight("b", "w0", 7, 10) +
+                              ", " + Weight("c", "w1", 13, 30) + "}}"},
+                         {"p/models/model.json", "{}"}});
+  auto tied = Archive::Open(d / "p.pt2");
+  ASSERT_TRUE(tied.ok()) << tied.status().ToString();
+  EXPECT_EQ(WeightsKind(*tied, "model"), "bfloat16");
+  EXPECT_EQ(WeightsKind(*tied, "other"), "");
 }
 
 }  // namespace
