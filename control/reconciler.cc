@@ -649,6 +649,12 @@ void Reconciler::Publish(const storage::ModelVersion& v, serving::ServeState sta
   m.model = std::move(model);
   m.generator = std::move(generator);
   m.embed = std::move(embed);
+  // The package lists an exported program's weights; a compiled one's are
+  // in its code (WeightsKind says "").
+  if (m.model) {
+    if (auto archive = package::Archive::Open(store_->BlobPath(v.artifact)); archive.ok())
+      m.weights = package::WeightsKind(*archive, v.package_model);
+  }
   registry_->Put(std::move(m));
   if (state == serving::ServeState::kReady || state == serving::ServeState::kFailed) Retire(v.model);
 }

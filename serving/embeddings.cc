@@ -112,6 +112,14 @@ StatusOr<EmbedSpec> EmbedSpec::FromJson(std::string_view text) {
   });
 }
 
+json DescribeEmbed(const EmbedSpec& spec) {
+  return {{"dimensions", spec.dim},
+          {"pooling", spec.pooling},
+          {"normalized", spec.normalize},
+          {"max_tokens", spec.max_seq_len},
+          {"truncatable", spec.truncatable_dims}};
+}
+
 Status CheckEmbedModel(const EmbedSpec& spec, const model::ModelSpec& model) {
   const std::string what = "the model's embed spec does not fit the compiled model: ";
   auto find = [](const std::vector<model::TensorSpec>& v,

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/json.h"
 #include "base/status.h"
 #include "model/tensor.h"
 #include "text/tokenizer.h"
@@ -45,6 +46,12 @@ struct EmbedSpec {
 // is padded to its longest row), its output FP32 [batch, dim]. Checked
 // when the model loads, so a mismatch fails the load, not each request.
 Status CheckEmbedModel(const EmbedSpec& spec, const model::ModelSpec& model);
+
+// What an embedding model makes, as its metadata shows it: {"dimensions":
+// a vector's size, "pooling", "normalized": unit length, "max_tokens": a
+// text's tokens are cut there, "truncatable": requests may ask for fewer
+// dimensions}.
+nlohmann::json DescribeEmbed(const EmbedSpec& spec);
 
 // An OpenAI embeddings request body. `input` is one text, a list of texts,
 // one list of token ids or a list of them; token ids are a text's tokens,

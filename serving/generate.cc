@@ -90,6 +90,23 @@ Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
 
 }  // namespace
 
+json DescribeGenerate(const text::GenerateSpec& spec) {
+  // A token's text as the tokenizer reads it back (a special token's own).
+  auto token = [&](int32_t id) {
+    json t{{"id", id}};
+    if (spec.tokenizer) t["text"] = spec.tokenizer->Decode({id});
+    return t;
+  };
+  json ends = json::array();
+  for (int32_t id : spec.eos_ids) ends.push_back(token(id));
+  json j{{"context_length", spec.max_seq_len},
+         {"max_prefill", spec.max_prefill},
+         {"end_tokens", std::move(ends)},
+         {"chat_template", spec.chat.has_value()}};
+  if (spec.bos_id >= 0) j["begin_token"] = token(spec.bos_id);
+  return j;
+}
+
 StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text::GenerateSpec& spec) {
   // The same nesting bound as /infer's tape: a body of '[' is refused at
   // its 33rd byte, not built into a DOM of millions of nodes.

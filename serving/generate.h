@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/json.h"
 #include "base/mutex.h"
 #include "base/status.h"
 #include "model/loaded_model.h"
@@ -46,6 +47,13 @@ struct GenerateRequest {
 // beside the input, as Triton's generate extension allows). InvalidArgument
 // naming the field for anything else.
 StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text::GenerateSpec& spec);
+
+// What a language model generates with, as its metadata shows it:
+// {"context_length": prompt and answer together, "max_prefill": the most
+// prompt tokens one call takes, "end_tokens": [{"id", "text"}, ...] (any
+// ends an answer), "begin_token": {"id", "text"} (only where every prompt
+// starts with one), "chat_template": whether it takes "messages"}.
+nlohmann::json DescribeGenerate(const text::GenerateSpec& spec);
 
 struct GenerateResult {
   std::string text;

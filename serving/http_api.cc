@@ -416,6 +416,12 @@ void ModelMetadata(const ModelRegistry* reg, const http::Request& req, http::Res
   }
   if (sm.state == ServeState::kFailed) j["error"] = sm.message;
   if (!sm.device_note.empty()) j["device_note"] = sm.device_note;
+  // What it is for, once it is loaded (the generate or embed spec comes
+  // with the build), and the kind of its weights where the package says.
+  if (sm.model) j["task"] = std::string(TaskWords(sm.generator ? "generate" : sm.embed ? "embed" : ""));
+  if (sm.generator) j["generates"] = DescribeGenerate(sm.generator->spec());
+  if (sm.embed) j["embeds"] = DescribeEmbed(*sm.embed);
+  if (!sm.weights.empty()) j["weights"] = sm.weights;
   if (!sm.package_json.empty()) {
     json p = ParseJsonOrDiscarded(sm.package_json);
     if (p.is_object()) {

@@ -13,6 +13,10 @@ std::string_view ServeStateName(ServeState s) {
   return "unknown";
 }
 
+std::string_view TaskWords(std::string_view task) {
+  return task == "generate" ? "text generation" : task == "embed" ? "embeddings" : "tensors";
+}
+
 std::shared_ptr<const ServedModel> ModelRegistry::Find(const std::string& name) const {
   auto snap = All();
   auto it = snap->find(name);

@@ -46,7 +46,15 @@ struct ServedModel {
   // Set for an embedding model (its build has an embed spec): its
   // tokenizer, truncation and vector size (serving/embeddings.h).
   std::shared_ptr<const EmbedSpec> embed;
+  // The kind of the package's weights (package::WeightsKind: "float32",
+  // "int8"); "" when the package does not say.
+  std::string weights;
 };
+
+// What a model is for, in the words the metadata route and `aotid ls`
+// use: "text generation" for a package's "generate" task (a language
+// model), "embeddings" for "embed", "tensors" for neither.
+std::string_view TaskWords(std::string_view task);
 
 // Every version in the store, as of the last reconcile: what the
 // repository index lists, served or not.

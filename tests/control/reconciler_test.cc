@@ -167,6 +167,19 @@ TEST_F(ReconcilerTest, NewVersionIsBuiltLoadedAndServedWithEachStepRecorded) {
   EXPECT_EQ(loader_->requests.size(), 1u);
 }
 
+// A served version carries the kind of its weights, as its package lists
+// them (the metadata route shows it); before it is loaded it has none.
+TEST_F(ReconcilerTest, AServedVersionSaysTheKindOfItsWeights) {
+  int64_t v = Add("int8", {}, "tiny_llm_int8.pt2");
+  Reconcile();
+  builds_->StartNext();
+  EXPECT_EQ(Served("int8", v)->weights, "");
+  builds_->Succeed(MlpSpec());
+  loader_->Succeed();
+  ASSERT_EQ(State("int8", v), "ready");
+  EXPECT_EQ(Served("int8", v)->weights, "int8");
+}
+
 TEST_F(ReconcilerTest, RestartLoadsFromTheCacheWithoutBuilding) {
   int64_t v = Add("mlp");
   Reconcile();

@@ -8,6 +8,7 @@
 #include "base/counter.h"
 #include "base/fs.h"
 #include "base/log.h"
+#include "package/aoti_metadata.h"
 #include "raw_http.h"
 #include "test_util.h"
 
@@ -258,6 +259,139 @@ TEST_F(HttpApiTest, ServerMetadataNamesItsExtensionsAndA503SaysWhenToRetry) {
   std::string failed = Send("POST /v2/models/b/infer" + infer);
   EXPECT_EQ(StatusOf(failed), 503) << failed;
   EXPECT_EQ(failed.find("Retry-After"), std::string::npos) << failed;
+}
+
+// A loaded model that is only its spec: what the metadata route reads.
+class SpecOnlyModel final : public model::LoadedModel {
+ public:
+  explicit SpecOnlyModel(model::ModelSpec spec) : spec_(std::move(spec)) {}
+  const model::ModelSpec& spec() const override { return spec_; }
+  const std::string& device() const override { return device_; }
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>&,
+                                                 const model::RunContext&) override {
+    return FailedPrecondition("metadata only");
+  }
+
+ private:
+  model::ModelSpec spec_;
+  std::string device_ = "cpu";
+};
+
+// A test package's language model served as the loader serves it: its
+// generate spec from the package, the model's inputs and outputs, the kind
+// of its weights.
+ServedModel LanguageModel(const std::string& name, const std::string& file) {
+  ServedModel sm{name, 1, ServeState::kReady};
+  auto archive = package::Archive::Open(aotid::testing::TestData(file));
+  EXPECT_TRUE(archive.ok()) << archive.status().ToString();
+  if (!archive.ok()) return sm;
+  auto spec = text::GenerateSpec::FromJson(package::ReadTaskSpec(*archive, "model").value());
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  if (!spec.ok()) return sm;
+  model::ModelSpec io;
+  const int64_t ctx = spec->max_seq_len;
+  io.inputs = {{"tokens", model::DType::kInt64, {1, -1}, {std::nullopt, model::DimRange{"seq", 1, ctx}}},
+               {"input_pos", model::DType::kInt64, {-1}, {model::DimRange{"seq", 1, ctx}}}};
+  io.outputs = {{"logits", model::DType::kFloat32, {1, spec->tokenizer->vocab_size()}}};
+  auto gen = Generator::Create(std::move(spec).value(), io);
+  EXPECT_TRUE(gen.ok()) << gen.status().ToString();
+  sm.model = std::make_shared<SpecOnlyModel>(io);
+  sm.generator = gen.ok() ? *gen : nullptr;
+  sm.weights = package::WeightsKind(*archive, "model");
+  return sm;
+}
+
+// GET /v2/models/NAME says what a loaded model is for beside the protocol's
+// fields: a language model's context, end tokens and chat template, an
+// embedding model's vectors, the kind of the weights where the package
+// lists them. A model not loaded yet says nothing it cannot know.
+TEST_F(HttpApiTest, ModelMetadataSaysWhatTheModelIsFor) {
+  registry_.Put(LanguageModel("chat", "tiny_llm.pt2"));
+  registry_.Put(LanguageModel("int8", "tiny_llm_int8.pt2"));
+  auto get = [&](const std::string& path) {
+    std::string reply = Send("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    EXPECT_EQ(StatusOf(reply), 200) << reply;
+    return BodyOf(reply);
+  };
+
+  // As the packages' records say (their aotid.json) and their tokenizer
+  // spells the end token.
+  auto chat_sm = registry_.Find("chat");
+  ASSERT_NE(chat_sm, nullptr);
+  ASSERT_NE(chat_sm->generator, nullptr);
+  const text::GenerateSpec& spec = chat_sm->generator->spec();
+  auto record = nlohmann::json::parse(package::Archive::Open(aotid::testing::TestData("tiny_llm.pt2"))
+                                          ->Read("tiny_llm/extra/aotid.json")
+                                          .value());
+  auto tokens = nlohmann::json::parse(package::Archive::Open(aotid::testing::TestData("tiny_llm.pt2"))
+                                          ->Read("tiny_llm/extra/aotid_tokenizer.json")
+                                          .value())["tokens"];
+  const int32_t eos = record["generate"]["eos_token_ids"][0];
+  // The vocabulary spells a byte-level token's space as U+0120 ("Ġ").
+  std::string eos_text = tokens[eos];
+  for (size_t at; (at = eos_text.find("\u0120")) != std::string::npos;) eos_text.replace(at, 2, " ");
+  nlohmann::json chat = get("/v2/models/chat");
+  EXPECT_EQ(chat["task"], "text generation");
+  EXPECT_EQ(chat["generates"]["context_length"], record["generate"]["max_seq_len"]);
+  EXPECT_EQ(chat["generates"]["max_prefill"], record["generate"]["max_prefill"]);
+  EXPECT_EQ(chat["generates"]["end_tokens"],
+            nlohmann::json::parse(R"([{"id": )" + std::to_string(eos) + R"(, "text": )" +
+                                  nlohmann::json(eos_text).dump() + "}]"));
+  EXPECT_FALSE(chat["generates"].contains("begin_token"));  // the record names none
+  EXPECT_EQ(chat["generates"]["chat_template"], true);
+  EXPECT_EQ(chat["weights"], "float32");
+  // The protocol's fields are as they were.
+  EXPECT_EQ(chat["name"], "chat");
+  EXPECT_EQ(chat["versions"], nlohmann::json::array({"1"}));
+  EXPECT_EQ(chat["platform"], "aotid_aoti");
+  EXPECT_EQ(chat["inputs"][0]["name"], "tokens");
+  EXPECT_EQ(chat["outputs"][0]["name"], "logits");
+
+  nlohmann::json int8 = get("/v2/models/int8/versions/1");
+  EXPECT_EQ(int8["task"], "text generation");
+  EXPECT_EQ(int8["generates"]["chat_template"], false);
+  EXPECT_EQ(int8["weights"], "int8");
+
+  // all-MiniLM-L6-v2's spec, as the compile worker writes embed.json.
+  auto tok = fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/minilm_tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  nlohmann::json embed_json = {{"kind", "sentence_embedding"},
+                               {"input_ids", "input_ids"},
+                               {"attention_mask", "attention_mask"},
+                               {"output", "embedding"},
+                               {"dim", 384},
+                               {"pooling", "mean"},
+                               {"normalize", true},
+                               {"max_seq_len", 256},
+                               {"truncatable_dims", true},
+                               {"special_tokens", {{"cls", 101}, {"sep", 102}, {"pad", 0}, {"unk", 100}}},
+                               {"tokenizer", nlohmann::json::parse(*tok)}};
+  auto embed_spec = EmbedSpec::FromJson(embed_json.dump());
+  ASSERT_TRUE(embed_spec.ok()) << embed_spec.status().ToString();
+  ServedModel enc{"enc", 1, ServeState::kReady};
+  model::ModelSpec io;
+  io.inputs = {{"input_ids", model::DType::kInt64, {-1, -1}},
+               {"attention_mask", model::DType::kInt64, {-1, -1}}};
+  io.outputs = {{"embedding", model::DType::kFloat32, {-1, 384}}};
+  enc.model = std::make_shared<SpecOnlyModel>(io);
+  enc.embed = std::make_shared<const EmbedSpec>(std::move(embed_spec).value());
+  registry_.Put(enc);
+  nlohmann::json e = get("/v2/models/enc");
+  EXPECT_EQ(e["task"], "embeddings");
+  EXPECT_EQ(e["embeds"], nlohmann::json::parse(R"({"dimensions": 384, "pooling": "mean", "normalized": true,
+                                                   "max_tokens": 256, "truncatable": true})"));
+  EXPECT_FALSE(e.contains("generates"));
+  EXPECT_FALSE(e.contains("weights"));  // no package said
+
+  ServedModel plain{"plain", 1, ServeState::kReady};
+  plain.model = std::make_shared<SpecOnlyModel>(io);
+  registry_.Put(plain);
+  nlohmann::json p = get("/v2/models/plain");
+  EXPECT_EQ(p["task"], "tensors");
+  EXPECT_FALSE(p.contains("generates") || p.contains("embeds"));
+
+  registry_.Put(ServedModel{"later", 1, ServeState::kBuilding});
+  EXPECT_FALSE(get("/v2/models/later").contains("task"));
 }
 
 // Load and unload are commands the control plane completes later: while 16
