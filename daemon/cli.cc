@@ -49,6 +49,9 @@
 #include "runner/runner_main.h"
 #include "runner/sandbox.h"
 #include "runtime/torch_plugin.h"
+#include "serving/embeddings.h"
+#include "serving/generate.h"
+#include "serving/model_registry.h"
 #include "storage/model_store.h"
 #include "sync/model_sync.h"
 #include "sync/registry.h"
@@ -292,6 +295,62 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
   return out;
 }
 
+// What a version is for, for `show`, from its package in the store (built
+// or not, the package says it; a build's generate.json or embed.json is the
+// same section with the same tokenizer): {"task"} in `ls`'s words, and
+// "generates" or "embeds" as GET /v2/models/NAME has them, "weights" where
+// the package lists them. {} when the blob cannot be read.
+json Purpose(storage::ModelStore& store, const storage::ModelVersion& v) {
+  auto archive = package::Archive::Open(store.BlobPath(v.artifact));
+  if (!archive.ok()) return json::object();
+  auto record = package::ReadExportRecord(*archive, v.package_model);
+  json out{{"task", std::string(serving::TaskWords(record.ok() ? record->task : ""))}};
+  if (std::string weights = package::WeightsKind(*archive, v.package_model); !weights.empty())
+    out["weights"] = weights;
+  if (!record.ok() || record->task.empty()) return out;
+  auto text = package::ReadTaskSpec(*archive, v.package_model);
+  Status why = text.status();
+  if (text.ok() && record->task == "generate") {
+    auto spec = text::GenerateSpec::FromJson(*text);
+    if (spec.ok()) out["generates"] = serving::DescribeGenerate(*spec);
+    why = spec.status();
+  } else if (text.ok()) {
+    auto spec = serving::EmbedSpec::FromJson(*text);
+    if (spec.ok()) out["embeds"] = serving::DescribeEmbed(*spec);
+    why = spec.status();
+  }
+  if (!why.ok()) out["task_error"] = why.message();  // the build fails the same way
+  return out;
+}
+
+// `show`'s lines for Purpose().
+void PrintPurpose(const json& p) {
+  if (p.contains("task")) std::printf("  task            %s\n", p["task"].get<std::string>().c_str());
+  if (p.contains("task_error"))
+    std::printf("  task error      %s\n", p["task_error"].get<std::string>().c_str());
+  auto token = [](const json& t) {
+    return std::to_string(t["id"].get<int64_t>()) + (t.contains("text") ? " " + t["text"].dump() : "");
+  };
+  if (const json& g = p.value("generates", json()); g.is_object()) {
+    std::printf("  context         %lld tokens, prompt and answer (a call takes up to %lld)\n",
+                static_cast<long long>(g["context_length"].get<int64_t>()),
+                static_cast<long long>(g["max_prefill"].get<int64_t>()));
+    std::string ends;
+    for (const auto& t : g["end_tokens"]) ends += (ends.empty() ? "" : ", ") + token(t);
+    std::printf("  end tokens      %s\n", ends.empty() ? "none" : ends.c_str());
+    if (g.contains("begin_token")) std::printf("  begin token     %s\n", token(g["begin_token"]).c_str());
+    std::printf("  chat template   %s\n", g["chat_template"].get<bool>() ? "yes (takes messages)" : "none");
+  }
+  if (const json& e = p.value("embeds", json()); e.is_object()) {
+    std::printf("  embeddings      %lld dimensions%s, %s pooling%s, texts cut at %lld tokens\n",
+                static_cast<long long>(e["dimensions"].get<int64_t>()),
+                e["truncatable"].get<bool>() ? " (fewer on request)" : "",
+                e["pooling"].get<std::string>().c_str(), e["normalized"].get<bool>() ? ", unit length" : "",
+                static_cast<long long>(e["max_tokens"].get<int64_t>()));
+  }
+  if (p.contains("weights")) std::printf("  weights         %s\n", p["weights"].get<std::string>().c_str());
+}
+
 // `--inductor`: an options setting's flag is its prefix without the dot.
 std::string_view OptionsFlag(const storage::SettingField& f) {
   return f.prefix.substr(0, f.prefix.size() - 1);
@@ -446,8 +505,8 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
       daemon_running ? ServedStates(*cfg) : std::map<std::string, std::string>{};
   json out = json::array();
   if (!as_json) {
-    std::printf("%-24s %-8s %-9s %-8s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "POLICY", "SERVING", "BUILD",
-                "DEVICE", "SIZE", "ARTIFACT");
+    std::printf("%-24s %-8s %-15s %-9s %-8s %-9s %-7s %-10s %s\n", "NAME", "VERSION", "TASK", "POLICY",
+                "SERVING", "BUILD", "DEVICE", "SIZE", "ARTIFACT");
   }
   for (const auto& m : *models) {
     std::set<int64_t> want = storage::WantedVersions(m);
@@ -467,6 +526,10 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
       }
       bool wanted = want.count(v.version) > 0;
       std::string policy = !m.enabled ? "off" : wanted ? "serve" : "-";
+      // From the package's record: the directory and one small entry of
+      // the blob, no tokenizer read ("?" when the blob is gone).
+      auto record = package::ReadPackageRecord((*store)->BlobPath(v.artifact), v.package_model);
+      std::string task = record.ok() ? std::string(serving::TaskWords(record->task)) : "?";
       auto it = served.find(v.model + ":" + std::to_string(v.version));
       // "-" when no daemon answers: nothing here can say.
       std::string serving = served.empty() ? "-" : it != served.end() && it->second == "READY" ? "yes" : "no";
@@ -476,6 +539,7 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
                        {"served_by_policy", wanted},
                        {"version_policy", storage::FormatVersionPolicy(m.policy)},
                        {"enabled", m.enabled},
+                       {"task", record.ok() ? json(task) : json(nullptr)},
                        {"serving", served.empty() ? json(nullptr) : json(serving == "yes")},
                        {"build", state},
                        {"build_progress", progress},
@@ -484,9 +548,9 @@ int CmdLs(const GlobalFlags& g, bool as_json) {
                        {"artifact", v.artifact}});
         continue;
       }
-      std::printf("%-24s %-8lld %-9s %-8s %-9s %-7s %-10s sha256:%s%s\n", v.model.c_str(),
-                  static_cast<long long>(v.version), policy.c_str(), serving.c_str(), state.c_str(),
-                  device.c_str(), HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str(),
+      std::printf("%-24s %-8lld %-15s %-9s %-8s %-9s %-7s %-10s sha256:%s%s\n", v.model.c_str(),
+                  static_cast<long long>(v.version), task.c_str(), policy.c_str(), serving.c_str(),
+                  state.c_str(), device.c_str(), HumanSize(v.size).c_str(), v.artifact.substr(0, 12).c_str(),
                   progress.empty() ? "" : ("  " + progress).c_str());
     }
   }
@@ -547,7 +611,8 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                              {"builds", here},
                              {"builds_elsewhere", elsewhere},
                              {"interface", Interface(cache, *builds, *v, fp)},
-                             {"package_metadata", PackageMetadata(**store, *v, *builds, fp)}});
+                             {"package_metadata", PackageMetadata(**store, *v, *builds, fp)},
+                             {"purpose", Purpose(**store, *v)}});
   }
   for (const auto& e : *events) {
     if (!version || e.version == *version || e.version == 0) j["events"].push_back(EventJson(e));
@@ -571,6 +636,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                 v["blob_present"].get<bool>() ? "" : "  MISSING from blobs/");
     std::printf("  package model   %s\n  added           %s\n", v["package_model"].get<std::string>().c_str(),
                 v["created_at"].get<std::string>().c_str());
+    PrintPurpose(v["purpose"]);
     std::printf("  settings        %s\n", storage::DisplayText(shown[i]->settings).c_str());
     if (v["builds"].empty()) {
       std::printf("  build here      none yet (built when the daemon first serves it)\n");

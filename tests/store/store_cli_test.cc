@@ -18,8 +18,10 @@
 #include "base/fs.h"
 #include "base/poll.h"
 #include "e2e/daemon_process.h"
+#include "package/archive.h"
 #include "storage/model_store.h"
 #include "test_util.h"
+#include "zip_util.h"
 
 namespace aotid::testing {
 namespace {
@@ -48,6 +50,15 @@ void ExpectStoreConsistent(const std::string& dir) {
     ASSERT_TRUE(sha.ok()) << v.model << ":" << v.version << " has no blob: " << sha.status().ToString();
     EXPECT_EQ(*sha, v.artifact);
   }
+}
+
+// One JSON entry of a package.
+json Entry(const std::string& path, const std::string& entry) {
+  auto archive = package::Archive::Open(path);
+  EXPECT_TRUE(archive.ok()) << archive.status().ToString();
+  auto text = archive.ok() ? archive->Read(entry) : archive.status();
+  EXPECT_TRUE(text.ok()) << text.status().ToString();
+  return json::parse(text.ok() ? *text : "", nullptr, false);
 }
 
 class StoreCli : public ::testing::Test {
@@ -202,6 +213,85 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(kinds, (std::vector<std::string>{"added", "added", "settings", "settings", "settings", "settings",
                                              "settings", "settings", "settings", "removed", "removed"}));
   ExpectStoreConsistent(store_);
+}
+
+// `ls` and `show` say what each version is for, from its package, before
+// any build: a language model's context, end tokens and weights, an
+// embedding model's vectors, tensors for the rest.
+TEST_F(StoreCli, LsAndShowSayWhatAModelIsFor) {
+  // An embedding package as aotid_export.embed writes its record, with
+  // all-MiniLM-L6-v2's tokenizer (the program itself is not read).
+  const std::string embed = dir_ / "embed.pt2";
+  json record = {{"format", 1},
+                 {"input_names", {"input_ids", "attention_mask"}},
+                 {"output_names", {"embedding"}},
+                 {"metadata", json::object()},
+                 {"embed",
+                  {{"kind", "sentence_embedding"},
+                   {"input_ids", "input_ids"},
+                   {"attention_mask", "attention_mask"},
+                   {"output", "embedding"},
+                   {"dim", 384},
+                   {"pooling", "cls"},
+                   {"normalize", false},
+                   {"max_seq_len", 128},
+                   {"truncatable_dims", true},
+                   {"tokenizer", "aotid_embed_tokenizer.json"},
+                   {"special_tokens", {{"cls", 101}, {"sep", 102}, {"pad", 0}, {"unk", 100}}}}}};
+  WriteZip(embed, {{"enc/models/model.json", "{}"},
+                   {"enc/extra/aotid.json", record.dump()},
+                   {"enc/extra/aotid_embed_tokenizer.json",
+                    *fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/minilm_tokenizer.json")}});
+  std::string out;
+  for (auto [file, name] :
+       std::vector<std::pair<std::string, std::string>>{{TestData("tiny_llm.pt2"), "chat"},
+                                                        {TestData("tiny_llm_int8.pt2"), "int8"},
+                                                        {embed, "enc"},
+                                                        {TestData("mlp.pt2"), "mlp"}}) {
+    ASSERT_EQ(Run({"add", file, "--name", name}, &out), 0) << out;
+  }
+
+  ASSERT_EQ(Run({"ls", "--json"}, &out), 0) << out;
+  std::map<std::string, std::string> tasks;
+  for (const auto& v : json::parse(out)) tasks[v["name"]] = v["task"];
+  EXPECT_EQ(tasks, (std::map<std::string, std::string>{{"chat", "text generation"},
+                                                       {"int8", "text generation"},
+                                                       {"enc", "embeddings"},
+                                                       {"mlp", "tensors"}}));
+  ASSERT_EQ(Run({"ls"}, &out), 0) << out;
+  EXPECT_NE(out.find(" TASK "), std::string::npos) << out;
+  EXPECT_NE(out.find("chat                     1        text generation"), std::string::npos) << out;
+  EXPECT_NE(out.find("enc                      1        embeddings"), std::string::npos) << out;
+
+  // The language models' as their packages' records say.
+  auto llm = Entry(TestData("tiny_llm.pt2"), "tiny_llm/extra/aotid.json")["generate"];
+  ASSERT_EQ(Run({"show", "chat", "--json"}, &out), 0) << out;
+  json chat = json::parse(out)["versions"][0]["purpose"];
+  EXPECT_EQ(chat["task"], "text generation");
+  EXPECT_EQ(chat["generates"]["context_length"], llm["max_seq_len"]);
+  ASSERT_EQ(chat["generates"]["end_tokens"].size(), 1u);
+  EXPECT_EQ(chat["generates"]["end_tokens"][0]["id"], llm["eos_token_ids"][0]);
+  EXPECT_EQ(chat["generates"]["chat_template"], true);
+  EXPECT_EQ(chat["weights"], "float32");
+  ASSERT_EQ(Run({"show", "int8"}, &out), 0) << out;
+  EXPECT_NE(out.find("  task            text generation\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  context         " + llm["max_seq_len"].dump() + " tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("  end tokens      " + llm["eos_token_ids"][0].dump() + " \""), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  chat template   none\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  weights         int8\n"), std::string::npos) << out;
+
+  ASSERT_EQ(Run({"show", "enc", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out)["versions"][0]["purpose"]["embeds"],
+            json::parse(R"({"dimensions": 384, "pooling": "cls", "normalized": false, "max_tokens": 128,
+                            "truncatable": true})"));
+  ASSERT_EQ(Run({"show", "enc"}, &out), 0) << out;
+  EXPECT_NE(
+      out.find("  embeddings      384 dimensions (fewer on request), cls pooling, texts cut at 128 tokens\n"),
+      std::string::npos)
+      << out;
+  ASSERT_EQ(Run({"show", "mlp"}, &out), 0) << out;
+  EXPECT_NE(out.find("  task            tensors\n  weights         float32\n"), std::string::npos) << out;
 }
 
 // The help of `set` and the flags of `add` come from the settings table:
