@@ -68,7 +68,7 @@ def below(folder):
 
 def diagram():
     width = max(len(f) for f in LAYERS) + 1
-    lines = ["```"]
+    lines = ["```text"]
     for f, deps in LAYERS.items():
         arrow = " → " + ", ".join(deps) if deps else "   (nothing)"
         lines.append(f"{f + '/':<{width}}{arrow:<36} {WHAT[f]}")
