@@ -11,6 +11,7 @@ has the build's aotid and this venv's python, as `./dev env` gives, with
 $AOTID_CONFIG naming a store and port of the test's own. Two things are the
 test's: it waits for the model to be ready before the curl (the README says
 the build takes minutes), and the curl's localhost:8765 becomes that port.
+tests/docs/example_claims.py lists the blocks this test runs.
 
     smollm2_test.py AOTID
 
@@ -20,8 +21,6 @@ not skipped). The context is 256 tokens to keep the build short.
 
 import json
 import os
-import re
-import shlex
 import socket
 import subprocess
 import sys
@@ -31,10 +30,12 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "examples", "smollm2")]
+sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "examples", "smollm2"),
+                os.path.join(ROOT, "tests", "docs")]
 
 import torch  # noqa: E402
 
+import example_claims  # noqa: E402
 import export as smollm2  # noqa: E402
 from aotid_export import llm  # noqa: E402
 from harness import Served, greedy_gaps, post  # noqa: E402
@@ -45,30 +46,15 @@ QUESTION = "What is the capital of France? Answer in one sentence, then name one
 NEAR = 2.0 ** -6  # as tests/llm/int8_test.py: two bfloat16 steps of the largest logit
 
 
-README = os.path.join(ROOT, "README.md")
+TEST = "llm.SmolLM2GreedyEqualsEager"
 
 
 def readme_commands():
-    """The commands of the README's block that runs examples/smollm2/export.py,
-    each whole (a line ending in a backslash, or a quoted argument, goes on
-    over the next lines); the lines
-    that show output are left out."""
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", open(README).read(), re.S | re.M)
-    block = next(b for b in blocks if "examples/smollm2/export.py" in b)
-    commands, pending = [], ""
-    for line in block.splitlines():
-        if not pending and not re.match(r"(pip|python|aotid|curl) ", line):
-            continue
-        pending += line + "\n"
-        if line.endswith("\\"):
-            continue  # continued on the next line
-        try:
-            shlex.split(pending, comments=True)
-        except ValueError:
-            continue  # a quote still open
-        commands.append(pending.strip())
-        pending = ""
-    assert not pending, pending
+    """The commands of the README's block that runs examples/smollm2/export.py
+    (tests/docs/doc_examples.py splits it; the lines that show output are
+    left out)."""
+    block = example_claims.block(TEST, "README.md", "examples/smollm2/export.py smollm2.pt2")
+    commands = [c.text for c in block.commands]
     assert [c.split()[0] for c in commands] == ["pip", "python", "aotid", "curl"], commands
     return commands
 

@@ -1,0 +1,147 @@
+"""The examples of the README and the docs, as a reader would copy them.
+
+Every fenced block of README.md, docs/*.md and examples/*/README.md, with
+its language. A ``sh`` block is split into whole commands: a command starts
+at a line whose program (after any VAR=value) is one the docs run
+(``PROGRAMS``), and goes on over the lines a backslash, an open quote or a
+here-document carry on; comments are left out, and the lines after a
+command that start none are the output the docs show for it. A ``python``
+block is one command, whole. Other languages (``text``, ``json``, ``toml``)
+hold no commands.
+
+tests/docs/example_claims.py says which test runs each block.
+"""
+
+import glob
+import os
+import re
+import shlex
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The programs the docs' shell examples run, by the last part of their path
+# (`build/aotid`, `~/.local/aotid/bin/pip` and `./dev` count).
+PROGRAMS = {"aotid", "aotid-export", "cat", "curl", "dev", "oras", "pip", "python", "python3", "sudo"}
+SHELL, PYTHON, DATA = ("sh",), ("python",), ("text", "json", "toml")
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*=")
+HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_]+)['\"]?")
+
+
+class Command:
+    def __init__(self, text, line):
+        self.text, self.line, self.output = text, line, []
+
+    def shown_output(self):
+        """The output the docs show after this command, as one string."""
+        return "\n".join(self.output)
+
+    def __repr__(self):
+        return f"Command(line {self.line}: {self.text!r})"
+
+
+class Block:
+    def __init__(self, path, line, lang, text):
+        self.path, self.line, self.lang, self.text = path, line, lang, text
+        self.commands, self.strays = [], []  # strays: lines of a sh block no command accounts for
+        if lang in SHELL:
+            self._split_shell()
+        elif lang in PYTHON:
+            self.commands = [Command(text, line + 1)]
+
+    def where(self):
+        return f"{self.path}:{self.line}"
+
+    def __repr__(self):
+        return f"Block({self.where()} {self.lang})"
+
+    def _split_shell(self):
+        pending, start, heredoc = "", 0, None
+        for n, line in enumerate(self.text.splitlines(), self.line + 1):
+            if pending:
+                pending += "\n" + line
+                if heredoc is not None:
+                    if line.strip() == heredoc:
+                        heredoc = None
+                elif not line.endswith("\\"):
+                    heredoc = _open_heredoc(line)
+                if heredoc is None and _complete(pending):
+                    self.commands.append(Command(pending, start))
+                    pending = ""
+                continue
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if starts_command(line):
+                pending, start, heredoc = line, n, _open_heredoc(line)
+                if heredoc is None and _complete(pending):
+                    self.commands.append(Command(pending, start))
+                    pending = ""
+            elif self.commands:
+                self.commands[-1].output.append(line)
+            else:
+                self.strays.append(f"{self.path}:{n}: {line}")
+        if pending:
+            self.strays.append(f"{self.path}:{start}: a command that never ends: {pending}")
+
+
+def starts_command(line):
+    """Whether a shell line starts a command of a program in PROGRAMS."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        words = line.split()  # the line opens a quote the next line closes
+    while words and ASSIGNMENT.match(words[0]):
+        words = words[1:]
+    return bool(words) and os.path.basename(words[0]) in PROGRAMS
+
+
+def _open_heredoc(line):
+    m = HEREDOC.search(line)
+    return m.group(1) if m else None
+
+
+def _complete(text):
+    """Whether a command's text ends here: no backslash carries it on and no
+    quote is left open."""
+    if text.endswith("\\"):
+        return False
+    try:
+        shlex.split(text, comments=True)
+        return True
+    except ValueError:
+        return False
+
+
+def doc_files(root=ROOT):
+    """README.md, docs/*.md and examples/*/README.md, relative to root."""
+    paths = ["README.md"] + sorted(glob.glob("docs/*.md", root_dir=root))
+    return paths + sorted(glob.glob("examples/*/README.md", root_dir=root))
+
+
+def blocks(path, root=ROOT):
+    """The fenced blocks of one doc, in order."""
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        text = f.read()
+    return [Block(path, text.count("\n", 0, m.start()) + 1, m.group(1).strip(), m.group(2))
+            for m in FENCE.finditer(text)]
+
+
+def all_blocks(root=ROOT):
+    return [b for path in doc_files(root) for b in blocks(path, root)]
+
+
+def find(path, marker, root=ROOT):
+    """The one block of `path` whose text holds `marker`."""
+    found = [b for b in blocks(path, root) if marker in b.text]
+    assert len(found) == 1, f"{path}: {len(found)} blocks hold {marker!r}, not one"
+    return found[0]
+
+
+def shape(value):
+    """A JSON value's shape: its keys, nested, and what its lists hold
+    (their first element), without the values."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return type(value).__name__ if value is not None else None

@@ -1,0 +1,68 @@
+"""Which test runs each example of the docs, and why the others are not run.
+
+A block is named by its file and a piece of its text found in no other
+block of that file. Every block that holds a command (tests/docs/
+doc_examples.py) is in RUN or in NOT_RUN, never both, and each name finds
+exactly one block: tests/docs/claims_test.py (docs.EveryExampleRunOrExcused)
+checks it, so a new example that no test runs fails, and so does a claim on
+an example that changed or went. A test takes its blocks through block(),
+which refuses a block the registry does not give it.
+"""
+
+import os
+
+import doc_examples
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ctest name: (the test's source, relative to tests/, [(doc, piece of the block)]).
+RUN = {
+    "llm.SmolLM2GreedyEqualsEager": ("llm/smollm2_test.py", [
+        ("README.md", "examples/smollm2/export.py smollm2.pt2"),
+    ]),
+    # The embeddings test claims examples/minilm/README.md's blocks here
+    # (its export and its /v1/embeddings curl) and leaves NOT_RUN.
+}
+
+# (doc, piece of the block, why no test runs it as written).
+NOT_RUN = [
+    ("README.md", "curl -s localhost:8765/v2/models/demo/infer", "no test runs it yet"),
+    ("README.md", "mypkg.models:make_model", "no test runs it yet"),
+    ("README.md", "localhost:8765/v1/chat/completions", "no test runs it yet"),
+    ("docs/OPENAI.md", "localhost:8765/v1/chat/completions", "no test runs it yet"),
+    ("docs/OPENAI.md", "client.chat.completions.create(", "no test runs it yet"),
+    ("README.md", "./dev test", "./dev run serves until stopped and ./dev test is this suite"),
+    ("README.md", "~/.local/aotid/bin/aotid service install --user",
+     "installs into the home directory and enables a user service; "
+     "install.WheelRunsFromAFreshVenvWithoutTheCheckout does the same in a venv and a systemd of its own"),
+    ("README.md", "sudo /usr/bin/python3 -m venv /opt/aotid",
+     "root, /opt and the machine's systemd; the wheel test installs the system service's files with --dry-run"),
+    ("README.md", "aotid_export.export(model, (torch.randn(1, 8),)",
+     "a fragment: `model` is the reader's module"),
+    ("README.md", 'aotid_export.export(bert, {"input_ids": ids',
+     "a fragment: `bert`, `ids` and `mask` are the reader's"),
+    ("README.md", "from aotid_export.client import Client, verify",
+     "a fragment: `model`, `lm` and `ids` are the reader's"),
+    ("docs/EMBEDDINGS.md", "aotid-export hf FOLDER", "a synopsis: FOLDER is the reader's"),
+    ("docs/EMBEDDINGS.md", "export_sentence_encoder(bert,", "a fragment: `bert` is the reader's"),
+    ("docs/GENERATE.md", "from aotid_export.llm import Llama, LlamaConfig",
+     "a fragment: the weights, `tok` and `template` are the reader's"),
+    ("docs/GENERATE.md", "aotid-export hf ./my-llama", "a synopsis: ./my-llama is the reader's folder"),
+    ("docs/GENERATE.md", "quantize_int8(model)", "a fragment: `model` is the reader's"),
+    ("docs/GENERATE.md", "python examples/smollm2/export.py smollm2-int8.pt2 --weights int8",
+     "llm.SmolLM2GreedyEqualsEager exports the same with --max-seq-len 256 added, to keep its build short"),
+    ("docs/SYNC.md", "aotid push mlp oci://registry.example.com",
+     "registry.example.com and /mnt/usb are the reader's; sync.PushSyncServeResumeAndRefuse pushes to "
+     "and syncs from a registry of its own"),
+    ("docs/SYNC.md", "oras push", "oras is not installed here, and registry.example.com is the reader's"),
+    ("examples/minilm/README.md", "python examples/minilm/export.py minilm.pt2",
+     "about a minute of export and a build; for the embeddings test to claim in RUN"),
+]
+
+
+def block(test, path, marker):
+    """The block `test` runs: the one of `path` holding `marker`, which RUN
+    must give to `test`."""
+    assert (path, marker) in RUN.get(test, ("", []))[1], \
+        f"tests/docs/example_claims.py: {test} does not claim {path}'s block holding {marker!r}"
+    return doc_examples.find(path, marker)
