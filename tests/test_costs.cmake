@@ -22,6 +22,7 @@ set(_aotid_test_costs
   fuzz.HttpMutationLiveDaemon 72
   interop.TritonClientAndCurl 70
   exporter.NamedDynamicDimsServedAndBounded 64
+  docs.ExamplesRunAsWritten 60
   fuzz.DecodeInferRequest 61
   install.ExporterInstallsAloneAndExports 57
   fixture.ExportTestModels 51

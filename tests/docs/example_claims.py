@@ -17,6 +17,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # ctest name: (the test's source, relative to tests/, [(doc, piece of the block)]).
 RUN = {
+    "docs.ExamplesRunAsWritten": ("docs/examples_test.py", [
+        ("README.md", "curl -s localhost:8765/v2/models/demo/infer"),
+        ("README.md", "mypkg.models:make_model"),
+    ]),
     "llm.SmolLM2GreedyEqualsEager": ("llm/smollm2_test.py", [
         ("README.md", "examples/smollm2/export.py smollm2.pt2"),
     ]),
@@ -26,12 +30,11 @@ RUN = {
 
 # (doc, piece of the block, why no test runs it as written).
 NOT_RUN = [
-    ("README.md", "curl -s localhost:8765/v2/models/demo/infer", "no test runs it yet"),
-    ("README.md", "mypkg.models:make_model", "no test runs it yet"),
     ("README.md", "localhost:8765/v1/chat/completions", "no test runs it yet"),
     ("docs/OPENAI.md", "localhost:8765/v1/chat/completions", "no test runs it yet"),
     ("docs/OPENAI.md", "client.chat.completions.create(", "no test runs it yet"),
-    ("README.md", "./dev test", "./dev run serves until stopped and ./dev test is this suite"),
+    ("README.md", "./dev test", "./dev run serves until stopped and ./dev test is this suite; "
+     "docs.ExamplesRunAsWritten starts scripts/run-default.sh, what ./dev run runs once it has built"),
     ("README.md", "~/.local/aotid/bin/aotid service install --user",
      "installs into the home directory and enables a user service; "
      "install.WheelRunsFromAFreshVenvWithoutTheCheckout does the same in a venv and a systemd of its own"),
