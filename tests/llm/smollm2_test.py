@@ -11,6 +11,9 @@ has the build's aotid and this venv's python, as `./dev env` gives, with
 $AOTID_CONFIG naming a store and port of the test's own. Two things are the
 test's: it waits for the model to be ready before the curl (the README says
 the build takes minutes), and the curl's localhost:8765 becomes that port.
+The /v1 examples of the README and docs/OPENAI.md (curl and OpenAI's
+client) run the same way against the same daemon; the greedy ones answer
+/generate's greedy text, and the answers have the shape OPENAI.md shows.
 tests/docs/example_claims.py lists the blocks this test runs.
 
     smollm2_test.py AOTID
@@ -21,6 +24,7 @@ not skipped). The context is 256 tokens to keep the build short.
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -35,6 +39,7 @@ sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "examples", "sm
 
 import torch  # noqa: E402
 
+import doc_examples  # noqa: E402
 import example_claims  # noqa: E402
 import export as smollm2  # noqa: E402
 from aotid_export import llm  # noqa: E402
@@ -47,6 +52,7 @@ NEAR = 2.0 ** -6  # as tests/llm/int8_test.py: two bfloat16 steps of the largest
 
 
 TEST = "llm.SmolLM2GreedyEqualsEager"
+OPENAI_QUESTION = "What is the capital of France?"  # the /v1 examples' question
 
 
 def readme_commands():
@@ -61,8 +67,8 @@ def readme_commands():
 
 def run_readme_example(tmp):
     """Runs the README's example; returns the text its curl streamed, the
-    package's size and a port the daemon serving it still listens on (and
-    the daemon, for the caller to stop)."""
+    package's size, a port the daemon serving it still listens on, the
+    daemon, for the caller to stop, and the shell the example ran in."""
     commands = readme_commands()
     work = os.path.join(tmp, "readme")
     os.makedirs(work)
@@ -99,7 +105,49 @@ def run_readme_example(tmp):
     events = [json.loads(line[len("data: "):]) for line in out.splitlines() if line.startswith("data: ")]
     assert events and events[-1].get("finish_reason") in ("stop", "length"), out
     streamed = "".join(e.get("text_output", "") for e in events)
-    return streamed, os.path.getsize(os.path.join(work, "smollm2.pt2")), port, daemon
+    return streamed, os.path.getsize(os.path.join(work, "smollm2.pt2")), port, daemon, shell
+
+
+def as_written(command, port):
+    """A /v1 example's text, asking the test's daemon."""
+    text = command.text.replace("localhost:8765", f"localhost:{port}")
+    assert text != command.text, f"{command} no longer asks localhost:8765"
+    print("$", text, flush=True)
+    return text
+
+
+def run_openai_examples(shell, port, greedy, tmp):
+    """The /v1 examples of the README and docs/OPENAI.md, as written, against
+    the daemon serving smollm2; `greedy(max_tokens)` is /generate's greedy
+    text for their question. Each greedy example answers that text; the
+    README's curl (temperature 1) answers in the shape OPENAI.md shows."""
+    curl, pip, client = example_claims.block(TEST, "README.md", "localhost:8765/v1/chat/completions").commands
+    docs_curl, = example_claims.block(TEST, "docs/OPENAI.md", "localhost:8765/v1/chat/completions").commands
+    stream, = example_claims.block(TEST, "docs/OPENAI.md", "client.chat.completions.create(").commands
+    assert pip.text.startswith("pip install openai"), pip
+    for command in (curl, client, docs_curl, stream):
+        assert OPENAI_QUESTION in command.text, f"{command} no longer asks {OPENAI_QUESTION!r}"
+    shown = doc_examples.shape(json.loads(docs_curl.shown_output()))
+
+    sampled = json.loads(shell(as_written(curl, port)))
+    assert doc_examples.shape(sampled) == shown, (sampled, shown)
+    print("$", pip.text, flush=True)
+    shell(pip.text)
+    # The chat's default budget is the rest of the context: /generate's 64
+    # tokens end the answer (asserted by the caller), so both are all of it.
+    got = shell(as_written(client, port))
+    assert got == greedy(64) + "\n", (got, greedy(64))
+    print(f"ok: the README's /v1 curl (sampled) and its openai client (greedy, {got.strip()!r})", flush=True)
+
+    got = json.loads(shell(as_written(docs_curl, port)))
+    assert doc_examples.shape(got) == shown, (got, shown)
+    assert got["choices"][0]["message"]["content"] == greedy(32), (got, greedy(32))
+    script = os.path.join(tmp, "openai_stream.py")
+    with open(script, "w") as f:
+        f.write(as_written(stream, port))
+    got = shell(f"python {shlex.quote(script)}")
+    assert got == greedy(32), (got, greedy(32))
+    print(f"ok: docs/OPENAI.md's curl and its streaming client answer /generate's greedy {got!r}", flush=True)
 
 
 def export(tmp, weights):
@@ -114,13 +162,17 @@ def main():
     ask = {"messages": [{"role": "user", "content": QUESTION}],
            "parameters": {"temperature": 0, "max_tokens": TOKENS, "return_token_ids": True}}
     with tempfile.TemporaryDirectory() as tmp:
-        streamed, size, readme_port, readme_daemon = run_readme_example(tmp)
+        streamed, size, readme_port, readme_daemon, shell = run_readme_example(tmp)
         try:
             # The README's question again, with the ids to check against eager.
-            readme_ask = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+            readme_ask = {"messages": [{"role": "user", "content": OPENAI_QUESTION}],
                           "parameters": {"temperature": 0, "max_tokens": 64, "return_token_ids": True}}
             readme_got = post(readme_port, "/v2/models/smollm2/generate", readme_ask)
+            assert readme_got["finish_reason"] == "stop", readme_got  # all of the answer, for /v1's examples
             got = post(readme_port, "/v2/models/smollm2/generate", ask)
+            greedy = lambda n: post(readme_port, "/v2/models/smollm2/generate", {
+                **readme_ask, "parameters": {"temperature": 0, "max_tokens": n}})["text_output"]
+            run_openai_examples(shell, readme_port, greedy, tmp)
         finally:
             readme_daemon.terminate()
             readme_daemon.wait(timeout=60)
