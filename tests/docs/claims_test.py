@@ -58,7 +58,7 @@ def problems(root, run, not_run, tests_dir=TESTS):
     for b in doc_examples.all_blocks(root):
         if not b.lang:
             found.append(f"{b.where()}: a block without a language; say sh, python, text, json or toml")
-        elif b.lang not in doc_examples.SHELL + doc_examples.PYTHON + doc_examples.DATA:
+        elif b.lang not in doc_examples.SHELL + doc_examples.PYTHON + doc_examples.CONFIG + doc_examples.DATA:
             found.append(f"{b.where()}: language {b.lang!r}; say sh, python, text, json or toml")
         found.extend(f"{s}: neither a command of {sorted(doc_examples.PROGRAMS)} nor output after one"
                      for s in b.strays)

@@ -6,8 +6,9 @@ at a line whose program (after any VAR=value) is one the docs run
 (``PROGRAMS``), and goes on over the lines a backslash, an open quote or a
 here-document carry on; comments are left out, and the lines after a
 command that start none are the output the docs show for it. A ``python``
-block is one command, whole. Other languages (``text``, ``json``, ``toml``)
-hold no commands.
+block is one command, whole, and so is a ``toml`` block, a configuration
+for aotid to read. ``text`` and ``json`` blocks (diagrams, layouts, what a
+file or a route holds) hold no commands.
 
 tests/docs/example_claims.py says which test runs each block.
 """
@@ -22,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The programs the docs' shell examples run, by the last part of their path
 # (`build/aotid`, `~/.local/aotid/bin/pip` and `./dev` count).
 PROGRAMS = {"aotid", "aotid-export", "cat", "curl", "dev", "oras", "pip", "python", "python3", "sudo"}
-SHELL, PYTHON, DATA = ("sh",), ("python",), ("text", "json", "toml")
+SHELL, PYTHON, CONFIG, DATA = ("sh",), ("python",), ("toml",), ("text", "json")
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*=")
 HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_]+)['\"]?")
@@ -46,7 +47,7 @@ class Block:
         self.commands, self.strays = [], []  # strays: lines of a sh block no command accounts for
         if lang in SHELL:
             self._split_shell()
-        elif lang in PYTHON:
+        elif lang in PYTHON + CONFIG:
             self.commands = [Command(text, line + 1)]
 
     def where(self):

@@ -20,6 +20,7 @@ RUN = {
     "docs.ExamplesRunAsWritten": ("docs/examples_test.py", [
         ("README.md", "curl -s localhost:8765/v2/models/demo/infer"),
         ("README.md", "mypkg.models:make_model"),
+        ("docs/SYNC.md", "[[sync]]"),
     ]),
     "llm.SmolLM2GreedyEqualsEager": ("llm/smollm2_test.py", [
         ("README.md", "examples/smollm2/export.py smollm2.pt2"),

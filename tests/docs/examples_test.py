@@ -1,9 +1,10 @@
-"""The README's examples that need only aotid and the models a reader makes,
+"""The docs' examples that need only aotid and the models a reader makes,
 run as written: the demo's curl lines after `./dev run`, and the author's
 and the device's side of "Using it" (export from the command line, add,
 serve, ls, infer), each command in a shell whose PATH has the build's aotid
 and this venv's python, as `./dev env` gives, in a folder laid out as the
-checkout is (build/, .venv/, python/, examples/, scripts/).
+checkout is (build/, .venv/, python/, examples/, scripts/); and
+docs/SYNC.md's [[sync]] table, read by aotid as a configuration.
 
     examples_test.py AOTID
 
@@ -18,6 +19,7 @@ tests/docs/example_claims.py lists the blocks this test runs.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -195,9 +197,28 @@ def using_it(tmp, daemons):
           "to eager PyTorch's", flush=True)
 
 
+def config_example(tmp):
+    """docs/SYNC.md's [[sync]] table, in a configuration of its own: aotid
+    reads it (a wrong key or value is an error naming it) and lists its
+    source with the interval it sets."""
+    block = example_claims.block(TEST, "docs/SYNC.md", "[[sync]]")
+    config = os.path.join(tmp, "sync.toml")
+    with open(config, "w") as f:
+        f.write(f'[store]\npath = "{os.path.join(tmp, "sync-store")}"\n' + block.text)
+    print(f"$ aotid --config {config} sync status  # with {block.where()}", flush=True)
+    done = subprocess.run([AOTID, "--config", config, "sync", "status"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    assert done.returncode == 0, done.stdout
+    source = re.search(r'^source = "([^"]+)"', block.text, re.M).group(1)
+    interval = re.search(r"^interval_s = (\d+)", block.text, re.M).group(1)
+    assert f"{source} (every {interval} s)" in done.stdout, done.stdout
+    print(f"ok: {block.where()}'s [[sync]] table is a configuration aotid reads", flush=True)
+
+
 def main():
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
+        config_example(tmp)
         daemons = []
         try:
             daemons.append(start_dev_run(tmp))  # its export and build overlap the exports below
