@@ -65,6 +65,12 @@ def readme_commands():
     return commands
 
 
+def readme_output():
+    """The lines the README shows its generate_stream curl print."""
+    block = example_claims.block(TEST, "README.md", "examples/smollm2/export.py smollm2.pt2")
+    return block.commands[-1].output
+
+
 def run_readme_example(tmp):
     """Runs the README's example; returns the text its curl streamed, the
     package's size, a port the daemon serving it still listens on, the
@@ -105,6 +111,12 @@ def run_readme_example(tmp):
     events = [json.loads(line[len("data: "):]) for line in out.splitlines() if line.startswith("data: ")]
     assert events and events[-1].get("finish_reason") in ("stop", "length"), out
     streamed = "".join(e.get("text_output", "") for e in events)
+    # Each token's event has the shape of those the README shows.
+    shown = [doc_examples.shape(json.loads(line[len("data: "):])) for line in readme_output()
+             if line.startswith("data: ") and "..." not in line]
+    assert shown, "the README shows no event of the stream"
+    for event in events[:-1]:
+        assert doc_examples.shape(event) in shown, (event, shown)
     return streamed, os.path.getsize(os.path.join(work, "smollm2.pt2")), port, daemon, shell
 
 
