@@ -32,9 +32,11 @@ def problems(root, run, not_run, tests_dir=TESTS):
             if marker not in text:
                 found.append(f"{test} claims {path}'s block holding {marker!r}, but tests/{source} never asks for it")
             claims.setdefault(path, []).append((marker, test))
-    for path, marker, why in not_run:
+    digests = {}
+    for path, marker, digest, why in not_run:
         assert why, (path, marker)
         claims.setdefault(path, []).append((marker, "not run"))
+        digests[(path, marker)] = digest
     cmake = open(os.path.join(tests_dir, "CMakeLists.txt"), encoding="utf-8").read()
     for test in run:
         if not re.search(rf"add_test\(NAME {re.escape(test)}\s", cmake):
@@ -54,6 +56,10 @@ def problems(root, run, not_run, tests_dir=TESTS):
                 found.append(f"{hits[0].where()}: claimed ({who}) but holds no command")
             else:
                 taken.setdefault(hits[0].where(), []).append(who)
+                now = hits[0].digest()
+                if who == "not run" and digests[(path, marker)] != now:
+                    found.append(f"{hits[0].where()}: the commands of an excused block changed: run it in a test "
+                                 f"(RUN), or see that the reason still holds and put its digest {now} in NOT_RUN")
 
     for b in doc_examples.all_blocks(root):
         if not b.lang:
@@ -82,11 +88,13 @@ def checker_names_what_is_wrong():
         with open(os.path.join(root, "docs", "X.md"), "w") as f:
             f.write("```python\nprint(1)\n```\n")
         run = {"docs.EveryExampleRunOrExcused": ("docs/claims_test.py", [("README.md", "aotid ls")])}
-        not_run = [("README.md", "aotid ls", "twice"), ("docs/X.md", "print(2)", "went")]
+        not_run = [("README.md", "aotid ls", "0", "twice"), ("docs/X.md", "print(2)", "0", "went"),
+                   ("README.md", "aotid rm x", "0", "changed")]
         got = problems(root, run, not_run)
     want = ["README.md:1: an example no test runs", "README.md:5: claimed more than once",
             "docs/X.md: 0 blocks hold 'print(2)'", "docs/X.md:1: an example no test runs",
-            "README.md:10: a block without a language", "README.md:15: make all: neither a command"]
+            "README.md:10: a block without a language", "README.md:15: make all: neither a command",
+            "README.md:5: the commands of an excused block changed"]
     for w in want:
         assert any(w in p for p in got), f"the checker missed {w!r}:\n" + "\n".join(got)
     print(f"ok: the checker names all {len(want)} faults of a made-up checkout")

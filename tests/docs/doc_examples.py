@@ -14,6 +14,7 @@ tests/docs/example_claims.py says which test runs each block.
 """
 
 import glob
+import hashlib
 import os
 import re
 import shlex
@@ -52,6 +53,12 @@ class Block:
 
     def where(self):
         return f"{self.path}:{self.line}"
+
+    def digest(self):
+        """8 hex digits that change when a command of the block does (its
+        comments and shown output aside)."""
+        text = "\n\0".join(c.text for c in self.commands)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def __repr__(self):
         return f"Block({self.where()} {self.lang})"
