@@ -5,7 +5,9 @@
 
 A checker that passed everything would pass here too, so it is first shown
 a checkout of its own making, with an example no one claims, a claim on a
-block that went and a block without a language, and must name each.
+block that went, an excused block that changed and a block without a
+language, and must name each; and the splitter must keep continued lines,
+open quotes and here-documents with their commands.
 """
 
 import os
@@ -20,8 +22,10 @@ TESTS = os.path.dirname(example_claims.HERE)
 
 
 def problems(root, run, not_run, tests_dir=TESTS):
+    """What is wrong with the docs under `root` and the registry (RUN,
+    NOT_RUN), one line each."""
     found = []
-    claims = {}  # (path, block line) -> who
+    claims = {}  # doc -> [(piece of a block, the test that runs it or "not run")]
     for test, (source, names) in run.items():
         try:
             text = open(os.path.join(tests_dir, source), encoding="utf-8").read()
@@ -79,6 +83,20 @@ def problems(root, run, not_run, tests_dir=TESTS):
     return found
 
 
+def splitter_keeps_commands_whole():
+    text = ("# a comment\nFOO=1 build/aotid ls   # trailing\nNAME  VERSION\n"
+            "curl -s x \\\n  -d '{\"a\":\n   1}'\n{\"out\": 1}\n"
+            "cat > f <<'EOF'\nit's here\nEOF\npython -c 'print(1)\nprint(2)'\n")
+    b = doc_examples.Block("X.md", 1, "sh", text)
+    got = [(c.text, c.output) for c in b.commands]
+    want = [("FOO=1 build/aotid ls   # trailing", ["NAME  VERSION"]),
+            ("curl -s x \\\n  -d '{\"a\":\n   1}'", ['{"out": 1}']),
+            ("cat > f <<'EOF'\nit's here\nEOF", []),
+            ("python -c 'print(1)\nprint(2)'", [])]
+    assert got == want and not b.strays, (got, b.strays)
+    print(f"ok: the splitter keeps {len(want)} commands whole, their output apart")
+
+
 def checker_names_what_is_wrong():
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "docs"))
@@ -101,6 +119,7 @@ def checker_names_what_is_wrong():
 
 
 def main():
+    splitter_keeps_commands_whole()
     checker_names_what_is_wrong()
     found = problems(doc_examples.ROOT, example_claims.RUN, example_claims.NOT_RUN)
     if found:

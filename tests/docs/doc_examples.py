@@ -64,31 +64,28 @@ class Block:
         return f"Block({self.where()} {self.lang})"
 
     def _split_shell(self):
-        pending, start, heredoc = "", 0, None
+        pending, start, heredoc = None, 0, None
         for n, line in enumerate(self.text.splitlines(), self.line + 1):
-            if pending:
+            if pending is not None:
                 pending += "\n" + line
-                if heredoc is not None:
-                    if line.strip() == heredoc:
-                        heredoc = None
-                elif not line.endswith("\\"):
-                    heredoc = _open_heredoc(line)
-                if heredoc is None and _complete(pending):
+                # A here-document's body runs to its delimiter; other lines
+                # go on while a backslash or an open quote carries them.
+                if (line.strip() == heredoc) if heredoc else _complete(pending):
                     self.commands.append(Command(pending, start))
-                    pending = ""
+                    pending = heredoc = None
+            elif not line.strip() or line.lstrip().startswith("#"):
                 continue
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            if starts_command(line):
-                pending, start, heredoc = line, n, _open_heredoc(line)
-                if heredoc is None and _complete(pending):
-                    self.commands.append(Command(pending, start))
-                    pending = ""
+            elif starts_command(line):
+                heredoc = _open_heredoc(line)
+                if heredoc is None and _complete(line):
+                    self.commands.append(Command(line, n))
+                else:
+                    pending, start = line, n
             elif self.commands:
                 self.commands[-1].output.append(line)
             else:
                 self.strays.append(f"{self.path}:{n}: {line}")
-        if pending:
+        if pending is not None:
             self.strays.append(f"{self.path}:{start}: a command that never ends: {pending}")
 
 
@@ -104,6 +101,7 @@ def starts_command(line):
 
 
 def _open_heredoc(line):
+    """The delimiter of the here-document a command's first line opens."""
     m = HEREDOC.search(line)
     return m.group(1) if m else None
 
