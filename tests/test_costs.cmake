@@ -8,7 +8,7 @@
 # after every test exists; a test this configuration leaves out (Linux only,
 # fuzz, ...) is skipped. A new test that takes over ~20 s: add its line.
 set(_aotid_test_costs
-  llm.SmolLM2GreedyEqualsEager 624
+  llm.SmolLM2GreedyEqualsEager 640
   exporter.HfZooServedEqualToEager 363
   e2e.Packages 352
   install.WheelRunsFromAFreshVenvWithoutTheCheckout 342
