@@ -532,6 +532,7 @@ struct Conn {
     bool http11 = true;
     std::vector<Header> headers;  // set before the handler returned
     std::string what;             // method and path, for the log
+    std::string path;             // for the error hook
   } later;
   ~Conn() {
     if (fd >= 0) ::close(fd);
@@ -810,6 +811,18 @@ bool WantsKeepAlive(const Request& req) {
     return false;
   };
   return req.minor_version >= 1 ? !has("close") : has("keep-alive");
+}
+
+// The path of the request whose first bytes are `data`, as far as they go
+// ("" before it starts): a refusal of a request that was not read whole
+// (414, 408) still says where it was going.
+std::string_view PathSoFar(std::string_view data) {
+  size_t at = 0;
+  while (at < data.size() && at < 4 && (data[at] == '\r' || data[at] == '\n')) ++at;
+  size_t space = data.find(' ', at);
+  if (space == std::string_view::npos) return {};
+  std::string_view target = data.substr(space + 1);
+  return target.substr(0, target.find_first_of(" ?\r\n"));
 }
 
 }  // namespace
@@ -1151,11 +1164,14 @@ class Server::Impl {
   // than a reset.
   void RefuseAtOnce(Conn& c, int status, const std::string& message) {
     char sink[16384];
-    while (::recv(c.fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    ssize_t first = ::recv(c.fd, sink, sizeof sink, MSG_DONTWAIT);
+    std::string path(PathSoFar(std::string_view(sink, static_cast<size_t>(std::max<ssize_t>(first, 0)))));
+    while (first > 0 && ::recv(c.fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
     }
     Response res;
     res.status = status;
     res.Set(error_body_(message), "application/json");
+    ShapeError(path, res);
     std::string all = ResponseHead(res, /*keep_alive=*/false) + res.body;
     (void)!::send(c.fd, all.data(), all.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     ::shutdown(c.fd, SHUT_WR);
@@ -1172,6 +1188,7 @@ class Server::Impl {
     Response res;
     res.status = 408;
     res.Set(error_body_("the request was not received within server.request_timeout_s"), "application/json");
+    ShapeError(PathSoFar(c.in.View()), res);
     c.in.Consume(c.in.View().size());
     c.out = ResponseHead(res, /*keep_alive=*/false) + res.body;
     c.out_at = 0;
@@ -1361,10 +1378,11 @@ class Server::Impl {
   // Sends a response for an error of framing or limits and closes; bytes the
   // client may still be sending are drained first (briefly), so that it
   // reads the answer instead of a reset.
-  Next Refuse(Conn& c, int status, const std::string& message) {
+  Next Refuse(Conn& c, std::string_view path, int status, const std::string& message) {
     Response res;
     res.status = status;
     res.Set(error_body_(message), "application/json");
+    ShapeError(path, res);
     Send(c, res, /*keep_alive=*/false, /*head_only=*/false);
     ::shutdown(c.fd, SHUT_WR);
     int64_t until = NowMs() + 1000;
@@ -1380,9 +1398,9 @@ class Server::Impl {
 
   // A read that got nothing: 408 naming `what` once the request's time is
   // up, else the peer has gone.
-  Next ReadFailed(Conn& c, int64_t deadline, const char* what) {
+  Next ReadFailed(Conn& c, std::string_view path, int64_t deadline, const char* what) {
     if (clock_->NowMs() < deadline) return Next::kClose;
-    return Refuse(c, 408, std::string(what) + " was not received within server.request_timeout_s");
+    return Refuse(c, path, 408, std::string(what) + " was not received within server.request_timeout_s");
   }
 
   Next ServeRequest(Conn& c) {
@@ -1394,22 +1412,22 @@ class Server::Impl {
       head = ParseHead(c.in.View(), opts_.limits, &req);
       if (head.state != HeadResult::kIncomplete) break;
       if (!ReadSome(c, deadline, clock_)) {
-        return ReadFailed(c, deadline, "the request");
+        return ReadFailed(c, PathSoFar(c.in.View()), deadline, "the request");
       }
     }
-    if (head.state == HeadResult::kError) return Refuse(c, head.status, head.error);
+    if (head.state == HeadResult::kError) return Refuse(c, PathSoFar(c.in.View()), head.status, head.error);
     c.in.Consume(head.consumed);
     BodyFraming framing = FramingOf(req);
-    if (framing.kind == BodyFraming::kError) return Refuse(c, framing.status, framing.error);
+    if (framing.kind == BodyFraming::kError) return Refuse(c, req.path, framing.status, framing.error);
     const int64_t max_body = opts_.limits.max_body_bytes;
     if (framing.kind == BodyFraming::kLength && framing.length > static_cast<uint64_t>(max_body)) {
       return Refuse(
-          c, 413,
+          c, req.path, 413,
           "request body exceeds the limit of " + std::to_string(max_body) + " bytes (server.max_body_bytes)");
     }
     if (const std::string* expect = req.Find("Expect")) {
       if (!IEquals(*expect, "100-continue"))
-        return Refuse(c, 417, "Expect '" + *expect + "' is not supported");
+        return Refuse(c, req.path, 417, "Expect '" + *expect + "' is not supported");
       if (framing.kind != BodyFraming::kNone && c.in.Empty() && !c.continued && !SendContinue(c)) {
         return Next::kClose;
       }
@@ -1423,7 +1441,7 @@ class Server::Impl {
       c.in.Consume(have);
       while (have < n) {
         if (!WaitReadable(c.fd, deadline, clock_)) {
-          return ReadFailed(c, deadline, "the request body");
+          return ReadFailed(c, req.path, deadline, "the request body");
         }
         ssize_t r;
         do r = ::recv(c.fd, req.body.data() + have, n - have, 0);
@@ -1437,11 +1455,11 @@ class Server::Impl {
         c.in.Consume(chunked.consumed);
         if (chunked.state == ChunkedResult::kDone) break;
         if (chunked.state == ChunkedResult::kError) {
-          return Refuse(c, chunked.status,
+          return Refuse(c, req.path, chunked.status,
                         chunked.status == 413 ? chunked.error + " (server.max_body_bytes)" : chunked.error);
         }
         if (!ReadSome(c, deadline, clock_)) {
-          return ReadFailed(c, deadline, "the request body");
+          return ReadFailed(c, req.path, deadline, "the request body");
         }
       }
     }
@@ -1467,8 +1485,10 @@ class Server::Impl {
       c.later.http11 = req.minor_version >= 1;
       c.later.headers = std::move(res.headers);
       c.later.what = req.method + " " + req.path.substr(0, 200);
+      c.later.path = req.path;
       return Next::kDefer;
     }
+    ShapeError(req.path, res);
     return Answer(c, res, WantsKeepAlive(req), req.method == "HEAD", req.minor_version >= 1);
   }
 
@@ -1492,6 +1512,7 @@ class Server::Impl {
       res.status = 500;
       res.Set(error_body_("internal error"), "application/json");
     }
+    ShapeError(c.later.path, res);
     return Answer(c, res, c.later.keep_alive, c.later.head_only, c.later.http11);
   }
 
@@ -1588,6 +1609,11 @@ class Server::Impl {
     return head;
   }
 
+  // Gives an error answer the shape its path's API wants (SetErrorHook).
+  void ShapeError(std::string_view path, Response& res) const {
+    if (error_hook_ && res.status >= 400) error_hook_(path, res);
+  }
+
   bool Send(Conn& c, const Response& res, bool keep_alive, bool head_only) {
     std::string head = ResponseHead(res, keep_alive);
     iovec v[2] = {{head.data(), head.size()}, {const_cast<char*>(res.body.data()), res.body.size()}};
@@ -1597,6 +1623,7 @@ class Server::Impl {
   ServerOptions opts_;
   std::function<void(Request&, Response&)> handler_;
   std::function<std::string(std::string_view)> error_body_;
+  std::function<void(std::string_view, Response&)> error_hook_;
   const Clock* clock_;  // request, idle, write and drain timeouts
   int listen_fd_ = -1;
   int socket_lock_fd_ = -1;  // flock on unix_path + ".lock" while we own the socket
@@ -1626,6 +1653,10 @@ Status Server::Bind() {
 void Server::Serve() { impl_->Serve(); }
 
 void Server::Stop() { impl_->Stop(); }
+
+void Server::SetErrorHook(std::function<void(std::string_view path, Response& res)> hook) {
+  impl_->error_hook_ = std::move(hook);
+}
 
 void Server::TEST_SetBeforeWorkerWaits(std::function<void()> hook) {
   impl_->TEST_before_worker_waits_ = std::move(hook);

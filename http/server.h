@@ -236,6 +236,13 @@ class Server {
   // Safe from any thread and from a signal-driven loop.
   void Stop();
 
+  // `hook` sees every error answer (status 400 and up) before it is sent,
+  // the handler's and the server's own (limits, framing, timeouts, an
+  // exception), with the request's path as far as it was read ("" when
+  // none was): an API whose clients read errors in another shape (OpenAI's
+  // under /v1/) rewrites those of its paths. Set before Serve().
+  void SetErrorHook(std::function<void(std::string_view path, Response& res)> hook);
+
   // Test hooks, set before Serve(). TEST_SetBeforeWorkerWaits: `hook` runs
   // on a worker that found no connection to serve, with the queue's lock
   // held, just before it waits for one. TEST_SetBeforeStoppingWorkers:

@@ -223,9 +223,6 @@ HttpApi::~HttpApi() = default;
 void HttpApi::Handle(http::Request& req, http::Response& res) const {
   std::shared_ptr<const HttpOptions> access = Access();  // one request, one policy
   if (Admit(req, res, *access)) router_.Dispatch(req, res);
-  // OpenAI's clients read errors in OpenAI's shape: also the refusals
-  // before any route (Host, token) and the router's own 404 and 405.
-  if (req.path.rfind("/v1/", 0) == 0) ToOpenAiError(res);
   // Refusals are the client's business, but an operator chasing one turns
   // on log.level = "debug" and sees each with its reason.
   if (res.status >= 400) {
@@ -744,6 +741,12 @@ void HttpApi::Routes() {
 Status HttpApi::Bind() {
   server_ = std::make_unique<http::Server>(
       options_.server, [this](http::Request& req, http::Response& res) { Handle(req, res); }, ErrorBody);
+  // OpenAI's clients read errors in OpenAI's shape: every error on /v1/,
+  // also the refusals before any route (Host, token), the router's 404 and
+  // 405, and the server's own (413, 414, 431, 408).
+  server_->SetErrorHook([](std::string_view path, http::Response& res) {
+    if (path.starts_with("/v1/")) ToOpenAiError(res);
+  });
   RETURN_IF_ERROR(server_->Bind());
   port_ = server_->port();
   return Status::OK();

@@ -37,8 +37,9 @@ struct OpenAiError {
 std::string OpenAiErrorBody(const OpenAiError& e);
 
 // A /v1 route's answer of `status` with aotid's own error body
-// ({"error": "message"}, as the checks before any route write it) in
-// OpenAI's shape instead. Other bodies are left as they are.
+// ({"error": "message"}, as the checks before any route and the HTTP
+// server write it) in OpenAI's shape instead. Other bodies are left as
+// they are.
 void ToOpenAiError(http::Response& res);
 
 enum class OpenAiEndpoint { kChat, kCompletions };

@@ -153,6 +153,43 @@ TEST_F(HttpApiTest, CrossSiteRequestsAreRefusedUnlessTheirOriginIsConfigured) {
   }
 }
 
+// OpenAI's clients read {"error": {"message", "type", ...}}: the server's
+// own refusals, made before any route runs, take that shape on /v1/ too
+// (they were {"error": "message"}), and keep aotid's elsewhere.
+TEST_F(HttpApiTest, TheServersOwnRefusalsTakeOpenAisShapeOnV1) {
+  Stop();
+  HttpOptions o;
+  o.server.request_timeout_s = 1;
+  Start(o);
+  const std::string host = "Host: localhost\r\n";
+  std::string many_headers;
+  for (int i = 0; i < 101; ++i) many_headers += "X-" + std::to_string(i) + ": a\r\n";
+  struct Case {
+    int status;
+    std::string v1, v2;  // the same refusal on a /v1/ path and on a /v2/ one
+  } cases[] = {
+      {413, "POST /v1/chat/completions HTTP/1.1\r\n" + host + "Content-Length: 100000000\r\n\r\n",
+       "POST /v2/models/m/infer HTTP/1.1\r\n" + host + "Content-Length: 100000000\r\n\r\n"},
+      {414, "GET /v1/models/" + std::string(20000, 'a') + " HTTP/1.1\r\n" + host + "\r\n",
+       "GET /v2/models/" + std::string(20000, 'a') + " HTTP/1.1\r\n" + host + "\r\n"},
+      {431, "GET /v1/models HTTP/1.1\r\n" + host + many_headers + "\r\n",
+       "GET /v2/models/m HTTP/1.1\r\n" + host + many_headers + "\r\n"},
+      {408, "GET /v1/models HTTP/1.1\r\n" + host, "GET /v2/models/m HTTP/1.1\r\n" + host},  // never ends
+  };
+  for (const Case& c : cases) {
+    std::string v1 = Send(c.v1);
+    ASSERT_EQ(StatusOf(v1), c.status) << v1.substr(0, 300);
+    nlohmann::json e = BodyOf(v1);
+    ASSERT_TRUE(e.contains("error") && e["error"].is_object()) << v1.substr(0, 300);
+    EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(e["error"].contains("param") && e["error"].contains("code")) << e;
+    std::string v2 = Send(c.v2);
+    ASSERT_EQ(StatusOf(v2), c.status) << v2.substr(0, 300);
+    EXPECT_TRUE(BodyOf(v2)["error"].is_string()) << v2.substr(0, 300);
+  }
+}
+
 TEST_F(HttpApiTest, PostBodiesOfFormAndTextTypesAreRefusedWith415) {
   for (std::string type : {"text/plain", "multipart/form-data; boundary=x", "application/xml"}) {
     std::string reply = Send(Post("/v2/models/m/infer", "Content-Type: " + type + "\r\n"));
