@@ -30,6 +30,40 @@ model::HostTensor Int64Tensor(const std::string& name, std::vector<int64_t> shap
   return t;
 }
 
+// Answer tokens' logprobs, each held until its token's text is shown. The
+// text that may start a stop string is held back (text::StopMatcher), and
+// the stop string that ends an answer is cut from it: its tokens are cut
+// with it, logprobs and all. Places count bytes of the text as generated
+// (the stop matcher's input), so the shown text is a prefix of it.
+class HeldLogprobs {
+ public:
+  // The logprob of a token whose text takes `bytes` bytes from `start`.
+  void Add(text::TokenLogprob lp, size_t start, size_t bytes) {
+    held_.push_back({std::move(lp), start, bytes});
+  }
+  // Hands on, in order, those of the tokens the first `shown` bytes show:
+  // those whose text starts before it, and those without text (a special
+  // token) at it.
+  void Release(size_t shown, const std::function<void(text::TokenLogprob&&)>& out) {
+    size_t n = 0;
+    while (n < held_.size() && (held_[n].start < shown || (held_[n].bytes == 0 && held_[n].start == shown))) {
+      out(std::move(held_[n].lp));
+      ++n;
+    }
+    held_.erase(held_.begin(), held_.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  void ReleaseAll(const std::function<void(text::TokenLogprob&&)>& out) {
+    Release(std::numeric_limits<size_t>::max(), out);
+  }
+
+ private:
+  struct Held {
+    text::TokenLogprob lp;
+    size_t start, bytes;
+  };
+  std::vector<Held> held_;
+};
+
 // The parameters a request may set, and where each lands.
 Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
   auto need = [&](bool ok, const char* what) {
@@ -399,7 +433,15 @@ StatusOr<GenerateResult> Generator::Run(
   text::StopMatcher stops(req.stop);
   Clock::time_point first_token;
   bool stopped = false;
+  HeldLogprobs held;
+  size_t fed = 0;  // bytes of text given to the stop matcher
+  auto report = [&](text::TokenLogprob&& lp) {
+    r.logprobs.push_back(std::move(lp));
+    if (on_logprob) on_logprob(r.logprobs.back());
+  };
+  // The logprobs of the tokens `piece` shows go first, then its text.
   auto emit = [&](const std::string& piece) {
+    held.Release(r.text.size() + piece.size(), report);
     if (piece.empty()) return true;
     r.text += piece;
     return on_text ? on_text(piece) : true;
@@ -417,14 +459,16 @@ StatusOr<GenerateResult> Generator::Run(
       break;
     }
     sampler.Accept(next);
-    if (req.top_logprobs >= 0) {
-      r.logprobs.push_back(
-          text::Logprobs(logits.data(), static_cast<int32_t>(vocab_), next, req.top_logprobs));
-      if (on_logprob) on_logprob(r.logprobs.back());
-    }
     // A special token (<|im_start|>, ...) counts but shows no text.
-    std::string piece =
-        stops.Push(utf8.Push(tok.IsSpecial(next) ? std::string() : tok.Bytes(next)), &stopped);
+    const std::string bytes = tok.IsSpecial(next) ? std::string() : tok.Bytes(next);
+    if (req.top_logprobs >= 0) {
+      // Its text starts after the bytes of a character still unfinished.
+      held.Add(text::Logprobs(logits.data(), static_cast<int32_t>(vocab_), next, req.top_logprobs),
+               fed + utf8.held(), bytes.size());
+    }
+    std::string whole = utf8.Push(bytes);
+    fed += whole.size();
+    std::string piece = stops.Push(whole, &stopped);
     if (r.ids.size() == 1) r.first_token_ms = MsSince(start);
     bool wanted = emit(piece) && !(cancelled && cancelled());
     if (stopped) {
@@ -457,6 +501,7 @@ StatusOr<GenerateResult> Generator::Run(
       tail += stops.Flush();
     }
     emit(tail);
+    if (!stopped) held.ReleaseAll(report);  // all of the text is out
   }
   if (!r.ids.empty())
     r.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - first_token).count();

@@ -58,7 +58,9 @@ nlohmann::json DescribeGenerate(const text::GenerateSpec& spec);
 struct GenerateResult {
   std::string text;
   std::vector<int32_t> ids;
-  std::vector<text::TokenLogprob> logprobs;  // one per id, when the request asked (top_logprobs >= 0)
+  // When the request asked (top_logprobs >= 0): one per id, but for the
+  // tokens of the stop string that ended the answer, cut with its text.
+  std::vector<text::TokenLogprob> logprobs;
   int64_t prompt_tokens = 0;
   std::string finish_reason;  // "stop" (end of text or a stop string), "length", "cancelled"
   uint64_t seed = 0;
@@ -95,7 +97,10 @@ class Generator {
   // sequence waits its turn and between tokens. A failure before any text
   // is an error; after some, the result says "cancelled" or carries the
   // error in `error`. `on_logprob`, when set and the request asks for
-  // logprobs, gets each answer token's before its text goes to `on_text`.
+  // logprobs, gets each answer token's before its text goes to `on_text`:
+  // a token whose text is held back (it may start a stop string) waits
+  // with it, and the tokens of the stop string that ends the answer get
+  // none.
   StatusOr<GenerateResult> Run(
       model::LoadedModel& model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
       const std::function<bool(std::string_view text)>& on_text, const std::function<bool()>& cancelled,

@@ -98,6 +98,8 @@ class Utf8Stream {
   std::string Push(std::string_view bytes);
   // What is still held, with any unfinished character as U+FFFD.
   std::string Flush();
+  // The bytes of an unfinished character, waiting for the rest of it.
+  size_t held() const { return held_.size(); }
 
  private:
   std::string held_;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -26,16 +27,21 @@ text::GenerateSpec Spec() {
   return text::GenerateSpec::FromJson(g.dump()).value();
 }
 
-std::shared_ptr<Generator> MakeGenerator() {
-  StatusOr<text::GenerateSpec> spec = Spec();
-  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+// The compiled model that spec runs.
+model::ModelSpec ModelOf() {
   model::ModelSpec model;
   model::TensorSpec tokens{
       "tokens", model::DType::kInt64, {1, -1}, {std::nullopt, model::DimRange{"s", 1, 32}}};
   model::TensorSpec pos{"input_pos", model::DType::kInt64, {-1}, {model::DimRange{"s", 1, 32}}};
   model.inputs = {tokens, pos};
   model.outputs = {{"logits", model::DType::kFloat32, {1, 49152}}};
-  auto gen = Generator::Create(std::move(spec).value(), model);
+  return model;
+}
+
+std::shared_ptr<Generator> MakeGenerator() {
+  StatusOr<text::GenerateSpec> spec = Spec();
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  auto gen = Generator::Create(std::move(spec).value(), ModelOf());
   EXPECT_TRUE(gen.ok()) << gen.status().ToString();
   return gen.ok() ? *gen : nullptr;
 }
@@ -121,6 +127,85 @@ TEST(Generator, AWaitersCancelCheckRunsOutsideTheGatesLock) {
   waiter.join();
   gen->Release();
   EXPECT_EQ(gen->waiting(), 0);
+}
+
+// A language model that says what it is told: each call's logits make the
+// next token of `answer` the likeliest, then the end token.
+class ScriptedModel final : public model::LoadedModel {
+ public:
+  explicit ScriptedModel(std::vector<int32_t> answer) : spec_(ModelOf()), answer_(std::move(answer)) {}
+  const model::ModelSpec& spec() const override { return spec_; }
+  const std::string& device() const override { return device_; }
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>&,
+                                                 const model::RunContext&) override {
+    std::vector<float> logits(49152, 0.0f);
+    logits[calls_ < answer_.size() ? static_cast<size_t>(answer_[calls_]) : 2] = 10;  // 2: the end
+    ++calls_;
+    model::HostTensor t{"logits", model::DType::kFloat32, {1, 49152}, {}};
+    t.data.resize(logits.size() * sizeof(float));
+    std::memcpy(t.data.data(), logits.data(), t.data.size());
+    return std::vector<model::HostTensor>{std::move(t)};
+  }
+
+ private:
+  model::ModelSpec spec_;
+  std::string device_ = "cpu";
+  std::vector<int32_t> answer_;
+  size_t calls_ = 0;
+};
+
+// The stop string that ends an answer is cut from its text, and its tokens
+// from its logprobs, whole and streamed: a client must not see a token that
+// is not in the text. A token whose text is partly shown keeps its logprob,
+// and text held back that turns out not to be a stop string brings its
+// tokens' logprobs with it, each before its text.
+TEST(Generator, TheTokensOfTheStopStringThatEndsAnAnswerHaveNoLogprobs) {
+  auto gen = MakeGenerator();
+  ASSERT_NE(gen, nullptr);
+  const text::Tokenizer& tok = *gen->spec().tokenizer;
+  std::vector<int32_t> answer = tok.Encode("The cat sat on the mat").value();
+  std::vector<std::string> pieces;
+  for (int32_t id : answer) pieces.push_back(tok.Bytes(id));
+  ASSERT_EQ(pieces, (std::vector<std::string>{"The", " cat", " sat", " on", " the", " mat"}));
+  struct Case {
+    std::vector<std::string> stop;
+    std::string text;
+    size_t tokens;  // those of `answer` with a logprob
+  } cases[] = {
+      {{"at on"}, "The cat s", 3},                     // " sat" shows its "s"; " on" is in the stop string
+      {{" on the"}, "The cat sat", 3},                 // the stop string's tokens, whole
+      {{" on the rug"}, "The cat sat on the mat", 6},  // held back, then shown
+  };
+  for (const Case& c : cases) {
+    GenerateRequest req;
+    req.sampling.temperature = 0;
+    req.top_logprobs = 1;
+    req.stop = c.stop;
+    ScriptedModel model(answer);
+    std::vector<int32_t> streamed;
+    std::string events;  // "t" for a token's logprob, the text as it comes
+    auto g = gen->Run(
+        model, req, {1},
+        [&](std::string_view piece) {
+          events += "[" + std::string(piece) + "]";
+          return true;
+        },
+        nullptr, nullptr,
+        [&](const text::TokenLogprob& t) {
+          streamed.push_back(t.id);
+          events += "t";
+        });
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->text, c.text) << c.stop[0];
+    EXPECT_EQ(g->finish_reason, "stop");
+    const std::vector<int32_t> shown(answer.begin(), answer.begin() + static_cast<std::ptrdiff_t>(c.tokens));
+    std::vector<int32_t> whole;
+    for (const auto& t : g->logprobs) whole.push_back(t.id);
+    EXPECT_EQ(whole, shown) << c.stop[0];
+    EXPECT_EQ(streamed, shown) << c.stop[0];
+    // Each token's logprob comes before the text that shows it.
+    if (c.tokens == 6) EXPECT_EQ(events, "t[The]t[ cat]t[ sat]ttt[ on the mat]") << events;
+  }
 }
 
 TEST(Generator, RefusesAModelThatDoesNotFitTheSpec) {
