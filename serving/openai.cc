@@ -179,7 +179,7 @@ std::optional<Bad> ChatParameter(const std::string& key, const json& v, OpenAiRe
                                      "' is not supported: aotid takes system, developer, user and assistant "
                                      "messages (tools are not supported)"};
       }
-      std::string content;
+      std::optional<std::string> content;
       for (auto it = m.begin(); it != m.end(); ++it) {
         const std::string& k = it.key();
         const json& c = it.value();
@@ -188,6 +188,7 @@ std::optional<Bad> ChatParameter(const std::string& key, const json& v, OpenAiRe
           if (c.is_string()) {
             content = c.get<std::string>();
           } else if (c.is_array()) {
+            content.emplace();
             for (size_t j = 0; j < c.size(); ++j) {
               const json& part = c[j];
               const std::string p = at + ".content[" + std::to_string(j) + "]";
@@ -203,7 +204,7 @@ std::optional<Bad> ChatParameter(const std::string& key, const json& v, OpenAiRe
                 if (f.key() != "type" && f.key() != "text")
                   return Bad{p + "." + f.key(), p + "." + f.key() + " is not supported"};
               }
-              content += part["text"].get<std::string>();
+              *content += part["text"].get<std::string>();
             }
           } else if (!c.is_null()) {
             return Bad{at + ".content", at + ".content must be a string or a list of text parts"};
@@ -215,7 +216,12 @@ std::optional<Bad> ChatParameter(const std::string& key, const json& v, OpenAiRe
                                                                     : std::string())};
         }
       }
-      r->messages.push_back({role, std::move(content)});
+      // OpenAI lets an assistant message go without content only when it
+      // calls tools, which aotid refuses above: every message has content.
+      if (!content) {
+        return Bad{at + ".content", at + ".content is missing: each message needs its text (\"\" for none)"};
+      }
+      r->messages.push_back({role, std::move(*content)});
     }
     return std::nullopt;
   }

@@ -116,6 +116,26 @@ TEST(OpenAiRequest, ChatMessagesTakeStringsAndTextPartsAndMakeTheTemplatesPrompt
   EXPECT_FALSE(r.generate.prompt[r.generate.prompt.size() - 3].special);
 }
 
+// A message without content was read as an empty one; OpenAI requires it
+// but of an assistant message that calls tools, which aotid refuses. An
+// empty text is still a message.
+TEST(OpenAiRequest, AMessageWithoutContentIsRefusedNamingIt) {
+  for (const char* role : {"user", "system", "assistant"}) {
+    for (const json& message : {json{{"role", role}}, json{{"role", role}, {"content", nullptr}}}) {
+      json body = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}, message}}};
+      OpenAiRequest r;
+      OpenAiError err;
+      ASSERT_FALSE(ParseOpenAiRequest(body.dump(), OpenAiEndpoint::kChat, &r, &err)) << message;
+      EXPECT_EQ(err.status, 400);
+      EXPECT_EQ(err.param, "messages[1].content");
+      EXPECT_EQ(err.message.find("messages[1].content is missing"), 0u) << err.message;
+    }
+  }
+  OpenAiRequest empty = Chat({{"model", "m"}, {"messages", {{{"role", "user"}, {"content", ""}}}}});
+  ASSERT_EQ(empty.messages.size(), 1u);
+  EXPECT_EQ(empty.messages[0].content, "");
+}
+
 TEST(OpenAiRequest, ABodyOfMillionsOfValuesIsRefusedBeforeItIsBuilt) {
   std::string body = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":[)";
   for (size_t i = 0; i < kMaxRequestJsonValues; ++i) body += "{},";
