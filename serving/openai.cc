@@ -592,6 +592,19 @@ void Send(http::Response& res, const OpenAiError& e) {
   res.Set(OpenAiErrorBody(e), kJson);
 }
 
+// Whether the served version `ref` names is not ready (queued, building,
+// loading or failed), with the error: 503, and Retry-After set on `res`
+// for one that will be.
+bool NotReady(const ServedModel& sm, const std::string& ref, http::Response& res, OpenAiError* err) {
+  if (sm.state == ServeState::kReady && sm.model) return false;
+  const bool failed = sm.state == ServeState::kFailed;
+  if (!failed) res.SetHeader("Retry-After", "5");
+  const std::string state =
+      failed ? "failed: " + sm.message : std::string(ServeStateName(sm.state)) + "; try again shortly";
+  *err = {503, "model '" + ref + "' is " + state, "model", ""};
+  return true;
+}
+
 // The served version `ref` names, ready to generate; else the error, with
 // Retry-After set on `res` for one that will be.
 std::shared_ptr<const ServedModel> ReadyGenerator(const ModelRegistry* reg, const std::string& ref,
@@ -622,16 +635,7 @@ std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const st
             "model_not_found"};
     return nullptr;
   }
-  if (sm->state != ServeState::kReady || !sm->model) {
-    const bool failed = sm->state == ServeState::kFailed;
-    if (!failed) res.SetHeader("Retry-After", "5");
-    *err = {503,
-            "model '" + ref + "' is " +
-                (failed ? "failed: " + sm->message
-                        : std::string(ServeStateName(sm->state)) + "; try again shortly"),
-            "model", ""};
-    return nullptr;
-  }
+  if (NotReady(*sm, ref, res, err)) return nullptr;
   return sm;
 }
 
@@ -744,6 +748,8 @@ void GetModel(const ModelRegistry* reg, const http::Request& req, http::Response
   std::shared_ptr<const ServedModel> sm;
   if (storage::ParseModelRef(ref, &name, &version).ok())
     sm = version ? reg->Find(name, *version) : reg->Find(name);
+  // One on its way is there, not yet ready: a client waits for it.
+  if (sm && NotReady(*sm, ref, res, &err)) return Send(res, err);
   if (!Listed(sm)) {
     return Send(res, {404, "the model '" + ref + "' is not served here (GET /v1/models lists those that are)",
                       "model", "model_not_found"});

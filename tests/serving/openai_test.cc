@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
@@ -354,6 +356,56 @@ TEST(OpenAiError, HasOpenAisShapeAndAotidsOwnErrorsAreRewrittenToIt) {
   EXPECT_EQ(r["error"]["message"], "this aotid needs a bearer token");
   EXPECT_EQ(r["error"]["type"], "authentication_error");
   EXPECT_EQ(r["error"]["code"], "invalid_api_key");
+}
+
+// GET on `path` through the /v1 routes alone, over `reg`.
+http::Response Get(const ModelRegistry& reg, const std::string& path) {
+  http::Router router([](std::string_view m) { return json{{"error", m}}.dump(); });
+  Metrics metrics;
+  AddOpenAiRoutes(router, &reg, &metrics, std::make_shared<std::atomic<bool>>(false));
+  http::Request req;
+  req.method = "GET";
+  req.target = req.path = path;
+  http::Response res;
+  router.Dispatch(req, res);
+  return res;
+}
+
+bool HasRetryAfter(const http::Response& res) {
+  return std::any_of(res.headers.begin(), res.headers.end(),
+                     [](const http::Header& h) { return h.name == "Retry-After"; });
+}
+
+// A model on its way is there but not ready: 503 with when to ask again, as
+// the completion routes answer (it was 404, as if it were not served). One
+// that failed says why, without Retry-After: asking again will not help.
+TEST(OpenAiRoutes, AModelOnItsWayIsUnavailableNotUnknown) {
+  ModelRegistry reg;
+  for (ServeState state : {ServeState::kQueued, ServeState::kBuilding, ServeState::kLoading}) {
+    reg.Put(ServedModel{"demo", 1, state});
+    for (const std::string ref : {"demo", "demo:1"}) {
+      http::Response res = Get(reg, "/v1/models/" + ref);
+      EXPECT_EQ(res.status, 503) << ref << " " << res.body;
+      EXPECT_TRUE(HasRetryAfter(res)) << ref;
+      json e = json::parse(res.body)["error"];
+      EXPECT_EQ(e["message"],
+                "model '" + ref + "' is " + std::string(ServeStateName(state)) + "; try again shortly");
+      EXPECT_EQ(e["param"], "model");
+      EXPECT_EQ(e["type"], "server_error");
+    }
+  }
+  ServedModel failed{"demo", 1, ServeState::kFailed};
+  failed.message = "the build ran out of memory";
+  reg.Put(failed);
+  http::Response res = Get(reg, "/v1/models/demo");
+  EXPECT_EQ(res.status, 503) << res.body;
+  EXPECT_FALSE(HasRetryAfter(res));
+  EXPECT_EQ(json::parse(res.body)["error"]["message"], "model 'demo' is failed: the build ran out of memory");
+  // One not served at all is still unknown.
+  res = Get(reg, "/v1/models/other");
+  EXPECT_EQ(res.status, 404) << res.body;
+  EXPECT_EQ(json::parse(res.body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(Get(reg, "/v1/models/demo:2").status, 404);
 }
 
 }  // namespace
