@@ -48,15 +48,16 @@ StatusOr<T> Refuse(EmbeddingsError* error, std::string param, std::string messag
   return InvalidArgument(std::move(message));
 }
 
-// A token id list: every element an integer that fits int32 (the vocabulary
-// check comes with the model).
-bool ReadIds(const json& list, std::vector<int32_t>* out) {
+// A token id list: every element an integer that fits int64. The range
+// check comes with the model (TokenizeEmbeddingInputs), whose vocabulary
+// says what an id out of it is out of.
+bool ReadIds(const json& list, std::vector<int64_t>* out) {
+  constexpr auto kMost = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   out->reserve(list.size());
   for (const json& v : list) {
     if (!v.is_number_integer()) return false;
-    const int64_t id = v.get<int64_t>();
-    if (id < std::numeric_limits<int32_t>::min() || id > std::numeric_limits<int32_t>::max()) return false;
-    out->push_back(static_cast<int32_t>(id));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > kMost) return false;
+    out->push_back(v.get<int64_t>());
   }
   return true;
 }
@@ -285,13 +286,14 @@ StatusOr<std::vector<std::vector<int32_t>>> TokenizeEmbeddingInputs(const Embedd
         return Refuse<R>(error, "input", "\"input\"[" + std::to_string(i) + "]: " + enc.status().message());
       ids = std::move(enc).value();
     } else {
-      ids = request.token_ids[i];
-      for (int32_t id : ids) {
+      for (int64_t id : request.token_ids[i]) {
         if (id < 0 || id >= vocab) {
           return Refuse<R>(error, "input",
-                           "\"input\"[" + std::to_string(i) + "] holds the token id " + std::to_string(id) +
-                               ", outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
+                           "\"input\"[" + std::to_string(i) + "]: token id " + std::to_string(id) +
+                               " is out of range: the vocabulary has " + std::to_string(vocab) +
+                               " tokens (ids 0 to " + std::to_string(vocab - 1) + ")");
         }
+        ids.push_back(static_cast<int32_t>(id));
       }
     }
     if (ids.size() > room) ids.resize(room);

@@ -59,7 +59,7 @@ nlohmann::json DescribeEmbed(const EmbedSpec& spec);
 struct EmbeddingsRequest {
   std::string model;
   std::vector<std::string> texts;               // input as text (one or a list)
-  std::vector<std::vector<int32_t>> token_ids;  // input as token ids
+  std::vector<std::vector<int64_t>> token_ids;  // input as token ids, unchecked
   bool base64 = false;                          // encoding_format "base64"
   std::optional<int64_t> dimensions;
   std::string user;  // accepted, unused

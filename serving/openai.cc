@@ -262,9 +262,14 @@ std::optional<Bad> CompletionParameter(const std::string& key, const json& v, Op
     }
     if (p->is_array() && !p->empty()) {
       for (const auto& id : *p) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        if (!id.is_number_integer())
           return bad("must be a string, or one list of token ids (one prompt a request)");
-        r->prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+        // Past int64, where no vocabulary reaches; the rest is checked
+        // against the model's (PreparePrompt).
+        if (id.is_number_unsigned() && id.get<uint64_t>() > uint64_t{INT64_MAX})
+          return Bad{
+              key, key + ": token id " + id.dump() + " is out of range: no vocabulary has that many tokens"};
+        r->prompt_ids.push_back(id.get<int64_t>());
       }
       r->has_prompt_ids = true;
       return std::nullopt;
@@ -397,14 +402,17 @@ bool PreparePrompt(const text::GenerateSpec& spec, OpenAiRequest* r, OpenAiError
     return true;
   }
   if (r->has_prompt_ids) {
-    for (int32_t id : r->prompt_ids) {
-      if (id >= spec.tokenizer->vocab_size()) {
-        *err = BadRequest({"prompt", "prompt holds " + std::to_string(id) + ", not a token id (0.." +
-                                         std::to_string(spec.tokenizer->vocab_size() - 1) + ")"});
+    const int64_t vocab = spec.tokenizer->vocab_size();
+    r->generate.ids.clear();
+    for (int64_t id : r->prompt_ids) {
+      if (id < 0 || id >= vocab) {
+        *err = BadRequest({"prompt", "prompt: token id " + std::to_string(id) +
+                                         " is out of range: the vocabulary has " + std::to_string(vocab) +
+                                         " tokens (ids 0 to " + std::to_string(vocab - 1) + ")"});
         return false;
       }
+      r->generate.ids.push_back(static_cast<int32_t>(id));
     }
-    r->generate.ids = r->prompt_ids;
     r->generate.has_ids = true;
   } else {
     r->generate.prompt = {{r->prompt}};  // as /generate's text_input

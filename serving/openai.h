@@ -51,7 +51,7 @@ struct OpenAiRequest {
   bool include_usage = false;               // stream_options.include_usage
   std::vector<text::ChatMessage> messages;  // chat
   std::string prompt;                       // completions: the text, or...
-  std::vector<int32_t> prompt_ids;          // ... token ids (has_prompt_ids)
+  std::vector<int64_t> prompt_ids;          // ... token ids (has_prompt_ids), unchecked
   bool has_prompt_ids = false;
   bool max_tokens_given = false;  // max_tokens or max_completion_tokens
   // The sampling, length, stop strings and logprobs asked for; the prompt

@@ -234,6 +234,26 @@ TEST(OpenAiRequest, CompletionPromptIsTextOrTokenIdsAndDefaultsToSixteenTokens) 
   EXPECT_NE(err.message.find("49152"), std::string::npos);
 }
 
+// An id past int32 (or below 0) was refused as if the prompt were not a
+// list of ids; it is one, with an id the vocabulary does not have.
+TEST(OpenAiRequest, APromptTokenIdOutOfRangeIsNamedWithTheVocabularysSize) {
+  for (const char* id : {"4294967296", "-1", "49152"}) {
+    OpenAiRequest r;
+    OpenAiError err;
+    ASSERT_TRUE(ParseOpenAiRequest(std::string(R"({"model":"m","prompt":[1, )") + id + "]}",
+                                   OpenAiEndpoint::kCompletions, &r, &err))
+        << err.message;
+    ASSERT_FALSE(PreparePrompt(Spec(), &r, &err));
+    EXPECT_EQ(err.status, 400);
+    EXPECT_EQ(err.param, "prompt");
+    EXPECT_EQ(err.message, std::string("prompt: token id ") + id +
+                               " is out of range: the vocabulary has 49152 tokens (ids 0 to 49151)");
+  }
+  EXPECT_EQ(RefusedParam(OpenAiEndpoint::kCompletions,
+                         json::parse(R"({"model":"m","prompt":[18446744073709551615]})")),
+            "prompt");
+}
+
 AnswerMeta Meta() { return AnswerMeta{"chatcmpl-x", 1700000000, "tiny", "fp_0123456789ab"}; }
 
 GenerateResult Result() {
