@@ -14,6 +14,7 @@ frees the model.
 """
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -121,6 +122,21 @@ def check_chat(client, port, eager):
         ids = ref["prompt_token_ids"]
         first = torch.log_softmax(eager(torch.tensor([ids]), torch.arange(len(ids)))[0].double(), -1)
     assert abs(lp[0].logprob - float(first[ref["token_ids"][0]])) < 1e-3, (lp[0].logprob, float(first.max()))
+
+    # The stop string's tokens are cut with it: the logprobs are those of the
+    # tokens that start before it, whole and streamed.
+    shown = len(cut.choices[0].message.content.encode())
+    starts = itertools.accumulate((len(bytes(t.bytes)) for t in lp), initial=0)
+    want = [t.token for t, start in zip(lp, starts) if start < shown]
+    for stream in (False, True):
+        answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12,
+                                                stop=[stop], logprobs=True, stream=stream)
+        if stream:
+            got = [t.token for c in answer if c.choices and c.choices[0].logprobs
+                   for t in c.choices[0].logprobs.content]
+        else:
+            got = [t.token for t in answer.choices[0].logprobs.content]
+        assert got == want, (stream, stop, got, want)
     return ref
 
 
