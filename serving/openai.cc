@@ -163,65 +163,87 @@ std::optional<std::optional<Bad>> CommonParameter(const std::string& key, const 
   return std::nullopt;
 }
 
+// A text part of a message's content (`at` names it), its text added to
+// *text.
+std::optional<Bad> ReadTextPart(const json& part, const std::string& at, std::string* text) {
+  if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+    return Bad{at, at + " must be {\"type\": \"text\", \"text\": ...}"};
+  if (part["type"] != "text") {
+    return Bad{at, at + " is of type '" + part["type"].get<std::string>() +
+                       "': aotid's language models read text only"};
+  }
+  if (!part.contains("text") || !part["text"].is_string())
+    return Bad{at, at + " must have \"text\" as a string"};
+  for (auto f = part.begin(); f != part.end(); ++f) {
+    if (f.key() != "type" && f.key() != "text")
+      return Bad{at + "." + f.key(), at + "." + f.key() + " is not supported"};
+  }
+  *text += part["text"].get<std::string>();
+  return std::nullopt;
+}
+
+// A message's content (`at` names the message): a string, or a list of
+// text parts joined; null leaves *content unset.
+std::optional<Bad> ReadContent(const json& c, const std::string& at, std::optional<std::string>* content) {
+  if (c.is_string()) {
+    *content = c.get<std::string>();
+  } else if (c.is_array()) {
+    content->emplace();
+    for (size_t j = 0; j < c.size(); ++j) {
+      if (auto b = ReadTextPart(c[j], at + ".content[" + std::to_string(j) + "]", &**content)) return b;
+    }
+  } else if (!c.is_null()) {
+    return Bad{at + ".content", at + ".content must be a string or a list of text parts"};
+  }
+  return std::nullopt;
+}
+
+// The role of message `m` (`at` names it), as the chat template names it.
+std::optional<Bad> ReadRole(const json& m, const std::string& at, std::string* role) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+    return Bad{at, at + " must be an object with a \"role\""};
+  *role = m["role"].get<std::string>();
+  if (*role == "developer") *role = "system";  // OpenAI's newer name for the system message
+  if (*role != "system" && *role != "user" && *role != "assistant") {
+    return Bad{at + ".role", at + ".role '" + *role +
+                                 "' is not supported: aotid takes system, developer, user and assistant "
+                                 "messages (tools are not supported)"};
+  }
+  return std::nullopt;
+}
+
+// messages[i], added to r->messages.
+std::optional<Bad> ReadMessage(const json& m, size_t i, OpenAiRequest* r) {
+  const std::string at = "messages[" + std::to_string(i) + "]";
+  std::string role;
+  if (auto b = ReadRole(m, at, &role)) return b;
+  std::optional<std::string> content;
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "role") continue;
+    if (k == "content") {
+      if (auto b = ReadContent(it.value(), at, &content)) return b;
+    } else if (!it.value().is_null()) {
+      return Bad{at + "." + k, at + "." + k + " is not supported" +
+                                   (k == "tool_calls" || k == "function_call" ? ": aotid does not call tools"
+                                                                              : std::string())};
+    }
+  }
+  // OpenAI lets an assistant message go without content only when it
+  // calls tools, which aotid refuses above: every message has content.
+  if (!content) {
+    return Bad{at + ".content", at + ".content is missing: each message needs its text (\"\" for none)"};
+  }
+  r->messages.push_back({role, std::move(*content)});
+  return std::nullopt;
+}
+
 std::optional<Bad> ChatParameter(const std::string& key, const json& v, OpenAiRequest* r) {
   auto bad = [&](const std::string& why) { return std::optional<Bad>(Bad{key, key + " " + why}); };
   if (key == "messages") {
     if (!v.is_array() || v.empty()) return bad("must be a non-empty list of {\"role\", \"content\"}");
     for (size_t i = 0; i < v.size(); ++i) {
-      const json& m = v[i];
-      const std::string at = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        return Bad{at, at + " must be an object with a \"role\""};
-      std::string role = m["role"].get<std::string>();
-      if (role == "developer") role = "system";  // OpenAI's newer name for the system message
-      if (role != "system" && role != "user" && role != "assistant") {
-        return Bad{at + ".role", at + ".role '" + role +
-                                     "' is not supported: aotid takes system, developer, user and assistant "
-                                     "messages (tools are not supported)"};
-      }
-      std::optional<std::string> content;
-      for (auto it = m.begin(); it != m.end(); ++it) {
-        const std::string& k = it.key();
-        const json& c = it.value();
-        if (k == "role") continue;
-        if (k == "content") {
-          if (c.is_string()) {
-            content = c.get<std::string>();
-          } else if (c.is_array()) {
-            content.emplace();
-            for (size_t j = 0; j < c.size(); ++j) {
-              const json& part = c[j];
-              const std::string p = at + ".content[" + std::to_string(j) + "]";
-              if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-                return Bad{p, p + " must be {\"type\": \"text\", \"text\": ...}"};
-              if (part["type"] != "text") {
-                return Bad{p, p + " is of type '" + part["type"].get<std::string>() +
-                                  "': aotid's language models read text only"};
-              }
-              if (!part.contains("text") || !part["text"].is_string())
-                return Bad{p, p + " must have \"text\" as a string"};
-              for (auto f = part.begin(); f != part.end(); ++f) {
-                if (f.key() != "type" && f.key() != "text")
-                  return Bad{p + "." + f.key(), p + "." + f.key() + " is not supported"};
-              }
-              *content += part["text"].get<std::string>();
-            }
-          } else if (!c.is_null()) {
-            return Bad{at + ".content", at + ".content must be a string or a list of text parts"};
-          }
-        } else if (!c.is_null()) {
-          return Bad{at + "." + k,
-                     at + "." + k + " is not supported" +
-                         (k == "tool_calls" || k == "function_call" ? ": aotid does not call tools"
-                                                                    : std::string())};
-        }
-      }
-      // OpenAI lets an assistant message go without content only when it
-      // calls tools, which aotid refuses above: every message has content.
-      if (!content) {
-        return Bad{at + ".content", at + ".content is missing: each message needs its text (\"\" for none)"};
-      }
-      r->messages.push_back({role, std::move(*content)});
+      if (auto b = ReadMessage(v[i], i, r)) return b;
     }
     return std::nullopt;
   }
@@ -666,85 +688,119 @@ void RecordGenerate(Metrics* metrics, const ServedModel& sm, const GenerateResul
 
 namespace {
 
-
-void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Request& req,
-              http::Response& res) {
+// A completion request its model has room for: what answering it takes.
+struct Admitted {
   OpenAiRequest r;
+  std::shared_ptr<const ServedModel> sm;
+  std::vector<int32_t> prompt;
+  AnswerMeta meta;
+  std::function<bool()> gone;  // the client left, or the daemon stops
+  Metrics* metrics = nullptr;
+};
+
+// Reads the request and checks it against its model, up to a place in
+// the model's queue. False once `res` holds the refusal.
+bool PrepareRun(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Request& req,
+                http::Response& res, Admitted* run) {
+  auto refuse = [&](const OpenAiError& e) {
+    Send(res, e);
+    return false;
+  };
+  OpenAiRequest& r = run->r;
   OpenAiError err;
-  if (!ParseOpenAiRequest(req.body, endpoint, &r, &err)) return Send(res, err);
-  std::shared_ptr<const ServedModel> sm = ReadyGenerator(ctx.registry, r.model, res, &err);
-  if (!sm) return Send(res, err);
-  const Generator& gen = *sm->generator;
-  if (!PreparePrompt(gen.spec(), &r, &err)) return Send(res, err);
+  if (!ParseOpenAiRequest(req.body, endpoint, &r, &err)) return refuse(err);
+  run->sm = ReadyGenerator(ctx.registry, r.model, res, &err);
+  if (!run->sm) return refuse(err);
+  const Generator& gen = *run->sm->generator;
+  if (!PreparePrompt(gen.spec(), &r, &err)) return refuse(err);
   auto prompt = gen.Prompt(r.generate);
   if (!prompt.ok()) {
-    return Send(
-        res, {400, prompt.status().message(), endpoint == OpenAiEndpoint::kChat ? "messages" : "prompt", ""});
+    return refuse(
+        {400, prompt.status().message(), endpoint == OpenAiEndpoint::kChat ? "messages" : "prompt", ""});
   }
   if (Status busy = gen.Admit(); !busy.ok()) {
     res.SetHeader("Retry-After", "1");
-    return Send(res, {503, busy.message(), "", ""});
+    return refuse({503, busy.message(), "", ""});
   }
+  run->prompt = std::move(prompt).value();
   int fd = req.connection_fd;
-  std::function<bool()> gone = [fd, stopping = ctx.stopping] {
-    return stopping->load() || (fd >= 0 && http::ClientGone(fd));
+  run->gone = [fd, stopping = ctx.stopping] { return stopping->load() || (fd >= 0 && http::ClientGone(fd)); };
+  run->meta = NewAnswerMeta(r, *run->sm);
+  run->metrics = ctx.metrics;
+  return true;
+}
+
+// Counts a sequence that failed before it made an answer.
+void RecordFailed(const Admitted& run, const Status& error) {
+  GenerateResult none;
+  none.prompt_tokens = static_cast<int64_t>(run.prompt.size());
+  RecordGenerate(run.metrics, *run.sm, none, error);
+}
+
+// The whole answer, in `res`.
+void AnswerWhole(const Admitted& run, http::Response& res) {
+  const Generator& gen = *run.sm->generator;
+  Status error;
+  auto g = gen.Run(*run.sm->model, run.r.generate, run.prompt, nullptr, run.gone, &error);
+  if (!g.ok()) {
+    RecordFailed(run, g.status());
+    if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+    return Send(res, OpenAiErrorFor(g.status()));
+  }
+  RecordGenerate(run.metrics, *run.sm, *g, error);
+  if (!error.ok()) return Send(res, OpenAiErrorFor(error));
+  res.status = 200;
+  res.Set(CompletionBody(run.r, run.meta, *g, *gen.spec().tokenizer), kJson);
+}
+
+// The answer as Server-Sent Events through `write`: a chunk for each piece
+// of text with the logprobs of its tokens, the finish, the usage, [DONE].
+void StreamAnswer(const Admitted& run, const std::function<bool(std::string_view)>& write) {
+  const OpenAiRequest& r = run.r;
+  const text::Tokenizer& tok = *run.sm->generator->spec().tokenizer;
+  auto event = [&](const std::string& data) { return write("data: " + data + "\n\n"); };
+  const bool chat = r.endpoint == OpenAiEndpoint::kChat;
+  std::vector<text::TokenLogprob> pending;  // the tokens since the last chunk
+  size_t offset = 0;                        // of the pending tokens' text in the answer
+  auto flush = [&](std::string_view piece, const std::string& finish_reason) {
+    bool ok = event(StreamChunk(r, run.meta, piece, false, pending, finish_reason, tok, offset));
+    for (const auto& t : pending) offset += Utf8Chars(tok.Bytes(t.id));
+    pending.clear();
+    return ok;
   };
-  AnswerMeta meta = NewAnswerMeta(r, *sm);
-  Metrics* metrics = ctx.metrics;
-  if (!r.stream) {
-    Status error;
-    auto g = gen.Run(*sm->model, r.generate, *prompt, nullptr, gone, &error);
-    if (!g.ok()) {
-      GenerateResult none;
-      none.prompt_tokens = static_cast<int64_t>(prompt->size());
-      RecordGenerate(metrics, *sm, none, g.status());
-      if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
-      return Send(res, OpenAiErrorFor(g.status()));
-    }
-    RecordGenerate(metrics, *sm, *g, error);
-    if (!error.ok()) return Send(res, OpenAiErrorFor(error));
-    res.status = 200;
-    res.Set(CompletionBody(r, meta, *g, *gen.spec().tokenizer), kJson);
+  if (chat && !event(StreamChunk(r, run.meta, "", /*role=*/true, {}, "", tok))) return;
+  auto on_text = [&](std::string_view piece) { return flush(piece, ""); };
+  auto on_logprob = [&](const text::TokenLogprob& t) { pending.push_back(t); };
+  Status error;
+  auto g =
+      run.sm->generator->Run(*run.sm->model, r.generate, run.prompt, on_text, run.gone, &error, on_logprob);
+  if (!g.ok()) error = g.status();
+  if (g.ok()) {
+    RecordGenerate(run.metrics, *run.sm, *g, error);
+  } else {
+    RecordFailed(run, error);
+  }
+  if (!error.ok()) {
+    event(OpenAiErrorBody(OpenAiErrorFor(error)));
     return;
   }
+  if (g->finish_reason == "cancelled") return;  // its client is gone
+  if (!flush("", g->finish_reason)) return;
+  if (r.include_usage && !event(UsageChunk(r, run.meta, *g))) return;
+  write("data: [DONE]\n\n");
+}
+
+void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Request& req,
+              http::Response& res) {
+  Admitted run;
+  if (!PrepareRun(ctx, endpoint, req, res, &run)) return;
+  if (!run.r.stream) return AnswerWhole(run, res);
   res.status = 200;
   res.content_type = "text/event-stream";
   res.SetHeader("Cache-Control", "no-cache");
   // Runs after this handler returns: it holds what it uses.
-  res.stream = [sm, metrics, r = std::move(r), prompt = std::move(prompt).value(), gone,
-                meta](const std::function<bool(std::string_view)>& write) {
-    const text::Tokenizer& tok = *sm->generator->spec().tokenizer;
-    auto event = [&](const std::string& data) { return write("data: " + data + "\n\n"); };
-    const bool chat = r.endpoint == OpenAiEndpoint::kChat;
-    std::vector<text::TokenLogprob> pending;  // the tokens since the last chunk
-    size_t offset = 0;                        // of the pending tokens' text in the answer
-    auto flush = [&](std::string_view piece, const std::string& finish_reason) {
-      bool ok = event(StreamChunk(r, meta, piece, false, pending, finish_reason, tok, offset));
-      for (const auto& t : pending) offset += Utf8Chars(tok.Bytes(t.id));
-      pending.clear();
-      return ok;
-    };
-    if (chat && !event(StreamChunk(r, meta, "", /*role=*/true, {}, "", tok))) return;
-    auto on_text = [&](std::string_view piece) { return flush(piece, ""); };
-    auto on_logprob = [&](const text::TokenLogprob& t) { pending.push_back(t); };
-    Status error;
-    auto g = sm->generator->Run(*sm->model, r.generate, prompt, on_text, gone, &error, on_logprob);
-    if (!g.ok()) error = g.status();
-    if (g.ok()) {
-      RecordGenerate(metrics, *sm, *g, error);
-    } else {
-      GenerateResult none;
-      none.prompt_tokens = static_cast<int64_t>(prompt.size());
-      RecordGenerate(metrics, *sm, none, error);
-    }
-    if (!error.ok()) {
-      event(OpenAiErrorBody(OpenAiErrorFor(error)));
-      return;
-    }
-    if (g->finish_reason == "cancelled") return;  // its client is gone
-    if (!flush("", g->finish_reason)) return;
-    if (r.include_usage && !event(UsageChunk(r, meta, *g))) return;
-    write("data: [DONE]\n\n");
+  res.stream = [run = std::move(run)](const std::function<bool(std::string_view)>& write) {
+    StreamAnswer(run, write);
   };
 }
 
