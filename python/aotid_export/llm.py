@@ -14,6 +14,15 @@ past it (an earlier, longer sequence's) is never read, so a new sequence
 needs no reset: it starts again at position 0 and overwrites the cache as
 it goes.
 
+A model of several sequence slots (``LlamaConfig.max_sequences`` N above 1)
+holds a cache for N sequences and steps several at once:
+
+    logits = model(tokens[B, T] int64, input_pos[B, T] int64, slots[B] int64)   # -> [B, vocab]
+
+Row b is T tokens of the sequence in cache slot ``slots[b]``, at positions
+``input_pos[b]``, and attends to its own slot only (docs/GENERATE.md,
+"Several sequences").
+
 ``Llama`` is such a model in plain PyTorch (the Llama architecture: RMSNorm,
 rotary embeddings, grouped-query attention, SwiGLU), and
 ``export_causal_lm`` writes it, with its tokenizer and chat template, into
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -32,7 +42,7 @@ import torch.nn.functional as F
 from . import AOTID_EXTRA_FILE, _export_program, _package_options
 
 __all__ = ["LlamaConfig", "Llama", "export_causal_lm", "chat_pieces", "TOKENIZER_EXTRA_FILE", "GPT2_PATTERN",
-           "BUILD_OPTIONS", "Int8Linear", "Int8Embedding", "quantize_int8"]
+           "BUILD_OPTIONS", "Int8Linear", "Int8Embedding", "quantize_int8", "cache_size_line"]
 
 TOKENIZER_EXTRA_FILE = "aotid_tokenizer.json"
 
@@ -63,6 +73,9 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
+    # Sequences the cache holds at once, one slot each. 1 is the batch-size-1
+    # model; more adds a batch dim to every call and a slot per row.
+    max_sequences: int = 1
 
     @property
     def head_dim(self) -> int:
@@ -94,24 +107,42 @@ class Attention(torch.nn.Module):
         self.wk = torch.nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
         self.wv = torch.nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
         self.wo = torch.nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
-        shape = (1, c.n_kv_heads, c.max_seq_len, c.head_dim)
+        shape = (c.max_sequences, c.n_kv_heads, c.max_seq_len, c.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
-    def forward(self, x, cos, sin, input_pos, mask, n):
+    def forward(self, x, cos, sin, input_pos, mask, n, slots=None):
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        self.k_cache.index_copy_(2, input_pos, k)
-        self.v_cache.index_copy_(2, input_pos, v)
+        if slots is None:
+            self.k_cache.index_copy_(2, input_pos, k)
+            self.v_cache.index_copy_(2, input_pos, v)
+            keys, values = self.k_cache[:, :, :n], self.v_cache[:, :, :n]
+        else:
+            keys, values = self._slotted(k, v, input_pos, n, slots)
         # Only the n positions in use are read, not the whole cache. Each
-        # key/value head serves n_heads / n_kv_heads query heads, read in
-        # place (no repeated copy of the cache every step).
-        y = F.scaled_dot_product_attention(q, self.k_cache[:, :, :n], self.v_cache[:, :, :n], attn_mask=mask,
+        # key/value head serves n_heads / n_kv_heads query heads, read as
+        # it is (no copy of the cache repeated per query head every step).
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+    def _slotted(self, k, v, input_pos, n, slots):
+        """Row b's keys and values written at its slot's positions, and the
+        first n positions of each row's slot read back, [B, kv heads, n, D]."""
+        # cache[slots[b], :, input_pos[b, t]] = k[b, :, t]: the two indices
+        # broadcast to [B, T], so the value is laid out [B, T, heads, D].
+        at = (slots.unsqueeze(1), slice(None), input_pos)
+        self.k_cache[at] = k.transpose(1, 2)
+        self.v_cache[at] = v.transpose(1, 2)
+        # Each row's slot gathered into a batch for attention: a copy of
+        # the bytes attention reads anyway, sliced first so that it holds
+        # the n positions in use of the B slots in the call, not whole
+        # slots. Positions past a row's own are masked.
+        return self.k_cache[:, :, :n].index_select(0, slots), self.v_cache[:, :, :n].index_select(0, slots)
 
 
 class FeedForward(torch.nn.Module):
@@ -133,16 +164,21 @@ class Block(torch.nn.Module):
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
         self.feed_forward = FeedForward(c)
 
-    def forward(self, x, cos, sin, input_pos, mask, n):
-        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask, n)
+    def forward(self, x, cos, sin, input_pos, mask, n, slots=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask, n, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Llama(torch.nn.Module):
-    """``forward(tokens[1, T], input_pos[T]) -> logits[1, vocab]`` of the last position."""
+    """``forward(tokens[1, T], input_pos[T]) -> logits[1, vocab]`` of the last
+    position; with ``config.max_sequences`` N above 1, ``forward(tokens[B, T],
+    input_pos[B, T], slots[B]) -> logits[B, vocab]``: row b is T tokens of the
+    sequence in cache slot ``slots[b]`` (B <= N, slots distinct)."""
 
     def __init__(self, c: LlamaConfig):
         super().__init__()
+        if c.max_sequences < 1:
+            raise ValueError(f"max_sequences must be at least 1, not {c.max_sequences}")
         self.config = c
         self.tok_embeddings = torch.nn.Embedding(c.vocab_size, c.dim)
         self.layers = torch.nn.ModuleList(Block(c) for _ in range(c.n_layers))
@@ -156,25 +192,54 @@ class Llama(torch.nn.Module):
         self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.register_buffer("positions", torch.arange(c.max_seq_len), persistent=False)
 
-    def forward(self, tokens, input_pos):
+    def forward(self, tokens, input_pos, slots=None):
+        if (slots is None) != (self.config.max_sequences == 1):
+            raise TypeError("Llama: a model of one sequence takes (tokens, input_pos), no slots"
+                            if slots is not None else f"Llama: a model of {self.config.max_sequences} "
+                            "sequence slots takes (tokens[B, T], input_pos[B, T], slots[B])")
         x = self.tok_embeddings(tokens)
         # Gathered with F.embedding: positions run 0..max_seq_len-1, which the
         # build records, so /infer refuses others before the model runs.
         cos, sin = F.embedding(input_pos, self.rope_cos), F.embedding(input_pos, self.rope_sin)
+        if slots is not None:  # per row: [B, 1, T, D/2] against [B, heads, T, D/2]
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         # The positions in use: up to the last one written now (positions
-        # come in order). A query at position p sees the keys at 0..p.
-        n = (input_pos[-1] + 1).item()
+        # come in order; with slots, the furthest row's). A query at
+        # position p sees the keys at 0..p of its own sequence.
+        n = (input_pos[-1] + 1 if slots is None else input_pos.max() + 1).item()
         torch._check(n >= 1)
         torch._check(n <= self.config.max_seq_len)
-        mask = self.positions[:n].unsqueeze(0) <= input_pos.unsqueeze(1)
+        # [T, n], or [B, 1, T, n]: one mask per row, shared by its heads.
+        mask = self.positions[:n] <= input_pos.unsqueeze(-1)
+        if slots is not None:
+            mask = mask.unsqueeze(1)
         for layer in self.layers:
-            x = layer(x, cos, sin, input_pos, mask, n)
+            x = layer(x, cos, sin, input_pos, mask, n, slots)
         return self.output(self.norm(x[:, -1, :]))
 
     def reset(self) -> None:
         for layer in self.layers:
             layer.attention.k_cache.zero_()
             layer.attention.v_cache.zero_()
+
+    def set_max_sequences(self, n: int) -> "Llama":
+        """Gives the model a cache of ``n`` sequence slots, in place (zeros:
+        what the old cache held is dropped), and the signature that goes
+        with it; returns the model."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"max_sequences must be a whole number of at least 1, not {n!r}")
+        self.config = dataclasses.replace(self.config, max_sequences=n)
+        for layer in self.layers:
+            a = layer.attention
+            shape = (n, *a.k_cache.shape[1:])
+            a.k_cache = torch.zeros(shape, dtype=a.k_cache.dtype, device=a.k_cache.device)
+            a.v_cache = torch.zeros(shape, dtype=a.v_cache.dtype, device=a.v_cache.device)
+        return self
+
+    def cache_bytes_per_sequence(self) -> int:
+        """The key/value cache one sequence slot holds, in bytes."""
+        return sum((a.k_cache.numel() + a.v_cache.numel()) * a.k_cache.element_size() // a.k_cache.shape[0]
+                   for a in (layer.attention for layer in self.layers))
 
 
 class Int8Linear(torch.nn.Module):
@@ -379,6 +444,7 @@ def export_causal_lm(
     metadata: Mapping[str, Any] | None = None,
     max_prefill: int | None = None,
     inductor_configs: Mapping[str, Any] | None = None,
+    max_sequences: int | None = None,
 ) -> torch.export.ExportedProgram:
     """Exports a stateful causal LM with what aotid's ``generate`` needs.
 
@@ -390,21 +456,37 @@ def export_causal_lm(
     tokens one call takes (default: the whole context).
     ``inductor_configs`` are the options aotid builds the program with
     (default ``BUILD_OPTIONS``; ``{}`` for AOTInductor's own defaults).
+    ``max_sequences`` (default: the model's own, ``config.max_sequences``)
+    is the sequences its cache holds at once: the model's cache is resized
+    to it in place (``Llama.set_max_sequences``), and above 1 the program
+    takes a batch of rows and their slots (docs/GENERATE.md, "Several
+    sequences"). The cache's size is printed to stderr.
     """
+    if max_sequences is not None and max_sequences != model.config.max_sequences:
+        model.set_max_sequences(max_sequences)
     c = model.config
     _check_tokenizer(tokenizer, c.vocab_size, eos_token_ids, bos_token_id)
     if max_prefill is not None and max_prefill < 1:
         raise ValueError(f"max_prefill must be at least 1, not {max_prefill}")
     most = min(max_prefill or c.max_seq_len, c.max_seq_len)
     seq = torch.export.Dim("seq", min=1, max=most)
-    example = (torch.zeros(1, 4, dtype=torch.int64), torch.arange(4))
-    ep, names = _export_program(model, example, ["tokens", "input_pos"], ["logits"], False,
-                                ({1: seq}, {0: seq}), record_typical=False)
-    # Most calls are decode steps of one token: auto threads are timed there.
+    slotted = c.max_sequences > 1
+    if slotted:
+        batch = torch.export.Dim("batch", min=1, max=c.max_sequences)
+        example = (torch.zeros(2, 4, dtype=torch.int64), torch.arange(4).repeat(2, 1), torch.arange(2))
+        ep, names = _export_program(model, example, ["tokens", "input_pos", "slots"], ["logits"], False,
+                                    ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}), record_typical=False)
+    else:
+        example = (torch.zeros(1, 4, dtype=torch.int64), torch.arange(4))
+        ep, names = _export_program(model, example, ["tokens", "input_pos"], ["logits"], False,
+                                    ({1: seq}, {0: seq}), record_typical=False)
+    # Most calls are decode steps of one token, with every slot busy when
+    # the model is: auto threads are timed there.
     for dims in names.get("input_dims") or []:
         for d in dims or []:
             if d is not None:
-                d["typical"] = 1
+                d["typical"] = c.max_sequences if d.get("name") == "batch" else 1
+    per_slot = model.cache_bytes_per_sequence()
     generate: dict[str, Any] = {
         "kind": "causal_lm",
         "tokens_input": "tokens",
@@ -412,9 +494,13 @@ def export_causal_lm(
         "logits_output": "logits",
         "max_seq_len": c.max_seq_len,
         "max_prefill": most,
+        "max_sequences": c.max_sequences,
+        "cache_bytes_per_sequence": per_slot,
         "eos_token_ids": [int(i) for i in eos_token_ids],
         "tokenizer": TOKENIZER_EXTRA_FILE,
     }
+    if slotted:
+        generate["slots_input"] = "slots"
     if bos_token_id is not None:
         generate["bos_token_id"] = int(bos_token_id)
     if chat_template:
@@ -426,5 +512,18 @@ def export_causal_lm(
              "inductor_options": _package_options(BUILD_OPTIONS if inductor_configs is None else inductor_configs)}
     torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra),
                                              TOKENIZER_EXTRA_FILE: json.dumps(tokenizer)})
+    print(f"aotid_export: {cache_size_line(model)}", file=sys.stderr)
     return ep
 
+
+def cache_size_line(model: Llama) -> str:
+    """What the key/value cache costs, per sequence slot and in all."""
+    c, per_slot = model.config, model.cache_bytes_per_sequence()
+    dtype = str(model.layers[0].attention.k_cache.dtype).removeprefix("torch.")
+    return (f"key/value cache {_mb(per_slot)} per sequence ({c.n_layers} layers x keys and values x "
+            f"{c.n_kv_heads} heads x {c.max_seq_len} positions x {c.head_dim} {dtype}), "
+            f"{c.max_sequences} sequence{'s' if c.max_sequences > 1 else ''}: {_mb(per_slot * c.max_sequences)}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"

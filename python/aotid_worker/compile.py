@@ -451,8 +451,11 @@ def _section_with_tokenizer(kind, section, extra_files, names, inputs, output):
 def generate_section(generate, extra_files, names):
     """A language model's generate spec with its tokenizer inside (the
     build's generate.json), or None for a model that has none."""
+    # A model of several sequence slots takes the rows' slots too.
+    slotted = isinstance(generate, dict) and ("slots_input" in generate or generate.get("max_sequences", 1) != 1)
     return _section_with_tokenizer("generate", generate, extra_files, names,
-                                   ("tokens_input", "positions_input"), "logits_output")
+                                   ("tokens_input", "positions_input") + (("slots_input",) if slotted else ()),
+                                   "logits_output")
 
 
 def embed_section(embed, extra_files, names):
