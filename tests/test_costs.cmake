@@ -23,6 +23,7 @@ set(_aotid_test_costs
   interop.TritonClientAndCurl 70
   exporter.NamedDynamicDimsServedAndBounded 64
   docs.ExamplesRunAsWritten 60
+  exporter.LlmSlotsCompiledEqualsEager 40
   fuzz.DecodeInferRequest 61
   install.ExporterInstallsAloneAndExports 57
   fixture.ExportTestModels 51
