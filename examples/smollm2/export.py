@@ -126,7 +126,12 @@ def main(argv=None) -> int:
     p.add_argument("--weights", choices=("float32", "int8"), default="float32",
                    help="int8: weight-only int8 with a scale per row, a quarter of the bytes a token reads "
                         "(docs/GENERATE.md, \"int8 weights\")")
+    p.add_argument("--max-sequences", type=int, default=1,
+                   help="the sequences the cache holds at once, one slot each (docs/GENERATE.md, "
+                        "\"Several sequences\")")
     args = p.parse_args(argv)
+    if args.max_sequences < 1:
+        p.error(f"--max-sequences {args.max_sequences}: the cache holds at least 1 sequence")
     model, tok, extras = load(args.gguf or gguf_path(), args.max_seq_len)
     if args.weights == "int8":
         quantize_int8(model)
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
     export_causal_lm(model, args.out, tokenizer=tok, eos_token_ids=sorted(set(eos)),
                      bos_token_id=int(extras["bos"]) if extras["add_bos"] else None,
                      chat_template=extras["chat_template"],
-                     metadata={"name": extras["name"], "source": GGUF_NAME, "weights": args.weights})
+                     metadata={"name": extras["name"], "source": GGUF_NAME, "weights": args.weights},
+                     max_sequences=args.max_sequences)
     print(f"wrote {args.out}: {model.config}", file=sys.stderr)
     return 0
 

@@ -39,7 +39,8 @@ cache (``use_cache`` off): each request is whole.
 writes a ``generate`` package instead, as ``examples/smollm2`` does: the
 weights go into ``aotid_export.llm.Llama`` (its cache inside), with the
 byte-level BPE tokenizer from ``tokenizer.json``, the end tokens and the chat
-template. A folder it cannot take that way (Qwen2's attention biases,
+template; ``--max-sequences N`` gives its cache N sequence slots (default
+1). A folder it cannot take that way (Qwen2's attention biases,
 Phi-2's layout, scaled rotary embeddings, a SentencePiece tokenizer) is
 refused with the reason; ``--no-generate`` exports the forward pass alone.
 Other causal models (GPT-2 ...) export their forward pass: logits for every
@@ -295,13 +296,19 @@ def example_inputs(model: torch.nn.Module, dynamic: list[str] | None = None, fol
 
 def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None = None, generate: bool = True,
                   max_seq_len: int | None = None, format: str = "exported_program", say=print,
-                  allow_new_weights: bool = False, embed: bool = True, matryoshka: bool = False) -> None:
+                  allow_new_weights: bool = False, embed: bool = True, matryoshka: bool = False,
+                  max_sequences: int | None = None) -> None:
     """``aotid-export hf``: the folder's model for ``task`` written to
     ``out``; what it chose and left out goes to ``say``. ``max_seq_len``:
     a generate package's context (default 2048), an embedding package's
-    truncation (default the folder's ``max_seq_length``). ``path`` may be
-    the folder's config.json."""
+    truncation (default the folder's ``max_seq_length``).
+    ``max_sequences``: the sequences a generate package's cache holds at
+    once (default 1). ``path`` may be the folder's config.json."""
     path = model_folder(path)
+    if max_sequences is not None and max_sequences < 1:
+        raise HfExportError(f"--max-sequences {max_sequences}: a generate package holds at least 1 sequence")
+    if max_sequences is not None and not (task == "text-generation" and generate):
+        raise HfExportError("--max-sequences is for generate packages (--task text-generation)")
     if task in EMBED_TASKS and embed:
         layout = sentence_transformers_layout(path)
         if layout is not None:
@@ -318,8 +325,10 @@ def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None =
     family = getattr(config, "model_type", "")
     if task == "text-generation" and generate:
         if family in LLAMA_FAMILY:
-            _export_generate(model, path, out, max_seq_len or 2048, say)
+            _export_generate(model, path, out, max_seq_len or 2048, max_sequences or 1, say)
             return
+        if max_sequences is not None:
+            raise HfExportError(f"--max-sequences: {family} is exported as its forward pass, which has no cache")
         say(f"{family}: aotid's generate routes take Llama-family models (llama, mistral, phi3); this package "
             "is the forward pass alone: logits for every position, no cache")
     inputs, dynamic_shapes, chosen = example_inputs(model, dynamic, path)
@@ -599,7 +608,7 @@ def tokenizer_from_folder(path: str) -> dict:
             "merges": merges, "special": sorted(int(a["id"]) for a in added)}
 
 
-def _export_generate(model, path: str, out: str, max_seq_len: int, say) -> None:
+def _export_generate(model, path: str, out: str, max_seq_len: int, max_sequences: int, say) -> None:
     from .llm import chat_pieces, export_causal_lm
 
     transformers = _transformers()
@@ -624,10 +633,11 @@ def _export_generate(model, path: str, out: str, max_seq_len: int, say) -> None:
     metadata = {"source": "huggingface", "task": "text-generation", "model_type": model.config.model_type,
                 "architecture": type(model).__name__}
     export_causal_lm(llama, out, tokenizer=tok, eos_token_ids=sorted(eos), bos_token_id=bos,
-                     chat_template=template, metadata=metadata)
+                     chat_template=template, metadata=metadata, max_sequences=max_sequences)
     say(f"exported {type(model).__name__} as a generate package: context {llama.config.max_seq_len}, "
         f"byte-level BPE tokenizer of {len(tok['tokens'])} tokens, end tokens {sorted(eos)}"
-        + (", chat template" if template else ""))
+        + (", chat template" if template else "")
+        + f"; a cache for {max_sequences} sequence{'s' if max_sequences > 1 else ''} at once")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -645,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="a generate package's context (its cache is sized for it; default 2048), or where an "
                         "embedding package truncates a text's tokens (default the folder's max_seq_length)")
+    p.add_argument("--max-sequences", type=int, default=None,
+                   help="a generate package: the sequences its cache holds at once, one slot each "
+                        "(default 1; docs/GENERATE.md, \"Several sequences\")")
     p.add_argument("--no-embed", action="store_true",
                    help="feature-extraction on a sentence-transformers folder: export the encoder's token "
                         "vectors, not an embedding package")
@@ -670,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         export_folder(args.path, args.task, args.out, dynamic=dynamic, generate=not args.no_generate,
                       max_seq_len=args.max_seq_len, format=args.format, say=say,
                       allow_new_weights=args.allow_new_weights, embed=not args.no_embed,
-                      matryoshka=args.matryoshka)
+                      matryoshka=args.matryoshka, max_sequences=args.max_sequences)
     except HfExportError as e:
         raise SystemExit(f"aotid-export hf: {e}") from None
     except ExportError as e:  # the worker could not load what was written: said, no traceback

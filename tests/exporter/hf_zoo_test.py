@@ -8,7 +8,9 @@ Tiny configs with random weights (hidden 32, 2 layers; tests/exporter/hf_zoo.py)
 * from a folder written by ``save_pretrained``, with ``aotid-export hf``:
   BERT for fill-mask, a decoder (GPT-2, its forward pass), a vision model
   (ViT) and a Llama whose folder becomes a generate package with its
-  byte-level BPE tokenizer.
+  byte-level BPE tokenizer (and again with a cache of three sequence
+  slots, ``--max-sequences 3``, whose program decodes two sequences in one
+  call as transformers gives each alone).
 
 All are added to one store and served by one daemon. Each infer model's
 outputs, named from its ModelOutput fields, equal eager's on the example
@@ -125,7 +127,13 @@ def refusals(work):
               "qwen2: no generate package: its attention projections have biases"),
              (["hf", os.path.join(work, "vit"), "--task", "image-classification", "--dynamic", "batch,seq",
                "-o", os.path.join(work, "v.pt2")], "inputs have the dims batch, not seq"),
-             (["hf", work, "--task", "fill-mask", "-o", os.path.join(work, "x.pt2")], "no config.json")]
+             (["hf", work, "--task", "fill-mask", "-o", os.path.join(work, "x.pt2")], "no config.json"),
+             (["hf", os.path.join(work, "vit"), "--task", "image-classification", "--max-sequences", "2",
+               "-o", os.path.join(work, "v.pt2")], "--max-sequences is for generate packages"),
+             (["hf", os.path.join(work, "gpt2"), "--task", "text-generation", "--max-sequences", "2",
+               "-o", os.path.join(work, "g.pt2")], "gpt2 is exported as its forward pass, which has no cache"),
+             (["hf", os.path.join(work, "llama"), "--task", "text-generation", "--max-sequences", "0",
+               "-o", os.path.join(work, "l.pt2")], "a generate package holds at least 1 sequence")]
     saved = sys.modules.get("transformers")
     for argv, why in cases + [(["hf", os.path.join(work, "vit"), "--task", "image-classification", "-o",
                                 os.path.join(work, "v.pt2")], "pip install 'aotid-export[hf]'")]:
@@ -190,6 +198,7 @@ def zoo(work):
             assert cli(["hf", folder, "--task", hf_zoo.MODELS[name][0], "-o", pt2[name]]) == 0
         assert said[name] in err.getvalue(), (name, err.getvalue())
         print(err.getvalue().strip())
+    slots_equal_eager(work, eager["llama"])
     t_export = time.monotonic() - t0
     refusals(work)
 
@@ -224,6 +233,43 @@ def zoo(work):
     t_all = time.monotonic() - t0
     print(f"zoo: {len(pt2)} packages exported, {len(served)} served; export {t_export:.0f} s, build until all ready {t_ready:.0f} s, "
           f"total {t_all:.0f} s")
+
+
+def slots_equal_eager(work, model):
+    """The Llama folder exported with three sequence slots: two prompts
+    prefilled into slots 2 and 0, then decoded together, one row each per
+    call, give transformers' greedy tokens and logits for each alone."""
+    import zipfile
+
+    from aotid_export.__main__ import main as cli
+
+    path = os.path.join(work, "llama-slots.pt2")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli(["hf", os.path.join(work, "llama"), "--task", "text-generation", "--max-sequences", "3",
+                    "-o", path]) == 0
+    assert "a cache for 3 sequences at once" in err.getvalue(), err.getvalue()
+    with zipfile.ZipFile(path) as z:
+        extra = json.loads(z.read(next(n for n in z.namelist() if n.endswith("extra/aotid.json"))))
+    assert extra["generate"]["max_sequences"] == 3 and extra["generate"]["slots_input"] == "slots", extra
+    program = torch.export.load(path).module()
+    prompts, slots = [ids(hf_zoo.BPE_VOCAB, 1, 9)[0].tolist(), ids(hf_zoo.BPE_VOCAB, 1, 4)[0].tolist()], [2, 0]
+    seqs, worst = [list(p) for p in prompts], 0.0
+    with torch.no_grad():
+        last = [program(torch.tensor([p]), torch.arange(len(p)).unsqueeze(0), torch.tensor([s]))[0]
+                for p, s in zip(prompts, slots)]
+        for _ in range(6):
+            for i, seq in enumerate(seqs):
+                want = model(input_ids=torch.tensor([seq])).logits[0, -1]
+                worst = max(worst, float((last[i] - want).abs().max()))
+                assert int(torch.argmax(last[i])) == int(torch.argmax(want)), (i, seq)
+                seq.append(int(torch.argmax(want)))
+            out = program(torch.tensor([[s[-1]] for s in seqs]), torch.tensor([[len(s) - 1] for s in seqs]),
+                          torch.tensor(slots))
+            last = list(out)
+    assert worst < 1e-4, f"the slotted program's logits are {worst} off transformers'"
+    print(f"llama --max-sequences 3: two sequences decoded together give transformers' greedy tokens "
+          f"(logits within {worst:.1e})")
 
 
 def generate_equals_eager(port, work, model, name="llama"):
