@@ -462,12 +462,12 @@ def export_causal_lm(
     takes a batch of rows and their slots (docs/GENERATE.md, "Several
     sequences"). The cache's size is printed to stderr.
     """
-    if max_sequences is not None and max_sequences != model.config.max_sequences:
-        model.set_max_sequences(max_sequences)
-    c = model.config
-    _check_tokenizer(tokenizer, c.vocab_size, eos_token_ids, bos_token_id)
+    _check_tokenizer(tokenizer, model.config.vocab_size, eos_token_ids, bos_token_id)
     if max_prefill is not None and max_prefill < 1:
         raise ValueError(f"max_prefill must be at least 1, not {max_prefill}")
+    if max_sequences is not None and max_sequences != model.config.max_sequences:
+        model.set_max_sequences(max_sequences)  # after the refusals: a refused export leaves the model as it was
+    c = model.config
     most = min(max_prefill or c.max_seq_len, c.max_seq_len)
     seq = torch.export.Dim("seq", min=1, max=most)
     slotted = c.max_sequences > 1

@@ -3,7 +3,8 @@ writing anything, what aotid would only refuse at load after a whole build:
 a tokenizer that is not byte-level BPE or lacks its lists, one with more
 tokens than the model's vocabulary (its ids would index the embedding out
 of bounds and crash the runner), end and start tokens outside it, and a
-max_prefill under 1.
+max_prefill or a number of sequence slots under 1. A refused export leaves
+the model as it was.
 
     llm_export_refusals_test.py
 """
@@ -29,6 +30,9 @@ def main():
         ({"eos_token_ids": [9]}, "eos_token_ids: 9 is not a token"),
         ({"bos_token_id": -1}, "bos_token_id: -1 is not a token"),
         ({"max_prefill": 0}, "max_prefill must be at least 1"),
+        ({"max_sequences": 0}, "max_sequences must be a whole number of at least 1"),
+        # Refused before the model's cache is resized to the slots asked for.
+        ({"eos_token_ids": [9], "max_sequences": 2}, "eos_token_ids: 9 is not a token"),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "lm.pt2")
@@ -40,6 +44,7 @@ def main():
             except ValueError as e:
                 assert why in str(e), (why, str(e))
             assert not os.path.exists(path), change
+            assert model.config.max_sequences == 1 and model.layers[0].attention.k_cache.shape[0] == 1, change
         llm.export_causal_lm(model, path, tokenizer=TOKENIZER, eos_token_ids=[2], bos_token_id=0)
         assert os.path.getsize(path) > 0
     print(f"ok: {len(cases)} refusals, and the good export written")
