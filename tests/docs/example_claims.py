@@ -28,8 +28,10 @@ RUN = {
         ("docs/OPENAI.md", "localhost:8765/v1/chat/completions"),
         ("docs/OPENAI.md", "client.chat.completions.create("),
     ]),
-    # The embeddings test claims examples/minilm/README.md's blocks here
-    # (its export and its /v1/embeddings curl) and leaves NOT_RUN.
+    "llm.MiniLmServedEqualsSentenceTransformers": ("llm/minilm_test.py", [
+        ("examples/minilm/README.md", "python examples/minilm/export.py minilm.pt2"),
+        ("examples/minilm/README.md", "client.embeddings.create("),
+    ]),
 }
 
 # (doc, piece of the block, the digest of its commands, why no test runs it
@@ -62,8 +64,6 @@ NOT_RUN = [
      "registry.example.com and /mnt/usb are the reader's; sync.PushSyncServeResumeAndRefuse pushes to "
      "and syncs from a registry of its own"),
     ("docs/SYNC.md", "oras push", "42b1b1f4", "oras is not installed here, and registry.example.com is the reader's"),
-    ("examples/minilm/README.md", "python examples/minilm/export.py minilm.pt2", "cb389d14",
-     "about a minute of export and a build; for the embeddings test to claim in RUN"),
 ]
 
 

