@@ -15,6 +15,7 @@ set(_aotid_test_costs
   e2e.DaemonOverHttp 246
   sync.PushSyncServeResumeAndRefuse 145
   llm.MiniLmServedEqualsSentenceTransformers 140
+  exporter.EmbeddingPackageEqualsSentenceTransformers 127
   llm.Int8WeightsGenerateEagerGreedyChoices 136
   fuzz.Build 126
   e2e.Generate 124
