@@ -84,7 +84,8 @@ std::shared_ptr<model::LoadedModel> Reconciler::Queue(const storage::ModelVersio
   opts.max_batch_size = static_cast<int>(rows);
   if (embed) {
     // The loader checked the model's two inputs are the ids and the mask.
-    for (const auto& in : model->spec().inputs) opts.pad.push_back(in.name == embed->ids_input ? embed->pad_id : 0);
+    for (const auto& in : model->spec().inputs)
+      opts.pad.push_back(in.name == embed->ids_input ? embed->pad_id : 0);
   }
   serving::Metrics* metrics = metrics_;
   std::string name = v.model;

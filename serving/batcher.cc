@@ -312,8 +312,8 @@ void BatchingModel::Run(std::vector<Pending*>& batch) {
     for (Pending* p : batch) p->result = s;
   };
   if (!options_.pad.empty() && options_.pad.size() != first.size()) {
-    return fail_all(Internal("the batcher pads " + std::to_string(options_.pad.size()) + " inputs; the model has " +
-                             std::to_string(first.size())));
+    return fail_all(Internal("the batcher pads " + std::to_string(options_.pad.size()) +
+                             " inputs; the model has " + std::to_string(first.size())));
   }
   std::vector<HostTensor> joined;
   for (size_t i = 0; i < first.size(); ++i) {

@@ -43,7 +43,8 @@ struct EmbedJob {
 std::vector<std::vector<size_t>> Chunks(const std::vector<std::vector<int32_t>>& ids, size_t max_rows) {
   std::vector<size_t> order(ids.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() > ids[b].size(); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return ids[a].size() > ids[b].size(); });
   std::vector<std::vector<size_t>> chunks;
   for (size_t i : order) {
     // Sorted longest first: a chunk's first row is its longest.
@@ -57,7 +58,8 @@ std::vector<std::vector<size_t>> Chunks(const std::vector<std::vector<int32_t>>&
 }
 
 // The model's inputs for one chunk, in the order its spec lists them.
-std::vector<model::HostTensor> ChunkInputs(const ServedModel& sm, const std::vector<std::vector<int32_t>>& rows) {
+std::vector<model::HostTensor> ChunkInputs(const ServedModel& sm,
+                                           const std::vector<std::vector<int32_t>>& rows) {
   const EmbedSpec& spec = *sm.embed;
   PaddedBatch b = PadBatch(rows, spec.pad_id);
   std::vector<model::HostTensor> inputs;
@@ -80,8 +82,8 @@ Status Gather(EmbedJob& job, const std::vector<size_t>& rows, const std::vector<
     if (t.name != spec.output) continue;
     if (t.dtype != model::DType::kFloat32 || t.shape != std::vector<int64_t>{n, spec.dim} ||
         t.data.size() != static_cast<size_t>(n * spec.dim) * sizeof(float)) {
-      return Internal("the model's output '" + t.name + "' is " + std::string(model::DTypeName(t.dtype)) + " " +
-                      model::ShapeString(t.shape) + " for " + std::to_string(n) + " texts, not FP32 [" +
+      return Internal("the model's output '" + t.name + "' is " + std::string(model::DTypeName(t.dtype)) +
+                      " " + model::ShapeString(t.shape) + " for " + std::to_string(n) + " texts, not FP32 [" +
                       std::to_string(n) + ", " + std::to_string(spec.dim) + "]");
     }
     const auto* src = reinterpret_cast<const float*>(t.data.data());
@@ -98,7 +100,8 @@ Status Gather(EmbedJob& job, const std::vector<size_t>& rows, const std::vector<
 void Answer(const std::shared_ptr<EmbedJob>& job) {
   job->reply([job](http::Response& res) {
     const ServedModel& sm = *job->sm;
-    const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+    const double total_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
     Status error;
     double compute_s = 0;
     {
@@ -127,7 +130,8 @@ void Answer(const std::shared_ptr<EmbedJob>& job) {
   });
 }
 
-void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Request& req, http::Response& res) {
+void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Request& req,
+                http::Response& res) {
   auto send = [&](const OpenAiError& e) {
     res.status = e.status;
     res.Set(OpenAiErrorBody(e), kJson);
@@ -159,7 +163,8 @@ void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Req
   // A chunk may not hold more rows than the model was compiled for.
   size_t max_rows = kChunkRows;
   for (const auto& in : sm.model->spec().inputs) {
-    if (in.dims.size() > 0 && in.dims[0]) max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
+    if (in.dims.size() > 0 && in.dims[0])
+      max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
   }
   std::vector<std::vector<size_t>> chunks = Chunks(*ids, max_rows);
   {

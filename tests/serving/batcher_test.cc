@@ -469,7 +469,8 @@ class TokensModel : public LoadedModel {
 };
 
 HostTensor Int64Rows(const char* name, const std::vector<std::vector<int64_t>>& rows) {
-  HostTensor t{name, DType::kInt64, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, {}};
+  HostTensor t{
+      name, DType::kInt64, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, {}};
   for (const auto& r : rows) {
     const auto* b = reinterpret_cast<const std::byte*>(r.data());
     t.data.insert(t.data.end(), b, b + r.size() * 8);
@@ -491,7 +492,9 @@ TEST(Batcher, PaddedInputsJoinRequestsOfDifferentLengths) {
   BatchingModel model(fake, opts);
   QueueWatch watch(model);
   // A first request holds the one run, so the others queue behind it.
-  std::thread blocker([&] { EXPECT_TRUE(model.Infer({Int64Rows("ids", {{1}}), Int64Rows("mask", {{1}})}, {}).ok()); });
+  std::thread blocker([&] {
+    EXPECT_TRUE(model.Infer({Int64Rows("ids", {{1}}), Int64Rows("mask", {{1}})}, {}).ok());
+  });
   ASSERT_TRUE(fake->calls.Await(1));
   constexpr int kClients = 6;
   aotid::testing::Counter answered;

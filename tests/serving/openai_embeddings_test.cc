@@ -53,7 +53,8 @@ std::shared_ptr<const EmbedSpec> Spec() {
 std::vector<float> Expected(const std::vector<int32_t>& ids) {
   float sum = 0;
   for (int32_t id : ids) sum += static_cast<float>(id);
-  return {static_cast<float>(ids.size()), sum, static_cast<float>(ids.front()), static_cast<float>(ids.back())};
+  return {static_cast<float>(ids.size()), sum, static_cast<float>(ids.front()),
+          static_cast<float>(ids.back())};
 }
 
 // The encoder: Expected() of each row's masked tokens. Records the largest
@@ -67,7 +68,8 @@ class Encoder : public model::LoadedModel {
   }
   const model::ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
-  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in, const model::RunContext&) override {
+  StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in,
+                                          const model::RunContext&) override {
     calls.Add();
     if (gate.valid()) gate.wait_for(std::chrono::seconds(10));  // 10 s: the test has failed
     if (fail) return Internal("the encoder broke");
@@ -132,9 +134,11 @@ class EmbeddingsRouteTest : public ::testing::Test {
     std::string b = body.dump();
     int fd = ConnectTcp(api_->port());
     EXPECT_GE(fd, 0);
-    std::string raw = Exchange(fd, "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                                       "Content-Length: " + std::to_string(b.size()) + "\r\nConnection: close\r\n\r\n" + b,
-                               20000);
+    std::string raw =
+        Exchange(fd,
+                 "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                     "Content-Length: " + std::to_string(b.size()) + "\r\nConnection: close\r\n\r\n" + b,
+                 20000);
     ::close(fd);
     Reply r;
     if (raw.size() > 12) r.status = std::stoi(raw.substr(9, 3));
@@ -145,7 +149,8 @@ class EmbeddingsRouteTest : public ::testing::Test {
   }
   Reply Get(const std::string& path) {
     int fd = ConnectTcp(api_->port());
-    std::string raw = Exchange(fd, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    std::string raw =
+        Exchange(fd, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
     ::close(fd);
     Reply r;
     if (raw.size() > 12) r.status = std::stoi(raw.substr(9, 3));
@@ -215,9 +220,9 @@ TEST_F(EmbeddingsRouteTest, TokenIdsAndLongTextsAsTheModelTakesThem) {
   Reply cut = Post("/v1/embeddings", {{"model", "enc"}, {"input", long_text}});
   ASSERT_EQ(cut.status, 200) << cut.body.dump();
   std::vector<float> v = Vector(cut.body["data"][0]);
-  EXPECT_EQ(v[0], 16);    // tokens
-  EXPECT_EQ(v[2], 101);   // [CLS] first
-  EXPECT_EQ(v[3], 102);   // [SEP] last
+  EXPECT_EQ(v[0], 16);   // tokens
+  EXPECT_EQ(v[2], 101);  // [CLS] first
+  EXPECT_EQ(v[3], 102);  // [SEP] last
   EXPECT_EQ(cut.body["usage"]["prompt_tokens"], 16);
 }
 
@@ -242,7 +247,9 @@ TEST_F(EmbeddingsRouteTest, ConcurrentRequestsAreBatchedWithPadding) {
   encoder_->gate = open.get_future().share();
   aotid::testing::Counter queued;
   batcher_->TEST_SetOnQueued([&](int n) { queued.Set(n); });
-  std::thread first([&] { EXPECT_EQ(Post("/v1/embeddings", {{"model", "enc"}, {"input", "first"}}).status, 200); });
+  std::thread first([&] {
+    EXPECT_EQ(Post("/v1/embeddings", {{"model", "enc"}, {"input", "first"}}).status, 200);
+  });
   ASSERT_TRUE(encoder_->calls.Await(1));
   constexpr int kClients = 8;
   std::vector<std::thread> clients;
@@ -253,7 +260,8 @@ TEST_F(EmbeddingsRouteTest, ConcurrentRequestsAreBatchedWithPadding) {
       for (int k = 0; k <= c % 3; ++k) mine.push_back("client " + std::to_string(c) + std::string(c, '!'));
       Reply r = Post("/v1/embeddings", {{"model", "enc"}, {"input", mine}});
       bool right = r.status == 200 && r.body["data"].size() == mine.size();
-      for (size_t k = 0; right && k < mine.size(); ++k) right = Vector(r.body["data"][k]) == Expected(Ids(mine[k]));
+      for (size_t k = 0; right && k < mine.size(); ++k)
+        right = Vector(r.body["data"][k]) == Expected(Ids(mine[k]));
       if (!right) wrong++;
     });
   }
@@ -289,7 +297,8 @@ TEST_F(EmbeddingsRouteTest, ErrorsInOpenAisShapeNamingTheParameter) {
   registry_.Put(tensors);
   Reply not_text = Post("/v1/embeddings", {{"model", "mlp"}, {"input", "x"}});
   EXPECT_EQ(not_text.status, 400);
-  EXPECT_NE(not_text.body["error"]["message"].get<std::string>().find("does not embed text"), std::string::npos);
+  EXPECT_NE(not_text.body["error"]["message"].get<std::string>().find("does not embed text"),
+            std::string::npos);
   registry_.Put(ServedModel{"later", 1, ServeState::kBuilding});
   Reply building = Post("/v1/embeddings", {{"model", "later"}, {"input", "x"}});
   EXPECT_EQ(building.status, 503);
