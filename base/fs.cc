@@ -263,6 +263,17 @@ std::string DefaultStoreDir() {
   return ExpandHome("~/.local/share/aotid");
 }
 
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  if (::getcwd(cwd, sizeof cwd) == nullptr) return path;
+  std::string out = cwd;
+  std::string_view rest = path;
+  while (rest.rfind("./", 0) == 0) rest.remove_prefix(2);
+  if (rest == ".") return out;
+  return out + (out.back() == '/' ? "" : "/") + std::string(rest);
+}
+
 std::string RealPath(const std::string& path) {
   char resolved[PATH_MAX];
   return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;

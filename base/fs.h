@@ -81,4 +81,10 @@ std::string DefaultStoreDir();
 // Expands a leading "~/" with $HOME.
 std::string ExpandHome(const std::string& path);
 
+// `path` from the root: a relative one is taken from the working directory
+// now, so that it means the same to a child that runs elsewhere (a build's
+// compiler runs in a folder of its own). Unchanged when the working
+// directory cannot be read.
+std::string Absolute(const std::string& path);
+
 }  // namespace aotid::fs

@@ -91,7 +91,9 @@ struct GlobalFlags {
 
 StatusOr<Config> Resolve(const GlobalFlags& g) {
   ASSIGN_OR_RETURN(Config c, LoadConfig(g.config));
-  if (!g.store.empty()) c.store_path = g.store;
+  // From the root: the builds' workers and compilers run in folders of
+  // their own, where a relative store would name another place.
+  if (!g.store.empty()) c.store_path = fs::Absolute(g.store);
   return c;
 }
 

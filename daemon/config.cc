@@ -271,7 +271,7 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
 
 void ResolveDefaults(Config* c) {
   if (c->store_path.empty()) c->store_path = fs::DefaultStoreDir();
-  c->store_path = fs::ExpandHome(c->store_path);
+  c->store_path = fs::Absolute(fs::ExpandHome(c->store_path));
   if (c->python.empty()) c->python = platform::DefaultPython();
   if (c->worker_dir.empty()) c->worker_dir = platform::DefaultWorkerDir();
   if (!c->token_file.empty()) c->token_file = fs::ExpandHome(c->token_file);

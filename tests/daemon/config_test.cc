@@ -3,6 +3,8 @@
 #include <map>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "base/fs.h"
 #include "test_util.h"
 
@@ -146,6 +148,23 @@ TEST(Config, GoodFileSetsValues) {
   EXPECT_EQ(c->api.server.threads, 3);
   EXPECT_EQ(c->build_jobs, 2);
   EXPECT_EQ(c->log_level, "debug");
+}
+
+// A relative store is taken from the working directory at start: a
+// build's compiler, which runs in a folder of its own, found no temporary
+// folder under a relative TMPDIR and failed ("Cannot create temporary file
+// in /tmp/").
+TEST(Config, ARelativeStorePathIsMadeAbsolute) {
+  aotid::testing::TempDir dir;
+  ASSERT_OK(fs::WriteFileAtomic(dir.path() + "/aotid.toml", "[store]\npath = \"./my-store\"\n"));
+  auto c = LoadConfig(dir.path() + "/aotid.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  EXPECT_EQ(c->store_path, std::string(cwd) + "/my-store");
+  EXPECT_EQ(fs::Absolute("/abs/path"), "/abs/path");
+  EXPECT_EQ(fs::Absolute("rel/a"), std::string(cwd) + "/rel/a");
+  EXPECT_EQ(fs::Absolute("."), std::string(cwd));
 }
 
 TEST(Config, RunnerSectionSetsTheRunnersLimits) {
