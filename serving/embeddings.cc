@@ -168,6 +168,16 @@ StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body, Embedd
   return ReadJsonSafely<R>("the request body", [&]() -> StatusOr<R> {
     const json& j = *parsed;
     if (!j.is_object()) return Refuse<R>(error, "", "the request body is not a JSON object");
+    // A parameter aotid does not know is refused, never ignored (as the
+    // chat routes do): a misspelt "dimension" would otherwise go unseen.
+    for (const auto& [key, value] : j.items()) {
+      if (key != "model" && key != "input" && key != "encoding_format" && key != "dimensions" && key != "user") {
+        return Refuse<R>(error, key,
+                         "\"" + key +
+                             "\" is not a parameter of /v1/embeddings (model, input, encoding_format, "
+                             "dimensions, user)");
+      }
+    }
     R r;
     if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty()) {
       return Refuse<R>(error, "model", "\"model\" must be a served model's name (a non-empty string)");
@@ -181,9 +191,9 @@ StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body, Embedd
       r.texts.push_back(in.get<std::string>());
     } else if (in.is_array()) {
       if (in.empty()) return Refuse<R>(error, "input", "\"input\" is an empty list");
-      if (in.size() > kMaxEmbeddingInputs) {
+      if (in.size() > kMaxEmbeddingInputs && !in[0].is_number()) {
         return Refuse<R>(error, "input",
-                         "\"input\" holds " + std::to_string(in.size()) + " items; at most " +
+                         "\"input\" holds " + std::to_string(in.size()) + " inputs; at most " +
                              std::to_string(kMaxEmbeddingInputs));
       }
       if (in[0].is_string()) {

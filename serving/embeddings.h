@@ -78,8 +78,8 @@ struct EmbeddingsError {
   std::string param;
 };
 
-// Reads the body. Unknown fields are ignored, as OpenAI's server ignores
-// them; a known one of the wrong type or value is an error naming it.
+// Reads the body. An unknown field is refused naming it, as OpenAI's server
+// refuses it; so is a known one of the wrong type or value.
 StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body, EmbeddingsError* error);
 
 // Each input's ids as the model takes them: text tokenized with the

@@ -170,8 +170,7 @@ TEST(EmbeddingsRequest, ReadsEveryFormOfInput) {
                                  {"input", "x"},
                                  {"encoding_format", "base64"},
                                  {"dimensions", 64},
-                                 {"user", "someone"},
-                                 {"something_new", 1}});
+                                 {"user", "someone"}});
   EXPECT_TRUE(all.base64);
   EXPECT_EQ(all.dimensions, 64);
   EXPECT_EQ(all.user, "someone");
@@ -206,7 +205,14 @@ TEST(EmbeddingsRequest, RefusesNamingTheField) {
   EXPECT_EQ(Refused(R"({"model": "m", "input": "x", "dimensions": "64"})").param, "dimensions");
   EXPECT_EQ(Refused(R"({"model": "m", "input": "x", "user": 7})").param, "user");
   json many = {{"model", "m"}, {"input", std::vector<std::string>(kMaxEmbeddingInputs + 1, "a")}};
-  EXPECT_EQ(Refused(many.dump()).param, "input");
+  EXPECT_EQ(Refused(many.dump()).message, "\"input\" holds 2049 inputs; at most 2048");
+  // One text's token ids may be more than 2048: they are cut to the model's length.
+  json long_ids = {{"model", "m"}, {"input", std::vector<int>(kMaxEmbeddingInputs + 1, 5)}};
+  EXPECT_EQ(Parse(long_ids).token_ids[0].size(), kMaxEmbeddingInputs + 1);
+  // What /v1/embeddings does not know is refused, never ignored.
+  for (const char* key : {"n", "stream", "dimension", "extra_body"}) {
+    EXPECT_EQ(Refused(json{{"model", "m"}, {"input", "x"}, {key, 1}}.dump()).param, key);
+  }
 }
 
 TEST(EmbeddingsTokenize, TextAndIdsBetweenTheSpecialTokens) {
