@@ -160,11 +160,12 @@ void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Req
   if (!ids.ok()) return send({400, bad.message, bad.param, ""});
   for (const auto& row : *ids) job->prompt_tokens += static_cast<int64_t>(row.size());
   job->vectors.resize(ids->size() * static_cast<size_t>(sm.embed->dim));
-  // A chunk may not hold more rows than the model was compiled for.
-  size_t max_rows = kChunkRows;
+  // A chunk holds at most the rows the version batches (its max_batch_size,
+  // so that chunks of several requests join), and never more than the
+  // model was compiled for.
+  size_t max_rows = sm.model->max_batch_rows() > 1 ? static_cast<size_t>(sm.model->max_batch_rows()) : kChunkRows;
   for (const auto& in : sm.model->spec().inputs) {
-    if (in.dims.size() > 0 && in.dims[0])
-      max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
+    if (!in.dims.empty() && in.dims[0]) max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
   }
   std::vector<std::vector<size_t>> chunks = Chunks(*ids, max_rows);
   {

@@ -106,7 +106,7 @@ class EmbeddingsRouteTest : public ::testing::Test {
   void SetUp() override {
     encoder_ = std::make_shared<Encoder>();
     BatchOptions opts;
-    opts.max_batch_size = 64;
+    opts.max_batch_size = 16;
     opts.pad = {0, 0};
     batcher_ = std::make_shared<BatchingModel>(encoder_, opts);
     ServedModel m{"enc", 1, ServeState::kReady};
@@ -178,9 +178,9 @@ class EmbeddingsRouteTest : public ::testing::Test {
   std::thread serving_;
 };
 
-// 70 texts of many lengths (more than one chunk of 32, sorted by length
-// into chunks): each answer row is its own text's, in the request's
-// order, and usage counts every token the model read.
+// 70 texts of many lengths (chunks of the version's 16 rows, sorted by
+// length): each answer row is its own text's, in the request's order,
+// and usage counts every token the model read.
 TEST_F(EmbeddingsRouteTest, AListComesBackInOrderEachRowItsOwnText) {
   std::vector<std::string> texts;
   for (int i = 0; i < 70; ++i) {
@@ -204,7 +204,8 @@ TEST_F(EmbeddingsRouteTest, AListComesBackInOrderEachRowItsOwnText) {
   }
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], tokens);
   EXPECT_EQ(r.body["usage"]["total_tokens"], tokens);
-  EXPECT_EQ(encoder_->calls.Get(), 3);  // 70 rows: chunks of 32, 32 and 6
+  EXPECT_EQ(encoder_->calls.Get(), 5);  // 70 rows: 4 chunks of 16, and 6
+  EXPECT_EQ(encoder_->max_rows.load(), 16);
 }
 
 // Token id lists are the text's tokens without the special ones; a long
@@ -287,6 +288,9 @@ TEST_F(EmbeddingsRouteTest, ErrorsInOpenAisShapeNamingTheParameter) {
   Reply bad_id = Post("/v1/embeddings", {{"model", "enc"}, {"input", {{5, 99999999}}}});
   EXPECT_EQ(bad_id.status, 400);
   EXPECT_EQ(bad_id.body["error"]["param"], "input");
+  Reply unknown_param = Post("/v1/embeddings", {{"model", "enc"}, {"input", "x"}, {"dimension", 2}});
+  EXPECT_EQ(unknown_param.status, 400);
+  EXPECT_EQ(unknown_param.body["error"]["param"], "dimension");
   Reply too_wide = Post("/v1/embeddings", {{"model", "enc"}, {"input", "x"}, {"dimensions", 5}});
   EXPECT_EQ(too_wide.status, 400);
   EXPECT_EQ(too_wide.body["error"]["param"], "dimensions");
