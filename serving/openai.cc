@@ -24,7 +24,7 @@ std::string ErrorType(int status) {
   switch (status) {
     case 401: return "authentication_error";
     case 403: return "permission_error";
-    case 404: return "not_found_error";
+    case 404: return "invalid_request_error";  // as OpenAI types an unknown model
     case 429: return "rate_limit_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";
   }

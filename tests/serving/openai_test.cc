@@ -364,7 +364,7 @@ TEST(OpenAiError, HasOpenAisShapeAndAotidsOwnErrorsAreRewrittenToIt) {
   json e = json::parse(OpenAiErrorBody({404, "no such model", "model", "model_not_found"}));
   EXPECT_EQ(e, json({{"error",
                       {{"message", "no such model"},
-                       {"type", "not_found_error"},
+                       {"type", "invalid_request_error"},
                        {"param", "model"},
                        {"code", "model_not_found"}}}}));
   EXPECT_TRUE(json::parse(OpenAiErrorBody({400, "bad", "", ""}))["error"]["param"].is_null());
