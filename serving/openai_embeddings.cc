@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "base/mutex.h"
 #include "serving/embeddings.h"
@@ -30,6 +31,7 @@ struct EmbedJob {
   std::chrono::steady_clock::time_point start;
   http::Reply reply;
   Metrics* metrics = nullptr;
+  std::optional<Metrics::InFlight> in_flight;  // counted while it is being answered
 
   Mutex mu;
   size_t pending GUARDED_BY(mu) = 0;  // chunks not yet back
@@ -147,25 +149,36 @@ void Embeddings(const ModelRegistry* registry, Metrics* metrics, const http::Req
   job->sm = ReadyModel(registry, job->request.model, res, &err);
   if (!job->sm) return send(err);
   const ServedModel& sm = *job->sm;
+  // Counted from here as /v2's infer requests are: its refusals too.
+  if (metrics) job->in_flight.emplace(metrics);
+  auto refuse = [&](const OpenAiError& e) {
+    send(e);
+    if (metrics) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+      metrics->RecordInfer(sm.name, sm.version, e.status, s, 0);
+    }
+  };
   if (!sm.embed) {
-    return send({400,
-                 "model '" + job->request.model + "' does not embed text" +
-                     (sm.generator ? ": it generates text, through /v1/chat/completions and /v1/completions"
-                                   : ": it serves tensors through /v2/models/" + sm.name + "/infer"),
-                 "model", ""});
+    return refuse({400,
+                   "model '" + job->request.model + "' does not embed text" +
+                       (sm.generator ? ": it generates text, through /v1/chat/completions and /v1/completions"
+                                     : ": it serves tensors through /v2/models/" + sm.name + "/infer"),
+                   "model", ""});
   }
   // A model that batches may wait for this request while it is tokenized.
   std::unique_ptr<model::Announcement> announced = sm.model->Announce();
   auto ids = TokenizeEmbeddingInputs(job->request, *sm.embed, &bad);
-  if (!ids.ok()) return send({400, bad.message, bad.param, ""});
+  if (!ids.ok()) return refuse({400, bad.message, bad.param, ""});
   for (const auto& row : *ids) job->prompt_tokens += static_cast<int64_t>(row.size());
   job->vectors.resize(ids->size() * static_cast<size_t>(sm.embed->dim));
   // A chunk holds at most the rows the version batches (its max_batch_size,
   // so that chunks of several requests join), and never more than the
   // model was compiled for.
-  size_t max_rows = sm.model->max_batch_rows() > 1 ? static_cast<size_t>(sm.model->max_batch_rows()) : kChunkRows;
+  size_t max_rows =
+      sm.model->max_batch_rows() > 1 ? static_cast<size_t>(sm.model->max_batch_rows()) : kChunkRows;
   for (const auto& in : sm.model->spec().inputs) {
-    if (!in.dims.empty() && in.dims[0]) max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
+    if (!in.dims.empty() && in.dims[0])
+      max_rows = std::min<size_t>(max_rows, std::max<int64_t>(1, in.dims[0]->max));
   }
   std::vector<std::vector<size_t>> chunks = Chunks(*ids, max_rows);
   {

@@ -294,6 +294,11 @@ TEST_F(EmbeddingsRouteTest, ErrorsInOpenAisShapeNamingTheParameter) {
   Reply too_wide = Post("/v1/embeddings", {{"model", "enc"}, {"input", "x"}, {"dimensions", 5}});
   EXPECT_EQ(too_wide.status, 400);
   EXPECT_EQ(too_wide.body["error"]["param"], "dimensions");
+  // The model's refusals are counted as its infer requests are.
+  EXPECT_NE(
+      metrics_.Render().find("aotid_inference_requests_total{model=\"enc\",version=\"1\",code=\"400\"} 2"),
+      std::string::npos)
+      << metrics_.Render();
 
   // A tensor model, and one still building.
   ServedModel tensors{"mlp", 1, ServeState::kReady};
