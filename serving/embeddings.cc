@@ -171,7 +171,8 @@ StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body, Embedd
     // A parameter aotid does not know is refused, never ignored (as the
     // chat routes do): a misspelt "dimension" would otherwise go unseen.
     for (const auto& [key, value] : j.items()) {
-      if (key != "model" && key != "input" && key != "encoding_format" && key != "dimensions" && key != "user") {
+      if (key != "model" && key != "input" && key != "encoding_format" && key != "dimensions" &&
+          key != "user") {
         return Refuse<R>(error, key,
                          "\"" + key +
                              "\" is not a parameter of /v1/embeddings (model, input, encoding_format, "

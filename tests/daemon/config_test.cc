@@ -1,9 +1,9 @@
 #include "daemon/config.h"
 
+#include <unistd.h>
+
 #include <map>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "base/fs.h"
 #include "test_util.h"
