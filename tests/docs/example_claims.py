@@ -56,7 +56,11 @@ NOT_RUN = [
     ("docs/EMBEDDINGS.md", "export_sentence_encoder(bert,", "1a8cb6b7", "a fragment: `bert` is the reader's"),
     ("docs/GENERATE.md", "from aotid_export.llm import Llama, LlamaConfig", "0ef6e7bb",
      "a fragment: the weights, `tok` and `template` are the reader's"),
-    ("docs/GENERATE.md", "aotid-export hf ./my-llama", "4e859e42", "a synopsis: ./my-llama is the reader's folder"),
+    ("docs/GENERATE.md", "[--max-seq-len 2048]", "4e859e42", "a synopsis: ./my-llama is the reader's folder"),
+    ("docs/GENERATE.md", "model.set_max_sequences(4)", "66d254df", "a fragment: the config's other fields and the "
+     "export's arguments are the reader's"),
+    ("docs/GENERATE.md", "--max-sequences 4\npython", "d17f8cca", "./my-llama is the reader's folder, and the daemon "
+     "does not yet serve a package of more than one slot (tests/exporter/llm_slots_test.py exports them)"),
     ("docs/GENERATE.md", "quantize_int8(model)", "3742bdf9", "a fragment: `model` is the reader's"),
     ("docs/GENERATE.md", "python examples/smollm2/export.py smollm2-int8.pt2 --weights int8", "7a8a9bc1",
      "llm.SmolLM2GreedyEqualsEager exports the same with --max-seq-len 256 added, to keep its build short"),
