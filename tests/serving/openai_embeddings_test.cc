@@ -12,6 +12,7 @@
 
 #include "base/counter.h"
 #include "base/fs.h"
+#include "base/mutex.h"
 #include "raw_http.h"
 #include "serving/batcher.h"
 #include "serving/http_api.h"
@@ -71,6 +72,7 @@ class Encoder : public model::LoadedModel {
   StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in,
                                           const model::RunContext&) override {
     calls.Add();
+    std::shared_future<void> gate = Gate();
     if (gate.valid()) gate.wait_for(std::chrono::seconds(10));  // 10 s: the test has failed
     if (fail) return Internal("the encoder broke");
     const int64_t rows = in[0].shape[0], seq = in[0].shape[1];
@@ -91,12 +93,24 @@ class Encoder : public model::LoadedModel {
     std::memcpy(out.data.data(), v.data(), out.data.size());
     return std::vector<HostTensor>{out};
   }
+  // Runs wait until `gate` is made ready. Set under a lock: the request
+  // that reads it reaches the server by a socket, which gives a race
+  // detector no order.
+  void SetGate(std::shared_future<void> gate) {
+    MutexLock lock(&mu_);
+    gate_ = std::move(gate);
+  }
   aotid::testing::Counter calls;
   std::atomic<int64_t> max_rows{0};
   std::atomic<bool> fail{false};
-  std::shared_future<void> gate;
 
  private:
+  std::shared_future<void> Gate() {
+    MutexLock lock(&mu_);
+    return gate_;
+  }
+  Mutex mu_;
+  std::shared_future<void> gate_ GUARDED_BY(mu_);
   model::ModelSpec spec_;
   std::string device_ = "cpu";
 };
@@ -245,7 +259,7 @@ TEST_F(EmbeddingsRouteTest, Base64AndFewerDimensions) {
 // together, padded, each client answered with its own vectors.
 TEST_F(EmbeddingsRouteTest, ConcurrentRequestsAreBatchedWithPadding) {
   std::promise<void> open;
-  encoder_->gate = open.get_future().share();
+  encoder_->SetGate(open.get_future().share());
   aotid::testing::Counter queued;
   batcher_->TEST_SetOnQueued([&](int n) { queued.Set(n); });
   std::thread first([&] {
