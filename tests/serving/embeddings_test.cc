@@ -7,28 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "base/fs.h"
+#include "serving/minilm_embed_json.h"
 
 namespace aotid::serving {
 namespace {
 
 using nlohmann::json;
 
-// all-MiniLM-L6-v2's embed.json, as the compile worker writes it.
-json SpecJson() {
-  auto tok = fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/minilm_tokenizer.json");
-  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-  return {{"kind", "sentence_embedding"},
-          {"input_ids", "input_ids"},
-          {"attention_mask", "attention_mask"},
-          {"output", "embedding"},
-          {"dim", 384},
-          {"pooling", "mean"},
-          {"normalize", true},
-          {"max_seq_len", 256},
-          {"truncatable_dims", false},
-          {"special_tokens", {{"cls", 101}, {"sep", 102}, {"pad", 0}, {"unk", 100}}},
-          {"tokenizer", json::parse(tok.ok() ? *tok : "{}")}};
-}
+json SpecJson() { return aotid::testing::MinilmEmbedJson(); }
 
 EmbedSpec Spec(const json& j = SpecJson()) {
   auto s = EmbedSpec::FromJson(j.dump());

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "package/aoti_metadata.h"
 #include "raw_http.h"
+#include "serving/minilm_embed_json.h"
 #include "test_util.h"
 
 namespace aotid::serving {
@@ -390,19 +391,8 @@ TEST_F(HttpApiTest, ModelMetadataSaysWhatTheModelIsFor) {
   EXPECT_EQ(int8["weights"], "int8");
 
   // all-MiniLM-L6-v2's spec, as the compile worker writes embed.json.
-  auto tok = fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/minilm_tokenizer.json");
-  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  nlohmann::json embed_json = {{"kind", "sentence_embedding"},
-                               {"input_ids", "input_ids"},
-                               {"attention_mask", "attention_mask"},
-                               {"output", "embedding"},
-                               {"dim", 384},
-                               {"pooling", "mean"},
-                               {"normalize", true},
-                               {"max_seq_len", 256},
-                               {"truncatable_dims", true},
-                               {"special_tokens", {{"cls", 101}, {"sep", 102}, {"pad", 0}, {"unk", 100}}},
-                               {"tokenizer", nlohmann::json::parse(*tok)}};
+  nlohmann::json embed_json = aotid::testing::MinilmEmbedJson();
+  embed_json["truncatable_dims"] = true;
   auto embed_spec = EmbedSpec::FromJson(embed_json.dump());
   ASSERT_TRUE(embed_spec.ok()) << embed_spec.status().ToString();
   ServedModel enc{"enc", 1, ServeState::kReady};

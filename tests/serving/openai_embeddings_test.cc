@@ -16,6 +16,7 @@
 #include "raw_http.h"
 #include "serving/batcher.h"
 #include "serving/http_api.h"
+#include "serving/minilm_embed_json.h"
 #include "test_util.h"
 
 namespace aotid::serving {
@@ -31,19 +32,11 @@ constexpr int64_t kDim = 4;
 
 // all-MiniLM-L6-v2's tokenizer, 4-float vectors, texts cut at 16 tokens.
 std::shared_ptr<const EmbedSpec> Spec() {
-  auto tok = fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/minilm_tokenizer.json");
-  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-  json j = {{"kind", "sentence_embedding"},
-            {"input_ids", "input_ids"},
-            {"attention_mask", "attention_mask"},
-            {"output", "embedding"},
-            {"dim", kDim},
-            {"pooling", "mean"},
-            {"normalize", false},
-            {"max_seq_len", 16},
-            {"truncatable_dims", true},
-            {"special_tokens", {{"cls", 101}, {"sep", 102}, {"pad", 0}, {"unk", 100}}},
-            {"tokenizer", json::parse(tok.ok() ? *tok : "{}")}};
+  json j = aotid::testing::MinilmEmbedJson();
+  j["dim"] = kDim;
+  j["normalize"] = false;
+  j["max_seq_len"] = 16;
+  j["truncatable_dims"] = true;
   auto spec = EmbedSpec::FromJson(j.dump());
   EXPECT_TRUE(spec.ok()) << spec.status().ToString();
   return std::make_shared<const EmbedSpec>(spec.ok() ? std::move(spec).value() : EmbedSpec{});
