@@ -196,4 +196,42 @@ int DaemonProcess::Stop(int grace_s) {
   return exit_code_;
 }
 
+std::map<std::string, std::string> LsRow(const std::string& ls_output, const std::string& name) {
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < ls_output.size();) {
+    size_t end = ls_output.find('\n', at);
+    if (end == std::string::npos) end = ls_output.size();
+    lines.push_back(ls_output.substr(at, end - at));
+    at = end + 1;
+  }
+  auto trim = [](std::string s) {
+    size_t b = s.find_first_not_of(' '), e = s.find_last_not_of(' ');
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  };
+  for (size_t h = 0; h < lines.size(); ++h) {
+    if (lines[h].rfind("NAME ", 0) != 0) continue;
+    // Column starts: where each header word begins.
+    std::vector<std::pair<size_t, std::string>> columns;
+    for (size_t i = 0; i < lines[h].size(); ++i) {
+      if (lines[h][i] != ' ' && (i == 0 || lines[h][i - 1] == ' ')) {
+        size_t end = lines[h].find(' ', i);
+        columns.emplace_back(i, lines[h].substr(i, end == std::string::npos ? end : end - i));
+      }
+    }
+    for (size_t r = h + 1; r < lines.size(); ++r) {
+      const std::string& row = lines[r];
+      if (trim(row.substr(0, columns.size() > 1 ? columns[1].first : row.size())) != name) continue;
+      std::map<std::string, std::string> cells;
+      for (size_t c = 0; c < columns.size(); ++c) {
+        size_t from = columns[c].first;
+        size_t to = c + 1 < columns.size() ? columns[c + 1].first : std::string::npos;
+        cells[columns[c].second] =
+            from < row.size() ? trim(row.substr(from, to == std::string::npos ? to : to - from)) : "";
+      }
+      return cells;
+    }
+  }
+  return {};
+}
+
 }  // namespace aotid::testing

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ struct RunOptions {
 // when killed by one) and its output (stdout and stderr together).
 int RunAotid(const std::vector<std::string>& args, std::string* output = nullptr);
 int RunAotid(const std::vector<std::string>& args, const RunOptions& opts, std::string* output = nullptr);
+
+// The cells of `aotid ls`'s row for `name` (first column), keyed by the
+// header's column names; empty when no row names it. The table's columns
+// are cut where the header's words start, so padding and added columns do
+// not matter to a test that asks for the ones it means.
+std::map<std::string, std::string> LsRow(const std::string& ls_output, const std::string& name);
 
 // Starts `aotid ARGS...` with stdout and stderr appended to `out_path`.
 StatusOr<pid_t> SpawnAotid(const std::vector<std::string>& args, const std::string& out_path,
