@@ -112,6 +112,11 @@ const char* const kMigrations[] = {
     ALTER TABLE versions ADD COLUMN timeout_s INTEGER NOT NULL DEFAULT 0 CHECK(timeout_s >= 0);
     ALTER TABLE versions ADD COLUMN memory_limit_mb INTEGER NOT NULL DEFAULT 0 CHECK(memory_limit_mb >= 0);
     )sql",
+    // 5 -> 6: the sequences a language model serves at once (0: as many
+    // as its cache holds).
+    R"sql(
+    ALTER TABLE versions ADD COLUMN max_sequences INTEGER NOT NULL DEFAULT 0 CHECK(max_sequences >= 0);
+    )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 

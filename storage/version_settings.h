@@ -34,6 +34,8 @@ struct VersionSettings {
   // memory_limit_mb.
   int timeout_s = 0;
   int memory_limit_mb = 0;
+  // A language model's sequences at once; 0: as many as its cache holds.
+  int max_sequences = 0;
   // AOTInductor options for the build, as a JSON object with sorted keys
   // ("" = none). Part of the build's cache key.
   std::string inductor_options;

@@ -50,7 +50,7 @@ TEST(VersionSettings, UnknownKeyErrorListsEveryKey) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
             "unknown setting 'colour'; known: device, fallback_cpu, num_runners, max_batch_size, "
-            "max_batch_delay_us, threads, timeout_s, memory_limit_mb, inductor.<option>");
+            "max_batch_delay_us, threads, timeout_s, memory_limit_mb, max_sequences, inductor.<option>");
   EXPECT_EQ(s, VersionSettings{});
 }
 
@@ -77,7 +77,7 @@ TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
   EXPECT_TRUE(DiffSettings(base, base).empty());
   EXPECT_EQ(CanonicalText(base),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=0 "
-            "timeout_s=0 memory_limit_mb=0 inductor_options={}");
+            "timeout_s=0 memory_limit_mb=0 max_sequences=0 inductor_options={}");
 }
 
 TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
@@ -148,13 +148,13 @@ TEST(VersionSettings, DisplayTextSaysAutoThreadsAndLeavesOutNoOptions) {
   VersionSettings s;
   EXPECT_EQ(DisplayText(s),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=auto "
-            "timeout_s=default memory_limit_mb=default");
+            "timeout_s=default memory_limit_mb=default max_sequences=auto");
   s.threads = 2;
   s.timeout_s = 5;
   s.inductor_options = R"({"cpp.simdlen":8})";
   EXPECT_EQ(DisplayText(s),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 "
-            R"(threads=2 timeout_s=5 memory_limit_mb=default inductor={"cpp.simdlen":8})");
+            R"(threads=2 timeout_s=5 memory_limit_mb=default max_sequences=auto inductor={"cpp.simdlen":8})");
 }
 
 // Each field has its column in a fresh store, with the struct's default as
