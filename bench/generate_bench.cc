@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", (!model.ok() ? model.status() : spec.status()).ToString().c_str());
     return 1;
   }
-  auto gen = aotid::serving::Generator::Create(std::move(spec).value(), (*model)->spec());
+  std::shared_ptr<aotid::model::LoadedModel> loaded = std::move(model).value();
+  auto gen = aotid::serving::Generator::Create(std::move(spec).value(), loaded->spec());
   if (!gen.ok()) {
     std::fprintf(stderr, "%s\n", gen.status().ToString().c_str());
     return 1;
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
   for (int i = 6; i < argc; ++i) req.ids.push_back(std::stoi(argv[i]));
   req.max_tokens = std::stoi(argv[4]);
   req.sampling.temperature = 0;
-  req.ignore_eos = true;  // the same number of tokens every time
+  req.ignore_eos = true;      // the same number of tokens every time
+  req.cache_prompt = false;  // each run computes its prompt
   auto prompt = (*gen)->Prompt(req);
   if (!prompt.ok()) {
     std::fprintf(stderr, "%s\n", prompt.status().ToString().c_str());
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%-8s %10s %14s %12s %s\n", "threads", "prefill_ms", "first_token_ms", "decode_tok_s", "ids");
   for (int r = 0; r < std::stoi(argv[5]); ++r) {
-    auto g = (*gen)->Run(**model, req, *prompt, nullptr, nullptr);
+    auto g = (*gen)->Run(loaded, req, *prompt, nullptr, nullptr);
     if (!g.ok()) {
       std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
       return 1;

@@ -118,7 +118,8 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           auto text = fs::ReadFile(r.entry.generate_path);
           auto spec =
               text.ok() ? text::GenerateSpec::FromJson(*text) : StatusOr<text::GenerateSpec>(text.status());
-          auto gen = spec.ok() ? serving::Generator::Create(std::move(spec).value(), r.entry.spec)
+          auto gen = spec.ok() ? serving::Generator::Create(std::move(spec).value(), r.entry.spec,
+                                                                           r.max_sequences, r.label)
                                : StatusOr<std::shared_ptr<serving::Generator>>(spec.status());
           if (!gen.ok()) {
             work->result.model = gen.status().WithContext(r.entry.generate_path);

@@ -34,6 +34,9 @@ struct LoadRequest {
   std::string threads_key;
   // The runner process it runs in (runner/runner_model.h).
   std::string label;           // "demo:1"
+  // A language model's sequences at once (VersionSettings::max_sequences;
+  // 0: as many as its cache holds).
+  int64_t max_sequences = 0;
   int64_t run_timeout_ms = 0;  // 0: none
   uint64_t memory_limit_bytes = 0;
   int max_crashes = 5;

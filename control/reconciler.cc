@@ -506,9 +506,9 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const model::CacheEnt
   // which every runner instance and every row of a batch would share.
   if (!entry.generate_path.empty() && (v.settings.num_runners > 1 || v.settings.max_batch_size > 1)) {
     std::string why =
-        "a language model runs one sequence at a time (its key/value cache is inside the "
-        "compiled model, shared by its runners and by the rows of a batch): set num_runners=1 "
-        "and max_batch_size=1";
+        "a language model's key/value cache is inside the compiled model, where its generator "
+        "schedules the sequences on the cache's slots; another runner or a batch's rows would "
+        "have caches of their own or share its slots: set num_runners=1 and max_batch_size=1";
     in_flight_.erase(WorkKey(v));
     LOG_ERROR << "loading " << Name(v) << " failed: " << why;
     Record(v, "load_failed", why);
@@ -532,6 +532,7 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const model::CacheEnt
                       std::to_string(req.choose_threads_at_batch);
   }
   req.label = Name(v);
+  req.max_sequences = v.settings.max_sequences;
   req.run_timeout_ms =
       v.settings.timeout_s > 0 ? int64_t{v.settings.timeout_s} * 1000 : options_.run_timeout_ms;
   req.memory_limit_bytes = v.settings.memory_limit_mb > 0

@@ -2,33 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/json.h"
+#include "base/log.h"
 
 namespace aotid::serving {
 namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-model::HostTensor Int64Tensor(const std::string& name, std::vector<int64_t> shape, const int32_t* ids,
-                              size_t n, int64_t first_position) {
-  model::HostTensor t;
-  t.name = name;
-  t.dtype = model::DType::kInt64;
-  t.shape = std::move(shape);
-  t.data.resize(n * sizeof(int64_t));
-  auto* out = reinterpret_cast<int64_t*>(t.data.data());
-  for (size_t i = 0; i < n; ++i) out[i] = ids ? ids[i] : first_position + static_cast<int64_t>(i);
-  return t;
-}
 
 // Answer tokens' logprobs, each held until its token's text is shown. The
 // text that may start a stop string is held back (text::StopMatcher), and
@@ -112,12 +100,15 @@ Status SetParameter(const std::string& key, const json& v, GenerateRequest* r) {
   } else if (key == "return_token_ids") {
     RETURN_IF_ERROR(need(v.is_boolean(), "true or false"));
     r->return_token_ids = v.get<bool>();
+  } else if (key == "cache_prompt") {
+    RETURN_IF_ERROR(need(v.is_boolean(), "true or false"));
+    r->cache_prompt = v.get<bool>();
   } else if (key == "stream") {
     // Triton's clients send it; the route already says which it is.
   } else {
     return InvalidArgument("unknown parameter \"" + key +
                            "\" (known: max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, "
-                           "return_token_ids)");
+                           "return_token_ids, cache_prompt)");
   }
   return Status::OK();
 }
@@ -138,6 +129,8 @@ json DescribeGenerate(const text::GenerateSpec& spec) {
          {"end_tokens", std::move(ends)},
          {"chat_template", spec.chat.has_value()}};
   if (spec.bos_id >= 0) j["begin_token"] = token(spec.bos_id);
+  j["max_sequences"] = spec.max_sequences;
+  if (spec.cache_bytes_per_sequence > 0) j["cache_bytes_per_sequence"] = spec.cache_bytes_per_sequence;
   return j;
 }
 
@@ -202,88 +195,679 @@ StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text
   return r;
 }
 
-Status Generator::Admit() const {
-  int n = gate_.Waiting();
-  if (n < kMaxWaiting) return Status::OK();
-  return Unavailable("the model is busy: a language model runs one sequence at a time, and " +
-                     std::to_string(n) + " requests already wait for it; try again shortly");
-}
+namespace {
 
-int Generator::Gate::Waiting() {
-  MutexLock lock(&mu_);
-  return WaitingLocked();
-}
+// ---- the token loop of one answer ----
 
-int Generator::Gate::WaitingLocked() {
-  return static_cast<int>(next_ - serving_ - (busy_ ? 1 : 0) - abandoned_.size());
-}
-
-bool Generator::Gate::AwaitWaiting(int n) {
-  auto deadline = Clock::now() + std::chrono::seconds(10);
-  MutexLock lock(&mu_);
-  while (WaitingLocked() != n) {
-    if (!waiting_changed_.WaitUntil(&mu_, deadline)) return WaitingLocked() == n;
+// What becomes of each token a sequence's model makes: sampling, the end
+// token, text as it becomes whole, stop strings, logprobs held with their
+// text. The scheduler's thread alone uses it.
+class TokenLoop {
+ public:
+  TokenLoop(const text::GenerateSpec& spec, const GenerateRequest& req, int64_t budget)
+      : spec_(spec), req_(req), budget_(budget), sampler_(req.sampling), stops_(req.stop) {
+    r_.seed = sampler_.seed();
   }
-  return true;
-}
 
-Status Generator::Gate::Enter(const std::function<bool()>& cancelled) {
-  MutexLock lock(&mu_);
-  const uint64_t waiting = next_ - serving_ - (busy_ ? 1 : 0) - abandoned_.size();
-  if (waiting >= static_cast<uint64_t>(kMaxWaiting)) {
-    return Unavailable("the model is busy: a language model runs one sequence at a time, and " +
-                       std::to_string(waiting) + " requests already wait for it; try again shortly");
+  // Takes the logits of the sequence's last token and chooses the next;
+  // appends what the reader gets to *out. False once the answer has ended
+  // (result().finish_reason says why); else last() is fed to the model next.
+  bool Next(const float* logits, int32_t vocab, std::vector<Sequence::Event>* out) {
+    int32_t next = sampler_.Next(logits, vocab);
+    r_.ids.push_back(next);
+    if (!req_.ignore_eos && std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), next) != spec_.eos_ids.end()) {
+      r_.ids.pop_back();  // the end-of-text token is not part of the answer
+      r_.finish_reason = "stop";
+      return false;
+    }
+    sampler_.Accept(next);
+    last_ = next;
+    // A special token (<|im_start|>, ...) counts but shows no text.
+    const text::Tokenizer& tok = *spec_.tokenizer;
+    const std::string bytes = tok.IsSpecial(next) ? std::string() : tok.Bytes(next);
+    if (req_.top_logprobs >= 0) {
+      // Its text starts after the bytes of a character still unfinished.
+      held_.Add(text::Logprobs(logits, vocab, next, req_.top_logprobs), fed_ + utf8_.held(), bytes.size());
+    }
+    std::string whole = utf8_.Push(bytes);
+    fed_ += whole.size();
+    Emit(stops_.Push(whole, &stopped_), out);
+    if (stopped_) {
+      r_.finish_reason = "stop";
+      return false;
+    }
+    if (static_cast<int64_t>(r_.ids.size()) >= budget_) {
+      r_.finish_reason = "length";
+      return false;
+    }
+    return true;
   }
-  const uint64_t ticket = next_++;
-  waiting_changed_.SignalAll();
-  while (busy_ || serving_ != ticket) {
-    cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(50));
-    if (!(busy_ || serving_ != ticket) || !cancelled) continue;
-    // Asked without the lock: it may make a syscall (is the client's
-    // socket closed?), and the turn's owner must not wait on that.
-    lock.Unlock();
-    const bool gone = cancelled();
-    lock.Lock();
-    if (gone && (busy_ || serving_ != ticket)) {
-      abandoned_.push_back(ticket);
-      AdvanceLocked();
-      return Cancelled(model::kClientGone);
+
+  // Ends the answer for `reason` where Next did not ("cancelled",
+  // "error"); then, unless cancelled, what was held back goes out: a
+  // character cut off at the end, and text that may have started a stop
+  // string that cannot complete now.
+  void End(const std::string& reason, std::vector<Sequence::Event>* out) {
+    if (!reason.empty()) r_.finish_reason = reason;
+    if (r_.finish_reason == "cancelled" || stopped_) return;
+    std::string tail = stops_.Push(utf8_.Flush(), &stopped_);
+    if (stopped_) {
+      r_.finish_reason = "stop";
+    } else {
+      tail += stops_.Flush();
+    }
+    Emit(tail, out);
+    if (!stopped_) {
+      held_.ReleaseAll([&](text::TokenLogprob&& lp) { Report(std::move(lp), out); });
     }
   }
-  busy_ = true;
-  waiting_changed_.SignalAll();
-  return Status::OK();
-}
 
-void Generator::Gate::Leave() {
-  MutexLock lock(&mu_);
-  busy_ = false;
-  ++serving_;
-  AdvanceLocked();
-}
+  int32_t last() const { return last_; }
+  GenerateResult& result() { return r_; }
 
-void Generator::Gate::AdvanceLocked() {
-  if (!busy_) {
-    for (auto it = std::find(abandoned_.begin(), abandoned_.end(), serving_); it != abandoned_.end();
-         it = std::find(abandoned_.begin(), abandoned_.end(), serving_)) {
-      abandoned_.erase(it);
-      ++serving_;
+ private:
+  void Report(text::TokenLogprob&& lp, std::vector<Sequence::Event>* out) {
+    r_.logprobs.push_back(lp);
+    out->push_back({false, {}, std::move(lp)});
+  }
+  // The logprobs of the tokens `piece` shows go first, then its text.
+  void Emit(const std::string& piece, std::vector<Sequence::Event>* out) {
+    held_.Release(r_.text.size() + piece.size(), [&](text::TokenLogprob&& lp) { Report(std::move(lp), out); });
+    if (piece.empty()) return;
+    r_.text += piece;
+    out->push_back({true, piece, {}});
+  }
+
+  const text::GenerateSpec& spec_;
+  const GenerateRequest& req_;
+  const int64_t budget_;
+  text::Sampler sampler_;
+  text::Utf8Stream utf8_;
+  text::StopMatcher stops_;
+  HeldLogprobs held_;
+  size_t fed_ = 0;  // bytes of text given to the stop matcher
+  bool stopped_ = false;
+  int32_t last_ = -1;
+  GenerateResult r_;
+};
+
+}  // namespace
+
+// ---- sequences ----
+
+struct Sequence::State {
+  // Set before the scheduler has it; read-only after.
+  GenerateRequest req;
+  std::vector<int32_t> prompt;
+  std::function<bool()> gone;
+  std::shared_ptr<model::LoadedModel> model;
+  std::weak_ptr<Generator::Scheduler> scheduler;
+  Clock::time_point queued;
+  // An /infer run of the model instead of a sequence (RunAlone).
+  bool alone = false;
+  std::vector<model::HostTensor> alone_inputs;
+  model::RunContext alone_ctx;
+  model::LoadedModel::Done alone_done;
+
+  std::atomic<bool> cancel{false};  // its reader or its client left
+
+  // The scheduler's thread alone.
+  std::unique_ptr<TokenLoop> loop;
+  int slot = -1;
+  int64_t prefilled = 0;  // the prompt's tokens in the slot's cache
+  int64_t position = 0;   // where the next fed token goes
+  bool decoding = false;  // has a token to feed (TokenLoop::last)
+  Clock::time_point admitted, prefill_start, first_token, gone_asked;
+
+  // Shared with the reader.
+  Mutex mu;
+  CondVar changed;
+  std::vector<Event> events GUARDED_BY(mu);
+  bool started GUARDED_BY(mu) = false;
+  bool done GUARDED_BY(mu) = false;
+  Status error GUARDED_BY(mu);       // why it never made a token
+  Status late_error GUARDED_BY(mu);  // why it ended early after some
+  GenerateResult result GUARDED_BY(mu);
+  std::function<void()> when_started GUARDED_BY(mu);
+  std::function<void()> when_done GUARDED_BY(mu);
+
+  // Hands `events` to the reader; with `end`, the sequence's end too.
+  void Publish(std::vector<Event>* events, bool end, GenerateResult* r = nullptr, Status err = Status::OK(),
+               Status late = Status::OK()) EXCLUDES(mu) {
+    std::function<void()> on_started, on_done;
+    {
+      MutexLock lock(&mu);
+      for (auto& e : *events) this->events.push_back(std::move(e));
+      events->clear();
+      if (!this->events.empty() || end) {
+        started = true;
+        on_started = std::move(when_started);
+        when_started = nullptr;
+      }
+      if (end) {
+        done = true;
+        if (r) result = std::move(*r);
+        error = std::move(err);
+        late_error = std::move(late);
+        on_done = std::move(when_done);
+        when_done = nullptr;
+      }
+      changed.SignalAll();
+    }
+    if (on_started) on_started();
+    if (on_done) on_done();
+  }
+};
+
+// The scheduler of one generator's sequences: one thread that makes every
+// call of the model. What the scheduler's thread alone touches is not
+// guarded; what requests touch is, by mu_.
+class Generator::Scheduler : public std::enable_shared_from_this<Generator::Scheduler> {
+ public:
+  struct Config {
+    text::GenerateSpec spec;
+    Inputs inputs;
+    size_t logits_index;
+    int64_t vocab;
+    int64_t max_prefill;
+    int slots;
+    std::string label;  // the version, in the log
+  };
+  explicit Scheduler(Config c) : c_(std::move(c)), slots_(static_cast<size_t>(c_.slots)) {
+    chunk_tokens_ = std::min<int64_t>(kMinChunk, c_.max_prefill);
+  }
+
+  void StartThread() {
+    thread_ = std::thread([self = shared_from_this()] { self->Loop(); });
+  }
+  // Ends the thread once what it has is done (ended as unavailable).
+  void Stop() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+      wake_.SignalAll();
+    }
+    if (!thread_.joinable()) return;
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // its last sequence's reply held the generator: it ends by itself
+    } else {
+      thread_.join();
     }
   }
-  cv_.SignalAll();
-  waiting_changed_.SignalAll();
-}
 
-Generator::Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits_index, int64_t vocab,
-                     int64_t max_prefill)
-    : spec_(std::move(spec)),
-      tokens_index_(tokens_index),
-      logits_index_(logits_index),
-      vocab_(vocab),
-      max_prefill_(max_prefill) {}
+  int Bound() const { return kMaxWaitingPerSlot * c_.slots; }
 
-StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
-                                                       const model::ModelSpec& model) {
+  Status Busy(int waiting) const {
+    return Unavailable("the model is busy: its " + std::to_string(c_.slots) + " sequence slot" +
+                       (c_.slots == 1 ? " is" : "s are") + " in use and " + std::to_string(waiting) +
+                       " requests already wait for one; try again shortly");
+  }
+
+  Status Enqueue(std::shared_ptr<Sequence::State> s) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    if (stop_) return Unavailable("the model is being unloaded");
+    const int waiting = static_cast<int>(queue_.size());
+    if (waiting >= Bound()) return Busy(waiting);
+    queue_.push_back(std::move(s));
+    waiting_changed_.SignalAll();
+    wake_.SignalAll();
+    return Status::OK();
+  }
+
+  // Takes `s` out of the queue and ends it, when it still waits there
+  // (at once, even while the model is busy with a long call); else the
+  // scheduler ends it at its next step.
+  void Withdraw(const std::shared_ptr<Sequence::State>& s) EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      auto it = std::find(queue_.begin(), queue_.end(), s);
+      if (it == queue_.end()) {
+        wake_.SignalAll();
+        return;
+      }
+      queue_.erase(it);
+      waiting_changed_.SignalAll();
+    }
+    Refuse(s, Cancelled(model::kClientGone));
+  }
+
+  int Waiting() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return static_cast<int>(queue_.size());
+  }
+
+  bool AwaitWaiting(int n) EXCLUDES(mu_) {
+    auto deadline = Clock::now() + std::chrono::seconds(10);
+    MutexLock lock(&mu_);
+    while (static_cast<int>(queue_.size()) != n) {
+      if (!waiting_changed_.WaitUntil(&mu_, deadline)) return static_cast<int>(queue_.size()) == n;
+    }
+    return true;
+  }
+
+  GenerateStats Stats() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    GenerateStats s = stats_;
+    s.slots = c_.slots;
+    s.waiting = static_cast<int>(queue_.size());
+    return s;
+  }
+
+ private:
+  // The fewest prompt tokens one chunk takes while others decode (see Chunk).
+  static constexpr int64_t kMinChunk = 32;
+  // The fewest rows of a prompt's call, where the prompt has them: a CPU
+  // matrix product of fewer rows takes another kernel, which rounds
+  // otherwise.
+  static constexpr int64_t kMinRows = 4;
+  struct Slot {
+    std::vector<int32_t> tokens;  // what its cache holds, from position 0
+    bool busy = false;
+    uint64_t used = 0;  // when its last sequence ended: the least recent is taken first
+  };
+  using SeqPtr = std::shared_ptr<Sequence::State>;
+
+  void Loop() {
+    while (true) {
+      std::vector<SeqPtr> waiting;
+      {
+        MutexLock lock(&mu_);
+        while (!stop_ && queue_.empty() && active_.empty()) wake_.Wait(&mu_);
+        if (stop_) break;
+        waiting.assign(queue_.begin(), queue_.end());
+      }
+      AskWhoLeft(waiting);
+      DropLeavers();
+      Admit();
+      if (active_.empty()) continue;
+      DecodeStep();
+      PrefillChunk();
+      MaybeLog();
+    }
+    // Stopping: nothing more runs.
+    std::deque<SeqPtr> queued;
+    {
+      MutexLock lock(&mu_);
+      queued.swap(queue_);
+    }
+    for (auto& s : std::vector<SeqPtr>(active_)) End(s, "cancelled");
+    for (auto& s : queued) Refuse(s, Unavailable("the model is being unloaded"));
+  }
+
+  // Asks the clients of waiting requests (every 20 ms each) and of the
+  // sequences in slots (every step) whether they are still there; the
+  // question may be a syscall, asked without the lock.
+  void AskWhoLeft(const std::vector<SeqPtr>& waiting) {
+    const auto now = Clock::now();
+    for (const auto& s : waiting) {
+      if (s->cancel || now - s->gone_asked < std::chrono::milliseconds(20)) continue;
+      s->gone_asked = now;
+      if (s->gone && s->gone()) s->cancel = true;
+    }
+    for (const auto& s : active_) {
+      if (!s->cancel && s->gone && s->gone()) s->cancel = true;
+    }
+  }
+
+  void DropLeavers() {
+    std::vector<SeqPtr> left;
+    {
+      MutexLock lock(&mu_);
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if ((*it)->cancel) {
+          left.push_back(std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (!left.empty()) waiting_changed_.SignalAll();
+    }
+    for (auto& s : left) Refuse(s, Cancelled(model::kClientGone));
+    for (size_t i = 0; i < active_.size();) {
+      if (active_[i]->cancel) {
+        End(active_[i], "cancelled");  // takes it out of active_
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // Gives free slots to the waiting requests in order. An /infer run at
+  // the head waits for the slots to empty and runs alone.
+  void Admit() {
+    while (true) {
+      SeqPtr s;
+      {
+        MutexLock lock(&mu_);
+        if (queue_.empty()) return;
+        if (queue_.front()->alone) {
+          if (!active_.empty()) return;
+        } else if (std::none_of(slots_.begin(), slots_.end(), [](const Slot& x) { return !x.busy; })) {
+          return;
+        }
+        s = std::move(queue_.front());
+        queue_.pop_front();
+        waiting_changed_.SignalAll();
+      }
+      if (s->alone) {
+        RunAloneNow(s);
+        continue;
+      }
+      Place(s);
+    }
+  }
+
+  // A free slot for `s`: the one holding the longest start of its prompt,
+  // else the one left longest ago.
+  void Place(const SeqPtr& s) {
+    size_t best = slots_.size();
+    size_t best_common = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].busy) continue;
+      const auto& held = slots_[i].tokens;
+      size_t n = s->req.cache_prompt ? std::min(held.size(), s->prompt.size()) : 0;
+      size_t common = static_cast<size_t>(
+          std::mismatch(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n), s->prompt.begin()).first -
+          held.begin());
+      if (best == slots_.size() || common > best_common ||
+          (common == best_common && slots_[i].used < slots_[best].used)) {
+        best = i;
+        best_common = common;
+      }
+    }
+    Slot& slot = slots_[best];
+    slot.busy = true;
+    // At least the prompt's last kMinRows tokens are computed: the last
+    // one's logits choose the first token, and a call of fewer rows would
+    // round otherwise than the calls that computed the prompt cold (a CPU
+    // matrix product of under 4 rows takes another kernel), and a reused
+    // prompt must answer what a cold one answers.
+    const auto reused = static_cast<int64_t>(std::min<size_t>(
+        best_common, s->prompt.size() > kMinRows ? s->prompt.size() - kMinRows : 0));
+    slot.tokens.resize(static_cast<size_t>(reused));
+    s->slot = static_cast<int>(best);
+    s->prefilled = reused;
+    s->loop->result().cached_tokens = reused;
+    s->admitted = Clock::now();
+    s->loop->result().queue_ms = Ms(s->queued, s->admitted);
+    active_.push_back(s);
+    MutexLock lock(&mu_);
+    stats_.active = static_cast<int>(active_.size());
+    stats_.reused_tokens += static_cast<uint64_t>(reused);
+  }
+
+  void RunAloneNow(const SeqPtr& s) {
+    auto out = s->model->Infer(s->alone_inputs, s->alone_ctx);
+    // It wrote the cache where it liked: no slot's contents can be trusted.
+    for (Slot& slot : slots_) slot.tokens.clear();
+    auto done = std::move(s->alone_done);
+    done(std::move(out));
+  }
+
+  // One call of the model: `rows` rows of `width` tokens each.
+  StatusOr<const float*> Call(model::LoadedModel& model, const std::vector<int32_t>& tokens,
+                              const std::vector<int64_t>& positions, const std::vector<int64_t>& slots, int64_t rows,
+                              int64_t width) {
+    const Inputs& in = c_.inputs;
+    std::vector<model::HostTensor> inputs(in.slotted ? 3 : 2);
+    auto fill = [](model::HostTensor& t, const std::string& name, std::vector<int64_t> shape,
+                   const auto& values) {
+      t.name = name;
+      t.dtype = model::DType::kInt64;
+      t.shape = std::move(shape);
+      t.data.resize(values.size() * sizeof(int64_t));
+      auto* out = reinterpret_cast<int64_t*>(t.data.data());
+      for (size_t i = 0; i < values.size(); ++i) out[i] = static_cast<int64_t>(values[i]);
+    };
+    fill(inputs[in.tokens], c_.spec.tokens_input, {rows, width}, tokens);
+    if (in.slotted) {
+      fill(inputs[in.positions], c_.spec.positions_input, {rows, width}, positions);
+      fill(inputs[in.slots], c_.spec.slots_input, {rows}, slots);
+    } else {
+      fill(inputs[in.positions], c_.spec.positions_input, {width}, positions);
+    }
+    auto out = model.Infer(inputs, model::RunContext{});
+    if (!out.ok()) return out.status();
+    const model::HostTensor& l = (*out)[c_.logits_index];
+    const size_t want = static_cast<size_t>(rows * c_.vocab) * sizeof(float);
+    if (l.data.size() != want) {
+      return Internal("the model returned " + std::to_string(l.data.size()) + " bytes of logits, not " +
+                      std::to_string(want));
+    }
+    logits_.resize(static_cast<size_t>(rows * c_.vocab));
+    std::memcpy(logits_.data(), l.data.data(), want);
+    return logits_.data();
+  }
+
+  // Every sequence with a token to feed, one row each, in one call.
+  void DecodeStep() {
+    std::vector<SeqPtr> rows;
+    for (const auto& s : active_) {
+      if (s->decoding) rows.push_back(s);
+    }
+    if (rows.empty()) return;
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> positions, slots;
+    for (const auto& s : rows) {
+      tokens.push_back(s->loop->last());
+      positions.push_back(s->position);
+      slots.push_back(s->slot);
+    }
+    // Always the same number of rows, padded with copies of the first
+    // (they write what it writes, where it writes it): a CPU matrix
+    // product's rounding depends on its row count (fewer than 4 rows take
+    // another kernel), and a sequence's tokens must not depend on how many
+    // others run beside it.
+    const auto b = static_cast<int64_t>(rows.size());
+    const int64_t call_rows = c_.inputs.slotted ? std::max<int64_t>(b, c_.slots) : b;
+    for (int64_t i = b; i < call_rows; ++i) {
+      tokens.push_back(tokens[0]);
+      positions.push_back(positions[0]);
+      slots.push_back(slots[0]);
+    }
+    const auto t0 = Clock::now();
+    auto logits = Call(*rows[0]->model, tokens, positions, slots, call_rows, 1);
+    const double ms = Ms(t0, Clock::now());
+    if (!logits.ok()) {
+      for (auto& s : rows) End(s, "error", logits.status());
+      return;
+    }
+    step_ms_ = step_ms_ == 0 ? ms : 0.8 * step_ms_ + 0.2 * ms;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.decode_steps;
+      stats_.decode_tokens += static_cast<uint64_t>(b);
+      stats_.decode_seconds += ms / 1000;
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SeqPtr& s = rows[i];
+      slots_[static_cast<size_t>(s->slot)].tokens.push_back(tokens[i]);
+      ++s->position;
+      ++s->loop->result().decode_steps;
+      Token(s, *logits + static_cast<int64_t>(i) * c_.vocab);
+    }
+  }
+
+  // How many prompt tokens one call takes. Alone, a prompt goes in as
+  // few calls as the model allows. While others decode, a chunk costs
+  // about one decode step: the others wait at most that long for their
+  // next token. Both costs are measured as they run (a chunk's time per
+  // token, a step's time); at least kMinChunk tokens, since a chunk's
+  // fixed cost (reading every weight once, as a step does) is paid per
+  // call and much smaller chunks would make a long prompt's first token
+  // many times slower.
+  int64_t Chunk(bool others_decode) const {
+    if (!others_decode) return c_.max_prefill;
+    return chunk_tokens_;
+  }
+
+  void PrefillChunk() {
+    SeqPtr s;
+    bool others = false;
+    for (const auto& x : active_) {
+      if (x->decoding) {
+        others = true;
+      } else if (!s && x->prefilled < static_cast<int64_t>(x->prompt.size())) {
+        s = x;
+      }
+    }
+    if (!s) return;
+    const auto total = static_cast<int64_t>(s->prompt.size());
+    int64_t n = std::min(Chunk(others), total - s->prefilled);
+    // The last chunk keeps kMinRows tokens (see Place).
+    if (const int64_t rest = total - s->prefilled - n; rest > 0 && rest < kMinRows && n > kMinRows) {
+      n -= kMinRows - rest;
+    }
+    if (s->prefill_start == Clock::time_point()) s->prefill_start = Clock::now();
+    std::vector<int32_t> tokens(s->prompt.begin() + s->prefilled, s->prompt.begin() + s->prefilled + n);
+    std::vector<int64_t> positions(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = s->prefilled + i;
+    const auto t0 = Clock::now();
+    auto logits = Call(*s->model, tokens, positions, {s->slot}, 1, n);
+    const double ms = Ms(t0, Clock::now());
+    if (!logits.ok()) {
+      End(s, "error", logits.status());
+      return;
+    }
+    if (n >= kMinChunk) {
+      const double per_token = ms / static_cast<double>(n);
+      per_token_ms_ = per_token_ms_ == 0 ? per_token : 0.8 * per_token_ms_ + 0.2 * per_token;
+      if (step_ms_ > 0) {
+        chunk_tokens_ = std::clamp<int64_t>(static_cast<int64_t>(step_ms_ / per_token_ms_), kMinChunk,
+                                            std::max<int64_t>(kMinChunk, c_.max_prefill));
+        chunk_tokens_ = std::min(chunk_tokens_, c_.max_prefill);
+      }
+    }
+    {
+      MutexLock lock(&mu_);
+      ++stats_.prefill_calls;
+      stats_.prefill_tokens += static_cast<uint64_t>(n);
+      stats_.prefill_seconds += ms / 1000;
+    }
+    auto& held = slots_[static_cast<size_t>(s->slot)].tokens;
+    held.insert(held.end(), tokens.begin(), tokens.end());
+    s->prefilled += n;
+    if (s->prefilled < total) return;
+    s->loop->result().prefill_ms = Ms(s->prefill_start, Clock::now());
+    s->position = total;
+    Token(s, *logits);
+  }
+
+  // The logits of `s`'s last token: its next token, and what it shows.
+  void Token(const SeqPtr& s, const float* logits) {
+    std::vector<Sequence::Event> events;
+    const bool more = s->loop->Next(logits, static_cast<int32_t>(c_.vocab), &events);
+    GenerateResult& r = s->loop->result();
+    if (r.ids.size() == 1 && s->first_token == Clock::time_point()) {
+      s->first_token = Clock::now();
+      r.first_token_ms = Ms(s->prefill_start, s->first_token);
+    }
+    if (!more) {
+      if (!events.empty()) s->Publish(&events, false);
+      End(s, "");
+      return;
+    }
+    s->decoding = true;
+    if (!events.empty()) s->Publish(&events, false);
+  }
+
+  // Ends `s` (in a slot) for `reason` ("" where its token loop ended it),
+  // frees its slot and tells its reader.
+  // Takes `s` by value: it may be an element of active_, which this erases.
+  void End(SeqPtr s, const std::string& reason, const Status& error = Status::OK()) {
+    std::vector<Sequence::Event> events;
+    s->loop->End(reason, &events);
+    GenerateResult& r = s->loop->result();
+    if (s->first_token != Clock::time_point()) r.decode_ms = Ms(s->first_token, Clock::now());
+    Slot& slot = slots_[static_cast<size_t>(s->slot)];
+    slot.busy = false;
+    slot.used = ++clock_;
+    if (!error.ok()) slot.tokens.resize(static_cast<size_t>(std::min<int64_t>(s->prefilled, s->position)));
+    active_.erase(std::find(active_.begin(), active_.end(), s));
+    {
+      MutexLock lock(&mu_);
+      stats_.active = static_cast<int>(active_.size());
+    }
+    const bool none = r.ids.empty() && r.text.empty();
+    GenerateResult result = std::move(r);
+    // A failure before any text is the request's error; after some, the
+    // answer so far ends with it.
+    if (!error.ok() && none) {
+      s->Publish(&events, true, &result, error);
+    } else {
+      s->Publish(&events, true, &result, Status::OK(), error);
+    }
+  }
+
+  // Ends a request that never had a slot.
+  void Refuse(const SeqPtr& s, const Status& why) {
+    if (s->alone) {
+      auto done = std::move(s->alone_done);
+      if (done) done(why);
+      return;
+    }
+    std::vector<Sequence::Event> none;
+    GenerateResult r;
+    r.prompt_tokens = static_cast<int64_t>(s->prompt.size());
+    s->Publish(&none, true, &r, why);
+  }
+
+  // Every 10 s of work, what was done, in the daemon's log.
+  void MaybeLog() {
+    const auto now = Clock::now();
+    if (logged_at_ == Clock::time_point()) {
+      logged_at_ = now;
+      logged_ = Stats();
+      return;
+    }
+    if (now - logged_at_ < std::chrono::seconds(10)) return;
+    GenerateStats s = Stats();
+    const double steps = static_cast<double>(s.decode_steps - logged_.decode_steps);
+    const double decoded = static_cast<double>(s.decode_tokens - logged_.decode_tokens);
+    const double prefilled = static_cast<double>(s.prefill_tokens - logged_.prefill_tokens);
+    const double decode_s = s.decode_seconds - logged_.decode_seconds;
+    const double prefill_s = s.prefill_seconds - logged_.prefill_seconds;
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "%d of %d sequence slots active, %d waiting; %.2f tokens a step; prefill %.0f tokens/s, "
+                  "decode %.0f tokens/s; %llu prompt tokens reused",
+                  s.active, s.slots, s.waiting, steps > 0 ? decoded / steps : 0.0,
+                  prefill_s > 0 ? prefilled / prefill_s : 0.0, decode_s > 0 ? decoded / decode_s : 0.0,
+                  static_cast<unsigned long long>(s.reused_tokens - logged_.reused_tokens));
+    LOG_INFO << (c_.label.empty() ? std::string("generate") : c_.label) << ": " << line;
+    logged_at_ = now;
+    logged_ = s;
+  }
+
+  static double Ms(Clock::time_point from, Clock::time_point to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  }
+
+  const Config c_;
+  std::thread thread_;
+
+  Mutex mu_;
+  CondVar wake_;
+  CondVar waiting_changed_;
+  std::deque<SeqPtr> queue_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  GenerateStats stats_ GUARDED_BY(mu_);
+
+  // The scheduler's thread alone.
+  std::vector<Slot> slots_;
+  std::vector<SeqPtr> active_;  // in slots, in the order they came
+  uint64_t clock_ = 0;
+  std::vector<float> logits_;
+  double step_ms_ = 0;       // a decode step, lately
+  double per_token_ms_ = 0;  // a prompt token in a chunk, lately
+  int64_t chunk_tokens_;
+  Clock::time_point logged_at_;
+  GenerateStats logged_;
+};
+
+StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec, const model::ModelSpec& model,
+                                                       int64_t max_sequences, std::string label) {
   auto find = [](const std::vector<model::TensorSpec>& v, const std::string& name) -> std::optional<size_t> {
     for (size_t i = 0; i < v.size(); ++i) {
       if (v[i].name == name) return i;
@@ -291,29 +875,63 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
     return std::nullopt;
   };
   const std::string what = "the model's generate spec does not fit the compiled model: ";
-  if (model.inputs.size() != 2) {
-    return InvalidArgument(what + "it takes " + std::to_string(model.inputs.size()) +
-                           " inputs, a causal language model takes tokens and positions");
+  const bool slotted = !spec.slots_input.empty();
+  const size_t want = slotted ? 3 : 2;
+  if (model.inputs.size() != want) {
+    return InvalidArgument(what + "it takes " + std::to_string(model.inputs.size()) + " inputs, " +
+                           (slotted ? "a causal language model of several sequences takes tokens, positions "
+                                      "and slots"
+                                    : "a causal language model takes tokens and positions"));
   }
   auto tok = find(model.inputs, spec.tokens_input);
   auto pos = find(model.inputs, spec.positions_input);
+  auto slot = slotted ? find(model.inputs, spec.slots_input) : std::optional<size_t>(0);
   auto logits = find(model.outputs, spec.logits_output);
-  if (!tok || !pos || *tok == *pos) {
+  if (!tok || !pos || !slot || *tok == *pos || (slotted && (*slot == *tok || *slot == *pos))) {
     return InvalidArgument(what + "its inputs are not \"" + spec.tokens_input + "\" and \"" +
-                           spec.positions_input + "\"");
+                           spec.positions_input + "\"" + (slotted ? " and \"" + spec.slots_input + "\"" : ""));
   }
   const model::TensorSpec& t = model.inputs[*tok];
   const model::TensorSpec& p = model.inputs[*pos];
-  if (t.dtype != model::DType::kInt64 || t.shape.size() != 2 || t.shape[0] != 1 ||
-      p.dtype != model::DType::kInt64 || p.shape.size() != 1) {
-    return InvalidArgument(what + "tokens must be INT64 [1, seq] and positions INT64 [seq]; they are " +
-                           std::string(DTypeName(t.dtype)) + " " + model::ShapeString(t.shape) + " and " +
-                           std::string(DTypeName(p.dtype)) + " " + model::ShapeString(p.shape));
+  int64_t rows = 1;  // the most sequences one call takes
+  if (!slotted) {
+    if (t.dtype != model::DType::kInt64 || t.shape.size() != 2 || t.shape[0] != 1 ||
+        p.dtype != model::DType::kInt64 || p.shape.size() != 1) {
+      return InvalidArgument(what + "tokens must be INT64 [1, seq] and positions INT64 [seq]; they are " +
+                             std::string(DTypeName(t.dtype)) + " " + model::ShapeString(t.shape) + " and " +
+                             std::string(DTypeName(p.dtype)) + " " + model::ShapeString(p.shape));
+    }
+  } else {
+    const model::TensorSpec& s = model.inputs[*slot];
+    if (t.dtype != model::DType::kInt64 || t.shape.size() != 2 || p.dtype != model::DType::kInt64 ||
+        p.shape.size() != 2 || s.dtype != model::DType::kInt64 || s.shape.size() != 1) {
+      return InvalidArgument(what + "tokens and positions must be INT64 [batch, seq] and slots INT64 [batch]; "
+                             "they are " +
+                             std::string(DTypeName(t.dtype)) + " " + model::ShapeString(t.shape) + ", " +
+                             std::string(DTypeName(p.dtype)) + " " + model::ShapeString(p.shape) + " and " +
+                             std::string(DTypeName(s.dtype)) + " " + model::ShapeString(s.shape));
+    }
+    if (t.shape[0] > 0) {
+      rows = t.shape[0];
+    } else if (t.dims.size() == 2 && t.dims[0]) {
+      if (t.dims[0]->min > 1) {
+        return InvalidArgument(what + "its batch dim starts at " + std::to_string(t.dims[0]->min) +
+                               ": a sequence alone is one row");
+      }
+      rows = t.dims[0]->max;
+    } else {
+      rows = spec.max_sequences;
+    }
+    if (t.shape[0] > 1) {
+      return InvalidArgument(what + "its batch dim is fixed at " + std::to_string(t.shape[0]) +
+                             ": a sequence alone is one row");
+    }
   }
   if (!logits) return InvalidArgument(what + "it has no output \"" + spec.logits_output + "\"");
   const model::TensorSpec& l = model.outputs[*logits];
-  if (l.dtype != model::DType::kFloat32 || l.shape.size() != 2 || l.shape[0] != 1 || l.shape[1] <= 0) {
-    return InvalidArgument(what + "logits must be FP32 [1, vocab]; they are " +
+  if (l.dtype != model::DType::kFloat32 || l.shape.size() != 2 || (!slotted && l.shape[0] != 1) ||
+      l.shape[1] <= 0) {
+    return InvalidArgument(what + "logits must be FP32 [" + (slotted ? "batch" : "1") + ", vocab]; they are " +
                            std::string(DTypeName(l.dtype)) + " " + model::ShapeString(l.shape));
   }
   int64_t max_prefill = spec.max_prefill;
@@ -337,7 +955,12 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec,
     return InvalidArgument(what + "its tokenizer has " + std::to_string(spec.tokenizer->vocab_size()) +
                            " tokens, its logits only " + std::to_string(l.shape[1]));
   }
-  return std::shared_ptr<Generator>(new Generator(std::move(spec), *tok, *logits, l.shape[1], max_prefill));
+  // Slots past the calls' rows could never decode together with the rest.
+  int64_t slots = std::min(spec.max_sequences, rows);
+  if (max_sequences > 0) slots = std::min(slots, max_sequences);
+  Inputs inputs{*tok, *pos, *slot, slotted};
+  return std::shared_ptr<Generator>(new Generator(std::move(spec), inputs, *logits, l.shape[1], max_prefill,
+                                                  static_cast<int>(slots), std::move(label)));
 }
 
 StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) const {
@@ -377,136 +1000,163 @@ StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) con
   return prompt;
 }
 
-StatusOr<GenerateResult> Generator::Run(
-    model::LoadedModel& model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
-    const std::function<bool(std::string_view)>& on_text, const std::function<bool()>& cancelled,
-    Status* error, const std::function<void(const text::TokenLogprob&)>& on_logprob) const {
-  const text::Tokenizer& tok = *spec_.tokenizer;
-  const auto n_prompt = static_cast<int64_t>(prompt.size());
-  if (n_prompt == 0 || n_prompt >= spec_.max_seq_len)
-    return InvalidArgument("the prompt does not fit the model");
-  const int64_t budget = std::min(req.max_tokens, spec_.max_seq_len - n_prompt);
 
-  GenerateResult r;
-  r.prompt_tokens = n_prompt;
-  auto queued = Clock::now();
-  RETURN_IF_ERROR(gate_.Enter(cancelled));
-  struct Turn {
-    const Gate& gate;
-    ~Turn() { const_cast<Gate&>(gate).Leave(); }
-  } turn{gate_};
-  r.queue_ms = MsSince(queued);
-  // Its client may have left while it waited: then nothing runs.
-  if (cancelled && cancelled()) return Cancelled(model::kClientGone);
+// ---- Sequence ----
 
-  const size_t pos_index = 1 - tokens_index_;
-  const std::string& tokens_name = spec_.tokens_input;
-  const std::string& pos_name = spec_.positions_input;
-  model::RunContext ctx;  // the turn is ours: nothing to drop while queued
-  std::vector<float> logits(static_cast<size_t>(vocab_));
-  auto step = [&](const int32_t* ids, size_t n, int64_t first_pos) -> Status {
-    std::vector<model::HostTensor> in(2);
-    in[tokens_index_] = Int64Tensor(tokens_name, {1, static_cast<int64_t>(n)}, ids, n, 0);
-    in[pos_index] = Int64Tensor(pos_name, {static_cast<int64_t>(n)}, nullptr, n, first_pos);
-    auto out = model.Infer(in, ctx);
-    if (!out.ok()) return out.status();
-    const model::HostTensor& l = (*out)[logits_index_];
-    if (l.data.size() != logits.size() * sizeof(float)) {
-      return Internal("the model returned " + std::to_string(l.data.size()) + " bytes of logits, not " +
-                      std::to_string(logits.size() * sizeof(float)));
+Sequence::~Sequence() { Cancel(); }
+
+void Sequence::Cancel() {
+  if (state_->cancel.exchange(true)) return;
+  if (auto s = state_->scheduler.lock()) s->Withdraw(state_);
+}
+
+void Sequence::WhenStarted(std::function<void()> fn) {
+  {
+    MutexLock lock(&state_->mu);
+    if (!state_->started) {
+      state_->when_started = std::move(fn);
+      return;
     }
-    std::memcpy(logits.data(), l.data.data(), l.data.size());
-    return Status::OK();
-  };
-
-  auto start = Clock::now();
-  for (int64_t at = 0; at < n_prompt; at += max_prefill_) {
-    size_t n = static_cast<size_t>(std::min(max_prefill_, n_prompt - at));
-    if (at > 0 && cancelled && cancelled()) return Cancelled(model::kClientGone);
-    RETURN_IF_ERROR(step(prompt.data() + at, n, at));
   }
-  r.prefill_ms = MsSince(start);
+  fn();
+}
 
-  text::Sampler sampler(req.sampling);
-  r.seed = sampler.seed();
-  text::Utf8Stream utf8;
-  text::StopMatcher stops(req.stop);
-  Clock::time_point first_token;
-  bool stopped = false;
-  HeldLogprobs held;
-  size_t fed = 0;  // bytes of text given to the stop matcher
-  auto report = [&](text::TokenLogprob&& lp) {
-    r.logprobs.push_back(std::move(lp));
-    if (on_logprob) on_logprob(r.logprobs.back());
-  };
-  // The logprobs of the tokens `piece` shows go first, then its text.
-  auto emit = [&](const std::string& piece) {
-    held.Release(r.text.size() + piece.size(), report);
-    if (piece.empty()) return true;
-    r.text += piece;
-    return on_text ? on_text(piece) : true;
-  };
-  int64_t pos = n_prompt;
+void Sequence::WhenDone(std::function<void()> fn) {
+  {
+    MutexLock lock(&state_->mu);
+    if (!state_->done) {
+      state_->when_done = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
+Status Sequence::Failure() const {
+  MutexLock lock(&state_->mu);
+  return state_->done ? state_->error : Status::OK();
+}
+
+void AnswerWhenReady(const std::shared_ptr<Sequence>& seq, bool stream, http::Response& res,
+                     http::Finish answer) {
+  http::Reply reply = res.Defer();
+  auto ready = [reply, answer = std::move(answer)] { reply(answer); };
+  if (stream) {
+    seq->WhenStarted(std::move(ready));
+  } else {
+    seq->WhenDone(std::move(ready));
+  }
+}
+
+StatusOr<GenerateResult> Sequence::Follow(const std::function<bool(std::string_view)>& on_text,
+                                          const std::function<bool()>& cancelled, Status* error,
+                                          const std::function<void(const text::TokenLogprob&)>& on_logprob) {
+  State& s = *state_;
+  bool reading = true;  // false once the reader wants no more
   while (true) {
-    int32_t next = sampler.Next(logits.data(), static_cast<int32_t>(vocab_));
-    if (r.ids.empty()) first_token = Clock::now();
-    r.ids.push_back(next);
-    bool eos =
-        !req.ignore_eos && std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), next) != spec_.eos_ids.end();
-    if (eos) {
-      r.ids.pop_back();  // the end-of-text token is not part of the answer
-      r.finish_reason = "stop";
-      break;
+    std::vector<Event> events;
+    bool done = false;
+    {
+      MutexLock lock(&s.mu);
+      if (s.events.empty() && !s.done) {
+        s.changed.WaitUntil(&s.mu, Clock::now() + std::chrono::milliseconds(50));
+      }
+      events.swap(s.events);
+      done = s.done;
     }
-    sampler.Accept(next);
-    // A special token (<|im_start|>, ...) counts but shows no text.
-    const std::string bytes = tok.IsSpecial(next) ? std::string() : tok.Bytes(next);
-    if (req.top_logprobs >= 0) {
-      // Its text starts after the bytes of a character still unfinished.
-      held.Add(text::Logprobs(logits.data(), static_cast<int32_t>(vocab_), next, req.top_logprobs),
-               fed + utf8.held(), bytes.size());
+    for (auto& e : events) {
+      if (!reading) break;
+      if (!e.is_text) {
+        if (on_logprob) on_logprob(e.logprob);
+      } else if (on_text && !on_text(e.text)) {
+        reading = false;
+      }
     }
-    std::string whole = utf8.Push(bytes);
-    fed += whole.size();
-    std::string piece = stops.Push(whole, &stopped);
-    if (r.ids.size() == 1) r.first_token_ms = MsSince(start);
-    bool wanted = emit(piece) && !(cancelled && cancelled());
-    if (stopped) {
-      r.finish_reason = "stop";
-      break;
-    }
-    if (!wanted) {
-      r.finish_reason = "cancelled";
-      break;
-    }
-    if (static_cast<int64_t>(r.ids.size()) >= budget) {
-      r.finish_reason = "length";
-      break;
-    }
-    Status s = step(&next, 1, pos++);
-    ++r.decode_steps;
-    if (!s.ok()) {
-      if (error) *error = s;
-      r.finish_reason = "error";
-      break;
-    }
+    if (done) break;
+    // Asked without the lock: it may be a syscall.
+    if (reading && cancelled && cancelled()) reading = false;
+    if (!reading) Cancel();  // then waits for its end: its slot is free when this returns
   }
-  if (r.finish_reason != "cancelled" && !stopped) {
-    // A character cut off at the end, and text held back for a stop
-    // string that may still complete with it.
-    std::string tail = stops.Push(utf8.Flush(), &stopped);
-    if (stopped) {
-      r.finish_reason = "stop";
-    } else {
-      tail += stops.Flush();
-    }
-    emit(tail);
-    if (!stopped) held.ReleaseAll(report);  // all of the text is out
+  MutexLock lock(&s.mu);
+  if (!s.error.ok()) return s.error;
+  GenerateResult r = s.result;
+  if (!reading) r.finish_reason = "cancelled";
+  if (!s.late_error.ok()) {
+    if (r.text.empty() && error) return s.late_error;
+    if (error) *error = s.late_error;
   }
-  if (!r.ids.empty())
-    r.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - first_token).count();
-  if (r.finish_reason == "error" && r.text.empty() && error) return *error;
   return r;
+}
+
+// ---- Generator ----
+
+Generator::Generator(text::GenerateSpec spec, Inputs inputs, size_t logits_index, int64_t vocab,
+                     int64_t max_prefill, int slots, std::string label)
+    : spec_(std::move(spec)),
+      inputs_(inputs),
+      logits_index_(logits_index),
+      vocab_(vocab),
+      max_prefill_(max_prefill),
+      slots_(slots) {
+  scheduler_ = std::make_shared<Scheduler>(
+      Scheduler::Config{spec_, inputs_, logits_index_, vocab_, max_prefill_, slots_, std::move(label)});
+  scheduler_->StartThread();
+}
+
+Generator::~Generator() { scheduler_->Stop(); }
+
+Status Generator::Admit() const {
+  int n = scheduler_->Waiting();
+  return n < scheduler_->Bound() ? Status::OK() : scheduler_->Busy(n);
+}
+
+int Generator::waiting() const { return scheduler_->Waiting(); }
+
+GenerateStats Generator::Stats() const { return scheduler_->Stats(); }
+
+bool Generator::TEST_AwaitWaiting(int n) const { return scheduler_->AwaitWaiting(n); }
+
+StatusOr<std::shared_ptr<Sequence>> Generator::Start(std::shared_ptr<model::LoadedModel> model,
+                                                     GenerateRequest req, std::vector<int32_t> prompt,
+                                                     std::function<bool()> gone) const {
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  if (n_prompt == 0 || n_prompt >= spec_.max_seq_len) return InvalidArgument("the prompt does not fit the model");
+  auto s = std::make_shared<Sequence::State>();
+  s->req = std::move(req);
+  s->prompt = std::move(prompt);
+  s->gone = std::move(gone);
+  s->model = std::move(model);
+  s->scheduler = scheduler_;
+  s->queued = Clock::now();
+  const int64_t budget = std::min(s->req.max_tokens, spec_.max_seq_len - n_prompt);
+  s->loop = std::make_unique<TokenLoop>(spec_, s->req, budget);
+  s->loop->result().prompt_tokens = n_prompt;
+  RETURN_IF_ERROR(scheduler_->Enqueue(s));
+  return std::shared_ptr<Sequence>(new Sequence(std::move(s)));
+}
+
+StatusOr<GenerateResult> Generator::Run(std::shared_ptr<model::LoadedModel> model, const GenerateRequest& req,
+                                        const std::vector<int32_t>& prompt,
+                                        const std::function<bool(std::string_view)>& on_text,
+                                        const std::function<bool()>& cancelled, Status* error,
+                                        const std::function<void(const text::TokenLogprob&)>& on_logprob) const {
+  // The scheduler asks `cancelled` while the request waits; the reader
+  // between tokens.
+  ASSIGN_OR_RETURN(auto seq, Start(std::move(model), req, prompt, cancelled));
+  return seq->Follow(on_text, cancelled, error, on_logprob);
+}
+
+Status Generator::RunAlone(std::shared_ptr<model::LoadedModel> model, std::vector<model::HostTensor> inputs,
+                           model::RunContext ctx, model::LoadedModel::Done done) const {
+  auto s = std::make_shared<Sequence::State>();
+  s->alone = true;
+  s->model = std::move(model);
+  s->gone = ctx.cancelled;
+  s->alone_inputs = std::move(inputs);
+  s->alone_ctx = std::move(ctx);
+  s->alone_done = std::move(done);
+  s->queued = Clock::now();
+  return scheduler_->Enqueue(std::move(s));
 }
 
 }  // namespace aotid::serving

@@ -2,11 +2,12 @@
 // (POST /v2/models/NAME/generate and /generate_stream).
 //
 // A generate model is stateful: its key/value cache lives inside the
-// compiled model, shared by whatever runs it. So a version serves one
-// sequence at a time; the others wait their turn in order (a client that
-// leaves while it waits gives its turn up), and /infer on such a model waits
-// the same way. That is the model's spec (text::GenerateSpec), not luck:
-// versions with more than one runner are refused at load.
+// compiled model, in slots of one sequence each. Its generator schedules
+// the sequences on those slots (continuous batching); requests beyond them
+// wait in order (a client that leaves while it waits gives its place up),
+// and /infer on such a model waits its turn the same way. That is the
+// model's spec (text::GenerateSpec), not luck: versions with more than one
+// runner are refused at load.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "base/json.h"
 #include "base/mutex.h"
 #include "base/status.h"
+#include "http/server.h"
 #include "model/loaded_model.h"
 #include "text/generation.h"
 
@@ -34,6 +36,9 @@ struct GenerateRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool return_token_ids = false;
+  // Whether the prompt may go on from what a slot holds (a prefix of an
+  // earlier sequence's): the same tokens either way, computed or not.
+  bool cache_prompt = true;
   // Each answer token's log-probability and this many likeliest
   // alternatives' (GenerateResult::logprobs); -1: none.
   int top_logprobs = -1;
@@ -62,6 +67,9 @@ struct GenerateResult {
   // tokens of the stop string that ended the answer, cut with its text.
   std::vector<text::TokenLogprob> logprobs;
   int64_t prompt_tokens = 0;
+  // Of the prompt's tokens, those its slot already held (a prefix of an
+  // earlier sequence's): not computed again.
+  int64_t cached_tokens = 0;
   std::string finish_reason;  // "stop" (end of text or a stop string), "length", "cancelled"
   uint64_t seed = 0;
   double queue_ms = 0;  // waiting for the model
@@ -77,86 +85,156 @@ struct GenerateResult {
   }
 };
 
-// One served version's generator: its spec and its turn-taking.
+// One sequence of a Generator: a request's answer as it is made. Shared
+// by the scheduler, which makes it, and the request, which reads it.
+// Dropping the request's handle ends the sequence (its reader is gone):
+// keep it alive in what WhenStarted and WhenDone call.
+class Sequence {
+ public:
+  // What the scheduler made for the reader, in order.
+  struct Event {
+    bool is_text = true;
+    std::string text;            // is_text
+    text::TokenLogprob logprob;  // otherwise
+  };
+  ~Sequence();
+
+  // Reads the sequence on this thread until it ends, as Generator::Run
+  // says. At most one reader.
+  StatusOr<GenerateResult> Follow(const std::function<bool(std::string_view text)>& on_text,
+                                  const std::function<bool()>& cancelled, Status* error,
+                                  const std::function<void(const text::TokenLogprob&)>& on_logprob);
+  // Calls `fn` once, when the sequence has something to read (its first
+  // token) or has ended: on the scheduler's thread, or on this one when it
+  // already has. A request whose answer waits its turn holds no thread.
+  void WhenStarted(std::function<void()> fn);
+  // Calls `fn` once, when the sequence has ended, likewise.
+  void WhenDone(std::function<void()> fn);
+  // Ends it as "cancelled" (the client left): its slot goes to the next.
+  void Cancel();
+  // Why it ended without making a token (it failed, its client left while
+  // it waited, the model went away); OK while it runs and once it made one.
+  Status Failure() const;
+
+ private:
+  friend class Generator;
+  struct State;
+  explicit Sequence(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+// Answers `res` later, through `answer` on a server worker, once `seq`
+// can be read: a stream once it has its first token (or has ended), a
+// whole answer once it has ended. A request holds no worker while it waits
+// for a slot, nor, unless it streams, while it runs. `answer` holds what it
+// uses (the sequence too: dropping it ends the sequence).
+void AnswerWhenReady(const std::shared_ptr<Sequence>& seq, bool stream, http::Response& res,
+                     http::Finish answer);
+
+// What a generator's scheduler has done, for /metrics and the log.
+struct GenerateStats {
+  int slots = 0;    // sequences at once
+  int active = 0;   // sequences in a slot now
+  int waiting = 0;  // requests waiting for one
+  uint64_t decode_steps = 0, decode_tokens = 0;  // tokens / steps: sequences per step
+  double decode_seconds = 0;
+  uint64_t prefill_calls = 0, prefill_tokens = 0;  // prompt tokens computed
+  double prefill_seconds = 0;
+  uint64_t reused_tokens = 0;  // prompt tokens a slot already held
+};
+
+// One served version's generator: its spec and the scheduler of its
+// sequences. A language model's key/value cache is inside the compiled
+// model, in N slots (text::GenerateSpec::max_sequences; a model of one
+// sequence has one). One thread per generator calls the model: each call
+// is a decode step of every sequence in a slot (one token each), or one
+// chunk of a prompt, taken in turns, so that a long prompt holds the
+// others up for about one step. A sequence that ends frees its slot for the
+// next waiting request at once. A prompt that starts with what a free
+// slot holds (the same system prompt, the conversation so far) goes on
+// from there instead of computing it again.
 class Generator {
  public:
-  // Checks the compiled model fits the spec: the two int64 inputs, the
-  // float32 logits. Errors say what differs.
-  static StatusOr<std::shared_ptr<Generator>> Create(text::GenerateSpec spec, const model::ModelSpec& model);
+  // Checks the compiled model fits the spec: tokens and positions (and
+  // the slots of a model of several sequences), the float32 logits. Errors
+  // say what differs. `max_sequences` above 0 serves fewer sequences at
+  // once than the model holds.
+  // `label` names the version in the log.
+  static StatusOr<std::shared_ptr<Generator>> Create(text::GenerateSpec spec, const model::ModelSpec& model,
+                                                     int64_t max_sequences = 0, std::string label = "");
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
 
   const text::GenerateSpec& spec() const { return spec_; }
+  // The sequences served at once.
+  int slots() const { return slots_; }
 
   // The prompt's tokens: the text tokenized (after the begin token, where
   // the model has one) or the ids given. InvalidArgument when it is empty,
   // not UTF-8, or leaves no room in the model's context.
   StatusOr<std::vector<int32_t>> Prompt(const GenerateRequest& req) const;
 
-  // Runs one sequence from `prompt` (Prompt()) on `model`. `on_text` gets the text as it becomes
-  // whole (never a stop string, never half a character); false from it
-  // stops the sequence (the client left). `cancelled` is asked while the
-  // sequence waits its turn and between tokens. A failure before any text
-  // is an error; after some, the result says "cancelled" or carries the
-  // error in `error`. `on_logprob`, when set and the request asks for
-  // logprobs, gets each answer token's before its text goes to `on_text`:
-  // a token whose text is held back (it may start a stop string) waits
-  // with it, and the tokens of the stop string that ends the answer get
-  // none.
+  // Queues a sequence from `prompt` (Prompt()) on `model`, which must be
+  // the compiled model this generator was made for. `gone` is asked while
+  // it waits and between its tokens (its client left, the daemon stops):
+  // then it ends. Unavailable when the waiting requests are at the bound.
+  StatusOr<std::shared_ptr<Sequence>> Start(std::shared_ptr<model::LoadedModel> model, GenerateRequest req,
+                                            std::vector<int32_t> prompt, std::function<bool()> gone) const;
+
+  // Start, then Follow on this thread. `on_text` gets the text as it
+  // becomes whole (never a stop string, never half a character); false
+  // from it ends the sequence (the client left). `cancelled` is asked
+  // while the sequence waits its turn and between tokens. A failure before
+  // any text is an error; after some, the result says "cancelled" or
+  // carries the error in `error`. `on_logprob`, when set and the request
+  // asks for logprobs, gets each answer token's before its text goes to
+  // `on_text`: a token whose text is held back (it may start a stop
+  // string) waits with it, and the tokens of the stop string that ends the
+  // answer get none.
   StatusOr<GenerateResult> Run(
-      model::LoadedModel& model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
+      std::shared_ptr<model::LoadedModel> model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
       const std::function<bool(std::string_view text)>& on_text, const std::function<bool()>& cancelled,
       Status* error = nullptr,
       const std::function<void(const text::TokenLogprob&)>& on_logprob = nullptr) const;
 
-  // The most requests that wait for a version's turn: past it a request
-  // gets 503 at once rather than hold an HTTP worker too (a waiting or
-  // generating request holds one).
-  static constexpr int kMaxWaiting = 4;
+  // Runs `inputs` on `model` (an /infer of the model itself) in turn with
+  // the sequences: once those in slots have ended, none starting
+  // meanwhile, since such a call writes the cache where it likes; the
+  // slots' contents are forgotten after it. `done` runs once, on the
+  // scheduler's thread; an error returned here means it never runs.
+  Status RunAlone(std::shared_ptr<model::LoadedModel> model, std::vector<model::HostTensor> inputs,
+                  model::RunContext ctx, model::LoadedModel::Done done) const;
 
-  // Holds the model for one run outside a sequence (/infer): Cancelled when
-  // `cancelled` turned true while waiting, Unavailable when kMaxWaiting
-  // already wait. Release() gives the turn on.
-  Status Acquire(const std::function<bool()>& cancelled) const { return gate_.Enter(cancelled); }
-  void Release() const { gate_.Leave(); }
-  // Unavailable when kMaxWaiting requests wait already: a stream asks
-  // before it answers 200 (a request can still find the queue full after,
-  // and is told so in the stream).
+  // The most requests that wait for a slot, for each slot: past it a
+  // request gets 503 at once.
+  static constexpr int kMaxWaitingPerSlot = 4;
+  // Unavailable when the waiting requests are at the bound: a stream asks
+  // before it answers 200.
   Status Admit() const;
-  // Requests waiting for the turn now.
-  int waiting() const { return gate_.Waiting(); }
-  // Test hook: until exactly `n` requests wait for the turn (a thread has
-  // taken its ticket); false after 10 s.
-  bool TEST_AwaitWaiting(int n) const { return gate_.AwaitWaiting(n); }
+  // Requests waiting for a slot now.
+  int waiting() const;
+  GenerateStats Stats() const;
+  // Test hook: until exactly `n` requests wait for a slot; false after 10 s.
+  bool TEST_AwaitWaiting(int n) const;
+
+  class Scheduler;  // generate.cc
 
  private:
-  Generator(text::GenerateSpec spec, size_t tokens_index, size_t logits_index, int64_t vocab,
-            int64_t max_prefill);
-
-  // First come, first served; a waiter that gives up is skipped.
-  class Gate {
-   public:
-    Status Enter(const std::function<bool()>& cancelled) EXCLUDES(mu_);
-    void Leave() EXCLUDES(mu_);
-    int Waiting() EXCLUDES(mu_);
-    bool AwaitWaiting(int n) EXCLUDES(mu_);
-
-   private:
-    int WaitingLocked() REQUIRES(mu_);
-    void AdvanceLocked() REQUIRES(mu_);
-    Mutex mu_;
-    CondVar cv_;
-    CondVar waiting_changed_;               // for AwaitWaiting alone
-    uint64_t next_ GUARDED_BY(mu_) = 0;     // the next ticket given out
-    uint64_t serving_ GUARDED_BY(mu_) = 0;  // the ticket whose turn it is
-    bool busy_ GUARDED_BY(mu_) = false;
-    std::vector<uint64_t> abandoned_ GUARDED_BY(mu_);
+  struct Inputs {
+    size_t tokens, positions, slots;  // the model's input order (slots: a model of several sequences)
+    bool slotted = false;
   };
+  Generator(text::GenerateSpec spec, Inputs inputs, size_t logits_index, int64_t vocab, int64_t max_prefill,
+            int slots, std::string label);
 
   text::GenerateSpec spec_;
-  size_t tokens_index_;  // which of the model's two inputs takes the tokens
+  Inputs inputs_;
   size_t logits_index_;
   int64_t vocab_;  // the logits' last dim
   int64_t max_prefill_;
-  mutable Gate gate_;
+  int slots_;
+  std::shared_ptr<Scheduler> scheduler_;
 };
 
 }  // namespace aotid::serving

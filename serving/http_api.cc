@@ -5,7 +5,9 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -416,7 +418,10 @@ void ModelMetadata(const ModelRegistry* reg, const http::Request& req, http::Res
   // What it is for, once it is loaded (the generate or embed spec comes
   // with the build), and the kind of its weights where the package says.
   if (sm.model) j["task"] = std::string(TaskWords(sm.generator ? "generate" : sm.embed ? "embed" : ""));
-  if (sm.generator) j["generates"] = DescribeGenerate(sm.generator->spec());
+  if (sm.generator) {
+    j["generates"] = DescribeGenerate(sm.generator->spec());
+    j["generates"]["max_sequences"] = sm.generator->slots();  // as served: a setting may lower it
+  }
   if (sm.embed) j["embeds"] = DescribeEmbed(*sm.embed);
   if (!sm.weights.empty()) j["weights"] = sm.weights;
   if (!sm.package_json.empty()) {
@@ -440,33 +445,83 @@ void ModelReady(const ModelRegistry* reg, const http::Request& req, http::Respon
   res.Set(Dump(j), kJson);
 }
 
+// The families of the language models' schedulers, read from them now.
+void AppendGenerateStats(const ModelRegistry* reg, std::string* out) {
+  std::vector<std::pair<std::string, GenerateStats>> all;
+  for (const auto& [name, versions] : *reg->All()) {
+    for (const auto& [v, sm] : versions) {
+      if (sm->state == ServeState::kReady && sm->generator) {
+        all.emplace_back("model=\"" + MetricLabelValue(name) + "\",version=\"" + std::to_string(v) + "\"",
+                         sm->generator->Stats());
+      }
+    }
+  }
+  if (all.empty()) return;
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::function<std::string(const GenerateStats&)> value;
+  };
+  auto n = [](auto v) { return std::to_string(v); };
+  auto seconds = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6f", v);
+    return std::string(b);
+  };
+  const Family families[] = {
+      {"aotid_generate_sequence_slots", "gauge", "Sequences a language model decodes at once.",
+       [&](const GenerateStats& s) { return n(s.slots); }},
+      {"aotid_generate_sequences_active", "gauge", "Sequences in a slot now.",
+       [&](const GenerateStats& s) { return n(s.active); }},
+      {"aotid_generate_sequences_waiting", "gauge", "Requests waiting for a slot now.",
+       [&](const GenerateStats& s) { return n(s.waiting); }},
+      {"aotid_generate_decode_steps_total", "counter",
+       "Decode steps (one call of the model for every sequence in a slot); decode tokens over steps is "
+       "the tokens a step makes.",
+       [&](const GenerateStats& s) { return n(s.decode_steps); }},
+      {"aotid_generate_decode_tokens_total", "counter", "Tokens made by decode steps.",
+       [&](const GenerateStats& s) { return n(s.decode_tokens); }},
+      {"aotid_generate_decode_seconds_total", "counter", "Time in decode steps; tokens over it is decode tokens/s.",
+       [&](const GenerateStats& s) { return seconds(s.decode_seconds); }},
+      {"aotid_generate_prefill_tokens_total", "counter", "Prompt tokens computed (reused ones are not).",
+       [&](const GenerateStats& s) { return n(s.prefill_tokens); }},
+      {"aotid_generate_prefill_seconds_total", "counter", "Time computing prompts; tokens over it is prefill tokens/s.",
+       [&](const GenerateStats& s) { return seconds(s.prefill_seconds); }},
+      {"aotid_generate_prompt_tokens_reused_total", "counter",
+       "Prompt tokens a slot already held (a prefix of an earlier sequence's), not computed again.",
+       [&](const GenerateStats& s) { return n(s.reused_tokens); }},
+  };
+  for (const Family& f : families) {
+    AppendMetricHeader(out, f.name, f.type, f.help);
+    for (const auto& [labels, stats] : all) *out += std::string(f.name) + "{" + labels + "} " + f.value(stats) + "\n";
+  }
+}
+
 void RenderMetrics(const ModelRegistry* reg, Metrics* metrics, http::Response& res) {
   int loaded = 0;
   for (const auto& [name, versions] : *reg->All()) {
     for (const auto& [v, sm] : versions) loaded += sm->state == ServeState::kReady;
   }
   metrics->SetModelsLoaded(loaded);
-  res.Set(metrics->Render(), "text/plain; version=0.0.4");
+  std::string text = metrics->Render();
+  AppendGenerateStats(reg, &text);
+  res.Set(std::move(text), "text/plain; version=0.0.4");
 }
 
 // ---- infer ----
 
 // Runs `inputs` on a served model and calls `done` once, on this thread or
-// later on one of the model's. A language model's cache is inside it: its
-// run waits here for the sequence running on it, if any, to finish. Every
-// other model takes the run asynchronously (LoadedModel::Submit).
+// later on one of the model's. Every model takes the run asynchronously: a
+// language model's in turn with its sequences (Generator::RunAlone), since
+// its cache is inside it; the others through LoadedModel::Submit.
 void RunModel(std::shared_ptr<const ServedModel> sm, std::vector<model::HostTensor> inputs,
               model::RunContext ctx, std::unique_ptr<model::Announcement> announced,
               model::LoadedModel::Done done) {
-  if (!sm->generator) {
-    Status queued = sm->model->Submit(std::move(inputs), std::move(ctx), done, std::move(announced));
-    if (!queued.ok()) done(queued);
-    return;
-  }
-  if (Status s = sm->generator->Acquire(ctx.cancelled); !s.ok()) return done(s);
-  auto outputs = sm->model->Infer(inputs, ctx);
-  sm->generator->Release();
-  done(std::move(outputs));
+  Status queued = sm->generator
+                      ? sm->generator->RunAlone(sm->model, std::move(inputs), std::move(ctx), done)
+                      : sm->model->Submit(std::move(inputs), std::move(ctx), done, std::move(announced));
+  if (!queued.ok()) done(queued);
 }
 
 // Answers `outputs` (or why there are none) as the request asked: JSON, or
@@ -557,7 +612,9 @@ json GenerateSummary(const ServedModel& sm, const GenerateResult& g, const Gener
   json j{{"model_name", sm.name}, {"model_version", std::to_string(sm.version)}};
   j["finish_reason"] = g.finish_reason;
   j["seed"] = g.seed;
-  j["usage"] = {{"prompt_tokens", g.prompt_tokens}, {"completion_tokens", g.ids.size()}};
+  j["usage"] = {{"prompt_tokens", g.prompt_tokens},
+                {"completion_tokens", g.ids.size()},
+                {"cached_tokens", g.cached_tokens}};
   j["timings"] = {{"queue_ms", g.queue_ms},
                   {"prefill_ms", g.prefill_ms},
                   {"first_token_ms", g.first_token_ms},
@@ -586,54 +643,74 @@ void Generate(const RouteContext& ctx, bool stream, const http::Request& req, ht
   if (!parsed.ok()) return SendStatus(res, parsed.status());
   auto prompt = sm->generator->Prompt(*parsed);
   if (!prompt.ok()) return SendStatus(res, prompt.status());
-  if (Status busy = sm->generator->Admit(); !busy.ok()) {
-    res.SetHeader("Retry-After", "1");
-    return SendStatus(res, busy);
-  }
   int fd = req.connection_fd;
   std::function<bool()> gone = [fd, stopping = ctx.stopping] {
     return stopping->load() || (fd >= 0 && http::ClientGone(fd));
   };
+  auto seq = sm->generator->Start(sm->model, *parsed, *prompt, gone);
+  if (!seq.ok()) {
+    if (seq.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+    return SendStatus(res, seq.status());
+  }
   Metrics* metrics = ctx.metrics;
+  // Whether the sequence failed before it made a token: then the answer
+  // is that error, streamed or not.
+  auto failed = [sm, metrics, prompt = *prompt](const Sequence& s, http::Response& res) {
+    Status why = s.Failure();
+    if (why.ok()) return false;
+    RecordGenerate(metrics, *sm, NotRun(prompt), why);
+    if (why.code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+    SendStatus(res, why);
+    return true;
+  };
   if (!stream) {
-    Status error;
-    auto g = sm->generator->Run(*sm->model, *parsed, *prompt, nullptr, gone, &error);
-    if (!g.ok()) {
-      RecordGenerate(metrics, *sm, NotRun(*prompt), g.status());
-      if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
-      return SendStatus(res, g.status());
-    }
-    RecordGenerate(metrics, *sm, *g, error);
-    if (!error.ok()) return SendStatus(res, error);
-    json j = GenerateSummary(*sm, *g, *parsed, *prompt);
-    j["text_output"] = g->text;
-    res.status = 200;
-    res.Set(Dump(j), kJson);
+    AnswerWhenReady(*seq, false, res,
+                    [seq = *seq, sm, metrics, failed, parsed = std::move(parsed).value(),
+                     prompt = std::move(prompt).value()](http::Response& res) {
+                      if (failed(*seq, res)) return;
+                      Status error;
+                      auto g = seq->Follow(nullptr, nullptr, &error, nullptr);
+                      if (!g.ok()) {
+                        RecordGenerate(metrics, *sm, NotRun(prompt), g.status());
+                        return SendStatus(res, g.status());
+                      }
+                      RecordGenerate(metrics, *sm, *g, error);
+                      if (!error.ok()) return SendStatus(res, error);
+                      json j = GenerateSummary(*sm, *g, parsed, prompt);
+                      j["text_output"] = g->text;
+                      res.status = 200;
+                      res.Set(Dump(j), kJson);
+                    });
     return;
   }
-  res.status = 200;
-  res.content_type = "text/event-stream";
-  res.SetHeader("Cache-Control", "no-cache");
-  // Runs after this handler returns: it holds what it uses.
-  res.stream = [sm, metrics, parsed = std::move(parsed).value(), prompt = std::move(prompt).value(),
-                gone](const std::function<bool(std::string_view)>& write) {
-    auto event = [&](const json& j) { return write("data: " + Dump(j) + "\n\n"); };
-    auto on_text = [&](std::string_view piece) {
-      return event(json{
-          {"model_name", sm->name}, {"model_version", std::to_string(sm->version)}, {"text_output", piece}});
-    };
-    Status error;
-    auto g = sm->generator->Run(*sm->model, parsed, prompt, on_text, gone, &error);
-    if (!g.ok()) error = g.status();
-    RecordGenerate(metrics, *sm, g.ok() ? *g : NotRun(prompt), error);
-    if (!error.ok()) {
-      event(json{{"error", error.message()}});
-      return;
-    }
-    json last = GenerateSummary(*sm, *g, parsed, prompt);
-    last["text_output"] = "";
-    event(last);
-  };
+  AnswerWhenReady(*seq, true, res,
+                  [seq = *seq, sm, metrics, failed, gone, parsed = std::move(parsed).value(),
+                   prompt = std::move(prompt).value()](http::Response& res) {
+                    if (failed(*seq, res)) return;
+                    res.status = 200;
+                    res.content_type = "text/event-stream";
+                    res.SetHeader("Cache-Control", "no-cache");
+                    res.stream = [seq, sm, metrics, parsed, prompt,
+                                  gone](const std::function<bool(std::string_view)>& write) {
+                      auto event = [&](const json& j) { return write("data: " + Dump(j) + "\n\n"); };
+                      auto on_text = [&](std::string_view piece) {
+                        return event(json{{"model_name", sm->name},
+                                          {"model_version", std::to_string(sm->version)},
+                                          {"text_output", piece}});
+                      };
+                      Status error;
+                      auto g = seq->Follow(on_text, gone, &error, nullptr);
+                      if (!g.ok()) error = g.status();
+                      RecordGenerate(metrics, *sm, g.ok() ? *g : NotRun(prompt), error);
+                      if (!error.ok()) {
+                        event(json{{"error", error.message()}});
+                        return;
+                      }
+                      json last = GenerateSummary(*sm, *g, parsed, prompt);
+                      last["text_output"] = "";
+                      event(last);
+                    };
+                  });
 }
 
 // ---- the model repository extension ----

@@ -472,7 +472,8 @@ json Usage(const GenerateResult& g) {
   const auto completion = static_cast<int64_t>(g.ids.size());
   return json{{"prompt_tokens", g.prompt_tokens},
               {"completion_tokens", completion},
-              {"total_tokens", g.prompt_tokens + completion}};
+              {"total_tokens", g.prompt_tokens + completion},
+              {"prompt_tokens_details", {{"cached_tokens", g.cached_tokens}}}};
 }
 
 json Bytes(const std::string& s) {
@@ -696,6 +697,7 @@ struct Admitted {
   AnswerMeta meta;
   std::function<bool()> gone;  // the client left, or the daemon stops
   Metrics* metrics = nullptr;
+  std::shared_ptr<Sequence> seq;  // its place with the model
 };
 
 // Reads the request and checks it against its model, up to a place in
@@ -718,13 +720,15 @@ bool PrepareRun(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::R
     return refuse(
         {400, prompt.status().message(), endpoint == OpenAiEndpoint::kChat ? "messages" : "prompt", ""});
   }
-  if (Status busy = gen.Admit(); !busy.ok()) {
-    res.SetHeader("Retry-After", "1");
-    return refuse({503, busy.message(), "", ""});
-  }
   run->prompt = std::move(prompt).value();
   int fd = req.connection_fd;
   run->gone = [fd, stopping = ctx.stopping] { return stopping->load() || (fd >= 0 && http::ClientGone(fd)); };
+  auto seq = gen.Start(run->sm->model, r.generate, run->prompt, run->gone);
+  if (!seq.ok()) {
+    if (seq.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+    return refuse(OpenAiErrorFor(seq.status()));
+  }
+  run->seq = std::move(seq).value();
   run->meta = NewAnswerMeta(r, *run->sm);
   run->metrics = ctx.metrics;
   return true;
@@ -737,11 +741,23 @@ void RecordFailed(const Admitted& run, const Status& error) {
   RecordGenerate(run.metrics, *run.sm, none, error);
 }
 
-// The whole answer, in `res`.
+// Whether the sequence failed before it made a token: then `res` holds
+// the error, streamed or not.
+bool Failed(const Admitted& run, http::Response& res) {
+  Status why = run.seq->Failure();
+  if (why.ok()) return false;
+  RecordFailed(run, why);
+  if (why.code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+  Send(res, OpenAiErrorFor(why));
+  return true;
+}
+
+// The whole answer, in `res`, once the sequence has ended.
 void AnswerWhole(const Admitted& run, http::Response& res) {
+  if (Failed(run, res)) return;
   const Generator& gen = *run.sm->generator;
   Status error;
-  auto g = gen.Run(*run.sm->model, run.r.generate, run.prompt, nullptr, run.gone, &error);
+  auto g = run.seq->Follow(nullptr, nullptr, &error, nullptr);
   if (!g.ok()) {
     RecordFailed(run, g.status());
     if (g.status().code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
@@ -772,8 +788,7 @@ void StreamAnswer(const Admitted& run, const std::function<bool(std::string_view
   auto on_text = [&](std::string_view piece) { return flush(piece, ""); };
   auto on_logprob = [&](const text::TokenLogprob& t) { pending.push_back(t); };
   Status error;
-  auto g =
-      run.sm->generator->Run(*run.sm->model, r.generate, run.prompt, on_text, run.gone, &error, on_logprob);
+  auto g = run.seq->Follow(on_text, run.gone, &error, on_logprob);
   if (!g.ok()) error = g.status();
   if (g.ok()) {
     RecordGenerate(run.metrics, *run.sm, *g, error);
@@ -794,14 +809,20 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
               http::Response& res) {
   Admitted run;
   if (!PrepareRun(ctx, endpoint, req, res, &run)) return;
-  if (!run.r.stream) return AnswerWhole(run, res);
-  res.status = 200;
-  res.content_type = "text/event-stream";
-  res.SetHeader("Cache-Control", "no-cache");
-  // Runs after this handler returns: it holds what it uses.
-  res.stream = [run = std::move(run)](const std::function<bool(std::string_view)>& write) {
-    StreamAnswer(run, write);
-  };
+  auto seq = run.seq;
+  const bool stream = run.r.stream;
+  auto shared = std::make_shared<const Admitted>(std::move(run));
+  if (!stream) {
+    AnswerWhenReady(seq, false, res, [shared](http::Response& res) { AnswerWhole(*shared, res); });
+    return;
+  }
+  AnswerWhenReady(seq, true, res, [shared](http::Response& res) {
+    if (Failed(*shared, res)) return;
+    res.status = 200;
+    res.content_type = "text/event-stream";
+    res.SetHeader("Cache-Control", "no-cache");
+    res.stream = [shared](const std::function<bool(std::string_view)>& write) { StreamAnswer(*shared, write); };
+  });
 }
 
 void GetModel(const ModelRegistry* reg, const http::Request& req, http::Response& res) {

@@ -74,6 +74,18 @@ StatusOr<GenerateSpec> GenerateSpec::FromJson(std::string_view text) {
     ASSIGN_OR_RETURN(g.logits_output, StringField(j, "logits_output", g.logits_output));
     ASSIGN_OR_RETURN(g.max_seq_len, IntField(j, "max_seq_len", 2, int64_t{1} << 24));
     ASSIGN_OR_RETURN(g.max_prefill, IntField(j, "max_prefill", 1, g.max_seq_len));
+    ASSIGN_OR_RETURN(g.slots_input, StringField(j, "slots_input", ""));
+    if (j.contains("max_sequences")) {
+      ASSIGN_OR_RETURN(g.max_sequences, IntField(j, "max_sequences", 1, 4096));
+    }
+    if (g.max_sequences > 1 && g.slots_input.empty()) {
+      return InvalidArgument("generate.json holds " + std::to_string(g.max_sequences) +
+                             " sequences but names no \"slots_input\"");
+    }
+    if (j.contains("cache_bytes_per_sequence")) {
+      ASSIGN_OR_RETURN(g.cache_bytes_per_sequence,
+                       IntField(j, "cache_bytes_per_sequence", 0, std::numeric_limits<int64_t>::max()));
+    }
     if (!j.contains("tokenizer") || !j["tokenizer"].is_object()) {
       return InvalidArgument("generate.json has no tokenizer");
     }

@@ -51,10 +51,15 @@ StatusOr<std::vector<PromptPart>> ApplyChat(const ChatTemplate& chat,
 
 // A causal language model's generate spec: the model is
 // (tokens[1, T] int64, positions[T] int64) -> logits[1, vocab] float32, its
-// key/value cache inside it.
+// key/value cache inside it; or, with a cache of several sequences (slots),
+// (tokens[B, T], positions[B, T], slots[B]) -> logits[B, vocab]: row b is T
+// tokens of the sequence in slot slots[b] (docs/GENERATE.md).
 struct GenerateSpec {
   std::string tokens_input = "tokens";
   std::string positions_input = "input_pos";
+  std::string slots_input;        // "" for a model of one sequence
+  int64_t max_sequences = 1;      // the cache's slots
+  int64_t cache_bytes_per_sequence = 0;  // what one slot's cache takes; 0 when not said
   std::string logits_output = "logits";
   int64_t max_seq_len = 0;  // the cache's length: prompt and output together
   int64_t max_prefill = 0;  // the most tokens one call takes

@@ -46,89 +46,6 @@ std::shared_ptr<Generator> MakeGenerator() {
   return gen.ok() ? *gen : nullptr;
 }
 
-TEST(Generator, TurnsGoInOrderAndPastTheWaitingCapTheAnswerIsBusy) {
-  auto gen = MakeGenerator();
-  ASSERT_NE(gen, nullptr);
-  ASSERT_TRUE(gen->Acquire(nullptr).ok());
-  std::vector<int> order;
-  std::mutex order_mu;
-  std::vector<std::thread> waiters;
-  for (int i = 0; i < Generator::kMaxWaiting; ++i) {
-    // One at a time, so that their tickets are in this order.
-    waiters.emplace_back([&, i] {
-      ASSERT_TRUE(gen->Acquire(nullptr).ok());
-      {
-        std::lock_guard<std::mutex> l(order_mu);
-        order.push_back(i);
-      }
-      gen->Release();
-    });
-    ASSERT_TRUE(gen->TEST_AwaitWaiting(i + 1));
-  }
-  // The cap is reached: the next is refused at once, and a leaving waiter frees a place.
-  Status busy = gen->Acquire(nullptr);
-  EXPECT_EQ(busy.code(), StatusCode::kUnavailable);
-  EXPECT_NE(busy.message().find("one sequence at a time"), std::string::npos);
-  std::atomic<bool> leave{false};
-  std::thread quitter;
-  gen->Release();
-  for (auto& t : waiters) t.join();
-  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_EQ(gen->waiting(), 0);
-  // A waiter that gives up is skipped: the one behind it gets the turn.
-  ASSERT_TRUE(gen->Acquire(nullptr).ok());
-  quitter = std::thread(
-      [&] { EXPECT_EQ(gen->Acquire([&] { return leave.load(); }).code(), StatusCode::kCancelled); });
-  ASSERT_TRUE(gen->TEST_AwaitWaiting(1));
-  std::atomic<bool> got{false};
-  std::thread behind([&] {
-    ASSERT_TRUE(gen->Acquire(nullptr).ok());
-    got = true;
-    gen->Release();
-  });
-  ASSERT_TRUE(gen->TEST_AwaitWaiting(2));
-  leave = true;
-  quitter.join();
-  gen->Release();
-  behind.join();
-  EXPECT_TRUE(got);
-  EXPECT_EQ(gen->waiting(), 0);
-}
-
-// A waiter asks whether its client is gone without holding the turn's
-// lock: the question may be a syscall, and here it even asks the gate
-// itself (which would deadlock under the lock).
-TEST(Generator, AWaitersCancelCheckRunsOutsideTheGatesLock) {
-  auto gen = MakeGenerator();
-  ASSERT_NE(gen, nullptr);
-  ASSERT_TRUE(gen->Acquire(nullptr).ok());
-  std::mutex mu;
-  std::condition_variable asked;
-  int checks = 0;
-  bool leave = false;
-  std::thread waiter([&] {
-    Status s = gen->Acquire([&] {
-      int waiting = gen->waiting();  // takes the gate's lock
-      std::lock_guard<std::mutex> lock(mu);
-      EXPECT_EQ(waiting, 1);
-      ++checks;
-      asked.notify_all();
-      return leave;
-    });
-    EXPECT_EQ(s.code(), StatusCode::kCancelled);
-  });
-  std::unique_lock<std::mutex> lock(mu);
-  if (!asked.wait_for(lock, std::chrono::seconds(10), [&] { return checks >= 2; })) {
-    waiter.detach();  // stuck in its own question: nothing will end it
-    FAIL() << "the waiter's cancel check never returned";
-  }
-  leave = true;
-  lock.unlock();
-  waiter.join();
-  gen->Release();
-  EXPECT_EQ(gen->waiting(), 0);
-}
-
 // A language model that says what it is told: each call's logits make the
 // next token of `answer` the likeliest, then the end token.
 class ScriptedModel final : public model::LoadedModel {
@@ -181,7 +98,7 @@ TEST(Generator, TheTokensOfTheStopStringThatEndsAnAnswerHaveNoLogprobs) {
     req.sampling.temperature = 0;
     req.top_logprobs = 1;
     req.stop = c.stop;
-    ScriptedModel model(answer);
+    auto model = std::make_shared<ScriptedModel>(answer);
     std::vector<int32_t> streamed;
     std::string events;  // "t" for a token's logprob, the text as it comes
     auto g = gen->Run(
