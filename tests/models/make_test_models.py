@@ -21,6 +21,8 @@ The model zoo (exported programs, each with eager outputs in cases.json):
     tiny_llm.pt2  a random-weight Llama with SmolLM2's tokenizer and a chat
                   template, for generate (cases "tiny_llm": greedy tokens)
     tiny_llm_int8.pt2  the same with int8 weights
+    tiny_llm_slots.pt2, tiny_llm_slots_int8.pt2  both with a cache of 4
+                  sequences (continuous batching)
 The AOTInductor kinds, all of mlp (cases "mlp"):
     mlp_so.pt2       compiled package with aotid's extra/aotid.json
     mlp_so_raw.pt2   the same without it: aotid reads the inputs from the C++
@@ -247,11 +249,19 @@ def write_tiny_llm(out, cases):
     llm.export_causal_lm(model, os.path.join(out, "tiny_llm.pt2"), tokenizer=tok, eos_token_ids=[eos],
                          chat_template=CHATML, metadata={"purpose": "aotid generate test"})
 
+    # The same model with a cache of 4 sequences (continuous batching): each
+    # sequence's greedy tokens are the rows above.
+    llm.export_causal_lm(model, os.path.join(out, "tiny_llm_slots.pt2"), tokenizer=tok, eos_token_ids=[eos],
+                         chat_template=CHATML, metadata={"purpose": "aotid generate test"}, max_sequences=4)
+
     # The same model with int8 weights (aotid_export.llm.quantize_int8); the
     # test compares what its build generates with its own exported program.
     llm.quantize_int8(model)
     llm.export_causal_lm(model, os.path.join(out, "tiny_llm_int8.pt2"), tokenizer=tok, eos_token_ids=[eos],
-                         metadata={"purpose": "aotid generate test", "weights": "int8"})
+                         metadata={"purpose": "aotid generate test", "weights": "int8"}, max_sequences=1)
+    llm.export_causal_lm(model, os.path.join(out, "tiny_llm_slots_int8.pt2"), tokenizer=tok,
+                         eos_token_ids=[eos], metadata={"purpose": "aotid generate test", "weights": "int8"},
+                         max_sequences=4)
 
 
 def main():
