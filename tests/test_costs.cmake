@@ -13,6 +13,7 @@ set(_aotid_test_costs
   e2e.Packages 352
   install.WheelRunsFromAFreshVenvWithoutTheCheckout 342
   e2e.DaemonOverHttp 246
+  e2e.Slots 240
   sync.PushSyncServeResumeAndRefuse 145
   llm.MiniLmServedEqualsSentenceTransformers 140
   exporter.EmbeddingPackageEqualsSentenceTransformers 127
