@@ -342,6 +342,15 @@ void PrintPurpose(const json& p) {
     std::printf("  end tokens      %s\n", ends.empty() ? "none" : ends.c_str());
     if (g.contains("begin_token")) std::printf("  begin token     %s\n", token(g["begin_token"]).c_str());
     std::printf("  chat template   %s\n", g["chat_template"].get<bool>() ? "yes (takes messages)" : "none");
+    const int64_t n = g.value("max_sequences", int64_t{1});
+    std::string cache;
+    if (const int64_t per = g.value("cache_bytes_per_sequence", int64_t{0}); per > 0) {
+      char b[96];
+      std::snprintf(b, sizeof b, "; its cache %.1f MB a sequence, %.1f MB in all", per / 1e6,
+                    static_cast<double>(per) * static_cast<double>(n) / 1e6);
+      cache = b;
+    }
+    std::printf("  sequences       %lld at once%s\n", static_cast<long long>(n), cache.c_str());
   }
   if (const json& e = p.value("embeds", json()); e.is_object()) {
     std::printf("  embeddings      %lld dimensions%s, %s pooling%s, texts cut at %lld tokens\n",

@@ -96,7 +96,8 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(v1["artifact"], *fs::Sha256File(TestData("mlp.pt2")));
   EXPECT_EQ(v1["settings"], json::parse(R"({"device":"auto","fallback_cpu":false,"num_runners":2,
                                              "max_batch_size":8,"max_batch_delay_us":0,"threads":0,
-                                             "timeout_s":0,"memory_limit_mb":0,"inductor_options":{}})"));
+                                             "timeout_s":0,"memory_limit_mb":0,"max_sequences":0,
+                                             "inductor_options":{}})"));
   EXPECT_EQ(v1["served_by_policy"], false);  // the latest (2) is
   EXPECT_TRUE(v1["blob_present"].get<bool>());
   EXPECT_TRUE(v1["builds"].empty());
@@ -138,7 +139,8 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   ASSERT_EQ(Run({"set", "mlp:1", "inductor.max_autotune="}, &out), 0) << out;
   EXPECT_NE(out.find(R"(-> {"cpp.simdlen":8})"), std::string::npos) << out;
   ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
-  EXPECT_NE(out.find(R"(threads=1 timeout_s=default memory_limit_mb=default inductor={"cpp.simdlen":8})"),
+  EXPECT_NE(out.find(R"(threads=1 timeout_s=default memory_limit_mb=default max_sequences=auto )"
+                     R"(inductor={"cpp.simdlen":8})"),
             std::string::npos)
       << out;
 
@@ -280,6 +282,17 @@ TEST_F(StoreCli, LsAndShowSayWhatAModelIsFor) {
       << out;
   EXPECT_NE(out.find("  chat template   none\n"), std::string::npos) << out;
   EXPECT_NE(out.find("  weights         int8\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  sequences       1 at once; its cache "), std::string::npos) << out;
+  // A model of several sequences says what its cache costs, a slot and all.
+  auto slots = Entry(TestData("tiny_llm_slots.pt2"), "tiny_llm_slots/extra/aotid.json")["generate"];
+  ASSERT_EQ(slots["max_sequences"], 4);
+  ASSERT_EQ(Run({"add", TestData("tiny_llm_slots.pt2"), "--name", "slots"}, &out), 0) << out;
+  ASSERT_EQ(Run({"show", "slots"}, &out), 0) << out;
+  char line[128];
+  const double per = slots["cache_bytes_per_sequence"].get<double>();
+  std::snprintf(line, sizeof line, "  sequences       4 at once; its cache %.1f MB a sequence, %.1f MB in all\n",
+                per / 1e6, 4 * per / 1e6);
+  EXPECT_NE(out.find(line), std::string::npos) << out;
 
   ASSERT_EQ(Run({"show", "enc", "--json"}, &out), 0) << out;
   EXPECT_EQ(json::parse(out)["versions"][0]["purpose"]["embeds"],
@@ -472,6 +485,8 @@ TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
                                   "50",
                                   "--threads",
                                   "3",
+                                  "--max-sequences",
+                                  "2",
                                   "--inductor",
                                   "cpp.simdlen=8",
                                   "--inductor",
@@ -480,7 +495,7 @@ TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
   std::string settings =
       "settings        device=cpu fallback_cpu=false num_runners=2 max_batch_size=4 "
-      R"(max_batch_delay_us=50 threads=3 timeout_s=default memory_limit_mb=default )"
+      R"(max_batch_delay_us=50 threads=3 timeout_s=default memory_limit_mb=default max_sequences=2 )"
       R"(inductor={"cpp.simdlen":8,"freezing":true})";
   EXPECT_NE(out.find(settings), std::string::npos) << out;
   EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--inductor", "=1"}, &out), 5);
