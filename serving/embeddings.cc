@@ -292,7 +292,9 @@ StatusOr<std::vector<std::vector<int32_t>>> TokenizeEmbeddingInputs(const Embedd
   for (size_t i = 0; i < request.size(); ++i) {
     std::vector<int32_t> ids;
     if (!request.texts.empty()) {
-      auto enc = spec.tokenizer->Encode(request.texts[i]);
+      // Only what fits is tokenized: a text of megabytes costs no more
+      // than its first `room` tokens do.
+      auto enc = spec.tokenizer->EncodeFirst(request.texts[i], room);
       if (!enc.ok())
         return Refuse<R>(error, "input", "\"input\"[" + std::to_string(i) + "]: " + enc.status().message());
       ids = std::move(enc).value();

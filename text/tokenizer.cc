@@ -168,19 +168,15 @@ struct Tokenizer::Impl {
 
   static StatusOr<std::unique_ptr<Impl>> WordPieceFromHf(const nlohmann::json& j);
 
-  void WordPiece(std::string_view s, std::vector<int32_t>* out) const {
-    std::string normalized = normalizer ? normalizer->Normalize(s) : std::string(s);
-    std::vector<std::string_view> words;
-    if (bert_pre_tokenizer) {
-      words = BertPreTokenize(normalized);
-    } else if (!normalized.empty()) {
-      words.push_back(normalized);
-    }
+  void WordPiece(std::string_view s, size_t limit, std::vector<int32_t>* out) const {
     auto find = [this](const std::string& t) {
       auto it = by_text.find(t);
       return it == by_text.end() ? -1 : it->second;
     };
-    for (std::string_view w : words) WordPieceEncode(w, find, prefix, max_chars, longest_token, unk, out);
+    auto encode = [&](std::string_view w, std::vector<int32_t>* ids) {
+      WordPieceEncode(w, find, prefix, max_chars, longest_token, unk, ids);
+    };
+    BertEncode(s, normalizer ? &*normalizer : nullptr, bert_pre_tokenizer, encode, limit, out);
   }
 
   static uint64_t PairKey(int32_t a, int32_t b) {
@@ -240,10 +236,11 @@ struct Tokenizer::Impl {
       out->push_back(syms[static_cast<size_t>(i)].id);
   }
 
-  // Splits `s` by each pattern in turn, then merges each piece.
-  Status EncodeOrdinary(std::string_view s, std::vector<int32_t>* out) const {
+  // Splits `s` by each pattern in turn, then merges each piece, until
+  // *out holds `limit` ids.
+  Status EncodeOrdinary(std::string_view s, size_t limit, std::vector<int32_t>* out) const {
     if (wordpiece) {
-      WordPiece(s, out);
+      WordPiece(s, limit, out);
       return Status::OK();
     }
     std::vector<std::string_view> pieces{s}, next;
@@ -296,7 +293,11 @@ struct Tokenizer::Impl {
       pieces.swap(next);
     }
     pcre2_match_data_free(md);
-    for (std::string_view piece : pieces) Bpe(piece, out);
+    for (std::string_view piece : pieces) {
+      if (out->size() >= limit) break;
+      Bpe(piece, out);
+    }
+    if (out->size() > limit) out->resize(limit);
     return Status::OK();
   }
 };
@@ -651,6 +652,16 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool spe
 
 StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
                                                  const std::vector<std::pair<size_t, size_t>>& plain) const {
+  return Encode(text, plain, SIZE_MAX);
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::EncodeFirst(std::string_view text, size_t limit) const {
+  return Encode(text, {}, limit);
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                 const std::vector<std::pair<size_t, size_t>>& plain,
+                                                 size_t limit) const {
   if (!ValidUtf8(text)) return InvalidArgument("the text is not valid UTF-8");
   std::vector<int32_t> out;
   auto in_plain = [&](size_t begin, size_t end) {
@@ -671,7 +682,7 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   std::vector<size_t> next(specials.size(), 0);
   std::vector<bool> fresh(specials.size(), false);
   size_t at = 0;
-  while (at <= text.size()) {
+  while (at <= text.size() && out.size() < limit) {
     size_t best = std::string_view::npos;
     size_t which = 0;
     for (size_t i = 0; i < specials.size(); ++i) {
@@ -686,8 +697,8 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
     }
     std::string_view plain =
         text.substr(at, best == std::string_view::npos ? std::string_view::npos : best - at);
-    if (!plain.empty()) RETURN_IF_ERROR(impl_->EncodeOrdinary(plain, &out));
-    if (best == std::string_view::npos) break;
+    if (!plain.empty()) RETURN_IF_ERROR(impl_->EncodeOrdinary(plain, limit, &out));
+    if (best == std::string_view::npos || out.size() >= limit) break;
     out.push_back(specials[which].second);
     at = best + specials[which].first.size();
   }

@@ -56,6 +56,12 @@ class Tokenizer {
   StatusOr<std::vector<int32_t>> Encode(std::string_view text,
                                         const std::vector<std::pair<size_t, size_t>>& plain) const;
 
+  // The first `limit` ids of Encode(text). A WordPiece tokenizer goes no
+  // further into the text than it takes to find them (it normalizes and
+  // splits a long text a stretch at a time); a byte-level BPE splits all
+  // of it but merges no piece past them.
+  StatusOr<std::vector<int32_t>> EncodeFirst(std::string_view text, size_t limit) const;
+
   // Encode(text), then WithSpecialTokens: the ids a model takes for `text`.
   StatusOr<std::vector<int32_t>> EncodeForModel(std::string_view text) const;
   // The ids a model takes for one sequence of tokens: `ids` between the
@@ -85,6 +91,9 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                        const std::vector<std::pair<size_t, size_t>>& plain,
+                                        size_t limit) const;
   std::unique_ptr<Impl> impl_;
 };
 

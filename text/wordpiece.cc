@@ -113,7 +113,66 @@ std::u32string Decompose(const std::u32string& in) {
   return out;
 }
 
+// Whether a text may be cut just before `c` so that normalizing and
+// pre-tokenizing each side gives what doing the whole would. Normalizing
+// goes character by character but for the marks that NFD puts in order,
+// which `c` stops (combining class 0, no decomposition); then `c` must
+// come out as one character that the pre-tokenizer splits at, or as an
+// ideograph that CJK spacing puts spaces around, so that no word spans it.
+bool CutsBefore(char32_t c, const BertNormalizer* n) {
+  if (CombiningClass(c) != 0 || Find(kDecompose, c) != nullptr || (c >= 0xAC00 && c <= 0xD7A3)) return false;
+  if (n != nullptr) {
+    if (n->clean_text && In(kCleanDrop, c)) return false;
+    if (n->clean_text && In(kCleanSpace, c)) c = U' ';
+    if (n->handle_chinese_chars && In(kChinese, c)) return true;
+    if (n->strip_accents && In(kNonspacingMark, c)) return false;
+    if (const Mapping* m = n->lowercase ? Find(kLower, c) : nullptr) {
+      if (m->n != 1) return false;
+      c = m->to[0];
+    }
+  }
+  return In(kSplitSpace, c) || In(kPunctuation, c);
+}
+
+// The first place at or after `from` where `text` may be cut (CutsBefore),
+// or its end.
+size_t NextCut(std::string_view text, size_t from, const BertNormalizer* n) {
+  size_t i = from;
+  while (i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) ++i;
+  while (i < text.size()) {
+    size_t at = i;
+    if (CutsBefore(Next(text, &i), n)) return at;
+  }
+  return text.size();
+}
+
 }  // namespace
+
+size_t BertEncode(std::string_view text, const BertNormalizer* normalizer, bool pre_tokenize,
+                  const std::function<void(std::string_view word, std::vector<int32_t>* out)>& encode,
+                  size_t limit, std::vector<int32_t>* out, size_t stretch_bytes) {
+  const size_t size = text.size();
+  size_t stretch = std::max<size_t>(stretch_bytes, 1);
+  while (!text.empty() && out->size() < limit) {
+    // Never at 0 (`stretch` is at least 1), so each turn goes on.
+    const size_t cut =
+        pre_tokenize && stretch < text.size() ? NextCut(text, stretch, normalizer) : text.size();
+    const std::string normalized =
+        normalizer ? normalizer->Normalize(text.substr(0, cut)) : std::string(text.substr(0, cut));
+    if (pre_tokenize) {
+      for (std::string_view w : BertPreTokenize(normalized)) {
+        if (out->size() >= limit) break;
+        encode(w, out);
+      }
+    } else if (!normalized.empty()) {
+      encode(normalized, out);
+    }
+    text.remove_prefix(cut);
+    if (stretch < text.size()) stretch *= 2;
+  }
+  if (out->size() > limit) out->resize(limit);
+  return size - text.size();
+}
 
 std::string BertNormalizer::Normalize(std::string_view text) const {
   std::u32string cps;
@@ -183,9 +242,10 @@ std::vector<std::string_view> BertPreTokenize(std::string_view text) {
 void WordPieceEncode(std::string_view word, const std::function<int32_t(const std::string&)>& find,
                      std::string_view prefix, size_t max_chars, size_t longest_token, int32_t unk,
                      std::vector<int32_t>* out) {
-  // Where each character starts, and the end.
+  // Where each character starts, and the end; counted no further than
+  // shows the word too long (a word may be megabytes).
   std::vector<size_t> bounds;
-  for (size_t i = 0; i < word.size();) {
+  for (size_t i = 0; i < word.size() && bounds.size() <= max_chars;) {
     bounds.push_back(i);
     Next(word, &i);
   }

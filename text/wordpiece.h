@@ -41,6 +41,20 @@ struct BertNormalizer {
 // The pieces point into `text`.
 std::vector<std::string_view> BertPreTokenize(std::string_view text);
 
+// BertNormalizer (`normalizer`, none when null), then BertPreTokenizer
+// (when `pre_tokenize`; else the normalized text is one word), then
+// `encode` on each word, which appends the word's ids to *out; stops once
+// *out holds `limit` ids, and cuts it there. The ids are the first of what
+// doing the whole text would give, but a long text is done a stretch at a
+// time (the first of about `stretch_bytes`, each next one twice as long),
+// each cut just before a character at which both sides normalize and
+// split as they would together: the work stops soon after `limit`, not at
+// the text's end. Text with no such character in it is done whole.
+// Returns how many bytes of `text` it went through.
+size_t BertEncode(std::string_view text, const BertNormalizer* normalizer, bool pre_tokenize,
+                  const std::function<void(std::string_view word, std::vector<int32_t>* out)>& encode,
+                  size_t limit, std::vector<int32_t>* out, size_t stretch_bytes = 4096);
+
 // The WordPiece model on one word: longest match first from the start,
 // then from where that match ends with `prefix` ("##") before it; a word
 // with a part no token matches, or longer than `max_chars` characters, is

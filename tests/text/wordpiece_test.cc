@@ -152,6 +152,82 @@ TEST(WordPiece, EncodesLongWordsWithoutBlowingUp) {
   EXPECT_EQ((*tok)->Decode(*ids), word);
 }
 
+// Every case's text, one after the other: every kind of character next
+// to every other.
+std::string AllCaseTexts() {
+  std::string all;
+  for (const auto& c : Cases()["cases"]) all += c["text"].get<std::string>();
+  return all;
+}
+
+// The words BertEncode hands on for `text`, a stretch of `stretch` bytes
+// at first; *went gets how much of the text it went through.
+std::vector<std::string> Words(std::string_view text, const BertNormalizer* n, size_t stretch,
+                               size_t limit = SIZE_MAX, size_t* went = nullptr) {
+  std::vector<std::string> words;
+  std::vector<int32_t> ids;
+  auto encode = [&](std::string_view w, std::vector<int32_t>* out) {
+    words.emplace_back(w);
+    out->push_back(0);
+  };
+  size_t through = BertEncode(text, n, /*pre_tokenize=*/true, encode, limit, &ids, stretch);
+  if (went != nullptr) *went = through;
+  return words;
+}
+
+// Cut into stretches of any length, text normalizes and splits into the
+// words it does whole: cuts fall only where no word spans them and no
+// normalizing step looks across, whatever the normalizer's settings.
+TEST(WordPiece, ATextDoneAStretchAtATimeGivesTheWordsOfTheWhole) {
+  const std::vector<BertNormalizer> normalizers = {
+      {},
+      {.clean_text = true, .handle_chinese_chars = false, .strip_accents = false, .lowercase = false},
+      {.clean_text = false, .handle_chinese_chars = true, .strip_accents = false, .lowercase = false},
+      {.clean_text = false, .handle_chinese_chars = false, .strip_accents = true, .lowercase = false},
+      {.clean_text = false, .handle_chinese_chars = false, .strip_accents = false, .lowercase = true},
+  };
+  const std::string all = AllCaseTexts();
+  for (const BertNormalizer* n : {static_cast<const BertNormalizer*>(nullptr), &normalizers[0],
+                                  &normalizers[1], &normalizers[2], &normalizers[3], &normalizers[4]}) {
+    const auto whole = Words(all, n, SIZE_MAX);
+    ASSERT_GT(whole.size(), 5000u);
+    for (size_t stretch : {1, 2, 3, 5, 8, 13, 100, 1000}) {
+      SCOPED_TRACE(testing::Message()
+                   << "normalizer " << (n ? n - normalizers.data() : -1) << ", stretch " << stretch);
+      EXPECT_EQ(Words(all, n, stretch), whole);
+    }
+  }
+}
+
+// With a limit, the ids are the first of the whole text's, and a text of
+// megabytes is gone through only as far as those take.
+TEST(WordPiece, StopsOnceItHasTheTokensAskedFor) {
+  const std::string all = AllCaseTexts();
+  auto whole = MiniLM().Encode(all);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_GT(whole->size(), 10000u);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{254}, size_t{5000}, whole->size() - 1,
+                   whole->size(), whole->size() + 1}) {
+    auto first = MiniLM().EncodeFirst(all, n);
+    ASSERT_TRUE(first.ok());
+    EXPECT_EQ(*first, std::vector<int32_t>(whole->begin(), whole->begin() + static_cast<ptrdiff_t>(
+                                                                                std::min(n, whole->size()))))
+        << n;
+  }
+
+  std::string huge;
+  while (huge.size() < (8u << 20)) huge += all;
+  BertNormalizer n;
+  size_t went = 0;
+  auto words = Words(huge, &n, 4096, 254, &went);
+  auto want = Words(all, &n, SIZE_MAX);
+  want.resize(254);
+  EXPECT_EQ(words, want);
+  EXPECT_LT(went, 64u << 10) << "of " << huge.size() << " bytes, for 254 words";
+  Words(all, &n, 4096, SIZE_MAX, &went);
+  EXPECT_EQ(went, all.size());
+}
+
 TEST(WordPiece, RefusesWhatItDoesNotImplementByName) {
   auto err = [](const nlohmann::json& j) {
     auto t = Tokenizer::FromJson(j.dump());
