@@ -2,8 +2,42 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <unordered_set>
+#include <vector>
 
 namespace aotid {
+namespace {
+
+// Thrown out of the parser at the second of two equal keys in an object.
+struct DuplicateKey {
+  std::string key;
+};
+
+// A key for a message: as JSON, cut at about 64 bytes (a key may be
+// megabytes), never inside a character.
+std::string ShownKey(const std::string& key) {
+  if (key.size() <= 64) return nlohmann::json(key).dump();
+  size_t cut = 64;
+  while (cut > 0 && (static_cast<unsigned char>(key[cut]) & 0xC0) == 0x80) --cut;
+  return nlohmann::json(key.substr(0, cut)).dump() + "...";
+}
+
+// The DOM of `text`, refusing (by throwing DuplicateKey) an object with a
+// key twice: the keys of each object being read are kept until it ends.
+nlohmann::json ParseUniqueKeys(std::string_view text) {
+  std::vector<std::unordered_set<std::string>> open;  // the innermost last
+  auto check = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) open.emplace_back();
+    if (event == Event::object_end) open.pop_back();
+    if (event == Event::key && !open.back().insert(parsed.get<std::string>()).second)
+      throw DuplicateKey{parsed.get<std::string>()};
+    return true;
+  };
+  return nlohmann::json::parse(text.begin(), text.end(), check);
+}
+
+}  // namespace
 
 std::string JsonPlace(std::string_view text, size_t at) {
   at = std::min(at, text.size());
@@ -62,7 +96,9 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
   if (Status s = CheckJsonShape(text, limits.max_depth, limits.max_values); !s.ok())
     return refuse(s.message());
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return limits.unique_keys ? ParseUniqueKeys(text) : nlohmann::json::parse(text.begin(), text.end());
+  } catch (const DuplicateKey& d) {
+    return refuse("has the key " + ShownKey(d.key) + " twice in one object");
   } catch (const nlohmann::json::parse_error& e) {
     // The parser's reason without its own prefix and echo: "syntax error
     // while parsing value - invalid string: ill-formed UTF-8 byte".

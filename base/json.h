@@ -32,12 +32,24 @@ struct JsonLimits {
   // request body within max_bytes can still ask for gigabytes: 64 MiB of
   // [{},{},...] made 2.4 GB. Request bodies set it.
   size_t max_values = 0;
+  // Refuse an object that has a key twice. JSON leaves such an object's
+  // meaning open and the parser would keep the last value: {"model": "a",
+  // "model": "b"} is a request for "b" that may have meant "a". Request
+  // bodies set it.
+  bool unique_keys = false;
 };
 
 // The most values a request body of the generate and /v1 routes may hold:
 // a million (a prompt of token ids, a batch of inputs to embed, a chat of
 // many messages all fit well within it), about 100 MB of DOM at worst.
 inline constexpr size_t kMaxRequestJsonValues = size_t{1} << 20;
+
+// What a request body of those routes is read with: nested 32 deep at
+// most (as /infer's tape), within its own size, kMaxRequestJsonValues
+// values, each key once in its object.
+inline JsonLimits RequestJsonLimits(size_t body_bytes) {
+  return {.max_depth = 32, .max_bytes = body_bytes, .max_values = kMaxRequestJsonValues, .unique_keys = true};
+}
 
 // "at byte N (near '...')": a place in `text` for an error message, with up
 // to 16 bytes of the text before it and 16 after (bytes outside printable
@@ -55,7 +67,8 @@ Status CheckJsonShape(std::string_view text, int max_depth, size_t max_values);
 
 // Parses `text` into a DOM within `limits`. InvalidArgument, beginning with
 // `what` ("the manifest"), for a document over the size or depth limit or
-// one that is not JSON (RFC 8259, UTF-8), naming the byte and the reason.
+// one that is not JSON (RFC 8259, UTF-8), naming the byte and the reason,
+// or (with unique_keys) one with a key twice in an object, naming the key.
 // Never throws.
 StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
                                    const JsonLimits& limits = {});

@@ -162,8 +162,7 @@ Status CheckEmbedModel(const EmbedSpec& spec, const model::ModelSpec& model) {
 
 StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body, EmbeddingsError* error) {
   using R = EmbeddingsRequest;
-  auto parsed = ParseJson(body, "the request body",
-                          {.max_depth = 32, .max_bytes = body.size(), .max_values = kMaxRequestJsonValues});
+  auto parsed = ParseJson(body, "the request body", RequestJsonLimits(body.size()));
   if (!parsed.ok()) return Refuse<R>(error, "", parsed.status().message());
   return ReadJsonSafely<R>("the request body", [&]() -> StatusOr<R> {
     const json& j = *parsed;

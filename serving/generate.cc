@@ -137,9 +137,7 @@ json DescribeGenerate(const text::GenerateSpec& spec) {
 StatusOr<GenerateRequest> ParseGenerateRequest(std::string_view body, const text::GenerateSpec& spec) {
   // The same nesting bound as /infer's tape: a body of '[' is refused at
   // its 33rd byte, not built into a DOM of millions of nodes.
-  ASSIGN_OR_RETURN(
-      json j, ParseJson(body, "the request body",
-                        {.max_depth = 32, .max_bytes = body.size(), .max_values = kMaxRequestJsonValues}));
+  ASSIGN_OR_RETURN(json j, ParseJson(body, "the request body", RequestJsonLimits(body.size())));
   if (!j.is_object()) return InvalidArgument("the request body is not a JSON object");
   GenerateRequest r;
   int inputs = 0;

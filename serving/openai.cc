@@ -337,8 +337,7 @@ void ToOpenAiError(http::Response& res) {
 
 bool ParseOpenAiRequest(std::string_view body, OpenAiEndpoint endpoint, OpenAiRequest* out,
                         OpenAiError* err) {
-  auto j = ParseJson(body, "the request body",
-                     {.max_depth = 32, .max_bytes = body.size(), .max_values = kMaxRequestJsonValues});
+  auto j = ParseJson(body, "the request body", RequestJsonLimits(body.size()));
   if (!j.ok()) {
     *err = {400, j.status().message(), "", ""};
     return false;

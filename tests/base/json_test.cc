@@ -86,6 +86,30 @@ TEST(ParseJson, InvalidJsonIsRefusedWithTheByteAndTheReason) {
   EXPECT_TRUE(ParseJsonOrDiscarded("{").is_discarded());
 }
 
+TEST(ParseJson, AKeyTwiceInOneObjectIsRefusedNamingIt) {
+  auto j =
+      ParseJson(R"({"model": "a", "input": "x", "model": "b"})", "the request body", {.unique_keys = true});
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(j.status().message(), R"(the request body has the key "model" twice in one object)");
+  // At any depth, and however the key is spelt: "\u0061" is "a".
+  EXPECT_FALSE(ParseJson(R"([{"x": {"a": 1, "\u0061": 2}}])", "x", {.unique_keys = true}).ok());
+  // A megabyte key is named by its first bytes, not cut inside a character.
+  const std::string key = std::string(63, 'k') + "\xC3\xA9" + std::string(1 << 20, 'k');
+  auto long_key = ParseJson("{\"" + key + "\": 1, \"" + key + "\": 2}", "x", {.unique_keys = true});
+  ASSERT_FALSE(long_key.ok());
+  EXPECT_EQ(long_key.status().message(),
+            "x has the key \"" + std::string(63, 'k') + "\"... twice in one object");
+  // The same key in different objects is no repeat.
+  auto fine = ParseJson(R"({"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}], "c": {}})", "x", {.unique_keys = true});
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_EQ((*fine)["b"][1]["a"], 3);
+  // Without unique_keys the last one is kept, as the parser does.
+  auto last = ParseJson(R"({"model": "a", "model": "b"})", "x");
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ((*last)["model"], "b");
+}
+
 TEST(ParseJson, ADocumentWithinTheLimitsIsRead) {
   auto j = ParseJson(R"({"config": {"digest": "sha256:ab", "size": 7}, "layers": [[1, [2]]]})", "m",
                      {.max_depth = 4, .max_bytes = 100});

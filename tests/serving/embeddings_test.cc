@@ -170,6 +170,8 @@ TEST(EmbeddingsRequest, RefusesNamingTheField) {
   EXPECT_EQ(Refused(R"({"input": "x"})").param, "model");
   EXPECT_EQ(Refused(R"({"model": 3, "input": "x"})").param, "model");
   EXPECT_EQ(Refused(R"({"model": "m"})").param, "input");
+  EXPECT_EQ(Refused(R"({"model": "m", "input": "x", "model": "n"})").message,
+            R"(the request body has the key "model" twice in one object)");
   EXPECT_EQ(Refused(R"({"model": "m", "input": 5})").param, "input");
   EXPECT_EQ(Refused(R"({"model": "m", "input": ""})").message, "\"input\" is an empty string");
   EXPECT_EQ(Refused(R"({"model": "m", "input": ["a", ""]})").message, "\"input\"[1] is an empty string");

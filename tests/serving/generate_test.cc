@@ -171,6 +171,8 @@ TEST(GenerateRequest, ReadsParametersAndNamesWhatIsWrong) {
   EXPECT_NE(err(R"({"text_input":"x","top_k":-1})").find("from 0"), std::string::npos);
   EXPECT_TRUE(ParseGenerateRequest(R"({"text_input":"x","top_k":0,"max_tokens":1})", gen->spec()).ok());
   EXPECT_NE(err(R"({"text_input":"x","input_ids":[1]})").find("not several"), std::string::npos);
+  EXPECT_EQ(err(R"({"text_input":"x","parameters":{"seed":1,"seed":2}})"),
+            R"(the request body has the key "seed" twice in one object)");
   EXPECT_NE(err(R"({"messages":[]})").find("no chat template"), std::string::npos);
   EXPECT_NE(err(R"({"text_input":"x","parameters":{"stop":[1]}})").find("stop"), std::string::npos);
   // Where it stopped, as /infer says it (not the parser's internals).

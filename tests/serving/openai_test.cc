@@ -149,6 +149,24 @@ TEST(OpenAiRequest, ABodyOfMillionsOfValuesIsRefusedBeforeItIsBuilt) {
   EXPECT_NE(err.message.find("holds more than 1048576 values"), std::string::npos) << err.message;
 }
 
+// {"model": "a", "model": "b"} would be a request for "b" that may have
+// meant "a": a key twice is refused, named, on both endpoints.
+TEST(OpenAiRequest, AParameterGivenTwiceIsRefusedNamingIt) {
+  OpenAiRequest r;
+  OpenAiError err;
+  ASSERT_FALSE(ParseOpenAiRequest(R"({"model":"a","messages":[{"role":"user","content":"hi"}],"model":"b"})",
+                                  OpenAiEndpoint::kChat, &r, &err));
+  EXPECT_EQ(err.status, 400);
+  EXPECT_EQ(err.message, R"(the request body has the key "model" twice in one object)");
+  ASSERT_FALSE(
+      ParseOpenAiRequest(R"({"model":"a","messages":[{"role":"user","content":"hi","role":"system"}]})",
+                         OpenAiEndpoint::kChat, &r, &err));
+  EXPECT_NE(err.message.find(R"("role" twice)"), std::string::npos) << err.message;
+  ASSERT_FALSE(ParseOpenAiRequest(R"({"model":"a","prompt":"x","max_tokens":1,"max_tokens":9})",
+                                  OpenAiEndpoint::kCompletions, &r, &err));
+  EXPECT_NE(err.message.find(R"("max_tokens" twice)"), std::string::npos) << err.message;
+}
+
 TEST(OpenAiRequest, WhatAotidDoesNotDoIsRefusedNamingTheParameter) {
   auto chat = [](json extra) {
     json b = {{"model", "m"}, {"messages", Hi()}};
