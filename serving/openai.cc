@@ -622,6 +622,11 @@ void Send(http::Response& res, const OpenAiError& e) {
   res.Set(OpenAiErrorBody(e), kJson);
 }
 
+// A "model" that is no model's reference at all ("minilm:01", "a/b"): 400
+// saying what is wrong with it, rather than 404 as if it were a model
+// that is not served.
+OpenAiError BadModelRef(const Status& s) { return {400, s.message(), "model", ""}; }
+
 // Whether the served version `ref` names is not ready (queued, building,
 // loading or failed), with the error: 503, and Retry-After set on `res`
 // for one that will be.
@@ -657,9 +662,11 @@ std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const st
                                               http::Response& res, OpenAiError* err) {
   std::string name;
   std::optional<int64_t> version;
-  std::shared_ptr<const ServedModel> sm;
-  if (storage::ParseModelRef(ref, &name, &version).ok())
-    sm = version ? reg->Find(name, *version) : reg->Find(name);
+  if (Status s = storage::ParseModelRef(ref, &name, &version); !s.ok()) {
+    *err = BadModelRef(s);
+    return nullptr;
+  }
+  std::shared_ptr<const ServedModel> sm = version ? reg->Find(name, *version) : reg->Find(name);
   if (!sm) {
     *err = {404, "the model '" + ref + "' is not served here (GET /v1/models lists those that are)", "model",
             "model_not_found"};
@@ -826,12 +833,11 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
 
 void GetModel(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
   const std::string& ref = req.params[0];
-  OpenAiError err;
   std::string name;
   std::optional<int64_t> version;
-  std::shared_ptr<const ServedModel> sm;
-  if (storage::ParseModelRef(ref, &name, &version).ok())
-    sm = version ? reg->Find(name, *version) : reg->Find(name);
+  if (Status s = storage::ParseModelRef(ref, &name, &version); !s.ok()) return Send(res, BadModelRef(s));
+  OpenAiError err;
+  std::shared_ptr<const ServedModel> sm = version ? reg->Find(name, *version) : reg->Find(name);
   // One on its way is there, not yet ready: a client waits for it.
   if (sm && NotReady(*sm, ref, res, &err)) return Send(res, err);
   if (!Listed(sm)) {

@@ -98,7 +98,8 @@ std::string StreamChunk(const OpenAiRequest& r, const AnswerMeta& meta, std::str
 std::string UsageChunk(const OpenAiRequest& r, const AnswerMeta& meta, const GenerateResult& g);
 
 // The served version `ref` ("name" or "name:version") names, ready to
-// run; else null with `err` (404 in OpenAI's shape for an unknown model,
+// run; else null with `err` (400 in OpenAI's shape for a `ref` that is
+// no model's name or version, "minilm:01" say; 404 for an unknown model;
 // 503 for one not ready, with Retry-After set on `res` for one on its way).
 std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const std::string& ref,
                                               http::Response& res, OpenAiError* err);

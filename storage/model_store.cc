@@ -327,10 +327,17 @@ Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int6
   version->reset();
   RETURN_IF_ERROR(ValidateModelName(*name));
   if (colon != std::string_view::npos) {
-    auto v = ParseInt("version", ref.substr(colon + 1));
+    const std::string_view digits = ref.substr(colon + 1);
+    auto v = ParseInt("version", digits);
     if (!v.ok())
       return InvalidArgument("'" + std::string(ref) + "': the version after ':' must be an integer");
     RETURN_IF_ERROR(ValidateVersion(*v));
+    // One version, one spelling: "mlp:01" read as mlp:1 would make two
+    // names of one model (in URLs, in logs, in an answer's "model").
+    if (digits.front() == '0') {
+      return InvalidArgument("'" + std::string(ref) + "': the version after ':' has a leading zero; write " +
+                             *name + ":" + std::to_string(*v));
+    }
     *version = *v;
   }
   return Status::OK();

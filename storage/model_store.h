@@ -47,7 +47,8 @@ inline constexpr int kSchemaVersion = 6;
 Status ValidateModelName(std::string_view name);
 // Versions are integers from 1 to 2^53.
 Status ValidateVersion(int64_t version);
-// Parses "NAME" or "NAME:VERSION", validating both parts.
+// Parses "NAME" or "NAME:VERSION", validating both parts. VERSION is
+// decimal without a leading zero: each version has one spelling.
 Status ParseModelRef(std::string_view ref, std::string* name, std::optional<int64_t>* version);
 
 // Which versions of a model are served.

@@ -307,6 +307,13 @@ TEST_F(EmbeddingsRouteTest, ErrorsInOpenAisShapeNamingTheParameter) {
       std::string::npos)
       << metrics_.Render();
 
+  // "enc:01" is no spelling of enc:1: refused, saying why, not served as it.
+  Reply zero = Post("/v1/embeddings", {{"model", "enc:01"}, {"input", "x"}});
+  EXPECT_EQ(zero.status, 400);
+  EXPECT_EQ(zero.body["error"]["param"], "model");
+  EXPECT_EQ(zero.body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(zero.body["error"]["message"], "'enc:01': the version after ':' has a leading zero; write enc:1");
+
   // A tensor model, and one still building.
   ServedModel tensors{"mlp", 1, ServeState::kReady};
   tensors.model = encoder_;
@@ -337,6 +344,10 @@ TEST_F(EmbeddingsRouteTest, TheModelsListHasTheEmbeddingModel) {
   EXPECT_EQ(ids, (std::vector<std::string>{"enc", "enc:1"}));
   EXPECT_EQ(r.body["data"][0]["created"], 1700000000);
   EXPECT_EQ(Get("/v1/models/enc").status, 200);
+  EXPECT_EQ(Get("/v1/models/enc:1").status, 200);
+  Reply zero = Get("/v1/models/enc:01");
+  EXPECT_EQ(zero.status, 400);
+  EXPECT_EQ(zero.body["error"]["param"], "model");
 }
 
 }  // namespace

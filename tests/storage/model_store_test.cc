@@ -351,6 +351,13 @@ TEST(Names, OnlyTheDocumentedPatternIsAccepted) {
   EXPECT_EQ(ParseModelRef("mlp:", &name, &version).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseModelRef("mlp:0", &name, &version).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseModelRef("mlp:1x", &name, &version).code(), StatusCode::kInvalidArgument);
+  // One spelling per version: not 01 for 1.
+  EXPECT_EQ(ParseModelRef("mlp:01", &name, &version).message(),
+            "'mlp:01': the version after ':' has a leading zero; write mlp:1");
+  EXPECT_EQ(ParseModelRef("mlp:0012", &name, &version).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseModelRef("mlp:+1", &name, &version).code(), StatusCode::kInvalidArgument);
+  ASSERT_OK(ParseModelRef("mlp:10", &name, &version));
+  EXPECT_EQ(version, 10);
   EXPECT_EQ(ParseModelRef("../a:1", &name, &version).code(), StatusCode::kInvalidArgument);
 }
 
