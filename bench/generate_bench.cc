@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   for (int i = 6; i < argc; ++i) req.ids.push_back(std::stoi(argv[i]));
   req.max_tokens = std::stoi(argv[4]);
   req.sampling.temperature = 0;
-  req.ignore_eos = true;      // the same number of tokens every time
+  req.ignore_eos = true;     // the same number of tokens every time
   req.cache_prompt = false;  // each run computes its prompt
   auto prompt = (*gen)->Prompt(req);
   if (!prompt.ok()) {

@@ -119,7 +119,7 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           auto spec =
               text.ok() ? text::GenerateSpec::FromJson(*text) : StatusOr<text::GenerateSpec>(text.status());
           auto gen = spec.ok() ? serving::Generator::Create(std::move(spec).value(), r.entry.spec,
-                                                                           r.max_sequences, r.label)
+                                                            r.max_sequences, r.label)
                                : StatusOr<std::shared_ptr<serving::Generator>>(spec.status());
           if (!gen.ok()) {
             work->result.model = gen.status().WithContext(r.entry.generate_path);

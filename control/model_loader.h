@@ -33,7 +33,7 @@ struct LoadRequest {
   // key is used without timing; a settled new one is recorded under it.
   std::string threads_key;
   // The runner process it runs in (runner/runner_model.h).
-  std::string label;           // "demo:1"
+  std::string label;  // "demo:1"
   // A language model's sequences at once (VersionSettings::max_sequences;
   // 0: as many as its cache holds).
   int64_t max_sequences = 0;

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <thread>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/json.h"
 #include "base/log.h"
@@ -213,7 +213,8 @@ class TokenLoop {
   bool Next(const float* logits, int32_t vocab, std::vector<Sequence::Event>* out) {
     int32_t next = sampler_.Next(logits, vocab);
     r_.ids.push_back(next);
-    if (!req_.ignore_eos && std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), next) != spec_.eos_ids.end()) {
+    if (!req_.ignore_eos &&
+        std::find(spec_.eos_ids.begin(), spec_.eos_ids.end(), next) != spec_.eos_ids.end()) {
       r_.ids.pop_back();  // the end-of-text token is not part of the answer
       r_.finish_reason = "stop";
       return false;
@@ -270,7 +271,8 @@ class TokenLoop {
   }
   // The logprobs of the tokens `piece` shows go first, then its text.
   void Emit(const std::string& piece, std::vector<Sequence::Event>* out) {
-    held_.Release(r_.text.size() + piece.size(), [&](text::TokenLogprob&& lp) { Report(std::move(lp), out); });
+    held_.Release(r_.text.size() + piece.size(),
+                  [&](text::TokenLogprob&& lp) { Report(std::move(lp), out); });
     if (piece.empty()) return;
     r_.text += piece;
     out->push_back({true, piece, {}});
@@ -566,7 +568,8 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
       const auto& held = slots_[i].tokens;
       size_t n = s->req.cache_prompt ? std::min(held.size(), s->prompt.size()) : 0;
       size_t common = static_cast<size_t>(
-          std::mismatch(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n), s->prompt.begin()).first -
+          std::mismatch(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n), s->prompt.begin())
+              .first -
           held.begin());
       if (best == slots_.size() || common > best_common ||
           (common == best_common && slots_[i].used < slots_[best].used)) {
@@ -581,8 +584,8 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
     // round otherwise than the calls that computed the prompt cold (a CPU
     // matrix product of under 4 rows takes another kernel), and a reused
     // prompt must answer what a cold one answers.
-    const auto reused = static_cast<int64_t>(std::min<size_t>(
-        best_common, s->prompt.size() > kMinRows ? s->prompt.size() - kMinRows : 0));
+    const auto reused = static_cast<int64_t>(
+        std::min<size_t>(best_common, s->prompt.size() > kMinRows ? s->prompt.size() - kMinRows : 0));
     slot.tokens.resize(static_cast<size_t>(reused));
     s->slot = static_cast<int>(best);
     s->prefilled = reused;
@@ -605,8 +608,8 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
 
   // One call of the model: `rows` rows of `width` tokens each.
   StatusOr<const float*> Call(model::LoadedModel& model, const std::vector<int32_t>& tokens,
-                              const std::vector<int64_t>& positions, const std::vector<int64_t>& slots, int64_t rows,
-                              int64_t width) {
+                              const std::vector<int64_t>& positions, const std::vector<int64_t>& slots,
+                              int64_t rows, int64_t width) {
     const Inputs& in = c_.inputs;
     std::vector<model::HostTensor> inputs(in.slotted ? 3 : 2);
     auto fill = [](model::HostTensor& t, const std::string& name, std::vector<int64_t> shape,
@@ -887,7 +890,8 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec, 
   auto logits = find(model.outputs, spec.logits_output);
   if (!tok || !pos || !slot || *tok == *pos || (slotted && (*slot == *tok || *slot == *pos))) {
     return InvalidArgument(what + "its inputs are not \"" + spec.tokens_input + "\" and \"" +
-                           spec.positions_input + "\"" + (slotted ? " and \"" + spec.slots_input + "\"" : ""));
+                           spec.positions_input + "\"" +
+                           (slotted ? " and \"" + spec.slots_input + "\"" : ""));
   }
   const model::TensorSpec& t = model.inputs[*tok];
   const model::TensorSpec& p = model.inputs[*pos];
@@ -903,7 +907,8 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec, 
     const model::TensorSpec& s = model.inputs[*slot];
     if (t.dtype != model::DType::kInt64 || t.shape.size() != 2 || p.dtype != model::DType::kInt64 ||
         p.shape.size() != 2 || s.dtype != model::DType::kInt64 || s.shape.size() != 1) {
-      return InvalidArgument(what + "tokens and positions must be INT64 [batch, seq] and slots INT64 [batch]; "
+      return InvalidArgument(what +
+                             "tokens and positions must be INT64 [batch, seq] and slots INT64 [batch]; "
                              "they are " +
                              std::string(DTypeName(t.dtype)) + " " + model::ShapeString(t.shape) + ", " +
                              std::string(DTypeName(p.dtype)) + " " + model::ShapeString(p.shape) + " and " +
@@ -929,8 +934,9 @@ StatusOr<std::shared_ptr<Generator>> Generator::Create(text::GenerateSpec spec, 
   const model::TensorSpec& l = model.outputs[*logits];
   if (l.dtype != model::DType::kFloat32 || l.shape.size() != 2 || (!slotted && l.shape[0] != 1) ||
       l.shape[1] <= 0) {
-    return InvalidArgument(what + "logits must be FP32 [" + (slotted ? "batch" : "1") + ", vocab]; they are " +
-                           std::string(DTypeName(l.dtype)) + " " + model::ShapeString(l.shape));
+    return InvalidArgument(what + "logits must be FP32 [" + (slotted ? "batch" : "1") +
+                           ", vocab]; they are " + std::string(DTypeName(l.dtype)) + " " +
+                           model::ShapeString(l.shape));
   }
   int64_t max_prefill = spec.max_prefill;
   if (t.shape[1] > 0) {
@@ -997,7 +1003,6 @@ StatusOr<std::vector<int32_t>> Generator::Prompt(const GenerateRequest& req) con
   }
   return prompt;
 }
-
 
 // ---- Sequence ----
 
@@ -1118,7 +1123,8 @@ StatusOr<std::shared_ptr<Sequence>> Generator::Start(std::shared_ptr<model::Load
                                                      GenerateRequest req, std::vector<int32_t> prompt,
                                                      std::function<bool()> gone) const {
   const auto n_prompt = static_cast<int64_t>(prompt.size());
-  if (n_prompt == 0 || n_prompt >= spec_.max_seq_len) return InvalidArgument("the prompt does not fit the model");
+  if (n_prompt == 0 || n_prompt >= spec_.max_seq_len)
+    return InvalidArgument("the prompt does not fit the model");
   auto s = std::make_shared<Sequence::State>();
   s->req = std::move(req);
   s->prompt = std::move(prompt);
@@ -1133,11 +1139,10 @@ StatusOr<std::shared_ptr<Sequence>> Generator::Start(std::shared_ptr<model::Load
   return std::shared_ptr<Sequence>(new Sequence(std::move(s)));
 }
 
-StatusOr<GenerateResult> Generator::Run(std::shared_ptr<model::LoadedModel> model, const GenerateRequest& req,
-                                        const std::vector<int32_t>& prompt,
-                                        const std::function<bool(std::string_view)>& on_text,
-                                        const std::function<bool()>& cancelled, Status* error,
-                                        const std::function<void(const text::TokenLogprob&)>& on_logprob) const {
+StatusOr<GenerateResult> Generator::Run(
+    std::shared_ptr<model::LoadedModel> model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
+    const std::function<bool(std::string_view)>& on_text, const std::function<bool()>& cancelled,
+    Status* error, const std::function<void(const text::TokenLogprob&)>& on_logprob) const {
   // The scheduler asks `cancelled` while the request waits; the reader
   // between tokens.
   ASSIGN_OR_RETURN(auto seq, Start(std::move(model), req, prompt, cancelled));

@@ -133,9 +133,9 @@ void AnswerWhenReady(const std::shared_ptr<Sequence>& seq, bool stream, http::Re
 
 // What a generator's scheduler has done, for /metrics and the log.
 struct GenerateStats {
-  int slots = 0;    // sequences at once
-  int active = 0;   // sequences in a slot now
-  int waiting = 0;  // requests waiting for one
+  int slots = 0;                                 // sequences at once
+  int active = 0;                                // sequences in a slot now
+  int waiting = 0;                               // requests waiting for one
   uint64_t decode_steps = 0, decode_tokens = 0;  // tokens / steps: sequences per step
   double decode_seconds = 0;
   uint64_t prefill_calls = 0, prefill_tokens = 0;  // prompt tokens computed
@@ -193,9 +193,9 @@ class Generator {
   // string) waits with it, and the tokens of the stop string that ends the
   // answer get none.
   StatusOr<GenerateResult> Run(
-      std::shared_ptr<model::LoadedModel> model, const GenerateRequest& req, const std::vector<int32_t>& prompt,
-      const std::function<bool(std::string_view text)>& on_text, const std::function<bool()>& cancelled,
-      Status* error = nullptr,
+      std::shared_ptr<model::LoadedModel> model, const GenerateRequest& req,
+      const std::vector<int32_t>& prompt, const std::function<bool(std::string_view text)>& on_text,
+      const std::function<bool()>& cancelled, Status* error = nullptr,
       const std::function<void(const text::TokenLogprob&)>& on_logprob = nullptr) const;
 
   // Runs `inputs` on `model` (an /infer of the model itself) in turn with

@@ -482,11 +482,13 @@ void AppendGenerateStats(const ModelRegistry* reg, std::string* out) {
        [&](const GenerateStats& s) { return n(s.decode_steps); }},
       {"aotid_generate_decode_tokens_total", "counter", "Tokens made by decode steps.",
        [&](const GenerateStats& s) { return n(s.decode_tokens); }},
-      {"aotid_generate_decode_seconds_total", "counter", "Time in decode steps; tokens over it is decode tokens/s.",
+      {"aotid_generate_decode_seconds_total", "counter",
+       "Time in decode steps; tokens over it is decode tokens/s.",
        [&](const GenerateStats& s) { return seconds(s.decode_seconds); }},
       {"aotid_generate_prefill_tokens_total", "counter", "Prompt tokens computed (reused ones are not).",
        [&](const GenerateStats& s) { return n(s.prefill_tokens); }},
-      {"aotid_generate_prefill_seconds_total", "counter", "Time computing prompts; tokens over it is prefill tokens/s.",
+      {"aotid_generate_prefill_seconds_total", "counter",
+       "Time computing prompts; tokens over it is prefill tokens/s.",
        [&](const GenerateStats& s) { return seconds(s.prefill_seconds); }},
       {"aotid_generate_prompt_tokens_reused_total", "counter",
        "Prompt tokens a slot already held (a prefix of an earlier sequence's), not computed again.",
@@ -494,7 +496,8 @@ void AppendGenerateStats(const ModelRegistry* reg, std::string* out) {
   };
   for (const Family& f : families) {
     AppendMetricHeader(out, f.name, f.type, f.help);
-    for (const auto& [labels, stats] : all) *out += std::string(f.name) + "{" + labels + "} " + f.value(stats) + "\n";
+    for (const auto& [labels, stats] : all)
+      *out += std::string(f.name) + "{" + labels + "} " + f.value(stats) + "\n";
   }
 }
 

@@ -827,7 +827,9 @@ void Complete(const OpenAiContext& ctx, OpenAiEndpoint endpoint, const http::Req
     res.status = 200;
     res.content_type = "text/event-stream";
     res.SetHeader("Cache-Control", "no-cache");
-    res.stream = [shared](const std::function<bool(std::string_view)>& write) { StreamAnswer(*shared, write); };
+    res.stream = [shared](const std::function<bool(std::string_view)>& write) {
+      StreamAnswer(*shared, write);
+    };
   });
 }
 

@@ -57,8 +57,8 @@ StatusOr<std::vector<PromptPart>> ApplyChat(const ChatTemplate& chat,
 struct GenerateSpec {
   std::string tokens_input = "tokens";
   std::string positions_input = "input_pos";
-  std::string slots_input;        // "" for a model of one sequence
-  int64_t max_sequences = 1;      // the cache's slots
+  std::string slots_input;               // "" for a model of one sequence
+  int64_t max_sequences = 1;             // the cache's slots
   int64_t cache_bytes_per_sequence = 0;  // what one slot's cache takes; 0 when not said
   std::string logits_output = "logits";
   int64_t max_seq_len = 0;  // the cache's length: prompt and output together

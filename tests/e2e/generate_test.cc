@@ -398,7 +398,8 @@ TEST_F(GenerateTest, MoreThanOneRunnerIsRefusedWithTheReason) {
   std::string out;
   ASSERT_EQ(RunAotid({"--config", config_, "--store", store_, "set", "tiny_llm", "num_runners=2"}, &out), 0)
       << out;
-  ASSERT_TRUE(WaitFor([&] { return CountEvents(store_, "load_failed", "set num_runners=1 and max_batch_size=1") == 1; }, 120))
+  ASSERT_TRUE(WaitFor(
+      [&] { return CountEvents(store_, "load_failed", "set num_runners=1 and max_batch_size=1") == 1; }, 120))
       << daemon_->Log();
   // The version loaded before keeps serving meanwhile.
   EXPECT_EQ(Post(port(), "/v2/models/tiny_llm/generate", R"({"text_input":"Hello","max_tokens":2})").status,

@@ -126,11 +126,13 @@ TEST_F(SlotsTest, FourStreamsAtOnceEachEqualTheirAnswerAlone) {
   for (const char* model : kModels) {
     SCOPED_TRACE(model);
     std::vector<std::vector<int32_t>> alone;
-    for (size_t i = 0; i < 4; ++i) alone.push_back(Generate(model, Body(Prompt(i), 40, {{"ignore_eos", true}})));
+    for (size_t i = 0; i < 4; ++i)
+      alone.push_back(Generate(model, Body(Prompt(i), 40, {{"ignore_eos", true}})));
     const double steps = Metric("aotid_generate_decode_steps_total", model);
     const double tokens = Metric("aotid_generate_decode_tokens_total", model);
-    auto together =
-        AtOnce(4, [&](size_t i) { return Stream(model, Body(Prompt(i), 40, {{"ignore_eos", true}})); });
+    auto together = AtOnce(4, [&](size_t i) {
+      return Stream(model, Body(Prompt(i), 40, {{"ignore_eos", true}}));
+    });
     EXPECT_EQ(together, alone);
     const double step_tokens = (Metric("aotid_generate_decode_tokens_total", model) - tokens) /
                                (Metric("aotid_generate_decode_steps_total", model) - steps);
@@ -138,7 +140,8 @@ TEST_F(SlotsTest, FourStreamsAtOnceEachEqualTheirAnswerAlone) {
     if (std::string(model) == "tiny_llm_slots") {
       for (size_t i = 0; i < 3; ++i) {
         auto eager = (*cases_)["prompts"][i]["greedy"].get<std::vector<int32_t>>();
-        std::vector<int32_t> head(alone[i].begin(), alone[i].begin() + static_cast<std::ptrdiff_t>(eager.size()));
+        std::vector<int32_t> head(alone[i].begin(),
+                                  alone[i].begin() + static_cast<std::ptrdiff_t>(eager.size()));
         EXPECT_EQ(head, eager) << "prompt " << i;
       }
     }
@@ -150,7 +153,8 @@ TEST_F(SlotsTest, SeededSamplesAtOnceEqualThemAlone) {
   for (const char* model : kModels) {
     SCOPED_TRACE(model);
     auto body = [](size_t i) {
-      return Body(Prompt(i), 30, {{"temperature", 0.9}, {"top_k", 0}, {"seed", 11 + i}, {"ignore_eos", true}});
+      return Body(Prompt(i), 30,
+                  {{"temperature", 0.9}, {"top_k", 0}, {"seed", 11 + i}, {"ignore_eos", true}});
     };
     std::vector<std::vector<int32_t>> alone;
     for (size_t i = 0; i < 4; ++i) alone.push_back(Generate(model, body(i)));
@@ -165,7 +169,8 @@ TEST_F(SlotsTest, SeededSamplesAtOnceEqualThemAlone) {
 TEST_F(SlotsTest, RequestsBeyondTheSlotsWaitAndComplete) {
   const char* model = "tiny_llm_slots";
   std::vector<std::vector<int32_t>> alone;
-  for (size_t i = 0; i < 6; ++i) alone.push_back(Generate(model, Body(Prompt(i), 50, {{"ignore_eos", true}})));
+  for (size_t i = 0; i < 6; ++i)
+    alone.push_back(Generate(model, Body(Prompt(i), 50, {{"ignore_eos", true}})));
   std::atomic<bool> healthy{true};
   auto got = AtOnce(7, [&](size_t i) -> std::vector<int32_t> {
     if (i == 6) {
@@ -255,8 +260,9 @@ TEST_F(SlotsTest, ALongPromptArrivingMidStreamChangesNoAnswer) {
 // prompt_tokens_details), and answers what a cold prompt answers.
 TEST_F(SlotsTest, AConversationsNextTurnReusesItsPrefix) {
   const char* model = "tiny_llm_slots";
-  json first = {{"messages", {{{"role", "system"}, {"content", "You answer briefly about foxes and dogs."}},
-                              {{"role", "user"}, {"content", "Hello"}}}},
+  json first = {{"messages",
+                 {{{"role", "system"}, {"content", "You answer briefly about foxes and dogs."}},
+                  {{"role", "user"}, {"content", "Hello"}}}},
                 {"parameters", {{"temperature", 0}, {"max_tokens", 8}, {"return_token_ids", true}}}};
   json one;
   Generate(model, first, &one);
@@ -274,10 +280,7 @@ TEST_F(SlotsTest, AConversationsNextTurnReusesItsPrefix) {
   EXPECT_GT(reused, 20) << warm.dump();  // the system prompt and the first turn at least
   EXPECT_LT(reused, warm["usage"]["prompt_tokens"].get<int64_t>());
   // /v1 says it too.
-  json chat = {{"model", model},
-               {"messages", next["messages"]},
-               {"max_tokens", 8},
-               {"temperature", 0}};
+  json chat = {{"model", model}, {"messages", next["messages"]}, {"max_tokens", 8}, {"temperature", 0}};
   Reply v1 = Post(port(), "/v1/chat/completions", chat.dump());
   ASSERT_EQ(v1.status, 200) << v1.body.dump();
   EXPECT_EQ(v1.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),

@@ -298,9 +298,9 @@ TEST(OpenAiAnswer, ChatCompletionCarriesTheMessageUsageAndFingerprint) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(j["usage"], json({{"prompt_tokens", 5},
-                 {"completion_tokens", 2},
-                 {"total_tokens", 7},
-                 {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
+                              {"completion_tokens", 2},
+                              {"total_tokens", 7},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 }
 
 TEST(OpenAiAnswer, LogprobsNameEachTokenWithItsBytesAndAlternatives) {

@@ -26,8 +26,8 @@ constexpr int64_t kContext = 128;
 text::GenerateSpec Spec(int slots, int64_t max_prefill) {
   auto tok = nlohmann::json::parse(
       fs::ReadFile(std::string(AOTID_SOURCE_DIR) + "/tests/text/smollm2_tokenizer.json").value());
-  nlohmann::json g = {{"kind", "causal_lm"},      {"max_seq_len", kContext}, {"max_prefill", max_prefill},
-                      {"eos_token_ids", {2}},     {"tokenizer", tok},        {"max_sequences", slots}};
+  nlohmann::json g = {{"kind", "causal_lm"},  {"max_seq_len", kContext}, {"max_prefill", max_prefill},
+                      {"eos_token_ids", {2}}, {"tokenizer", tok},        {"max_sequences", slots}};
   if (slots > 1) g["slots_input"] = "slots";
   return text::GenerateSpec::FromJson(g.dump()).value();
 }
@@ -80,7 +80,8 @@ class SlotModel final : public model::LoadedModel {
     std::vector<int64_t> slots;
   };
   SlotModel(int slots, int64_t max_prefill)
-      : io_(IoOf(slots, max_prefill)), cache_(static_cast<size_t>(slots), std::vector<int32_t>(kContext, -1)) {}
+      : io_(IoOf(slots, max_prefill)),
+        cache_(static_cast<size_t>(slots), std::vector<int32_t>(kContext, -1)) {}
   const model::ModelSpec& spec() const override { return io_; }
   const std::string& device() const override { return device_; }
 

@@ -290,8 +290,9 @@ TEST_F(StoreCli, LsAndShowSayWhatAModelIsFor) {
   ASSERT_EQ(Run({"show", "slots"}, &out), 0) << out;
   char line[128];
   const double per = slots["cache_bytes_per_sequence"].get<double>();
-  std::snprintf(line, sizeof line, "  sequences       4 at once; its cache %.1f MB a sequence, %.1f MB in all\n",
-                per / 1e6, 4 * per / 1e6);
+  std::snprintf(line, sizeof line,
+                "  sequences       4 at once; its cache %.1f MB a sequence, %.1f MB in all\n", per / 1e6,
+                4 * per / 1e6);
   EXPECT_NE(out.find(line), std::string::npos) << out;
 
   ASSERT_EQ(Run({"show", "enc", "--json"}, &out), 0) << out;
