@@ -18,7 +18,18 @@
 # Greedy, 64 new tokens (end-of-text ignored), the chat prompt below; best of 3.
 # Each side's tokens are compared with eager's on the same weights (int8
 # sides with the eager int8 module): how many lead tokens are equal.
+# Then several streams at once ("Several streams"), at 1 and 2 threads:
+# K = 1, 2 and 4 streams sent together, each its own question, against
+# aotid's generate_stream and llama.cpp's HTTP server (llama-server
+# --parallel 4, continuous batching) on the F32, Q8_0 and Q4_1 files
+# (bench/streams_client.cc). aotid is asked twice: the models above (one
+# sequence at a time: the streams queue) and the same exported with
+# --max-sequences 4 (4 cache slots; a row says "not measured" with the
+# daemon's answer while it refuses them). llama-server is built once into
+# the dev cache from the llama.cpp sources in llama-cpp-python's sdist (the
+# same pin, the same ISA flags), its server target only.
 #   ./dev bench generate     (calls: bench/generate.sh BUILD_DIR PYTHON)
+#   AOTID_BENCH_GENERATE=one|streams ./dev bench generate    (one section)
 set -euo pipefail
 export AOTID_BENCH_NO_TEST_MODELS=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -26,17 +37,30 @@ TOKENS=64
 REPEATS=3
 LLAMA_CPP_PIN=0.3.36
 QUESTION="Explain in a few sentences why the sky is blue."
+SECTIONS=${AOTID_BENCH_GENERATE:-one streams}
+# Several streams: one question a stream, of about the same length.
+QUESTIONS=("$QUESTION" "Describe in a few sentences how a bicycle stays upright."
+  "Explain in a few sentences why the ocean tastes salty." "Describe in a few sentences how bread rises in an oven.")
+STREAMS=(1 2 4)
+SLOTS=4
+STREAM_REPEATS=2
 
 store="$work/store"
 MODELS=(smollm2 smollm2_int8)
-for weights in float32 int8; do
-  name=$([[ $weights == int8 ]] && echo smollm2_int8 || echo smollm2)
+SLOTTED=()  # the same with $SLOTS cache slots
+[[ $SECTIONS == *streams* ]] && SLOTTED=(smollm2_x$SLOTS smollm2_int8_x$SLOTS)
+for name in "${MODELS[@]}" "${SLOTTED[@]}"; do
+  weights=$([[ $name == *_int8* ]] && echo int8 || echo float32)
+  sequences=$([[ $name == *_x$SLOTS ]] && echo $SLOTS || echo 1)
   PYTHONPATH="$ROOT/python" "$PY" -W ignore "$ROOT/examples/smollm2/export.py" "$work/$name.pt2" \
-    --weights "$weights" 2>/dev/null
+    --weights "$weights" --max-sequences "$sequences" 2>/dev/null
   "$AOTID" --store "$store" add "$work/$name.pt2" --name "$name" >/dev/null
   rm "$work/$name.pt2"
 done
 
+settled() {  # a model's load has ended: ready, or failed (its error is in /ready's answer)
+  curl -s "127.0.0.1:$port/v2/models/$1/ready" | grep -Eq '"state": ?"(ready|failed)"'
+}
 serve() {  # starts the daemon and waits for the models (its first start builds them)
   "$AOTID" --store "$store" serve --listen 127.0.0.1:0 >"$work/daemon.log" 2>&1 &
   daemon=$!
@@ -44,7 +68,8 @@ serve() {  # starts the daemon and waits for the models (its first start builds 
   for _ in $(seq 1 2400); do
     [[ -z $port ]] && port=$(port_of "$work/daemon.log" || true)
     if [[ -n $port ]] && curl -sf "127.0.0.1:$port/v2/models/smollm2/ready" >/dev/null &&
-      curl -sf "127.0.0.1:$port/v2/models/smollm2_int8/ready" >/dev/null; then
+      curl -sf "127.0.0.1:$port/v2/models/smollm2_int8/ready" >/dev/null &&
+      { ((${#SLOTTED[@]} == 0)) || { settled "${SLOTTED[0]}" && settled "${SLOTTED[1]}"; }; }; then
       return
     fi
     kill -0 "$daemon" || { cat "$work/daemon.log"; exit 1; }
@@ -69,6 +94,32 @@ if [[ ! -d $llama_dir ]]; then
     --target "$llama_dir.tmp" "llama-cpp-python==$LLAMA_CPP_PIN" diskcache==5.6.3 >&2
   mv "$llama_dir.tmp" "$llama_dir"
 fi
+# llama-server, built once from the same pin's sdist with the same flags:
+#   pip download --no-deps --no-binary :all: llama-cpp-python==PIN
+#   tar xzf llama_cpp_python-PIN.tar.gz llama_cpp_python-PIN/vendor/llama.cpp
+#   cmake -S vendor/llama.cpp -B build $server_flags
+#   nice -n 10 cmake --build build --target llama-server -j2
+# static (one file to keep), Release, without its tests, examples, web UI
+# (whose prebuilt copy is fetched over the network) and OpenSSL.
+server_flags="$flags -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF"
+server_flags+=" -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF"
+cache="${AOTID_DEV_CACHE:-$HOME/.cache/aotid-dev}"
+llama_server="$cache/llama-server-$LLAMA_CPP_PIN-$(echo "$server_flags" | sha256sum | cut -c1-12)"
+if [[ $SECTIONS == *streams* && ! -x $llama_server ]]; then
+  echo "building llama-server $LLAMA_CPP_PIN into $llama_server (once; about 30 minutes on 2 cores)" >&2
+  sdist="$cache/sdist/llama_cpp_python-$LLAMA_CPP_PIN.tar.gz"
+  if [[ ! -f $sdist ]]; then
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$cache/sdist" "llama-cpp-python==$LLAMA_CPP_PIN" >&2
+  fi
+  mkdir "$work/llama.cpp"
+  tar xzf "$sdist" -C "$work/llama.cpp" --strip-components=3 "llama_cpp_python-$LLAMA_CPP_PIN/vendor/llama.cpp"
+  # shellcheck disable=SC2086 # the flags are words
+  cmake -S "$work/llama.cpp" -B "$work/llama-build" $server_flags >"$work/llama-build.log"
+  nice -n 10 cmake --build "$work/llama-build" --target llama-server -j2 >>"$work/llama-build.log" ||
+    { tail -50 "$work/llama-build.log" >&2; exit 1; }
+  cp "$work/llama-build/bin/llama-server" "$llama_server.tmp"
+  mv "$llama_server.tmp" "$llama_server"
+fi
 # The F32 and Q8_0 files: the shipped Q4_1 weights dequantized (and
 # requantized) by llama.cpp itself.
 for kind in f32:0 q8_0:7; do  # LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0
@@ -86,9 +137,10 @@ done
 q4_1=$(PYTHONPATH="$ROOT/python:$ROOT/examples/smollm2" "$PY" -c 'import export; print(export.gguf_path())')
 
 W=30  # the side column
-printf "%-${W}s %7s %12s %14s %s\n" side threads "ttft_ms" "decode_tok_s" tokens
 row() { printf "%-${W}s %7s %12s %14s %s\n" "$@"; }
-for threads in 1 2; do
+ONE_THREADS=()
+[[ $SECTIONS == *one* ]] && ONE_THREADS=(1 2) && row side threads "ttft_ms" "decode_tok_s" tokens
+for threads in "${ONE_THREADS[@]}"; do
   for m in "${MODELS[@]}"; do "$AOTID" --store "$store" set "$m" "threads=$threads" >/dev/null; done
   serve
   # The chat prompt's ids, as aotid's tokenizer and the model's template make them.
@@ -197,4 +249,101 @@ PYEOF
     row "llama.cpp ${weights^^}" "$threads" "$lttft" "$lrate" "$(same "$llama_ids" smollm2)"
   done
 done
-echo "prompt: $(wc -w <<<"$ids") tokens (the chat template around \"$QUESTION\"); $TOKENS new tokens, greedy; best of $REPEATS"
+if ((${#ONE_THREADS[@]})); then
+  echo "prompt: $(wc -w <<<"$ids") tokens (the chat template around \"$QUESTION\"); $TOKENS new tokens, greedy; best of $REPEATS"
+fi
+
+# Several streams (docs/BENCHMARKS.md, "Several streams"): K streams sent
+# together, one question each (bench/streams_client.cc). Per run: all the
+# streams' tokens/s from the first request to the last token, the median
+# time to a stream's first token, each stream's own decode rate, the
+# server's resident memory after the run, and how many of stream 1's tokens,
+# from the first, equal its tokens when it ran alone (K = 1).
+[[ $SECTIONS == *streams* ]] || exit 0
+vmrss_mb() {  # these processes' VmRSS together, MB
+  local kb=0 p
+  for p in "$@"; do kb=$((kb + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status"))); done
+  echo $((kb / 1000))
+}
+aotid_rss() {  # the daemon's and model $1's runners'
+  # shellcheck disable=SC2046 # one pid a word
+  vmrss_mb "$daemon" $(pgrep -f -- "--label $1:[0-9]+ .*--parent $daemon$")
+}
+leading() {  # how many of two comma lists' items, from the first, are equal
+  local -a a b
+  IFS=, read -r -a a <<<"$1"
+  IFS=, read -r -a b <<<"$2"
+  local n=0
+  while ((n < ${#a[@]} && n < ${#b[@]})) && [[ ${a[n]} == "${b[n]}" ]]; do n=$((n + 1)); done
+  echo "$n/${#a[@]}"
+}
+SW=36
+srow() { printf "%-${SW}s %7s %2s %11s %8s %7s  %-22s %s\n" "$@"; }
+streams_rows() {  # SIDE aotid|llama PORT MODEL RSS_COMMAND...: a row a K
+  local side=$1 kind=$2 at=$3 model=$4 k total ttft rates first alone=""
+  shift 4
+  for k in "${STREAMS[@]}"; do
+    if ! "$BUILD/bench/aotid_streams_client" "$kind" "$at" "$model" "$TOKENS" "$STREAM_REPEATS" "$k" \
+      "$work/prompts.txt" >"$work/streams.txt" 2>"$work/streams.err"; then
+      srow "$side" "$threads" "$k" "not measured: $(tr '\n' ' ' <"$work/streams.err")"
+      continue
+    fi
+    read -r total ttft rates <"$work/streams.txt"
+    first=$(sed -n 2p "$work/streams.txt")
+    if [[ -z $alone ]]; then
+      alone=$first
+      srow "$side" "$threads" "$k" "$total" "$ttft" "$("$@")" "$rates" "-"
+    else
+      srow "$side" "$threads" "$k" "$total" "$ttft" "$("$@")" "$rates" "$(leading "$first" "$alone")"
+    fi
+  done
+}
+llama_serve() {  # GGUF: starts llama-server on it, its cache 2,048 positions a slot as aotid's
+  "$llama_server" -m "$1" --host 127.0.0.1 --port 0 -t "$threads" -tb "$threads" -np "$SLOTS" \
+    -c $((2048 * SLOTS)) >"$work/llama.log" 2>&1 &
+  llama=$!
+  lport=""
+  for _ in $(seq 1 600); do
+    [[ -z $lport ]] && lport=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$work/llama.log" | sed 's/.*://' || true)
+    [[ -n $lport ]] && curl -sf "127.0.0.1:$lport/health" >/dev/null && return
+    kill -0 "$llama" || { cat "$work/llama.log"; exit 1; }
+    sleep 0.5
+  done
+  echo "llama-server did not get ready" >&2
+  exit 1
+}
+echo
+echo "several streams at once: $TOKENS new tokens a stream, greedy; best of $STREAM_REPEATS by total tokens/s"
+srow side threads K total_tok_s ttft_ms rss_MB "stream_tok_s" "stream 1 = alone"
+for threads in 1 2; do
+  for m in "${MODELS[@]}" "${SLOTTED[@]}"; do "$AOTID" --store "$store" set "$m" "threads=$threads" >/dev/null; done
+  serve
+  # Each question's chat prompt, as aotid's tokenizer and the model's template make it.
+  for q in "${QUESTIONS[@]}"; do
+    curl -sf "127.0.0.1:$port/v2/models/smollm2/generate" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"$q\"}],\"parameters\":{\"max_tokens\":1,\"return_token_ids\":true}}" |
+      "$PY" -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["prompt_token_ids"])))'
+  done >"$work/prompts.txt"
+  for m in "${MODELS[@]}"; do
+    kind=$([[ $m == *_int8 ]] && echo int8 || echo F32)
+    streams_rows "aotid $kind, one sequence at a time" aotid "$port" "$m" aotid_rss "$m"
+  done
+  for m in "${SLOTTED[@]}"; do
+    kind=$([[ $m == *_int8* ]] && echo int8 || echo F32)
+    if curl -sf "127.0.0.1:$port/v2/models/$m/ready" >/dev/null; then
+      streams_rows "aotid $kind at $SLOTS slots" aotid "$port" "$m" aotid_rss "$m"
+    else
+      srow "aotid $kind at $SLOTS slots" "$threads" "" "not measured: $(curl -s "127.0.0.1:$port/v2/models/$m/ready" |
+        "$PY" -c 'import json,sys; print(json.load(sys.stdin).get("error", "not ready"))' | sed "s|$store/cache/[^ ]*/||")"
+    fi
+  done
+  kill "$daemon"
+  wait "$daemon" 2>/dev/null || true
+  for weights in f32 q8_0 q4_1; do
+    llama_serve "$([[ $weights == q4_1 ]] && echo "$q4_1" || echo "$work/smollm2-$weights.gguf")"
+    streams_rows "llama-server ${weights^^}, --parallel $SLOTS" llama "$lport" - vmrss_mb "$llama"
+    kill "$llama"
+    wait "$llama" 2>/dev/null || true
+  done
+done
+echo "prompts: $(awk '{printf "%s%d", (NR > 1 ? ", " : ""), NF}' "$work/prompts.txt") tokens; rss: the daemon and" \
+  "the model's runners, or llama-server, after the run; stream_tok_s: each stream's, from its first token to its last"
