@@ -155,7 +155,11 @@ json BodyFor(bool llama, const std::vector<int64_t>& prompt, int tokens) {
   }
   return {{"input_ids", prompt},
           {"parameters",
-           {{"temperature", 0}, {"max_tokens", tokens}, {"ignore_eos", true}, {"return_token_ids", true}}}};
+           {{"temperature", 0},
+            {"max_tokens", tokens},
+            {"ignore_eos", true},
+            {"return_token_ids", true},
+            {"cache_prompt", false}}}};  // each repeat computes its prompt, as llama-server is asked
 }
 
 std::string Joined(const std::vector<int64_t>& ids) {
