@@ -64,6 +64,10 @@ class LoadedModel {
   // model that joins requests into batches may wait for it. nullptr where
   // the model does not wait for anything.
   virtual std::unique_ptr<Announcement> Announce() { return nullptr; }
+  // Changes when what the model's runs left in it (a language model's
+  // key/value cache) is lost: its runner process was started anew. A
+  // caller that counts on that state asks before it does.
+  virtual int64_t state_epoch() const { return 0; }
   // The most rows of dim 0 one run joins from several requests; 1 where
   // requests run alone.
   virtual int64_t max_batch_rows() const { return 1; }

@@ -99,6 +99,8 @@ class RunnerModel final : public model::LoadedModel {
   pid_t pid() const { return pid_.load(); }
   // Runners started after the first.
   int restarts() const { return restarts_.load(); }
+  // A new runner starts with the model's buffers as the build made them.
+  int64_t state_epoch() const override { return restarts_.load(); }
 
   // Crashes an input must have been in flight for before it is refused: two,
   // so that one crash that had nothing to do with it (a kill by another

@@ -561,6 +561,11 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
   // A free slot for `s`: the one holding the longest start of its prompt,
   // else the one left longest ago.
   void Place(const SeqPtr& s) {
+    // A runner started anew holds none of what the slots held.
+    if (const int64_t epoch = s->model->state_epoch(); epoch != epoch_) {
+      Forget();
+      epoch_ = epoch;
+    }
     size_t best = slots_.size();
     size_t best_common = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -600,8 +605,7 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
 
   void RunAloneNow(const SeqPtr& s) {
     auto out = s->model->Infer(s->alone_inputs, s->alone_ctx);
-    // It wrote the cache where it liked: no slot's contents can be trusted.
-    for (Slot& slot : slots_) slot.tokens.clear();
+    Forget();  // it wrote the cache where it liked
     auto done = std::move(s->alone_done);
     done(std::move(out));
   }
@@ -629,7 +633,10 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
       fill(inputs[in.positions], c_.spec.positions_input, {width}, positions);
     }
     auto out = model.Infer(inputs, model::RunContext{});
-    if (!out.ok()) return out.status();
+    if (!out.ok()) {
+      Forget();  // a call that failed may have taken the runner, and its cache, with it
+      return out.status();
+    }
     const model::HostTensor& l = (*out)[c_.logits_index];
     const size_t want = static_cast<size_t>(rows * c_.vocab) * sizeof(float);
     if (l.data.size() != want) {
@@ -639,6 +646,11 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
     logits_.resize(static_cast<size_t>(rows * c_.vocab));
     std::memcpy(logits_.data(), l.data.data(), want);
     return logits_.data();
+  }
+
+  // No slot's contents can be reused any more.
+  void Forget() {
+    for (Slot& slot : slots_) slot.tokens.clear();
   }
 
   // Every sequence with a token to feed, one row each, in one call.
@@ -784,7 +796,6 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
     Slot& slot = slots_[static_cast<size_t>(s->slot)];
     slot.busy = false;
     slot.used = ++clock_;
-    if (!error.ok()) slot.tokens.resize(static_cast<size_t>(std::min<int64_t>(s->prefilled, s->position)));
     active_.erase(std::find(active_.begin(), active_.end(), s));
     {
       MutexLock lock(&mu_);
@@ -859,6 +870,7 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
   std::vector<Slot> slots_;
   std::vector<SeqPtr> active_;  // in slots, in the order they came
   uint64_t clock_ = 0;
+  int64_t epoch_ = 0;  // the model's state_epoch() the slots' contents are of
   std::vector<float> logits_;
   double step_ms_ = 0;       // a decode step, lately
   double per_token_ms_ = 0;  // a prompt token in a chunk, lately

@@ -131,6 +131,12 @@ class SlotModel final : public model::LoadedModel {
     paused_cv_.notify_all();
   }
   void set_delay_ms(int ms) { delay_ms_ = ms; }
+  // A new runner: the cache is as the build made it (never written).
+  void Restart() {
+    for (auto& held : cache_) std::fill(held.begin(), held.end(), -1);
+    ++epoch_;
+  }
+  int64_t state_epoch() const override { return epoch_; }
   int entered() const { return entered_; }
   std::vector<Call> calls() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -146,6 +152,7 @@ class SlotModel final : public model::LoadedModel {
   bool paused_ = false;
   std::atomic<int> delay_ms_{0};
   std::atomic<int> entered_{0};
+  std::atomic<int64_t> epoch_{0};
   std::vector<Call> calls_;
 };
 
@@ -436,6 +443,13 @@ TEST(Scheduler, APromptThatStartsWithWhatASlotHoldsReusesIt) {
   ASSERT_TRUE(diverged.ok());
   EXPECT_EQ(diverged->ids, Greedy(other, 6));
   EXPECT_EQ(diverged->cached_tokens, 20);
+  // A runner started anew has none of it: nothing is reused (the model
+  // would refuse positions never written).
+  f.model->Restart();
+  auto restarted = f.Run(Request(next, 6));
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  EXPECT_EQ(restarted->ids, second->ids);
+  EXPECT_EQ(restarted->cached_tokens, 0);
   GenerateRequest cold = Request(next, 6);
   cold.cache_prompt = false;
   auto c = f.Run(cold);
