@@ -622,10 +622,12 @@ void Send(http::Response& res, const OpenAiError& e) {
   res.Set(OpenAiErrorBody(e), kJson);
 }
 
-// A "model" that is no model's reference at all ("minilm:01", "a/b"): 400
-// saying what is wrong with it, rather than 404 as if it were a model
-// that is not served.
-OpenAiError BadModelRef(const Status& s) { return {400, s.message(), "model", ""}; }
+// A "model" that is no model's reference at all ("minilm:01", "a/b"): not
+// served here, as OpenAI's clients expect of a model they cannot use
+// (404, which they raise as NotFoundError), saying what is wrong with it.
+OpenAiError BadModelRef(const Status& s) {
+  return {404, "no model is served as " + s.message(), "model", "model_not_found"};
+}
 
 // Whether the served version `ref` names is not ready (queued, building,
 // loading or failed), with the error: 503, and Retry-After set on `res`

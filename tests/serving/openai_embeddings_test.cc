@@ -309,10 +309,11 @@ TEST_F(EmbeddingsRouteTest, ErrorsInOpenAisShapeNamingTheParameter) {
 
   // "enc:01" is no spelling of enc:1: refused, saying why, not served as it.
   Reply zero = Post("/v1/embeddings", {{"model", "enc:01"}, {"input", "x"}});
-  EXPECT_EQ(zero.status, 400);
+  EXPECT_EQ(zero.status, 404);
   EXPECT_EQ(zero.body["error"]["param"], "model");
-  EXPECT_EQ(zero.body["error"]["type"], "invalid_request_error");
-  EXPECT_EQ(zero.body["error"]["message"], "'enc:01': the version after ':' has a leading zero; write enc:1");
+  EXPECT_EQ(zero.body["error"]["code"], "model_not_found");
+  EXPECT_EQ(zero.body["error"]["message"],
+            "no model is served as 'enc:01': the version after ':' has a leading zero; write enc:1");
 
   // A tensor model, and one still building.
   ServedModel tensors{"mlp", 1, ServeState::kReady};
@@ -346,7 +347,7 @@ TEST_F(EmbeddingsRouteTest, TheModelsListHasTheEmbeddingModel) {
   EXPECT_EQ(Get("/v1/models/enc").status, 200);
   EXPECT_EQ(Get("/v1/models/enc:1").status, 200);
   Reply zero = Get("/v1/models/enc:01");
-  EXPECT_EQ(zero.status, 400);
+  EXPECT_EQ(zero.status, 404);
   EXPECT_EQ(zero.body["error"]["param"], "model");
 }
 
