@@ -382,7 +382,7 @@ TEST(Scheduler, AClientThatLeavesFreesItsSlotAndTheOthersGoOn) {
     auto r = f.Run(Request(PromptOf(35, 6), 4), nullptr, [&] { return leave.load(); });
     left = r.status();
   });
-  ASSERT_TRUE(f.gen->TEST_AwaitWaiting(1));
+  ASSERT_TRUE(AllIn(f, 3));  // it waits: behind the one in its prefill, or behind both
   leave = true;
   g.join();
   EXPECT_EQ(left.code(), StatusCode::kCancelled);
