@@ -598,13 +598,9 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
     s->admitted = Clock::now();
     s->loop->result().queue_ms = Ms(s->queued, s->admitted);
     active_.push_back(s);
-    {
-      MutexLock lock(&mu_);
-      stats_.active = static_cast<int>(active_.size());
-      stats_.reused_tokens += static_cast<uint64_t>(reused);
-    }
-    // The first sequence ever: its slots hold nothing yet to lose.
-    if (!calibrated_) Calibrate(*s->model);
+    MutexLock lock(&mu_);
+    stats_.active = static_cast<int>(active_.size());
+    stats_.reused_tokens += static_cast<uint64_t>(reused);
   }
 
   void RunAloneNow(const SeqPtr& s) {
@@ -652,47 +648,6 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
     return logits_.data();
   }
 
-  // Whether a step's rows must be padded to all the slots': measured at
-  // the model's first use. A CPU matrix product's rounding can depend on
-  // its row count (float32's takes another kernel under 4 rows, so row 0
-  // of a 2-row product differs from the same row among 4 in its last
-  // bits); int8's handles rows one at a time and does not. So row 0 is run
-  // among 1 to N copies of itself: if every count gives the same bits,
-  // steps have their sequences' rows only (one sequence alone pays for
-  // one row); else every step has all N. A failed call pads, the safe way.
-  void Calibrate(model::LoadedModel& model) {
-    calibrated_ = true;
-    pad_rows_ = c_.inputs.slotted && c_.slots > 1;
-    if (!pad_rows_) return;
-    std::vector<float> among_all;
-    bool same = true;
-    for (int64_t n = c_.slots; n >= 1 && same; --n) {
-      const auto rows = static_cast<size_t>(n);
-      auto logits = Call(model, std::vector<int32_t>(rows, 0), std::vector<int64_t>(rows, 0),
-                         std::vector<int64_t>(rows, 0), n, 1);
-      if (!logits.ok()) {
-        LOG_WARNING << Label() << ": a step of " << n << " rows failed (" << logits.status().message()
-                    << "); steps have all " << c_.slots << " rows";
-        Forget();
-        return;
-      }
-      if (among_all.empty()) {
-        among_all.assign(*logits, *logits + c_.vocab);
-      } else {
-        same = std::memcmp(among_all.data(), *logits, among_all.size() * sizeof(float)) == 0;
-      }
-    }
-    Forget();  // it wrote position 0 of slot 0
-    pad_rows_ = !same;
-    LOG_INFO << Label() << ": "
-             << (same ? "a sequence's logits are the same bits whatever the rows beside it: steps have their "
-                        "sequences' rows only"
-                      : "the model rounds by its row count: steps have all " + std::to_string(c_.slots) +
-                            " rows, so that each answer is the one it gets alone");
-  }
-
-  std::string Label() const { return c_.label.empty() ? std::string("generate") : c_.label; }
-
   // No slot's contents can be reused any more.
   void Forget() {
     for (Slot& slot : slots_) slot.tokens.clear();
@@ -712,12 +667,13 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
       positions.push_back(s->position);
       slots.push_back(s->slot);
     }
-    // Where the model rounds by its row count (Calibrate), always the same
-    // number of rows, padded with copies of the first (they write what it
-    // writes, where it writes it): a sequence's tokens must not depend on
-    // how many others run beside it.
+    // Always the same number of rows, padded with copies of the first
+    // (they write what it writes, where it writes it): a CPU matrix
+    // product's rounding depends on its row count (fewer than 4 rows take
+    // another kernel), and a sequence's tokens must not depend on how many
+    // others run beside it.
     const auto b = static_cast<int64_t>(rows.size());
-    const int64_t call_rows = pad_rows_ ? std::max<int64_t>(b, c_.slots) : b;
+    const int64_t call_rows = c_.inputs.slotted ? std::max<int64_t>(b, c_.slots) : b;
     for (int64_t i = b; i < call_rows; ++i) {
       tokens.push_back(tokens[0]);
       positions.push_back(positions[0]);
@@ -891,7 +847,7 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
                   s.active, s.slots, s.waiting, steps > 0 ? decoded / steps : 0.0,
                   prefill_s > 0 ? prefilled / prefill_s : 0.0, decode_s > 0 ? decoded / decode_s : 0.0,
                   static_cast<unsigned long long>(s.reused_tokens - logged_.reused_tokens));
-    LOG_INFO << Label() << ": " << line;
+    LOG_INFO << (c_.label.empty() ? std::string("generate") : c_.label) << ": " << line;
     logged_at_ = now;
     logged_ = s;
   }
@@ -915,8 +871,6 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
   std::vector<SeqPtr> active_;  // in slots, in the order they came
   uint64_t clock_ = 0;
   int64_t epoch_ = 0;  // the model's state_epoch() the slots' contents are of
-  bool calibrated_ = false;
-  bool pad_rows_ = true;  // steps have all the slots' rows (Calibrate)
   std::vector<float> logits_;
   double step_ms_ = 0;       // a decode step, lately
   double per_token_ms_ = 0;  // a prompt token in a chunk, lately

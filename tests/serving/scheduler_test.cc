@@ -79,13 +79,9 @@ class SlotModel final : public model::LoadedModel {
     int64_t rows, width;
     std::vector<int64_t> slots;
   };
-  // `rounds_by_rows`: a call of fewer than 4 rows gives other logits (as a
-  // CPU's float32 matrix product rounds otherwise under 4 rows; here
-  // scaled, so that a sample draws otherwise).
-  SlotModel(int slots, int64_t max_prefill, bool rounds_by_rows = false)
+  SlotModel(int slots, int64_t max_prefill)
       : io_(IoOf(slots, max_prefill)),
-        cache_(static_cast<size_t>(slots), std::vector<int32_t>(kContext, -1)),
-        rounds_by_rows_(rounds_by_rows) {}
+        cache_(static_cast<size_t>(slots), std::vector<int32_t>(kContext, -1)) {}
   const model::ModelSpec& spec() const override { return io_; }
   const std::string& device() const override { return device_; }
 
@@ -118,10 +114,6 @@ class SlotModel final : public model::LoadedModel {
       std::vector<int32_t> seen(held.begin(), held.begin() + last + 1);
       if (std::count(seen.begin(), seen.end(), -1) > 0) return InvalidArgument("a position never written");
       LogitsOf(seen, logits.data() + b * kVocab);
-      if (rounds_by_rows_ && rows < 4) {
-        for (int j = 0; j < kVocab; ++j)
-          logits[b * kVocab + j] *= 1.0f + 0.05f * static_cast<float>(4 - rows);
-      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -161,7 +153,6 @@ class SlotModel final : public model::LoadedModel {
   std::atomic<int> delay_ms_{0};
   std::atomic<int> entered_{0};
   std::atomic<int64_t> epoch_{0};
-  const bool rounds_by_rows_;
   std::vector<Call> calls_;
 };
 
@@ -197,8 +188,7 @@ GenerateRequest Request(const std::vector<int32_t>& prompt, int max_tokens, doub
 }
 
 struct Fixture {
-  Fixture(int slots, int64_t max_prefill = 64, bool rounds_by_rows = false)
-      : model(std::make_shared<SlotModel>(slots, max_prefill, rounds_by_rows)) {
+  Fixture(int slots, int64_t max_prefill = 64) : model(std::make_shared<SlotModel>(slots, max_prefill)) {
     auto g = Generator::Create(Spec(slots, max_prefill), model->spec());
     EXPECT_TRUE(g.ok()) << g.status().ToString();
     gen = *g;
@@ -261,13 +251,11 @@ TEST(Scheduler, ConcurrentSequencesEachGetTheAnswerTheyGetAlone) {
   EXPECT_LT(s.decode_steps, s.decode_tokens);
 }
 
-// Sampled with seeds: the same draws together as alone, one after
-// another, on a model whose logits change with its row count: its steps
-// have all 4 rows.
+// Sampled with seeds: the same draws together as alone, one after another.
 TEST(Scheduler, SeededSamplesTogetherEqualThemAlone) {
   std::vector<std::vector<int32_t>> alone;
   {
-    Fixture f(4, 64, /*rounds_by_rows=*/true);
+    Fixture f(4);
     for (int i = 0; i < 4; ++i) {
       auto g = f.Run(Request(PromptOf(10 + i, 9), 20, 1.0, 100 + i));
       ASSERT_TRUE(g.ok());
@@ -275,19 +263,14 @@ TEST(Scheduler, SeededSamplesTogetherEqualThemAlone) {
     }
     // A step of one sequence is a call of 4 rows all the same: a CPU
     // matrix product rounds by its row count, so every step has the same.
-    // (Past the first request's 2 calls that measured the rounding: 4
-    // rows, then 3, which differed.)
-    const auto calls = f.model->calls();
-    ASSERT_GT(calls.size(), 2u);
-    EXPECT_EQ(calls[1].rows, 3);
-    for (const auto& c : std::vector<SlotModel::Call>(calls.begin() + 2, calls.end())) {
+    for (const auto& c : f.model->calls()) {
       if (c.width != 1) continue;
       EXPECT_EQ(c.rows, 4);
       EXPECT_EQ(std::count(c.slots.begin(), c.slots.end(), c.slots[0]), 4);
     }
   }
   EXPECT_NE(alone[0], Greedy(PromptOf(10, 9), 20));  // sampling chose other tokens than greedy
-  Fixture f(4, 64, /*rounds_by_rows=*/true);
+  Fixture f(4);
   f.model->Pause(true);
   std::vector<std::vector<int32_t>> together(4);
   std::vector<std::thread> clients;
@@ -474,16 +457,6 @@ TEST(Scheduler, APromptThatStartsWithWhatASlotHoldsReusesIt) {
   EXPECT_EQ(c->ids, second->ids);
   EXPECT_EQ(c->cached_tokens, 0);
   EXPECT_GE(f.gen->Stats().reused_tokens, 45u + next.size() - 4 + 20);
-  // Its logits do not change with the rows: a sequence alone steps with
-  // its own row only (past the first request's 2 calls that measure it).
-  const auto calls = f.model->calls();
-  ASSERT_GT(calls.size(), 2u);
-  size_t one_row_steps = 0;
-  for (size_t i = 2; i < calls.size(); ++i) {
-    if (calls[i].width == 1) EXPECT_EQ(calls[i].rows, 1) << "call " << i;
-    one_row_steps += calls[i].width == 1;
-  }
-  EXPECT_GT(one_row_steps, 20u);
 }
 
 // /infer on a generating model runs alone: after the sequences in slots
@@ -531,10 +504,9 @@ TEST(Scheduler, AnInferOfTheModelRunsAloneInItsTurn) {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return alone_ran.load(); }));
   }
-  // The first request's 2 calls that measure the rounding (2 rows, 1), the
-  // warm-up's 4 and all 30 of the running sequence's (its prompt, 29
-  // steps) came first.
-  EXPECT_EQ(calls_before_alone.load(), 2u + 4u + 30u);
+  // The warm-up's 4 calls and all 30 of the running sequence's (its
+  // prompt, 29 steps) came first.
+  EXPECT_EQ(calls_before_alone.load(), 4u + 30u);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->ids, warm->ids);
   EXPECT_EQ(after->cached_tokens, 0);
