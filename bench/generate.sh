@@ -28,8 +28,12 @@
 # daemon's answer while it refuses them). llama-server is built once into
 # the dev cache from the llama.cpp sources in llama-cpp-python's sdist (the
 # same pin, the same ISA flags), its server target only.
+# Then a reused system prompt ("A reused system prompt"): one request at a
+# time on the models of 4 slots, each a long system message and its own
+# question; the time to the first token with the prompt computed whole
+# (cache_prompt false) and with what a slot holds reused (true).
 #   ./dev bench generate     (calls: bench/generate.sh BUILD_DIR PYTHON)
-#   AOTID_BENCH_GENERATE=one|streams ./dev bench generate    (one section)
+#   AOTID_BENCH_GENERATE=one|streams|reuse ./dev bench generate    (one section)
 set -euo pipefail
 export AOTID_BENCH_NO_TEST_MODELS=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -37,7 +41,7 @@ TOKENS=64
 REPEATS=3
 LLAMA_CPP_PIN=0.3.36
 QUESTION="Explain in a few sentences why the sky is blue."
-SECTIONS=${AOTID_BENCH_GENERATE:-one streams}
+SECTIONS=${AOTID_BENCH_GENERATE:-one streams reuse}
 # Several streams: one question a stream, of about the same length.
 QUESTIONS=("$QUESTION" "Describe in a few sentences how a bicycle stays upright."
   "Explain in a few sentences why the ocean tastes salty." "Describe in a few sentences how bread rises in an oven.")
@@ -47,8 +51,9 @@ STREAM_REPEATS=2
 
 store="$work/store"
 MODELS=(smollm2 smollm2_int8)
+[[ $SECTIONS == *one* || $SECTIONS == *streams* ]] || MODELS=()
 SLOTTED=()  # the same with $SLOTS cache slots
-[[ $SECTIONS == *streams* ]] && SLOTTED=(smollm2_x$SLOTS smollm2_int8_x$SLOTS)
+[[ $SECTIONS == *streams* || $SECTIONS == *reuse* ]] && SLOTTED=(smollm2_x$SLOTS smollm2_int8_x$SLOTS)
 for name in "${MODELS[@]}" "${SLOTTED[@]}"; do
   weights=$([[ $name == *_int8* ]] && echo int8 || echo float32)
   sequences=$([[ $name == *_x$SLOTS ]] && echo $SLOTS || echo 1)
@@ -67,8 +72,8 @@ serve() {  # starts the daemon and waits for the models (its first start builds 
   port=""
   for _ in $(seq 1 2400); do
     [[ -z $port ]] && port=$(port_of "$work/daemon.log" || true)
-    if [[ -n $port ]] && curl -sf "127.0.0.1:$port/v2/models/smollm2/ready" >/dev/null &&
-      curl -sf "127.0.0.1:$port/v2/models/smollm2_int8/ready" >/dev/null &&
+    if [[ -n $port ]] && { ((${#MODELS[@]} == 0)) || { curl -sf "127.0.0.1:$port/v2/models/smollm2/ready" >/dev/null &&
+      curl -sf "127.0.0.1:$port/v2/models/smollm2_int8/ready" >/dev/null; }; } &&
       { ((${#SLOTTED[@]} == 0)) || { settled "${SLOTTED[0]}" && settled "${SLOTTED[1]}"; }; }; then
       return
     fi
@@ -78,6 +83,76 @@ serve() {  # starts the daemon and waits for the models (its first start builds 
   echo "the models did not get ready" >&2
   exit 1
 }
+
+# A reused system prompt (docs/BENCHMARKS.md): a system message of about
+# 500 tokens and a question, one request at a time, on the models of
+# $SLOTS slots; the median time to the first token over REUSE_REPEATS
+# requests, each another question than the one before (so that only the
+# system message can be reused), with cache_prompt false and true
+# (bench/streams_client.cc, its cold|warm mode).
+REUSE_REPEATS=4
+SYSTEM="You are the help desk assistant of a small public library in a market town. \
+Answer the questions of visitors politely, briefly and accurately, in plain English, and never invent facts. \
+The library opens from nine in the morning to six in the evening on weekdays, from ten to four on Saturdays, \
+and stays closed on Sundays and public holidays. Members may borrow up to twelve items at once: books for \
+four weeks, audio books and films for two weeks, and magazines for one week. An item can be renewed twice \
+online, by telephone or at the desk, unless another member has reserved it. Reservations cost nothing for \
+children and fifty pence for adults, and a reserved item waits at the desk for seven days. Late returns cost \
+twenty pence a day for adults, with a cap of six pounds an item; children and members over seventy pay no \
+fines. Lost or damaged items are charged at their replacement cost plus an administration fee of three \
+pounds. Membership is free for anyone who lives, works or studies in the county; others pay twenty pounds a \
+year. To join, a visitor needs one document with their name and one with their address, such as a bank \
+statement or a utility bill from the last three months. The ground floor holds fiction, the children's \
+library, the cafe and the toilets; the first floor holds non-fiction, local history, the study room and six \
+public computers, which members may book for an hour a day. Printing costs ten pence a page in black and \
+white and fifty pence in colour; scanning is free. Wireless internet is free for everyone, and its password \
+is printed on the card at the desk. The study room is silent; phone calls belong in the lobby. Groups may \
+book the meeting room on the second floor for fifteen pounds an hour, or free for charities. There is a \
+lift at the back of the building, a hearing loop at the desk and large print books on the ground floor. \
+Story time for children under five runs on Tuesday and Thursday mornings at ten thirty; the reading group \
+for adults meets on the first Wednesday of each month at seven in the evening. When you do not know an \
+answer, say so and suggest that the visitor asks a member of staff at the desk."
+REUSE_QUESTIONS=("Can I renew a film twice?" "How much is a late adult book after a week?"
+  "Where are the public computers?" "Is there story time on Fridays?" "Do I need to pay to join?")
+reuse_rows() {
+  local threads=$1 m kind line cold warm
+  for q in "${REUSE_QUESTIONS[@]}"; do
+    "$PY" -c 'import json,sys; print(json.dumps({"messages": [{"role": "system", "content": sys.argv[1]},
+      {"role": "user", "content": sys.argv[2]}], "parameters": {"max_tokens": 1, "return_token_ids": True}}))' \
+      "$SYSTEM" "$q" | curl -sf "127.0.0.1:$port/v2/models/${SLOTTED[0]}/generate" -d @- |
+      "$PY" -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["prompt_token_ids"])))'
+  done >"$work/reuse-prompts.txt"
+  for m in "${SLOTTED[@]}"; do
+    kind=$([[ $m == *_int8* ]] && echo int8 || echo F32)
+    line=()
+    for mode in cold warm; do
+      if "$BUILD/bench/aotid_streams_client" aotid "$port" "$m" 4 "$REUSE_REPEATS" 1 "$work/reuse-prompts.txt" \
+        "$mode" >"$work/reuse.txt" 2>"$work/reuse.err"; then
+        line+=("$(cat "$work/reuse.txt")")
+      else
+        line+=("not measured: $(tr '\n' ' ' <"$work/reuse.err")")
+      fi
+    done
+    read -r cold _ <<<"${line[0]}"
+    read -r warm reused <<<"${line[1]}"
+    printf "%-30s %7s %8s %12s %12s %7s %s\n" "aotid $kind at $SLOTS slots" "$threads" \
+      "$(awk 'NR == 1 {print NF}' "$work/reuse-prompts.txt")" "$cold" "$warm" \
+      "$(awk -v c="$cold" -v w="$warm" 'BEGIN {if (w > 0) printf "%.1fx", c / w}')" "$reused"
+  done
+}
+if [[ $SECTIONS == *reuse* ]]; then
+  echo "a reused system prompt: median time to the first token of $REUSE_REPEATS requests, one at a time"
+  printf "%-30s %7s %8s %12s %12s %7s %s\n" side threads prompt cold_ttft_ms warm_ttft_ms ratio reused
+  for threads in 1 2; do
+    for m in "${SLOTTED[@]}"; do "$AOTID" --store "$store" set "$m" "threads=$threads" >/dev/null; done
+    serve
+    reuse_rows "$threads"
+    kill "$daemon"
+    wait "$daemon" 2>/dev/null || true
+  done
+  echo
+fi
+[[ $SECTIONS == *one* || $SECTIONS == *streams* ]] || exit 0
 
 # llama-cpp-python, built once for this CPU's vector ISA.
 isa=()

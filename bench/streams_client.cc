@@ -12,6 +12,17 @@
 // token; first: from a stream's request to its first token), then one line
 // a stream with its token ids. A refused stream ends it with status 1 and
 // the server's error on stderr.
+//
+//   aotid_streams_client aotid|llama PORT MODEL TOKENS REPEATS 1 PROMPTS_FILE cold|warm
+// One stream at a time, for prompt reuse (docs/BENCHMARKS.md, "A reused
+// system prompt"): the file's last line is sent first, then repeat r sends
+// line r modulo the others, so that no request repeats the one before it
+// and only what the lines share (a system prompt) can be reused. `warm`
+// asks the server to reuse a slot's cache (cache_prompt), `cold` not. It
+// prints
+//   median_first_ms median_reused_tokens
+// (reused: the server's count, aotid's usage.cached_tokens, llama-server's
+// tokens_evaluated less its timings.prompt_n).
 #include <httplib.h>
 
 #include <algorithm>
@@ -34,7 +45,8 @@ struct Stream {
   Clock::time_point sent;
   std::vector<Clock::time_point> stamps;  // one a token
   std::vector<int64_t> ids;
-  std::string error;  // empty when the stream ran to its end
+  int64_t reused = -1;  // prompt tokens the server took from a cache, where it says
+  std::string error;    // empty when the stream ran to its end
 };
 
 // How many tokens an event brings, their ids appended to `ids`. llama-server
@@ -44,6 +56,11 @@ struct Stream {
 // its final event.
 size_t TokensOf(bool llama, const json& event, Stream* s, std::vector<int64_t>* ids) {
   if (llama) {
+    // The prompt's tokens, less those it computed.
+    if (event.value("stop", false) && event.contains("tokens_evaluated") && event.contains("timings")) {
+      s->reused =
+          event.value("tokens_evaluated", int64_t{0}) - event["timings"].value("prompt_n", int64_t{0});
+    }
     auto predicted = static_cast<size_t>(event.value("tokens_predicted", int64_t{0}));
     if (predicted <= ids->size()) return 0;
     size_t n = predicted - ids->size();
@@ -54,6 +71,7 @@ size_t TokensOf(bool llama, const json& event, Stream* s, std::vector<int64_t>* 
   }
   if (event.contains("finish_reason")) {
     s->ids = event.value("token_ids", std::vector<int64_t>{});
+    if (event.contains("usage")) s->reused = event["usage"].value("cached_tokens", int64_t{-1});
     return 0;
   }
   return 1;
@@ -108,6 +126,12 @@ void Run(bool llama, int port, const std::string& path, const json& body, std::l
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
 struct Result {
   double total_per_s = 0, median_first_ms = 0;
   std::vector<double> rates;
@@ -128,9 +152,7 @@ Result Measure(const std::vector<Stream>& streams) {
     r.ids.push_back(s.ids);
   }
   r.total_per_s = static_cast<double>(tokens) / Seconds(end - begin);
-  std::sort(firsts.begin(), firsts.end());
-  size_t m = firsts.size() / 2;
-  r.median_first_ms = firsts.size() % 2 ? firsts[m] : (firsts[m - 1] + firsts[m]) / 2;
+  r.median_first_ms = Median(std::move(firsts));
   return r;
 }
 
@@ -146,12 +168,12 @@ std::vector<std::vector<int64_t>> ReadPrompts(const char* path) {
   return prompts;
 }
 
-json BodyFor(bool llama, const std::vector<int64_t>& prompt, int tokens) {
+// Greedy (llama-server: top_k 1), one event a token with its id. Without
+// `reuse` the prompt is evaluated anew each repeat, on both servers.
+json BodyFor(bool llama, const std::vector<int64_t>& prompt, int tokens, bool reuse = false) {
   if (llama) {
-    // Greedy (top_k 1), the prompt evaluated anew each repeat (no reuse of
-    // a slot's cache), one event a token with its id.
     return {{"prompt", prompt}, {"n_predict", tokens}, {"stream", true},        {"temperature", 0},
-            {"top_k", 1},       {"ignore_eos", true},  {"cache_prompt", false}, {"return_tokens", true}};
+            {"top_k", 1},       {"ignore_eos", true},  {"cache_prompt", reuse}, {"return_tokens", true}};
   }
   return {{"input_ids", prompt},
           {"parameters",
@@ -159,7 +181,32 @@ json BodyFor(bool llama, const std::vector<int64_t>& prompt, int tokens) {
             {"max_tokens", tokens},
             {"ignore_eos", true},
             {"return_token_ids", true},
-            {"cache_prompt", false}}}};  // each repeat computes its prompt, as llama-server is asked
+            {"cache_prompt", reuse}}}};
+}
+
+// The reuse mode (see the top): one stream at a time.
+int Reuse(bool llama, int port, const std::string& path, const std::vector<std::vector<int64_t>>& prompts,
+          int tokens, int repeats, bool warm) {
+  if (prompts.size() < 2) {
+    std::fprintf(stderr, "reuse needs at least 2 prompts, not %zu\n", prompts.size());
+    return 2;
+  }
+  std::vector<double> firsts, reused;
+  for (int r = -1; r < repeats; ++r) {
+    const auto& prompt = r < 0 ? prompts.back() : prompts[static_cast<size_t>(r) % (prompts.size() - 1)];
+    std::latch go(1);
+    Stream s;
+    Run(llama, port, path, BodyFor(llama, prompt, tokens, warm), &go, &s);
+    if (!s.error.empty()) {
+      std::fprintf(stderr, "%s\n", s.error.c_str());
+      return 1;
+    }
+    if (r < 0) continue;  // it fills a slot
+    firsts.push_back(Seconds(s.stamps.front() - s.sent) * 1000);
+    reused.push_back(static_cast<double>(s.reused));
+  }
+  std::printf("%.1f %.0f\n", Median(firsts), Median(reused));
+  return 0;
 }
 
 std::string Joined(const std::vector<int64_t>& ids) {
@@ -171,8 +218,13 @@ std::string Joined(const std::vector<int64_t>& ids) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8 || (std::string(argv[1]) != "aotid" && std::string(argv[1]) != "llama")) {
-    std::fprintf(stderr, "usage: %s aotid|llama PORT MODEL TOKENS REPEATS K PROMPTS_FILE\n", argv[0]);
+  const std::string mode = argc == 9 ? argv[8] : "";
+  if ((argc != 8 && argc != 9) || (std::string(argv[1]) != "aotid" && std::string(argv[1]) != "llama") ||
+      (argc == 9 && ((mode != "cold" && mode != "warm") || std::string(argv[6]) != "1"))) {
+    std::fprintf(stderr,
+                 "usage: %s aotid|llama PORT MODEL TOKENS REPEATS K PROMPTS_FILE\n"
+                 "       %s aotid|llama PORT MODEL TOKENS REPEATS 1 PROMPTS_FILE cold|warm\n",
+                 argv[0], argv[0]);
     return 2;
   }
   const bool llama = std::string(argv[1]) == "llama";
@@ -185,6 +237,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string path = llama ? "/completion" : "/v2/models/" + model + "/generate_stream";
+  if (!mode.empty()) return Reuse(llama, port, path, prompts, tokens, repeats, mode == "warm");
   Result best;
   for (int r = 0; r < repeats; ++r) {
     std::vector<Stream> streams(k);
