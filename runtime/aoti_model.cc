@@ -2,6 +2,7 @@
 // libaotid_torch.so (runtime/torch_plugin.h). It catches every exception
 // torch throws and turns it into a Status.
 #include <ATen/ATen.h>
+#include <ATen/cpu/Utils.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -225,6 +226,16 @@ StatusOr<std::unique_ptr<model::LoadedModel>> LoadInPlugin(const model::CacheEnt
                                 "' (it has: " + have + ")");
     }
     ASSIGN_OR_RETURN(c10::Device tensor_device, TensorDevice(options.device));
+    // A CPU build may use AMX tiles (inductor's C++ GEMM chooses them where
+    // the CPU has them, as for int8 products of several rows). Linux hands
+    // a process the tile state only once it asks (arch_prctl), which the
+    // compile worker's torch did and this process has not: the first tile
+    // instruction would end it with SIGILL. Once a process; false where
+    // there is no AMX.
+    if (tensor_device.is_cpu()) {
+      static const bool amx = at::cpu::init_amx();
+      (void)amx;
+    }
     // bin_dir: where the model finds the kernel files its build keeps
     // beside model.so (a CUDA model's .cubin files).
     auto runner =

@@ -16,10 +16,12 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/FakeGuardImpl.h>
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner_cpu.h>
 #include <torch/csrc/inductor/aoti_torch/tensor_converter.h>
 #include <torch/library.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -339,6 +341,40 @@ TEST(FakeDevice, OnTheCpuTheModelReadsTheRequestsOwnMemory) {
   for (size_t k = 0; k < values.size(); ++k)
     EXPECT_NEAR(values[k], eager[k], 1e-5 + 1e-5 * std::fabs(eager[k]));
 }
+
+#if defined(__linux__) && defined(__x86_64__)
+// A CPU model may use AMX tiles where the CPU has them: loading it asks
+// Linux for the tile state, without which the first tile instruction is
+// SIGILL (an int8 model of several sequence slots died so in its runner).
+// Each test runs in a process of its own (gtest_discover_tests), so nothing
+// else here has asked before the load.
+TEST(CpuModel, LoadingOneLetsThisProcessUseAmxTiles) {
+  std::string cpuinfo = fs::ReadFile("/proc/cpuinfo").value_or("");
+  if (cpuinfo.find(" amx_tile") == std::string::npos) GTEST_SKIP() << "this CPU has no AMX tiles";
+  constexpr int kGetPermitted = 0x1022;  // ARCH_GET_XCOMP_PERM
+  constexpr int kTileData = 18;          // XFEATURE_XTILEDATA
+  auto permitted = [] {
+    uint64_t features = 0;
+    return ::syscall(SYS_arch_prctl, kGetPermitted, &features) == 0 && (features >> kTileData & 1) != 0;
+  };
+  ASSERT_FALSE(permitted()) << "something asked before the load: this test would prove nothing";
+  TempDir dir;
+  compile::PackageBuildRequest req;
+  req.artifact_path = TestData("mlp_so.pt2");
+  req.kind = package::PackageKind::kAotiCompiled;
+  req.device = "cpu";
+  req.out_dir = dir.path();
+  std::ostringstream log;
+  auto built = compile::BuildFromAotiPackage(req, platform::ProbeHardware(), log);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  model::CacheEntry entry{dir.path(), dir / "model.so", built->spec, "", ""};
+  LoadOptions opts;
+  opts.device = "cpu";
+  auto model = LoadCompiledModel(entry, opts);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_TRUE(permitted());
+}
+#endif
 
 // A compiled package is built as the build child builds it: checked, its
 // model.so and kernel file copied out, loaded, and run on zeros under its
