@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import torch
@@ -68,9 +69,14 @@ class Served:
                     try:
                         urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/{name}/ready", timeout=5)
                         break
+                    except urllib.error.HTTPError as e:
+                        # A load that failed stays failed: said now, not at the deadline.
+                        body = e.read().decode(errors="replace")
+                        assert '"failed"' not in body, f"{name} failed to load: {body}\n" + self.log()
                     except Exception:
-                        assert time.monotonic() < deadline, f"{name} did not get ready:\n" + self.log()
-                        time.sleep(1)
+                        pass
+                    assert time.monotonic() < deadline, f"{name} did not get ready:\n" + self.log()
+                    time.sleep(1)
         except BaseException:
             self.__exit__()
             raise
