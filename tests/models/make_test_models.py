@@ -12,6 +12,7 @@ against. Run once per test run (a ctest fixture); writes into --out:
     broken_program.pt2  mlp.pt2 with its program replaced by garbage: passes
                         the package check, fails its build
     empty.pt2         a zip archive with no model inside
+    .made             what was made from what (see up_to_date)
 
 The model zoo (exported programs, each with eager outputs in cases.json):
     conv.pt2      conv net, FP32 'image' [-1, 3, 16, 16] -> 'logits' [-1, 10]
@@ -35,8 +36,12 @@ The AOTInductor kinds, all of mlp (cases "mlp"):
 """
 
 import argparse
+import glob
+import hashlib
 import json
 import os
+import platform
+import sys
 import zipfile
 
 import torch
@@ -264,11 +269,62 @@ def write_tiny_llm(out, cases):
                          max_sequences=4)
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+MADE = ".made"
+
+
+def inputs_key():
+    """A digest of everything the models are made from: this script, the
+    exporter and worker sources, the tokenizer files it reads, the torch and
+    Python it runs on, and this machine's CPU (some packages are compiled
+    for its vector ISA)."""
+    h = hashlib.sha256()
+    files = [os.path.abspath(__file__)] + sorted(glob.glob(os.path.join(ROOT, "python", "**", "*.py"), recursive=True))
+    files += [os.path.join(ROOT, "tests", "text", n) for n in ("smollm2_tokenizer.json", "tokenizer_cases.json")]
+    for f in files:
+        h.update(os.path.relpath(f, ROOT).encode() + b"\0")
+        with open(f, "rb") as fh:
+            h.update(hashlib.sha256(fh.read()).digest())
+    cpu = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line for line in fh if line.startswith("flags")), "")
+    h.update(f"{torch.__version__}|{sys.version}|{platform.machine()}|{cpu}".encode())
+    return h.hexdigest()
+
+
+def outputs_of(out):
+    """Each file in `out` (but the record), with its size and mtime."""
+    return {n: [st.st_size, st.st_mtime_ns] for n in sorted(os.listdir(out)) if n != MADE
+            for st in [os.stat(os.path.join(out, n))]}
+
+
+def up_to_date(out, key):
+    """Whether `out` holds what this script made from the same inputs, not
+    changed since: the record written last, after every model, names the
+    inputs' digest and each file's size and mtime. The three builds CI runs
+    the tests in (plain, ASan, TSan) share one folder, made once."""
+    try:
+        with open(os.path.join(out, MADE)) as f:
+            made = json.load(f)
+        return made.get("key") == key and made.get("files") == outputs_of(out)
+    except (OSError, ValueError):
+        return False
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--force", action="store_true", help="make them even when they are up to date")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    key = inputs_key()
+    if not args.force and up_to_date(args.out, key):
+        print(f"test models in {args.out} are up to date (their inputs have not changed)")
+        return
+    if os.path.exists(os.path.join(args.out, MADE)):
+        os.remove(os.path.join(args.out, MADE))  # a run that fails leaves no record
     torch.manual_seed(1234)
     cases = {}
 
@@ -347,6 +403,8 @@ def main():
             if item.filename.endswith("/models/model.json"):
                 data = b'{"this is": "not an exported program"}'
             dst.writestr(item, data)
+    with open(os.path.join(args.out, MADE), "w") as f:
+        json.dump({"key": key, "files": outputs_of(args.out)}, f)
     print(f"test models written to {args.out}")
 
 
