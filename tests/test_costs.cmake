@@ -8,17 +8,17 @@
 # after every test exists; a test this configuration leaves out (Linux only,
 # fuzz, ...) is skipped. A new test that takes over ~20 s: add its line.
 set(_aotid_test_costs
-  llm.SmolLM2GreedyEqualsEager 640
-  exporter.HfZooServedEqualToEager 363
-  e2e.Packages 352
-  install.WheelRunsFromAFreshVenvWithoutTheCheckout 342
-  e2e.DaemonOverHttp 246
-  e2e.Slots 240
-  sync.PushSyncServeResumeAndRefuse 145
+  llm.SmolLM2GreedyEqualsEager 730
+  exporter.HfZooServedEqualToEager 510
+  e2e.Packages 504
+  install.WheelRunsFromAFreshVenvWithoutTheCheckout 95
+  e2e.DaemonOverHttp 366
+  e2e.Slots 250
+  sync.PushSyncServeResumeAndRefuse 191
   llm.MiniLmServedEqualsSentenceTransformers 140
   exporter.EmbeddingPackageEqualsSentenceTransformers 127
   llm.Int8WeightsGenerateEagerGreedyChoices 136
-  fuzz.Build 126
+  fuzz.Build 247
   e2e.Generate 124
   llm.OpenAiClientChatAndCompletions 95
   fuzz.HttpMutationLiveDaemon 72
@@ -28,7 +28,7 @@ set(_aotid_test_costs
   exporter.LlmSlotsCompiledEqualsEager 40
   fuzz.DecodeInferRequest 61
   install.ExporterInstallsAloneAndExports 57
-  fixture.ExportTestModels 51
+  fixture.ExportTestModels 117
   fuzz.Text 47
   fuzz.HttpRequest 46
   fuzz.Json 31
