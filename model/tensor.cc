@@ -154,10 +154,14 @@ StatusOr<ModelSpec> ModelSpec::FromJson(std::string_view json) {
   auto j = ParseJsonOrDiscarded(json);
   if (j.is_discarded() || !j.is_object()) return Corruption("model spec is not a JSON object");
   ModelSpec spec;
-  for (const char* key : {"inputs", "outputs"}) {
+  for (const char* key : {"inputs", "outputs", "state_inputs"}) {
     auto it = j.find(key);
+    bool optional = std::string_view(key) == "state_inputs";
+    if (optional && it == j.end()) continue;
     if (it == j.end() || !it->is_array()) return Corruption(std::string("model spec lacks '") + key + "'");
-    auto& list = std::string_view(key) == "inputs" ? spec.inputs : spec.outputs;
+    auto& list = std::string_view(key) == "inputs"    ? spec.inputs
+                 : std::string_view(key) == "outputs" ? spec.outputs
+                                                      : spec.state_inputs;
     for (const auto& t : *it) {
       TensorSpec ts;
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("datatype") ||
@@ -173,6 +177,8 @@ StatusOr<ModelSpec> ModelSpec::FromJson(std::string_view json) {
         ts.shape.push_back(d.get<int64_t>());
       }
       RETURN_IF_ERROR(ParseContract(t, &ts));
+      if (optional && NumElements(ts.shape) < 0)
+        return Corruption("model spec has a state input of no fixed shape");
       list.push_back(std::move(ts));
     }
   }
@@ -181,8 +187,11 @@ StatusOr<ModelSpec> ModelSpec::FromJson(std::string_view json) {
 
 std::string ModelSpec::ToJson() const {
   nlohmann::json j;
-  for (const char* key : {"inputs", "outputs"}) {
-    const auto& list = std::string_view(key) == "inputs" ? inputs : outputs;
+  for (const char* key : {"inputs", "outputs", "state_inputs"}) {
+    const auto& list = std::string_view(key) == "inputs"    ? inputs
+                       : std::string_view(key) == "outputs" ? outputs
+                                                            : state_inputs;
+    if (&list == &state_inputs && list.empty()) continue;
     auto arr = nlohmann::json::array();
     for (const auto& t : list) {
       nlohmann::json e = {{"name", t.name}, {"datatype", DTypeName(t.dtype)}, {"shape", t.shape}};

@@ -87,8 +87,13 @@ struct HostTensor {
 // A compiled model's interface, written by the compile worker next to the
 // build (spec.json) and read back when the build is loaded.
 struct ModelSpec {
-  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> inputs;  // what a client sends
   std::vector<TensorSpec> outputs;
+  // Inputs no client sends: the loaded model makes them, zeros of a fixed
+  // shape, when it loads, and passes the same tensors after `inputs` to
+  // every run, which writes them in place (a language model's key/value
+  // cache). spec.json's optional "state_inputs".
+  std::vector<TensorSpec> state_inputs;
 
   static StatusOr<ModelSpec> FromJson(std::string_view json);
   std::string ToJson() const;

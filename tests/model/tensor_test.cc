@@ -82,6 +82,27 @@ TEST(ModelSpec, OldSpecWithoutRangesLoads) {
   EXPECT_EQ(spec->ToJson().find("dims"), std::string::npos);
 }
 
+// State inputs (a language model's cache) are kept apart from the client's
+// inputs; a spec without them writes none, and one of no fixed shape is
+// refused (the loader could not make it).
+TEST(ModelSpec, StateInputsRoundTripApartFromInputs) {
+  ModelSpec spec;
+  spec.inputs.push_back({"tokens", DType::kInt64, {1, -1}});
+  spec.outputs.push_back({"logits", DType::kFloat32, {1, 8}});
+  EXPECT_EQ(spec.ToJson().find("state_inputs"), std::string::npos);
+  spec.state_inputs.push_back({"k_cache_0", DType::kBFloat16, {4, 2, 96, 16}});
+  auto back = ModelSpec::FromJson(spec.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->inputs.size(), 1u);
+  ASSERT_EQ(back->state_inputs.size(), 1u);
+  EXPECT_EQ(back->state_inputs[0].name, "k_cache_0");
+  EXPECT_EQ(back->state_inputs[0].dtype, DType::kBFloat16);
+  EXPECT_EQ(back->state_inputs[0].shape, (std::vector<int64_t>{4, 2, 96, 16}));
+  auto dynamic = ModelSpec::FromJson(R"({"inputs":[],"outputs":[],
+      "state_inputs":[{"name":"k","datatype":"FP32","shape":[-1,4]}]})");
+  EXPECT_EQ(dynamic.status().code(), StatusCode::kCorruption);
+}
+
 TEST(ModelSpec, RangesParseAndRoundTrip) {
   auto spec = ModelSpec::FromJson(R"({"inputs":[
       {"name":"ids","datatype":"INT64","shape":[-1,-1,3],
