@@ -9,6 +9,7 @@
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -94,15 +95,33 @@ StatusOr<c10::Device> TensorDevice(const std::string& key) {
   }
 }
 
+// A state input (ModelSpec::state_inputs): zeros of its shape on the
+// model's device. On the CPU, anonymous memory, which the kernel hands out
+// as zeros a page at a time when first touched: only the pages runs write
+// (a cache's slots and positions that sequences reach) become resident.
+StatusOr<at::Tensor> StateTensor(const model::TensorSpec& t, c10::Device device) {
+  at::TensorOptions options = at::TensorOptions().dtype(ToScalarType(t.dtype)).device(device);
+  int64_t n = model::NumElements(t.shape);
+  if (n < 0) return InvalidArgument("state input '" + t.name + "' has no fixed shape");
+  size_t bytes = static_cast<size_t>(n) * model::DTypeSize(t.dtype);
+  if (!device.is_cpu() || bytes == 0) return at::zeros(t.shape, options);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return ErrnoError("allocating state input '" + t.name + "' (" + std::to_string(bytes) + " bytes)", errno);
+  return at::from_blob(
+      p, t.shape, [bytes](void* q) { ::munmap(q, bytes); }, options);
+}
+
 class AotiModel final : public model::LoadedModel {
  public:
   AotiModel(std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner, model::ModelSpec spec,
-            std::string device, c10::Device tensor_device, int threads)
+            std::string device, c10::Device tensor_device, int threads, std::vector<at::Tensor> state)
       : runner_(std::move(runner)),
         spec_(std::move(spec)),
         device_(std::move(device)),
         tensor_device_(tensor_device),
-        threads_(threads) {}
+        threads_(threads),
+        state_(std::move(state)) {}
 
   const model::ModelSpec& spec() const override { return spec_; }
   const std::string& device() const override { return device_; }
@@ -116,7 +135,7 @@ class AotiModel final : public model::LoadedModel {
                                                  const model::RunContext&) override {
     try {
       std::vector<at::Tensor> args;
-      args.reserve(inputs.size());
+      args.reserve(inputs.size() + state_.size());
       for (const model::HostTensor& t : inputs) {
         // The runner does not write its inputs; from_blob avoids a copy on
         // the CPU. A device model was compiled for inputs on its device
@@ -125,6 +144,9 @@ class AotiModel final : public model::LoadedModel {
         at::Tensor host = at::from_blob(data, t.shape, at::TensorOptions().dtype(ToScalarType(t.dtype)));
         args.push_back(tensor_device_.is_cpu() ? std::move(host) : host.to(tensor_device_));
       }
+      // The state inputs last, the same tensors every run: the model
+      // writes them in place, and the next run reads what it wrote.
+      args.insert(args.end(), state_.begin(), state_.end());
       // Kernels are built with dynamic threads: the count is this thread's
       // OpenMP setting, chosen per model (LoadOptions::threads).
       if (int n = threads_.load(std::memory_order_relaxed); n > 0 && OmpSetNumThreads() != nullptr) {
@@ -168,6 +190,7 @@ class AotiModel final : public model::LoadedModel {
   std::string device_;         // the runner's key: cpu, cuda, mps
   c10::Device tensor_device_;  // where the model takes its inputs and leaves its outputs
   std::atomic<int> threads_;
+  std::vector<at::Tensor> state_;  // spec_.state_inputs', made at load, kept between runs
 };
 
 }  // namespace
@@ -242,8 +265,13 @@ StatusOr<std::unique_ptr<model::LoadedModel>> LoadInPlugin(const model::CacheEnt
         it->second(entry.so_path, static_cast<size_t>(std::max(1, options.num_runners)), options.device,
                    /*bin_dir=*/entry.dir, /*run_single_threaded=*/false);
     (void)ReleaseLibraryPages(entry.so_path);
-    return std::unique_ptr<model::LoadedModel>(
-        new AotiModel(std::move(runner), entry.spec, options.device, tensor_device, options.threads));
+    std::vector<at::Tensor> state;
+    for (const model::TensorSpec& t : entry.spec.state_inputs) {
+      ASSIGN_OR_RETURN(at::Tensor made, StateTensor(t, tensor_device));
+      state.push_back(std::move(made));
+    }
+    return std::unique_ptr<model::LoadedModel>(new AotiModel(
+        std::move(runner), entry.spec, options.device, tensor_device, options.threads, std::move(state)));
   } catch (const c10::Error& e) {
     return Internal("loading " + entry.so_path + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
