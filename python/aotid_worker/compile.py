@@ -9,7 +9,10 @@ output into the build log. It writes into --out (a fresh staging directory):
                   name from the folder the daemon's runner names (the build's own)
     spec.json     {"inputs": [...], "outputs": [...]}: name, datatype, shape (-1 = dynamic);
                   inputs may add "dims" (per dim, null or the dynamic dim's symbol and
-                  min/max) and "values" (min/max of an integer input that indexes a table)
+                  min/max) and "values" (min/max of an integer input that indexes a table);
+                  and "state_inputs" when the program has some (aotid.json "state_inputs"):
+                  the inputs after the client's, which the daemon makes, zeros, at load
+                  and passes to every call (a language model's key/value cache)
     package.json  the package's metadata: AOTInductor's and the author's own
 
 Progress goes to stderr as "[aotid-worker] step N/4: ..." lines, which the
@@ -213,9 +216,43 @@ def input_contract(ep, node, declared=None) -> dict:
     return extra
 
 
+# The package formats (aotid.json "format") this worker reads: 2 adds state
+# inputs. A package of a later one was written by a newer aotid_export.
+FORMATS = (1, 2)
+
+
+def state_specs(ep, extra: dict) -> list:
+    """The program's state inputs (aotid.json "state_inputs"): its last user
+    inputs, each of the fixed dtype and shape listed."""
+    state = extra.get("state_inputs") or []
+    if not isinstance(state, list) or not all(isinstance(s, dict) for s in state):
+        raise BuildError("aotid.json \"state_inputs\" is not a list of objects")
+    user_inputs = list(ep.graph_signature.user_inputs)
+    if len(state) > len(user_inputs):
+        raise BuildError(f"aotid.json lists {len(state)} state inputs, the program takes {len(user_inputs)} inputs")
+    nodes = {n.name: n for n in ep.graph.nodes}
+    out = []
+    for said, graph_name in zip(state, user_inputs[len(user_inputs) - len(state):]):
+        node = nodes.get(graph_name)
+        spec = tensor_spec(str(said.get("name")), node.meta.get("val") if node is not None else None)
+        want = {"name": said.get("name"), "datatype": _DTYPES.get(said.get("dtype")), "shape": said.get("shape")}
+        if spec != want or -1 in spec["shape"]:
+            raise BuildError(f"aotid.json lists state input {json.dumps(said)[:200]}; the program's input "
+                             f"'{graph_name}' there is {spec['datatype']} {spec['shape']} (a state input's "
+                             "shape is fixed)")
+        out.append(spec)
+    return out
+
+
 def model_spec(ep, extra: dict) -> dict:
     nodes = {n.name: n for n in ep.graph.nodes}
+    fmt = extra.get("format", 1)
+    if fmt not in FORMATS:
+        raise BuildError(f"the package's aotid.json is format {json.dumps(fmt)[:40]}, which this aotid does not "
+                         f"read (it reads {', '.join(map(str, FORMATS))}): it was written by a newer aotid_export")
+    state = state_specs(ep, extra)
     user_inputs = list(ep.graph_signature.user_inputs)
+    user_inputs = user_inputs[:len(user_inputs) - len(state)]  # the client's: the state inputs come last
     in_names = extra.get("input_names") or user_inputs
     if len(in_names) != len(user_inputs):
         raise BuildError(f"aotid.json names {len(in_names)} inputs, the program takes {len(user_inputs)}")
@@ -242,7 +279,24 @@ def model_spec(ep, extra: dict) -> dict:
     for shown, arg in zip(out_names, out_vals):
         val = arg.meta.get("val") if hasattr(arg, "meta") else arg
         outputs.append(tensor_spec(shown, val))
-    return {"inputs": inputs, "outputs": outputs}
+    return {"inputs": inputs, "outputs": outputs, **({"state_inputs": state} if state else {})}
+
+
+def with_state_examples(ep, state: list):
+    """The program with zeros for its state inputs' examples, which AOTInductor
+    compiles with: the package may store them as one element expanded to
+    the shape (no strides of a real tensor), or not at all."""
+    import torch
+
+    if ep.example_inputs is None:
+        raise BuildError("the program has no example inputs, which AOTInductor compiles with")
+    args, kwargs = ep.example_inputs
+    if len(args) < len(state):
+        raise BuildError(f"the program's example has {len(args)} inputs, fewer than its {len(state)} state inputs")
+    dtypes = {v: k for k, v in _DTYPES.items()}
+    zeros = tuple(torch.zeros(s["shape"], dtype=getattr(torch, dtypes[s["datatype"]])) for s in state)
+    ep.example_inputs = (tuple(args[:len(args) - len(state)]) + zeros, kwargs)
+    return ep
 
 
 def write_json(path: str, obj) -> None:
@@ -512,6 +566,8 @@ def build(args: argparse.Namespace) -> None:
     log(f"exported program loaded: {len(spec['inputs'])} inputs, {len(spec['outputs'])} outputs")
     configs = inductor_configs(args.inductor_options, names.get("inductor_options"))
 
+    if spec.get("state_inputs"):
+        ep = with_state_examples(ep, spec["state_inputs"])
     if args.device != "cpu":
         ep = move_to_device(ep, args.device)
 
