@@ -2,11 +2,17 @@
 
 aotid runs the token loop itself, in C++ next to the model: it tokenizes the
 prompt, calls the model once for the prompt (prefill) and once per new token
-(decode), samples, and stops. The model it needs is *stateful*: its key/value
-cache lives inside it as buffers, updated in place, so a step passes only the
-new tokens and their positions:
+(decode), samples, and stops. The model it needs is *stateful*: it keeps a
+key/value cache, updated in place, so a step passes only the new tokens and
+their positions:
 
     logits = model(tokens[1, T] int64, input_pos[T] int64)   # -> [1, vocab] float32
+
+The eager ``Llama`` keeps its cache as buffers. Its exported program takes
+each layer's keys and values as *state inputs* after those (``k_cache_0,
+v_cache_0, k_cache_1, ...``), which it writes in place: aotid makes them,
+zeros, when it loads the model and passes the same tensors to every call, so
+the package holds no cache (docs/GENERATE.md, "What travels in the package").
 
 ``logits`` are those of the last of the T positions. The positions come in
 order, and attention reads the cache up to the last of them only: what lies
@@ -31,6 +37,7 @@ the exported-program package aotid builds and serves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -42,7 +49,7 @@ import torch.nn.functional as F
 from . import AOTID_EXTRA_FILE, _export_program, _package_options
 
 __all__ = ["LlamaConfig", "Llama", "export_causal_lm", "chat_pieces", "TOKENIZER_EXTRA_FILE", "GPT2_PATTERN",
-           "BUILD_OPTIONS", "Int8Linear", "Int8Embedding", "quantize_int8", "cache_size_line"]
+           "BUILD_OPTIONS", "Int8Linear", "Int8Embedding", "quantize_int8", "cache_size_line", "program_module"]
 
 TOKENIZER_EXTRA_FILE = "aotid_tokenizer.json"
 
@@ -111,18 +118,21 @@ class Attention(torch.nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
-    def forward(self, x, cos, sin, input_pos, mask, n, slots=None):
+    def forward(self, x, cos, sin, input_pos, mask, n, slots=None, cache=None):
+        """``cache``: this layer's (keys, values) to write and read, in place;
+        the module's own buffers without."""
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        k_cache, v_cache = (self.k_cache, self.v_cache) if cache is None else cache
         if slots is None:
-            self.k_cache.index_copy_(2, input_pos, k)
-            self.v_cache.index_copy_(2, input_pos, v)
-            keys, values = self.k_cache[:, :, :n], self.v_cache[:, :, :n]
+            k_cache.index_copy_(2, input_pos, k)
+            v_cache.index_copy_(2, input_pos, v)
+            keys, values = k_cache[:, :, :n], v_cache[:, :, :n]
         else:
-            keys, values = self._slotted(k, v, input_pos, n, slots)
+            keys, values = self._slotted(k_cache, v_cache, k, v, input_pos, n, slots)
         # Only the n positions in use are read, not the whole cache. Each
         # key/value head serves n_heads / n_kv_heads query heads, read as
         # it is (no copy of the cache repeated per query head every step).
@@ -130,19 +140,20 @@ class Attention(torch.nn.Module):
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
-    def _slotted(self, k, v, input_pos, n, slots):
+    @staticmethod
+    def _slotted(k_cache, v_cache, k, v, input_pos, n, slots):
         """Row b's keys and values written at its slot's positions, and the
         first n positions of each row's slot read back, [B, kv heads, n, D]."""
         # cache[slots[b], :, input_pos[b, t]] = k[b, :, t]: the two indices
         # broadcast to [B, T], so the value is laid out [B, T, heads, D].
         at = (slots.unsqueeze(1), slice(None), input_pos)
-        self.k_cache[at] = k.transpose(1, 2)
-        self.v_cache[at] = v.transpose(1, 2)
+        k_cache[at] = k.transpose(1, 2)
+        v_cache[at] = v.transpose(1, 2)
         # Each row's slot gathered into a batch for attention: a copy of
         # the bytes attention reads anyway, sliced first so that it holds
         # the n positions in use of the B slots in the call, not whole
         # slots. Positions past a row's own are masked.
-        return self.k_cache[:, :, :n].index_select(0, slots), self.v_cache[:, :, :n].index_select(0, slots)
+        return k_cache[:, :, :n].index_select(0, slots), v_cache[:, :, :n].index_select(0, slots)
 
 
 class FeedForward(torch.nn.Module):
@@ -164,8 +175,8 @@ class Block(torch.nn.Module):
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
         self.feed_forward = FeedForward(c)
 
-    def forward(self, x, cos, sin, input_pos, mask, n, slots=None):
-        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask, n, slots)
+    def forward(self, x, cos, sin, input_pos, mask, n, slots=None, cache=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, mask, n, slots, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -173,7 +184,12 @@ class Llama(torch.nn.Module):
     """``forward(tokens[1, T], input_pos[T]) -> logits[1, vocab]`` of the last
     position; with ``config.max_sequences`` N above 1, ``forward(tokens[B, T],
     input_pos[B, T], slots[B]) -> logits[B, vocab]``: row b is T tokens of the
-    sequence in cache slot ``slots[b]`` (B <= N, slots distinct)."""
+    sequence in cache slot ``slots[b]`` (B <= N, slots distinct).
+
+    ``caches``, when given, is the cache to use instead of the model's own
+    buffers: ``[k_cache_0, v_cache_0, k_cache_1, ...]``, each of the shape of
+    the layer's buffer (``[N, kv_heads, max_seq_len, head_dim]``), written in
+    place (the exported program's state inputs)."""
 
     def __init__(self, c: LlamaConfig):
         super().__init__()
@@ -192,7 +208,7 @@ class Llama(torch.nn.Module):
         self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.register_buffer("positions", torch.arange(c.max_seq_len), persistent=False)
 
-    def forward(self, tokens, input_pos, slots=None):
+    def forward(self, tokens, input_pos, slots=None, caches=None):
         if (slots is None) != (self.config.max_sequences == 1):
             raise TypeError("Llama: a model of one sequence takes (tokens, input_pos), no slots"
                             if slots is not None else f"Llama: a model of {self.config.max_sequences} "
@@ -213,8 +229,12 @@ class Llama(torch.nn.Module):
         mask = self.positions[:n] <= input_pos.unsqueeze(-1)
         if slots is not None:
             mask = mask.unsqueeze(1)
-        for layer in self.layers:
-            x = layer(x, cos, sin, input_pos, mask, n, slots)
+        if caches is not None and len(caches) != 2 * len(self.layers):
+            raise TypeError(f"Llama: caches holds {len(caches)} tensors, not keys and values of "
+                            f"{len(self.layers)} layers")
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else (caches[2 * i], caches[2 * i + 1])
+            x = layer(x, cos, sin, input_pos, mask, n, slots, cache)
         return self.output(self.norm(x[:, -1, :]))
 
     def reset(self) -> None:
@@ -445,6 +465,7 @@ def export_causal_lm(
     max_prefill: int | None = None,
     inductor_configs: Mapping[str, Any] | None = None,
     max_sequences: int | None = None,
+    _cache_as_buffers: bool = False,
 ) -> torch.export.ExportedProgram:
     """Exports a stateful causal LM with what aotid's ``generate`` needs.
 
@@ -461,6 +482,13 @@ def export_causal_lm(
     to it in place (``Llama.set_max_sequences``), and above 1 the program
     takes a batch of rows and their slots (docs/GENERATE.md, "Several
     sequences"). The cache's size is printed to stderr.
+
+    The program takes the cache as state inputs after the client's
+    (``k_cache_0, v_cache_0, ...``, listed in aotid.json "state_inputs"):
+    aotid makes them when it loads the model, so the package holds none.
+    ``_cache_as_buffers`` exports the cache inside the program instead,
+    zeros in the package, as packages were before state inputs (for the
+    tests that check aotid still serves those).
     """
     _check_tokenizer(tokenizer, model.config.vocab_size, eos_token_ids, bos_token_id)
     if max_prefill is not None and max_prefill < 1:
@@ -474,12 +502,34 @@ def export_causal_lm(
     if slotted:
         batch = torch.export.Dim("batch", min=1, max=c.max_sequences)
         example = (torch.zeros(2, 4, dtype=torch.int64), torch.arange(4).repeat(2, 1), torch.arange(2))
-        ep, names = _export_program(model, example, ["tokens", "input_pos", "slots"], ["logits"], False,
-                                    ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}), record_typical=False)
+        client, dims = ["tokens", "input_pos", "slots"], ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch})
     else:
         example = (torch.zeros(1, 4, dtype=torch.int64), torch.arange(4))
-        ep, names = _export_program(model, example, ["tokens", "input_pos"], ["logits"], False,
-                                    ({1: seq}, {0: seq}), record_typical=False)
+        client, dims = ["tokens", "input_pos"], ({1: seq}, {0: seq})
+    if _cache_as_buffers:
+        ep, names = _export_program(model, example, client, ["logits"], False, dims, record_typical=False)
+        state: list[dict[str, Any]] = []
+    else:
+        named = [(f"{kind}_cache_{i}", t) for i, layer in enumerate(model.layers)
+                 for kind, t in (("k", layer.attention.k_cache), ("v", layer.attention.v_cache))]
+        state = [{"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                 for name, t in named]
+        # Zeros of the cache's shape, not the model's own buffers: the trace
+        # writes into its example.
+        example += tuple(torch.zeros_like(t) for _, t in named)
+        with _cache_buffers_out(model):  # else exported as constants, unused but in the package
+            ep, names = _export_program(_CacheAsInputs(model, slotted), example,
+                                        client + [s["name"] for s in state], ["logits"], False,
+                                        dims + (None,) * len(state), record_typical=False)
+        names["input_names"] = client
+        # The program keeps its example, which the package stores: the
+        # state inputs' there are zeros of one element each, expanded to
+        # their shape (the compile worker compiles with whole zeros).
+        args, kwargs = ep.example_inputs
+        ep.example_inputs = (args[:len(client)] + tuple(torch.zeros((), dtype=t.dtype).expand(t.shape)
+                                                        for _, t in named), kwargs)
+        if "input_dims" in names:
+            names["input_dims"] = names["input_dims"][:len(client)]
     # Most calls are decode steps of one token, with every slot busy when
     # the model is: auto threads are timed there.
     for dims in names.get("input_dims") or []:
@@ -508,12 +558,66 @@ def export_causal_lm(
         bos = tokens[bos_token_id] if bos_token_id is not None else ""
         eos = tokens[eos_token_ids[0]] if eos_token_ids else ""
         generate["chat"] = chat_pieces(chat_template, bos, eos)
-    extra = {"format": 1, **names, "metadata": dict(metadata or {}), "generate": generate,
+    # Format 2: the program takes state inputs past the client's, which an
+    # aotid that predates them refuses at build (its input count differs).
+    extra = {"format": 2 if state else 1, **names, **({"state_inputs": state} if state else {}),
+             "metadata": dict(metadata or {}), "generate": generate,
              "inductor_options": _package_options(BUILD_OPTIONS if inductor_configs is None else inductor_configs)}
     torch.export.save(ep, path, extra_files={AOTID_EXTRA_FILE: json.dumps(extra),
                                              TOKENIZER_EXTRA_FILE: json.dumps(tokenizer)})
-    print(f"aotid_export: {cache_size_line(model)}", file=sys.stderr)
+    where = "made by aotid when it loads the model" if state else "zeros in the package"
+    print(f"aotid_export: {cache_size_line(model)}, {where}", file=sys.stderr)
     return ep
+
+
+class _CacheAsInputs(torch.nn.Module):
+    """``model`` with its cache given: ``forward(tokens, input_pos[, slots],
+    k_cache_0, v_cache_0, ...)``, one tensor per layer's keys and values (one
+    stacked tensor would have AOTInductor copy it whole every call)."""
+
+    def __init__(self, model: Llama, slotted: bool):
+        super().__init__()
+        self.model, self.slotted = model, slotted
+
+    def forward(self, tokens, input_pos, *rest):
+        slots, caches = (rest[0], rest[1:]) if self.slotted else (None, rest)
+        return self.model(tokens, input_pos, slots, caches=caches)
+
+
+@contextlib.contextmanager
+def _cache_buffers_out(model: Llama):
+    """The model without its cache buffers for a while, given back after."""
+    held = [(layer.attention, layer.attention.k_cache, layer.attention.v_cache) for layer in model.layers]
+    try:
+        for a, _, _ in held:
+            a.k_cache = a.v_cache = None
+        yield
+    finally:
+        for a, k, v in held:
+            a.k_cache, a.v_cache = k, v
+
+
+def program_module(path: str) -> torch.nn.Module:
+    """The exported program of the causal LM package at ``path`` as a
+    stateful module, the way aotid runs it: called with the client's inputs
+    alone, it holds the state inputs its aotid.json lists, zeros at first.
+    A package without state inputs gives its program's own ``module()``."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    contents = load_pt2(path)
+    text = contents.extra_files.get(AOTID_EXTRA_FILE) or "{}"
+    state = json.loads(text.decode() if isinstance(text, bytes) else text).get("state_inputs") or []
+    return _StatefulProgram(contents.exported_programs["model"].module(),
+                            [torch.zeros(s["shape"], dtype=getattr(torch, s["dtype"])) for s in state])
+
+
+class _StatefulProgram(torch.nn.Module):
+    def __init__(self, program: torch.nn.Module, state: list[torch.Tensor]):
+        super().__init__()
+        self.program, self.state = program, state
+
+    def forward(self, *inputs):
+        return self.program(*inputs, *self.state)
 
 
 def cache_size_line(model: Llama) -> str:

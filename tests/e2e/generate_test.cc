@@ -340,6 +340,36 @@ TEST_F(GenerateTest, ChatMessagesFollowTheModelsTemplate) {
 // can read and refuses others before it runs (its build records the range
 // of each: an id past the vocabulary would index the embedding out of
 // bounds, a negative position fail inside the model).
+// The key/value cache is the program's state inputs: the build's spec lists
+// them apart, the daemon makes them when it loads the model and keeps them
+// between calls (the greedy tokens above: every decode step reads what the
+// calls before it wrote), and clients neither see nor send them.
+TEST_F(GenerateTest, TheCacheIsStateTheDaemonHoldsNotAnInput) {
+  int found = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(store_ + "/cache")) {
+    if (entry.path().filename() != "spec.json") continue;
+    json spec = json::parse(fs::ReadFile(entry.path().string()).value());
+    if (!spec.contains("state_inputs")) continue;
+    ++found;
+    std::vector<std::string> names;
+    for (const auto& t : spec["state_inputs"]) names.push_back(t["name"]);
+    EXPECT_EQ(names, (std::vector<std::string>{"k_cache_0", "v_cache_0", "k_cache_1", "v_cache_1"}));
+    EXPECT_EQ(spec["inputs"].size(), 2u) << spec.dump();
+  }
+  EXPECT_EQ(found, 1);
+  Reply meta = Get(port(), "/v2/models/tiny_llm");
+  ASSERT_EQ(meta.status, 200) << meta.body.dump();
+  std::vector<std::string> inputs;
+  for (const auto& t : meta.body["inputs"]) inputs.push_back(t["name"]);
+  EXPECT_EQ(inputs, (std::vector<std::string>{"tokens", "input_pos"})) << meta.body.dump();
+  json body = {{"inputs",
+                {{{"name", "tokens"}, {"datatype", "INT64"}, {"shape", {1, 1}}, {"data", {5}}},
+                 {{"name", "input_pos"}, {"datatype", "INT64"}, {"shape", {1}}, {"data", {0}}},
+                 {{"name", "k_cache_0"}, {"datatype", "FP32"}, {"shape", {1}}, {"data", {0.0}}}}}};
+  Reply r = Post(port(), "/v2/models/tiny_llm/infer", body.dump());
+  EXPECT_EQ(r.status, 400) << r.body.dump();
+}
+
 TEST_F(GenerateTest, InferRefusesIdsAndPositionsOutsideTheModel) {
   auto infer = [&](int64_t id, int64_t pos) {
     json body = {{"inputs",

@@ -43,7 +43,7 @@ import hf_zoo  # noqa: E402
 from harness import Served  # noqa: E402
 
 import aotid_export  # noqa: E402
-from aotid_export import hf  # noqa: E402
+from aotid_export import hf, llm  # noqa: E402
 from aotid_export.outputs import named_outputs  # noqa: E402
 
 AOTID = sys.argv[1]
@@ -252,7 +252,7 @@ def slots_equal_eager(work, model):
     with zipfile.ZipFile(path) as z:
         extra = json.loads(z.read(next(n for n in z.namelist() if n.endswith("extra/aotid.json"))))
     assert extra["generate"]["max_sequences"] == 3 and extra["generate"]["slots_input"] == "slots", extra
-    program = torch.export.load(path).module()
+    program = llm.program_module(path)
     prompts, slots = [ids(hf_zoo.BPE_VOCAB, 1, 9)[0].tolist(), ids(hf_zoo.BPE_VOCAB, 1, 4)[0].tolist()], [2, 0]
     seqs, worst = [list(p) for p in prompts], 0.0
     with torch.no_grad():

@@ -20,8 +20,8 @@ from aotid_export import llm
 class WholeCacheAttention(llm.Attention):
     """The reference: every cache position, masked past the query's own."""
 
-    def forward(self, x, cos, sin, input_pos, mask, n, slots=None):
-        assert slots is None, "the reference holds one sequence"
+    def forward(self, x, cos, sin, input_pos, mask, n, slots=None, cache=None):
+        assert slots is None and cache is None, "the reference holds one sequence, in its buffers"
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)

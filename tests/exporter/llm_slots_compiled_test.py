@@ -21,13 +21,17 @@ from aotid_export import llm
 
 
 class Compiled:
-    """The build's model.so called as the daemon calls it."""
+    """The build's model.so called as the daemon calls it: the state inputs
+    its spec lists made once, zeros, and passed after the client's inputs
+    to every call, which writes them in place."""
 
-    def __init__(self, so):
+    def __init__(self, so, state):
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(so, 1)
+        assert all(s["datatype"] == "FP32" for s in state), state
+        self.state = [torch.zeros(s["shape"]) for s in state]
 
     def __call__(self, tokens, input_pos, slots):
-        return self.runner.run([tokens, input_pos, slots])[0]
+        return self.runner.run([tokens, input_pos, slots, *self.state])[0]
 
 
 def main():
@@ -49,7 +53,9 @@ def main():
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         with open(os.path.join(out, "spec.json")) as f:
-            inputs = {i["name"]: i for i in json.load(f)["inputs"]}
+            spec = json.load(f)
+        inputs = {i["name"]: i for i in spec["inputs"]}
+        assert list(inputs) == ["tokens", "input_pos", "slots"], list(inputs)
         with open(os.path.join(out, "generate.json")) as f:
             assert json.load(f)["slots_input"] == "slots"
         c = slots_test.CONFIG
@@ -57,7 +63,10 @@ def main():
         assert inputs["input_pos"]["values"] == {"min": 0, "max": c.max_seq_len - 1}, inputs["input_pos"]
         dims = [(d["symbol"], d["min"], d["max"]) for d in inputs["tokens"]["dims"]]
         assert dims == [("batch", 1, slots_test.SLOTS), ("seq", 1, c.max_seq_len)], dims
-        got_tokens, got_rows, _ = slots_test.slotted(Compiled(os.path.join(out, "model.so")), ps)
+        compiled = Compiled(os.path.join(out, "model.so"), spec["state_inputs"])
+        got_tokens, got_rows, _ = slots_test.slotted(compiled, ps)
+        # The calls wrote the caller's tensors: no copy of the cache.
+        assert all(bool(t.any()) for t in compiled.state), "a state input was not written in place"
     assert got_tokens == tokens, f"compiled {got_tokens}, eager {tokens}"
     gap = slots_test.worst(got_rows, rows)
     assert gap < 1e-4, f"the compiled logits are {gap} off eager's"

@@ -8,7 +8,9 @@ float32: the same tokens, logits within float rounding; int8: every token
 is the greedy choice of the model alone within two bfloat16 steps, as the
 int8 tests allow (tests/llm/int8_test.py). The program export_causal_lm
 writes, run eagerly, equals the eager module, and its package says the
-slots and what each costs.
+slots and what each costs. The cache is not in the package: the program
+takes it as state inputs, which the package lists apart from the client's
+inputs and the compile worker's spec keeps apart too.
 
     llm_slots_test.py
 """
@@ -23,7 +25,7 @@ import zipfile
 import torch
 
 from aotid_export import llm
-from aotid_worker.compile import BuildError, generate_section, load_program
+from aotid_worker.compile import BuildError, generate_section, load_program, model_spec
 
 CONFIG = llm.LlamaConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128,
                          max_seq_len=64)
@@ -160,6 +162,40 @@ def check_package(path, said, model):
         [[("batch", SLOTS), ("seq", 1)], [("batch", SLOTS), ("seq", 1)], [("batch", SLOTS)]], extra["input_dims"]
     line = f"{per_slot / 1e3:.1f} kB per sequence"
     assert line in said and f"{SLOTS} sequences: {per_slot * SLOTS / 1e3:.1f} kB" in said, said
+    assert "made by aotid when it loads the model" in said, said
+    # The cache: a state input per layer's keys and values, listed apart,
+    # and no tensor of its shape in the package.
+    shape = [SLOTS, c.n_kv_heads, c.max_seq_len, c.head_dim]
+    assert extra["format"] == 2, extra["format"]
+    assert extra["state_inputs"] == [{"name": f"{kind}_cache_{i}", "dtype": "float32", "shape": shape}
+                                     for i in range(c.n_layers) for kind in "kv"], extra["state_inputs"]
+    ep = torch.export.load(path)
+    held = {k: list(t.shape) for k, t in {**ep.state_dict, **ep.constants}.items()}
+    assert shape not in held.values(), held
+    # Nor as the example the package keeps (one element each): its tensors
+    # are smaller by the whole cache than those of a package that holds it.
+    assert all(t.untyped_storage().nbytes() == 4 for t in ep.example_inputs[0][3:]), ep.example_inputs
+    with tempfile.TemporaryDirectory() as tmp:
+        inside = os.path.join(tmp, "inside.pt2")
+        export(copy.deepcopy(model), inside, max_sequences=SLOTS, _cache_as_buffers=True)
+        data = [sum(i.file_size for i in zipfile.ZipFile(p).infolist() if "/data/" in i.filename)
+                for p in (inside, path)]
+        assert data[0] - data[1] >= per_slot * SLOTS, (data, per_slot * SLOTS)
+    assert list(ep.graph_signature.user_inputs) == extra["input_names"] + [s["name"] for s in extra["state_inputs"]]
+    spec = model_spec(*load_program(path, "model")[:2])
+    assert [i["name"] for i in spec["inputs"]] == extra["input_names"], spec["inputs"]
+    assert spec["state_inputs"] == [{"name": s["name"], "datatype": "FP32", "shape": shape}
+                                    for s in extra["state_inputs"]], spec["state_inputs"]
+    # A list that is not the program's, or a later format, is refused.
+    for change, why in (({"state_inputs": extra["state_inputs"][:-1]}, "names 3 inputs, the program takes 4"),
+                        ({"state_inputs": [{**s, "shape": [1, *shape[1:]]} for s in extra["state_inputs"]]},
+                         "a state input's shape is fixed"),
+                        ({"format": 3}, "written by a newer aotid_export")):
+        try:
+            model_spec(ep, {**extra, **change})
+            raise AssertionError(f"the worker took {change}")
+        except BuildError as e:
+            assert why in str(e), (why, e)
     # The compile worker reads the section, slots included, and refuses a
     # section whose slots are not an input of the program.
     _, names, _, built = load_program(path, "model")
@@ -208,7 +244,7 @@ def main():
             ep, said = export(model, path, max_sequences=SLOTS)
             if name == "f32":
                 check_package(path, said, model)
-            got_tokens, got_rows, _ = slotted(ep.module(), ps)
+            got_tokens, got_rows, _ = slotted(llm.program_module(path), ps)
             assert got_tokens == want_tokens, f"{name}: the exported program's tokens differ from eager's"
             gap = worst(got_rows, want_rows)
             assert gap < 1e-5, f"{name}: the exported program's logits are {gap} off eager's"
@@ -216,7 +252,8 @@ def main():
         path = os.path.join(tmp, "one.pt2")
         ep, said = export(copy.deepcopy(one), path)
         extra = package_json(path)
-        assert list(ep.graph_signature.user_inputs) == ["tokens", "input_pos"], ep.graph_signature.user_inputs
+        assert extra["input_names"] == ["tokens", "input_pos"], extra["input_names"]
+        assert list(ep.graph_signature.user_inputs)[:2] == ["tokens", "input_pos"], ep.graph_signature.user_inputs
         assert extra["generate"]["max_sequences"] == 1 and "slots_input" not in extra["generate"], extra
         assert "1 sequence: " in said, said
     print(f"ok: {len(SEQUENCES)} sequences in {SLOTS} slots give each its tokens alone (float32 exactly, int8 "

@@ -25,6 +25,7 @@ import urllib.request
 import openai
 import torch
 
+from aotid_export import llm
 from harness import Served, greedy_gaps, post
 
 MODEL = "tiny_llm"
@@ -223,7 +224,7 @@ def main(aotid, testdata):
     with open(os.path.join(testdata, "cases.json")) as f:
         cases = json.load(f)[MODEL]
     pt2 = os.path.join(testdata, f"{MODEL}.pt2")
-    eager = torch.export.load(pt2).module()
+    eager = llm.program_module(pt2)  # its cache as aotid holds it
     with tempfile.TemporaryDirectory() as tmp, Served(aotid, {MODEL: pt2}, tmp) as port:
         base = f"http://127.0.0.1:{port}/v1"
         # A key the daemon does not ask for: the client insists on one.

@@ -223,7 +223,7 @@ CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role']
 
 def write_tiny_llm(out, cases):
     """tiny_llm.pt2: a random-weight Llama of SmolLM2's architecture (its
-    tokenizer, grouped-query attention, rotary embeddings, a cache inside),
+    tokenizer, grouped-query attention, rotary embeddings, a cache as state inputs),
     small enough to build in seconds, with the eager greedy tokens for a few
     prompts. Its end-of-text token is chosen as one the first prompt's greedy
     answer reaches at its 6th token, so that ending on it is tested too."""
@@ -261,9 +261,12 @@ def write_tiny_llm(out, cases):
 
     # The same model with int8 weights (aotid_export.llm.quantize_int8); the
     # test compares what its build generates with its own exported program.
+    # Its cache is inside the program, zeros in the package, as packages
+    # were before state inputs: aotid serves those still.
     llm.quantize_int8(model)
     llm.export_causal_lm(model, os.path.join(out, "tiny_llm_int8.pt2"), tokenizer=tok, eos_token_ids=[eos],
-                         metadata={"purpose": "aotid generate test", "weights": "int8"}, max_sequences=1)
+                         metadata={"purpose": "aotid generate test", "weights": "int8"}, max_sequences=1,
+                         _cache_as_buffers=True)
     llm.export_causal_lm(model, os.path.join(out, "tiny_llm_slots_int8.pt2"), tokenizer=tok,
                          eos_token_ids=[eos], metadata={"purpose": "aotid generate test", "weights": "int8"},
                          max_sequences=4)
