@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--weights", choices=("float32", "int8"), default="float32",
                    help="int8: weight-only int8 with a scale per row, a quarter of the bytes a token reads "
                         "(docs/GENERATE.md, \"int8 weights\")")
-    p.add_argument("--max-sequences", type=int, default=1,
+    p.add_argument("--max-sequences", type=int, default=4,
                    help="the sequences the cache holds at once, one slot each (docs/GENERATE.md, "
                         "\"Several sequences\")")
     args = p.parse_args(argv)

@@ -37,10 +37,10 @@ cache (``use_cache`` off): each request is whole.
 
 ``text-generation`` with a Llama-family folder (Llama, Mistral, Phi-3)
 writes a ``generate`` package instead, as ``examples/smollm2`` does: the
-weights go into ``aotid_export.llm.Llama`` (its cache inside), with the
-byte-level BPE tokenizer from ``tokenizer.json``, the end tokens and the chat
-template; ``--max-sequences N`` gives its cache N sequence slots (default
-1). A folder it cannot take that way (Qwen2's attention biases,
+weights go into ``aotid_export.llm.Llama`` (its cache made by aotid when it
+loads the model), with the byte-level BPE tokenizer from ``tokenizer.json``,
+the end tokens and the chat template; ``--max-sequences N`` gives its cache
+N sequence slots (default 4). A folder it cannot take that way (Qwen2's attention biases,
 Phi-2's layout, scaled rotary embeddings, a SentencePiece tokenizer) is
 refused with the reason; ``--no-generate`` exports the forward pass alone.
 Other causal models (GPT-2 ...) export their forward pass: logits for every
@@ -303,7 +303,7 @@ def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None =
     a generate package's context (default 2048), an embedding package's
     truncation (default the folder's ``max_seq_length``).
     ``max_sequences``: the sequences a generate package's cache holds at
-    once (default 1). ``path`` may be the folder's config.json."""
+    once (default 4). ``path`` may be the folder's config.json."""
     path = model_folder(path)
     if max_sequences is not None and max_sequences < 1:
         raise HfExportError(f"--max-sequences {max_sequences}: a generate package holds at least 1 sequence")
@@ -325,7 +325,7 @@ def export_folder(path: str, task: str, out: str, *, dynamic: list[str] | None =
     family = getattr(config, "model_type", "")
     if task == "text-generation" and generate:
         if family in LLAMA_FAMILY:
-            _export_generate(model, path, out, max_seq_len or 2048, max_sequences or 1, say)
+            _export_generate(model, path, out, max_seq_len or 2048, max_sequences or 4, say)
             return
         if max_sequences is not None:
             raise HfExportError(f"--max-sequences: {family} is exported as its forward pass, which has no cache")
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
                         "embedding package truncates a text's tokens (default the folder's max_seq_length)")
     p.add_argument("--max-sequences", type=int, default=None,
                    help="a generate package: the sequences its cache holds at once, one slot each "
-                        "(default 1; docs/GENERATE.md, \"Several sequences\")")
+                        "(default 4; docs/GENERATE.md, \"Several sequences\")")
     p.add_argument("--no-embed", action="store_true",
                    help="feature-extraction on a sentence-transformers folder: export the encoder's token "
                         "vectors, not an embedding package")
