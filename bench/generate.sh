@@ -112,7 +112,8 @@ lift at the back of the building, a hearing loop at the desk and large print boo
 Story time for children under five runs on Tuesday and Thursday mornings at ten thirty; the reading group \
 for adults meets on the first Wednesday of each month at seven in the evening. When you do not know an \
 answer, say so and suggest that the visitor asks a member of staff at the desk. Keep every answer to \
-three sentences or fewer unless the visitor asks for more detail."
+three sentences or fewer unless the visitor asks for more detail, and never share one member's \
+loans, fines or details with another."
 REUSE_QUESTIONS=("Can I renew a film twice?" "How much is a late adult book after a week?"
   "Where are the public computers?" "Is there story time on Fridays?" "Do I need to pay to join?")
 reuse_rows() {
