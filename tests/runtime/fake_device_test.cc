@@ -232,6 +232,18 @@ StatusOr<model::CacheEntry> BuildFakeDevicePackage(const std::string& dir) {
   return entry;
 }
 
+// The test MLP's compiled package for the CPU, built into `dir` as the
+// build child builds it.
+StatusOr<compile::PackageBuildResult> BuildCpuPackage(const std::string& dir) {
+  compile::PackageBuildRequest req;
+  req.artifact_path = TestData("mlp_so.pt2");
+  req.kind = package::PackageKind::kAotiCompiled;
+  req.device = "cpu";
+  req.out_dir = dir;
+  std::ostringstream log;
+  return compile::BuildFromAotiPackage(req, platform::ProbeHardware(), log);
+}
+
 model::HostTensor FromCase(const json& t) {
   model::HostTensor h;
   h.name = t["name"].get<std::string>();
@@ -306,13 +318,7 @@ TEST(FakeDevice, InputsArriveOnTheDeviceAndOutputsComeBackToTheHostEqualToEager)
 TEST(FakeDevice, OnTheCpuTheModelReadsTheRequestsOwnMemory) {
   ASSERT_TRUE(registered);
   TempDir dir;
-  compile::PackageBuildRequest req;
-  req.artifact_path = TestData("mlp_so.pt2");
-  req.kind = package::PackageKind::kAotiCompiled;
-  req.device = "cpu";
-  req.out_dir = dir.path();
-  std::ostringstream log;
-  auto built = compile::BuildFromAotiPackage(req, platform::ProbeHardware(), log);
+  auto built = BuildCpuPackage(dir.path());
   ASSERT_TRUE(built.ok()) << built.status().ToString();
   auto& registry = torch::inductor::getAOTIModelRunnerRegistry();
   struct Restore {
@@ -361,13 +367,7 @@ TEST(CpuModel, LoadingOneLetsThisProcessUseAmxTiles) {
   };
   ASSERT_FALSE(permitted()) << "something asked before the load: this test would prove nothing";
   TempDir dir;
-  compile::PackageBuildRequest req;
-  req.artifact_path = TestData("mlp_so.pt2");
-  req.kind = package::PackageKind::kAotiCompiled;
-  req.device = "cpu";
-  req.out_dir = dir.path();
-  std::ostringstream log;
-  auto built = compile::BuildFromAotiPackage(req, platform::ProbeHardware(), log);
+  auto built = BuildCpuPackage(dir.path());
   ASSERT_TRUE(built.ok()) << built.status().ToString();
   model::CacheEntry entry{dir.path(), dir / "model.so", built->spec, "", ""};
   LoadOptions opts;
