@@ -43,7 +43,7 @@ WHAT = {
     "compile": "builds for this machine, their cache and its policy, the build child",
     "runtime": "loading compiled models (the torch plugin), thread timing",
     "model": "tensors, model specs, the served-model interface",
-    "platform": "hardware and fingerprint, device probe, install layout, confinement",
+    "platform": "hardware and fingerprint, device probe, install layout, confinement, memory",
     "storage": "the SQLite store and its blobs",
     "http": "HTTP/1.1 server and parser: knows nothing of models",
     "text": "tokenizers and generation settings",
