@@ -136,6 +136,7 @@ json SettingsJson(const storage::VersionSettings& s) {
       case storage::SettingType::kChoice: value = s.*f.text; break;
       case storage::SettingType::kBool: value = s.*f.flag; break;
       case storage::SettingType::kInt: value = s.*f.number; break;
+      case storage::SettingType::kDuration: value = f.Text(s); break;  // "5m", "always", "default"
       case storage::SettingType::kOptions:
         value = (s.*f.text).empty() ? json::object() : ParseJsonOrDiscarded(s.*f.text);
         break;
@@ -397,6 +398,18 @@ void AddSettingFlag(CLI::App* add, const storage::SettingField& f, storage::Vers
     }
     case storage::SettingType::kInt:
       add->add_option("--" + name, s->*f.number, help)->capture_default_str();
+      break;
+    case storage::SettingType::kDuration:
+      // Taken as `aotid set` takes it: 5m, always, default.
+      add->add_option_function<std::string>(
+             "--" + name,
+             [s, key = f.key, name](const std::string& text) {
+               Status st = storage::ApplySetting(s, key, text);
+               if (!st.ok()) throw CLI::ValidationError("--" + name, st.message());
+             },
+             help)
+          ->type_name("DURATION")
+          ->default_str(f.Text(*s));
       break;
     case storage::SettingType::kOptions:
       add->add_option("--" + std::string(OptionsFlag(f)), *assignments, help + "; KEY=VALUE, repeatable");

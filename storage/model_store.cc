@@ -117,6 +117,11 @@ const char* const kMigrations[] = {
     R"sql(
     ALTER TABLE versions ADD COLUMN max_sequences INTEGER NOT NULL DEFAULT 0 CHECK(max_sequences >= 0);
     )sql",
+    // 6 -> 7: how long a version stays loaded without requests, in seconds
+    // (-1: the config's residency.keep_alive; -2: always).
+    R"sql(
+    ALTER TABLE versions ADD COLUMN keep_alive_s INTEGER NOT NULL DEFAULT -1 CHECK(keep_alive_s >= -2);
+    )sql",
 };
 static_assert(std::size(kMigrations) == kSchemaVersion);
 

@@ -40,7 +40,7 @@ namespace aotid::storage {
 
 // The schema version this binary writes. Older stores are migrated forward on
 // open; a newer one is refused.
-inline constexpr int kSchemaVersion = 6;
+inline constexpr int kSchemaVersion = 7;
 
 // Model names: 1-128 characters of [A-Za-z0-9_.-], starting with a letter or
 // digit, with no "..". They appear in URLs and file names, so nothing else.

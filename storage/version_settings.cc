@@ -84,6 +84,14 @@ const std::vector<SettingField>& Table() {
        .min_note = "as many as the model's cache holds",
        .zero_text = "auto",
        .help = "A language model's sequences decoded at once (auto or 0: as many as its cache holds)"},
+      {.key = "keep_alive",
+       .column = "keep_alive_s",
+       .type = SettingType::kDuration,
+       .number = &VersionSettings::keep_alive_s,
+       .min = kKeepAliveAlways,
+       .max = kKeepAliveMax,
+       .help = "Unload after this long without requests (0: after each answer; always: never; default: "
+               "residency.keep_alive)"},
       {.key = "inductor_options",
        .column = "inductor_options",
        .type = SettingType::kOptions,
@@ -112,6 +120,7 @@ std::string SettingField::Text(const VersionSettings& s) const {
     case SettingType::kChoice: return s.*text;
     case SettingType::kBool: return s.*flag ? "true" : "false";
     case SettingType::kInt: return std::to_string(s.*number);
+    case SettingType::kDuration: return FormatKeepAlive(s.*number);
     case SettingType::kOptions: return (s.*text).empty() ? "{}" : s.*text;
   }
   return "";
@@ -124,6 +133,7 @@ std::string SettingField::Syntax() const {
     case SettingType::kInt:
       return std::string(key) + "=" + (zero_text.empty() ? "" : std::string(zero_text) + "|") +
              std::to_string(min) + ".." + std::to_string(max);
+    case SettingType::kDuration: return std::string(key) + "=0|90s|5m|2h|always|default";
     case SettingType::kOptions: return std::string(prefix) + "<option>=VALUE";
   }
   return "";
@@ -146,6 +156,15 @@ Status SettingField::Validate(const VersionSettings& s) const {
         return InvalidArgument(std::string(key) + " must be between " + std::to_string(min) +
                                (min_note.empty() ? "" : " (" + std::string(min_note) + ")") + " and " +
                                std::to_string(max) + ", got " + std::to_string(s.*number));
+      }
+      break;
+    case SettingType::kDuration:
+      // Only a value put in the store by other means gets here: `set`
+      // parses durations within range.
+      if (s.*number < min || s.*number > max) {
+        return InvalidArgument(std::string(key) + " must be at most " +
+                               FormatKeepAlive(static_cast<int>(max)) + ", always or default, got " +
+                               std::to_string(s.*number) + " seconds");
       }
       break;
     case SettingType::kOptions: {
@@ -200,6 +219,45 @@ StatusOr<bool> ParseBool(std::string_view key, std::string_view text) {
   return InvalidArgument(std::string(key) + " must be true or false, got '" + std::string(text) + "'");
 }
 
+StatusOr<int> ParseKeepAlive(std::string_view key, std::string_view text) {
+  auto bad = [&] {
+    return InvalidArgument(std::string(key) +
+                           " must be a duration (0, 90s, 5m, 2h), always or default, got '" +
+                           std::string(text) + "'");
+  };
+  if (text == "default") return kKeepAliveDefault;
+  if (text == "always" || text == "forever") return kKeepAliveAlways;
+  auto digits = [](std::string_view t) {
+    return !t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  // A negative number is "forever" to the clients that send one (-1).
+  if (text.starts_with('-') && digits(text.substr(1))) return kKeepAliveAlways;
+  std::string_view number = text;
+  int64_t unit = 1;
+  if (!text.empty() && (text.back() == 's' || text.back() == 'm' || text.back() == 'h')) {
+    unit = text.back() == 'h' ? 3600 : text.back() == 'm' ? 60 : 1;
+    number.remove_suffix(1);
+  }
+  if (!digits(number)) return bad();
+  // Past 30 days (or past int64) is too long, however many digits it has.
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(number.data(), number.data() + number.size(), n);
+  if (ec != std::errc() || n > kKeepAliveMax / unit) {
+    return InvalidArgument(std::string(key) + " must be at most " + FormatKeepAlive(kKeepAliveMax) +
+                           " (30 days), got '" + std::string(text) + "'");
+  }
+  return static_cast<int>(n * unit);
+}
+
+std::string FormatKeepAlive(int seconds) {
+  if (seconds == kKeepAliveDefault) return "default";
+  if (seconds == kKeepAliveAlways) return "always";
+  if (seconds <= 0) return std::to_string(seconds);  // 0, or a value no setting holds
+  if (seconds % 3600 == 0) return std::to_string(seconds / 3600) + "h";
+  if (seconds % 60 == 0) return std::to_string(seconds / 60) + "m";
+  return std::to_string(seconds) + "s";
+}
+
 Status ApplySetting(VersionSettings* s, std::string_view key, std::string_view value) {
   const SettingField* f = FindSettingField(key);
   if (f == nullptr) {
@@ -226,6 +284,10 @@ Status ApplySetting(VersionSettings* s, std::string_view key, std::string_view v
                                std::to_string(f->max) + ", got " + std::string(value));
       }
       s->*(f->number) = static_cast<int>(v);
+      break;
+    }
+    case SettingType::kDuration: {
+      ASSIGN_OR_RETURN(s->*(f->number), ParseKeepAlive(key, value));
       break;
     }
     case SettingType::kOptions: {
@@ -314,7 +376,8 @@ int BindSettings(Stmt* stmt, int first, const VersionSettings& s) {
       case SettingType::kChoice:
       case SettingType::kOptions: stmt->Bind(i, s.*f.text); break;
       case SettingType::kBool: stmt->Bind(i, int64_t{s.*f.flag}); break;
-      case SettingType::kInt: stmt->Bind(i, int64_t{s.*f.number}); break;
+      case SettingType::kInt:
+      case SettingType::kDuration: stmt->Bind(i, int64_t{s.*f.number}); break;
     }
     ++i;
   }
@@ -328,7 +391,8 @@ void ReadSettings(const Stmt& stmt, int first, VersionSettings* s) {
       case SettingType::kChoice:
       case SettingType::kOptions: s->*f.text = stmt.Text(col); break;
       case SettingType::kBool: s->*f.flag = stmt.Int(col) != 0; break;
-      case SettingType::kInt: s->*f.number = static_cast<int>(stmt.Int(col)); break;
+      case SettingType::kInt:
+      case SettingType::kDuration: s->*f.number = static_cast<int>(stmt.Int(col)); break;
     }
     ++col;
   }

@@ -22,6 +22,19 @@ namespace aotid::storage {
 
 class Stmt;
 
+inline constexpr int kKeepAliveDefault = -1;  // the config's residency.keep_alive
+inline constexpr int kKeepAliveAlways = -2;   // never unloaded (loaded at start, as before residency)
+inline constexpr int kKeepAliveMax = 30 * 24 * 3600;
+
+// "default", "always", "0", "90s", "5m", "2h": how `aotid set` takes and
+// `show` prints keep_alive. "forever" and any negative integer (clients
+// send -1 for forever) are "always" too. At most 30 days. InvalidArgument
+// naming `key` and the text.
+StatusOr<int> ParseKeepAlive(std::string_view key, std::string_view text);
+// -1 "default", -2 "always", 0 "0", 300 "5m", 7200 "2h", 90 "90s": in the
+// largest unit that divides it, so ParseKeepAlive reads it back.
+std::string FormatKeepAlive(int seconds);
+
 // Keys as `aotid set` and `aotid show` spell them; the table says more.
 struct VersionSettings {
   std::string device = "auto";
@@ -36,6 +49,10 @@ struct VersionSettings {
   int memory_limit_mb = 0;
   // A language model's sequences at once; 0: as many as its cache holds.
   int max_sequences = 0;
+  // Seconds without requests before the version is unloaded; 0: after each
+  // answer. kKeepAliveDefault: the config's residency.keep_alive;
+  // kKeepAliveAlways: never unloaded.
+  int keep_alive_s = kKeepAliveDefault;
   // AOTInductor options for the build, as a JSON object with sorted keys
   // ("" = none). Part of the build's cache key.
   std::string inductor_options;
@@ -44,10 +61,11 @@ struct VersionSettings {
 };
 
 enum class SettingType {
-  kChoice,   // a string, one of `choices`
-  kBool,     // true or false
-  kInt,      // an integer from `min` to `max`
-  kOptions,  // a JSON object of scalars, set one option at a time as PREFIX<option>=VALUE
+  kChoice,    // a string, one of `choices`
+  kBool,      // true or false
+  kInt,       // an integer from `min` to `max`
+  kDuration,  // seconds from `min` to `max`, written as ParseKeepAlive takes them
+  kOptions,   // a JSON object of scalars, set one option at a time as PREFIX<option>=VALUE
 };
 
 // One setting: one row of the table.
@@ -58,9 +76,9 @@ struct SettingField {
   // The member of VersionSettings it is, by type.
   std::string VersionSettings::*text = nullptr;  // kChoice, kOptions
   bool VersionSettings::*flag = nullptr;         // kBool
-  int VersionSettings::*number = nullptr;        // kInt
+  int VersionSettings::*number = nullptr;        // kInt, kDuration
   std::vector<std::string_view> choices{};       // kChoice
-  int64_t min = 0, max = 0;                      // kInt
+  int64_t min = 0, max = 0;                      // kInt, kDuration
   std::string_view min_note{};                   // kInt: what `min` means, said in the range error
   std::string_view zero_text{};                  // kInt: how `show` prints 0 when 0 stands for something
   std::string_view prefix{};                     // kOptions: "inductor."

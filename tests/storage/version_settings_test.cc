@@ -23,6 +23,7 @@ std::pair<std::string, std::string> OtherValue(const SettingField& f) {
     case SettingType::kBool: return {std::string(f.key), def == "true" ? "false" : "true"};
     case SettingType::kInt:
       return {std::string(f.key), std::to_string(def == std::to_string(f.min) ? f.max : f.min)};
+    case SettingType::kDuration: return {std::string(f.key), def == "5m" ? "always" : "5m"};
     case SettingType::kOptions: return {std::string(f.prefix) + "max_autotune", "true"};
   }
   ADD_FAILURE() << f.key << " has no value besides its default";
@@ -42,6 +43,7 @@ TEST(VersionSettings, SetHelpListsEveryKey) {
   EXPECT_NE(help.find("; default auto"), std::string::npos) << help;
   EXPECT_NE(help.find("inductor.<option>=VALUE"), std::string::npos) << help;
   EXPECT_NE(help.find("device=auto|cpu|mps|cuda"), std::string::npos) << help;
+  EXPECT_NE(help.find("keep_alive=0|90s|5m|2h|always|default"), std::string::npos) << help;
 }
 
 TEST(VersionSettings, UnknownKeyErrorListsEveryKey) {
@@ -50,7 +52,8 @@ TEST(VersionSettings, UnknownKeyErrorListsEveryKey) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
             "unknown setting 'colour'; known: device, fallback_cpu, num_runners, max_batch_size, "
-            "max_batch_delay_us, threads, timeout_s, memory_limit_mb, max_sequences, inductor.<option>");
+            "max_batch_delay_us, threads, timeout_s, memory_limit_mb, max_sequences, keep_alive, "
+            "inductor.<option>");
   EXPECT_EQ(s, VersionSettings{});
 }
 
@@ -77,7 +80,68 @@ TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
   EXPECT_TRUE(DiffSettings(base, base).empty());
   EXPECT_EQ(CanonicalText(base),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=0 "
-            "timeout_s=0 memory_limit_mb=0 max_sequences=0 inductor_options={}");
+            "timeout_s=0 memory_limit_mb=0 max_sequences=0 keep_alive=default inductor_options={}");
+}
+
+// keep_alive as `aotid set` takes it and `show` prints it: the words, a
+// number of seconds, or a number and its unit; printed in the largest unit
+// that divides it, and read back the same.
+TEST(VersionSettings, KeepAliveIsADurationAlwaysOrDefault) {
+  struct Case {
+    const char* text;
+    int seconds;
+    const char* shown;
+  } cases[] = {
+      {"default", kKeepAliveDefault, "default"},
+      {"always", kKeepAliveAlways, "always"},
+      {"forever", kKeepAliveAlways, "always"},
+      {"-1", kKeepAliveAlways, "always"},  // clients send -1 for forever
+      {"-300", kKeepAliveAlways, "always"},
+      {"0", 0, "0"},
+      {"0s", 0, "0"},
+      {"90", 90, "90s"},
+      {"90s", 90, "90s"},
+      {"120s", 120, "2m"},
+      {"5m", 300, "5m"},
+      {"90m", 5400, "90m"},
+      {"2h", 7200, "2h"},
+      {"720h", 30 * 24 * 3600, "720h"},
+      {"2592000", 30 * 24 * 3600, "720h"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto seconds = ParseKeepAlive("keep_alive", c.text);
+    ASSERT_TRUE(seconds.ok()) << seconds.status().ToString();
+    EXPECT_EQ(*seconds, c.seconds);
+    EXPECT_EQ(FormatKeepAlive(c.seconds), c.shown);
+    EXPECT_EQ(*ParseKeepAlive("keep_alive", c.shown), c.seconds);
+  }
+  for (const char* bad : {"", "soon", "5 m", "m", "5d", "1h30m", "5M", "1.5h", "+5", "-", "-5m", "s5"}) {
+    auto r = ParseKeepAlive("keep_alive", bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        r.status().message(),
+        "keep_alive must be a duration (0, 90s, 5m, 2h), always or default, got '" + std::string(bad) + "'");
+  }
+  for (const char* too_long : {"721h", "43201m", "2592001", "99999999999999999999999"}) {
+    auto r = ParseKeepAlive("keep_alive", too_long);
+    EXPECT_EQ(r.status().message(),
+              "keep_alive must be at most 720h (30 days), got '" + std::string(too_long) + "'");
+  }
+
+  VersionSettings s;
+  ASSERT_OK(ApplySetting(&s, "keep_alive", "5m"));
+  EXPECT_EQ(s.keep_alive_s, 300);
+  EXPECT_EQ(ApplySetting(&s, "keep_alive", "soon").message(),
+            "keep_alive must be a duration (0, 90s, 5m, 2h), always or default, got 'soon'");
+  EXPECT_EQ(s.keep_alive_s, 300);
+  auto diff = DiffSettings(VersionSettings{}, s);
+  ASSERT_EQ(diff.size(), 1u);
+  EXPECT_EQ(diff[0].key + " " + diff[0].from + " -> " + diff[0].to, "keep_alive default -> 5m");
+  s.keep_alive_s = -3;  // only a store written by other means holds this
+  EXPECT_EQ(ValidateSettings(s).message(),
+            "keep_alive must be at most 720h, always or default, got -3 seconds");
 }
 
 TEST(VersionSettings, ValuesAreParsedByTypeAndCheckedByRange) {
@@ -148,13 +212,15 @@ TEST(VersionSettings, DisplayTextSaysAutoThreadsAndLeavesOutNoOptions) {
   VersionSettings s;
   EXPECT_EQ(DisplayText(s),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=auto "
-            "timeout_s=default memory_limit_mb=default max_sequences=auto");
+            "timeout_s=default memory_limit_mb=default max_sequences=auto keep_alive=default");
   s.threads = 2;
   s.timeout_s = 5;
+  s.keep_alive_s = 300;
   s.inductor_options = R"({"cpp.simdlen":8})";
   EXPECT_EQ(DisplayText(s),
             "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 "
-            R"(threads=2 timeout_s=5 memory_limit_mb=default max_sequences=auto inductor={"cpp.simdlen":8})");
+            R"(threads=2 timeout_s=5 memory_limit_mb=default max_sequences=auto keep_alive=5m )"
+            R"(inductor={"cpp.simdlen":8})");
 }
 
 // Each field has its column in a fresh store, with the struct's default as
@@ -174,9 +240,9 @@ TEST(VersionSettings, EveryFieldHasAColumnWithTheSameDefault) {
     SCOPED_TRACE(std::string(f.key));
     auto it = defaults.find(std::string(f.column));
     ASSERT_NE(it, defaults.end()) << "no column " << f.column;
-    std::string want = f.type == SettingType::kBool  ? (def.*f.flag ? "1" : "0")
-                       : f.type == SettingType::kInt ? std::to_string(def.*f.number)
-                                                     : "'" + def.*f.text + "'";
+    std::string want = f.type == SettingType::kBool ? (def.*f.flag ? "1" : "0")
+                       : f.number != nullptr        ? std::to_string(def.*f.number)
+                                                    : "'" + def.*f.text + "'";
     EXPECT_EQ(it->second, want);
   }
 }

@@ -97,7 +97,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_EQ(v1["settings"], json::parse(R"({"device":"auto","fallback_cpu":false,"num_runners":2,
                                              "max_batch_size":8,"max_batch_delay_us":0,"threads":0,
                                              "timeout_s":0,"memory_limit_mb":0,"max_sequences":0,
-                                             "inductor_options":{}})"));
+                                             "keep_alive":"default","inductor_options":{}})"));
   EXPECT_EQ(v1["served_by_policy"], false);  // the latest (2) is
   EXPECT_TRUE(v1["blob_present"].get<bool>());
   EXPECT_TRUE(v1["builds"].empty());
@@ -140,7 +140,7 @@ TEST_F(StoreCli, AddShowSetRmGcRoundTrip) {
   EXPECT_NE(out.find(R"(-> {"cpp.simdlen":8})"), std::string::npos) << out;
   ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
   EXPECT_NE(out.find(R"(threads=1 timeout_s=default memory_limit_mb=default max_sequences=auto )"
-                     R"(inductor={"cpp.simdlen":8})"),
+                     R"(keep_alive=default inductor={"cpp.simdlen":8})"),
             std::string::npos)
       << out;
 
@@ -446,6 +446,32 @@ TEST_F(StoreCli, InductorOptionsAreCheckedBeforeTheyAreStored) {
       << out;
 }
 
+// keep_alive: a duration, always or default, said back as `show` says it.
+TEST_F(StoreCli, KeepAliveIsSetAndShownAsADuration) {
+  std::string out;
+  ASSERT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp"}, &out), 0) << out;
+  auto before = DirSnapshot(store_);
+  EXPECT_EQ(Run({"set", "mlp:1", "keep_alive=soon"}, &out), 5);
+  EXPECT_NE(out.find("keep_alive must be a duration (0, 90s, 5m, 2h), always or default, got 'soon'"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(DirSnapshot(store_), before);
+  ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
+  EXPECT_NE(out.find(" max_sequences=auto keep_alive=default\n"), std::string::npos) << out;
+  ASSERT_EQ(Run({"set", "mlp:1", "keep_alive=300"}, &out), 0) << out;
+  EXPECT_NE(out.find("set mlp:1 keep_alive default -> 5m"), std::string::npos) << out;
+  ASSERT_EQ(Run({"show", "mlp:1"}, &out), 0) << out;
+  EXPECT_NE(out.find(" keep_alive=5m\n"), std::string::npos) << out;
+  ASSERT_EQ(Run({"show", "mlp:1", "--json"}, &out), 0) << out;
+  EXPECT_EQ(json::parse(out)["versions"][0]["settings"]["keep_alive"], "5m") << out;
+  ASSERT_EQ(Run({"set", "mlp", "keep_alive=-1"}, &out), 0) << out;
+  EXPECT_NE(out.find("set mlp:1 keep_alive 5m -> always"), std::string::npos) << out;
+  ASSERT_EQ(Run({"set", "mlp", "keep_alive=default"}, &out), 0) << out;
+  EXPECT_NE(out.find("set mlp:1 keep_alive always -> default"), std::string::npos) << out;
+  ASSERT_EQ(Run({"events", "--model", "mlp"}, &out), 0) << out;
+  EXPECT_NE(out.find("keep_alive default -> 5m"), std::string::npos) << out;
+}
+
 TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   std::string set_help, add_help;
   ASSERT_EQ(Run({"set", "--help"}, &set_help), 0) << set_help;
@@ -488,6 +514,8 @@ TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
                                   "3",
                                   "--max-sequences",
                                   "2",
+                                  "--keep-alive",
+                                  "90s",
                                   "--inductor",
                                   "cpp.simdlen=8",
                                   "--inductor",
@@ -497,8 +525,14 @@ TEST_F(StoreCli, SetHelpListsEveryKeyAndAddHasAFlagForEach) {
   std::string settings =
       "settings        device=cpu fallback_cpu=false num_runners=2 max_batch_size=4 "
       R"(max_batch_delay_us=50 threads=3 timeout_s=default memory_limit_mb=default max_sequences=2 )"
-      R"(inductor={"cpp.simdlen":8,"freezing":true})";
+      R"(keep_alive=90s inductor={"cpp.simdlen":8,"freezing":true})";
   EXPECT_NE(out.find(settings), std::string::npos) << out;
+  EXPECT_NE(add_help.find("--keep-alive DURATION=default"), std::string::npos) << add_help;
+  EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--keep-alive", "soon"}, &out), 2);
+  EXPECT_NE(
+      out.find("--keep-alive: keep_alive must be a duration (0, 90s, 5m, 2h), always or default, got 'soon'"),
+      std::string::npos)
+      << out;
   EXPECT_EQ(Run({"add", TestData("mlp.pt2"), "--name", "mlp", "--inductor", "=1"}, &out), 5);
   EXPECT_NE(out.find("--inductor '=1' is not KEY=VALUE"), std::string::npos) << out;
 }
