@@ -91,7 +91,8 @@ const std::vector<SettingField>& Table() {
        .min = kKeepAliveAlways,
        .max = kKeepAliveMax,
        .help = "Unload after this long without requests (0: after each answer; always: never; default: "
-               "residency.keep_alive)"},
+               "residency.keep_alive)",
+       .live = true},
       {.key = "inductor_options",
        .column = "inductor_options",
        .type = SettingType::kOptions,
@@ -321,6 +322,14 @@ std::vector<SettingChange> DiffSettings(const VersionSettings& from, const Versi
 std::string CanonicalText(const VersionSettings& s) {
   std::string out;
   for (const auto& f : Table()) out += (out.empty() ? "" : " ") + std::string(f.key) + "=" + f.Text(s);
+  return out;
+}
+
+std::string LoadText(const VersionSettings& s) {
+  std::string out;
+  for (const auto& f : Table()) {
+    if (!f.live) out += (out.empty() ? "" : " ") + std::string(f.key) + "=" + f.Text(s);
+  }
   return out;
 }
 

@@ -7,7 +7,8 @@
 // VersionSettingFields() instead. Adding a setting is a member of
 // VersionSettings (its initializer is the default), a row in the table
 // (version_settings.cc) and a schema migration adding its column with the
-// same default (model_store.cc).
+// same default (model_store.cc). A setting marked `live` takes effect
+// without reloading the version, so LoadText leaves it out.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +84,7 @@ struct SettingField {
   std::string_view zero_text{};                  // kInt: how `show` prints 0 when 0 stands for something
   std::string_view prefix{};                     // kOptions: "inductor."
   std::string_view help{};                       // one line for `aotid set --help` and `aotid add --help`
+  bool live = false;  // takes effect without reloading the version: left out of LoadText
 
   // The value's canonical text: "auto", "true", "8", `{"cpp.simdlen":8}`
   // ("{}" for no options). Equal texts mean equal values.
@@ -121,6 +123,10 @@ std::vector<SettingChange> DiffSettings(const VersionSettings& from, const Versi
 // Every field as KEY=TEXT, space-separated, in table order: equal exactly
 // when the settings are equal. Work and cache keys are made from it.
 std::string CanonicalText(const VersionSettings& s);
+// CanonicalText without the live fields: equal exactly when loading the
+// version with either settings loads the same thing. The reconciler keys
+// its load work on it, so changing keep_alive never reloads a model.
+std::string LoadText(const VersionSettings& s);
 // The settings line of `aotid show`: like CanonicalText, but with a value's
 // meaning where it has one (threads=auto) and no options when there are none.
 std::string DisplayText(const VersionSettings& s);

@@ -83,6 +83,27 @@ TEST(VersionSettings, CanonicalTextAndDiffSeeEveryField) {
             "timeout_s=0 memory_limit_mb=0 max_sequences=0 keep_alive=default inductor_options={}");
 }
 
+// The reconciler keys its load work on LoadText: a live setting (keep_alive)
+// changed must not reload the version, and any other must.
+TEST(VersionSettings, LoadTextLeavesOutExactlyTheLiveFields) {
+  VersionSettings base;
+  int live = 0;
+  for (const auto& f : VersionSettingFields()) {
+    SCOPED_TRACE(std::string(f.key));
+    VersionSettings changed = base;
+    auto [key, value] = OtherValue(f);
+    ASSERT_OK(ApplySetting(&changed, key, value));
+    EXPECT_EQ(LoadText(changed) == LoadText(base), f.live);
+    EXPECT_EQ(LoadText(changed).find(std::string(f.key) + "=") == std::string::npos, f.live);
+    live += f.live;
+  }
+  EXPECT_EQ(live, 1);
+  EXPECT_TRUE(FindSettingField("keep_alive")->live);
+  EXPECT_EQ(LoadText(base),
+            "device=auto fallback_cpu=true num_runners=1 max_batch_size=1 max_batch_delay_us=0 threads=0 "
+            "timeout_s=0 memory_limit_mb=0 max_sequences=0 inductor_options={}");
+}
+
 // keep_alive as `aotid set` takes it and `show` prints it: the words, a
 // number of seconds, or a number and its unit; printed in the largest unit
 // that divides it, and read back the same.
