@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "platform/install_layout.h"
 #include "storage/model_store.h"
+#include "storage/version_settings.h"
 #include "sync/registry.h"
 
 namespace aotid::daemon {
@@ -33,7 +34,7 @@ std::string Where(const std::string& file, const toml::source_region& src) {
 // row; tests/daemon/config_test.cc checks the file and the table agree.
 struct Key {
   std::string name;  // "section.key"
-  enum Type { kString, kInt, kStringList } type;
+  enum Type { kString, kInt, kBool, kStringList } type;
   int64_t min = 0, max = 0;  // for integers
   ReloadRule reload;
   // Stores a value of the right type (and, for integers, in range). An
@@ -79,6 +80,14 @@ Key Int(std::string name, ReloadRule reload, Get get, int64_t min, int64_t max) 
         return Status::OK();
       },
       min, max);
+}
+
+template <typename Get>
+Key Bool(std::string name, ReloadRule reload, Get get) {
+  return Row(std::move(name), Key::kBool, reload, get, [get](Config& c, const toml::node& n) {
+    get(c) = *n.value<bool>();
+    return Status::OK();
+  });
 }
 
 template <typename Get>
@@ -171,6 +180,26 @@ const std::vector<Key>& Keys() {
       Int(
           "runner.crash_window_s", kLoads, [](auto& c) -> auto& { return c.runner_crash_window_s; }, 1,
           24 * 3600),
+      Parsed(
+          "residency.keep_alive", kLive, [](auto& c) -> auto& { return c.keep_alive_s; },
+          [](Config& c, const std::string& v) -> Status {
+            // The versions' "default" is this value, so it has to be one.
+            auto seconds = storage::ParseKeepAlive("residency.keep_alive", v);
+            if (!seconds.ok() || *seconds == storage::kKeepAliveDefault) {
+              return InvalidArgument(
+                  "'residency.keep_alive' must be a duration (0, 90s, 5m, 2h) of at most " +
+                  storage::FormatKeepAlive(storage::kKeepAliveMax) + ", or always, got '" + v + "'");
+            }
+            c.keep_alive_s = *seconds;
+            return Status::OK();
+          }),
+      Int(
+          "residency.memory_budget_mb", kLive, [](auto& c) -> auto& { return c.memory_budget_mb; }, 0,
+          int64_t{1} << 24),
+      Int(
+          "residency.load_wait_s", kLive, [](auto& c) -> auto& { return c.load_wait_s; }, 0, 3600),
+      Bool(
+          "residency.unload_on_pressure", kLive, [](auto& c) -> auto& { return c.unload_on_pressure; }),
       Text(
           "log.level", kLive, [](auto& c) -> auto& { return c.log_level; }),
       Text(
@@ -384,6 +413,9 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
       const Key& spec = *found;
       if (spec.type == Key::kString && !node.is_string()) {
         return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be a string");
+      }
+      if (spec.type == Key::kBool && !node.is_boolean()) {
+        return InvalidArgument(Where(file_name, node.source()) + ": '" + full + "' must be true or false");
       }
       if (spec.type == Key::kStringList) {
         const toml::array* arr = node.as_array();

@@ -13,6 +13,10 @@
 
 namespace aotid::daemon {
 
+// residency.memory_budget_mb = 0: this percentage of the memory this
+// process may use.
+inline constexpr int kDefaultBudgetPercent = 60;
+
 struct Config {
   // [store]
   std::string store_path;  // resolved: never empty after LoadConfig
@@ -36,6 +40,14 @@ struct Config {
   int64_t memory_limit_mb = 0;  // per runner; 0: three quarters of this machine's memory
   int runner_max_crashes = 5;   // crashes within runner_crash_window_s before a version fails
   int runner_crash_window_s = 60;
+  // [residency]: which built versions stay loaded.
+  // For versions whose keep_alive is "default"; storage::kKeepAliveAlways for always.
+  int keep_alive_s = 300;
+  // Runners' memory together; 0: kDefaultBudgetPercent of the memory this process may use.
+  int64_t memory_budget_mb = 0;
+  // A request whose model's load does not fit waits this long for memory, then 503.
+  int load_wait_s = 30;
+  bool unload_on_pressure = true;  // unload idle versions when the kernel reports memory pressure
   // [log]
   std::string log_level = "info";
   std::string log_file;      // "": stderr (the journal under systemd)

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/fs.h"
+#include "storage/version_settings.h"
 #include "test_util.h"
 
 namespace aotid::daemon {
@@ -34,6 +35,15 @@ TEST(Config, ShippedConfigFileParsesToTheDefaults) {
   EXPECT_EQ(c->log_file, defaults.log_file);
   EXPECT_EQ(c->log_max_size_mb, defaults.log_max_size_mb);
   EXPECT_EQ(c->log_keep, defaults.log_keep);
+  EXPECT_EQ(c->keep_alive_s, defaults.keep_alive_s);
+  EXPECT_EQ(c->memory_budget_mb, defaults.memory_budget_mb);
+  EXPECT_EQ(c->load_wait_s, defaults.load_wait_s);
+  EXPECT_EQ(c->unload_on_pressure, defaults.unload_on_pressure);
+  EXPECT_TRUE(*c == [] {
+    Config d;
+    d.source = "aotid.toml";
+    return d;
+  }());
 }
 
 // A reload names what changed: each key of the shipped file, set alone to
@@ -47,7 +57,8 @@ TEST(Config, ChangedKeysNamesEachKeyOfTheShippedFile) {
   const std::map<std::string, std::string> other = {{"server.listen", "\"127.0.0.1:8766\""},
                                                     {"server.token_scope", "\"repository\""},
                                                     {"log.level", "\"debug\""},
-                                                    {"server.cors_origins", "[\"http://a.local\"]"}};
+                                                    {"server.cors_origins", "[\"http://a.local\"]"},
+                                                    {"residency.keep_alive", "\"10m\""}};
   std::string section;
   std::vector<std::string> file_keys;
   std::istringstream lines(*text);
@@ -56,11 +67,13 @@ TEST(Config, ChangedKeysNamesEachKeyOfTheShippedFile) {
     size_t eq = line.find(" = ");
     if (line.empty() || line[0] == '#' || line[0] == '[' || eq == std::string::npos) continue;
     std::string key = section + "." + line.substr(0, eq), value = line.substr(eq + 3);
-    std::string changed = other.count(key)  ? other.at(key)
-                          : value == "\"\"" ? "\"/x\""
-                          : value == "[]"   ? "[\"a\"]"
-                          : value[0] == '"' ? "\"x\""
-                                            : std::to_string(std::stoll(value) + 1);
+    std::string changed = other.count(key)   ? other.at(key)
+                          : value == "\"\""  ? "\"/x\""
+                          : value == "[]"    ? "[\"a\"]"
+                          : value[0] == '"'  ? "\"x\""
+                          : value == "true"  ? "false"
+                          : value == "false" ? "true"
+                                             : std::to_string(std::stoll(value) + 1);
     auto c = ParseConfig("[" + section + "]\n" + line.substr(0, eq) + " = " + changed + "\n", "x.toml");
     ASSERT_TRUE(c.ok()) << key << ": " << c.status().ToString();
     Config defaults;
@@ -85,7 +98,9 @@ TEST(Config, ChangedKeysNamesEachKeyOfTheShippedFile) {
 // When each key takes effect, as a reload reports it and as the daemon
 // applies it (daemon/serve.cc's Reload).
 TEST(Config, EachKeyHasTheReloadRuleTheDaemonApplies) {
-  for (const char* live : {"log.level", "server.token_file", "server.cors_origins", "build.jobs", "sync"})
+  for (const char* live :
+       {"log.level", "server.token_file", "server.cors_origins", "build.jobs", "sync", "residency.keep_alive",
+        "residency.memory_budget_mb", "residency.load_wait_s", "residency.unload_on_pressure"})
     EXPECT_EQ(ReloadRuleOf(live), ReloadRule::kLive) << live;
   for (const char* loads : {"runner.timeout_s", "runner.memory_limit_mb", "server.max_queued_requests"})
     EXPECT_EQ(ReloadRuleOf(loads), ReloadRule::kNextLoad) << loads;
@@ -178,6 +193,48 @@ TEST(Config, RunnerSectionSetsTheRunnersLimits) {
   auto zero = ParseConfig("[runner]\ntimeout_s = 0\n", "x.toml");
   ASSERT_FALSE(zero.ok());
   EXPECT_NE(zero.status().message().find("runner.timeout_s"), std::string::npos) << zero.status().message();
+}
+
+// [residency]: keep_alive as `aotid set` takes a version's, less
+// "default" (this is what a version's default means); the rest by type and
+// range, each error naming the key.
+TEST(Config, ResidencySectionSetsItsKeysAndNamesBadOnes) {
+  auto c = ParseConfig(
+      "[residency]\nkeep_alive = \"2h\"\nmemory_budget_mb = 4096\nload_wait_s = 0\n"
+      "unload_on_pressure = false\n",
+      "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->keep_alive_s, 7200);
+  EXPECT_EQ(c->memory_budget_mb, 4096);
+  EXPECT_EQ(c->load_wait_s, 0);
+  EXPECT_FALSE(c->unload_on_pressure);
+  for (auto [text, seconds] : std::vector<std::pair<std::string, int>>{
+           {"0", 0}, {"90s", 90}, {"always", storage::kKeepAliveAlways}, {"-1", storage::kKeepAliveAlways}}) {
+    auto k = ParseConfig("[residency]\nkeep_alive = \"" + text + "\"\n", "x.toml");
+    ASSERT_TRUE(k.ok()) << text << ": " << k.status().ToString();
+    EXPECT_EQ(k->keep_alive_s, seconds) << text;
+  }
+
+  auto error = [](const std::string& text) {
+    auto r = ParseConfig(text, "x.toml");
+    return r.ok() ? std::string("(accepted)") : r.status().message();
+  };
+  for (const char* bad : {"soon", "default", "721h", "5d"}) {
+    EXPECT_EQ(
+        error("[residency]\nkeep_alive = \"" + std::string(bad) + "\"\n"),
+        "x.toml: 'residency.keep_alive' must be a duration (0, 90s, 5m, 2h) of at most 720h, or always, "
+        "got '" +
+            std::string(bad) + "'");
+  }
+  EXPECT_EQ(error("[residency]\nkeep_alive = 300\n"), "x.toml:2:14: 'residency.keep_alive' must be a string");
+  EXPECT_EQ(error("[residency]\nmemory_budget_mb = -1\n"),
+            "x.toml:2:20: 'residency.memory_budget_mb' must be between 0 and 16777216, got -1");
+  EXPECT_EQ(error("[residency]\nload_wait_s = 3601\n"),
+            "x.toml:2:15: 'residency.load_wait_s' must be between 0 and 3600, got 3601");
+  EXPECT_EQ(error("[residency]\nunload_on_pressure = \"yes\"\n"),
+            "x.toml:2:22: 'residency.unload_on_pressure' must be true or false");
+  EXPECT_EQ(error("[residency]\nunload_on_pressure = 1\n"),
+            "x.toml:2:22: 'residency.unload_on_pressure' must be true or false");
 }
 
 TEST(Config, UnknownKeyNamesFileLineAndKey) {
