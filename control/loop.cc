@@ -1,6 +1,9 @@
 #include "control/loop.h"
 
 #include <chrono>
+#include <deque>
+
+#include "base/mutex.h"
 
 namespace aotid::control {
 
@@ -9,6 +12,41 @@ struct UvLoop::Timer {
   UvLoop* owner = nullptr;
   std::function<void()> fn;
 };
+
+// Shared with the threads that post: a post after Close finds it closed
+// and drops its work.
+struct UvLoop::Inbox {
+  Mutex mu;
+  bool closed GUARDED_BY(mu) = false;
+  std::deque<std::function<void()>> work GUARDED_BY(mu);
+  uv_async_t* async GUARDED_BY(mu) = nullptr;
+
+  void RunPosted() EXCLUDES(mu) {
+    std::deque<std::function<void()>> now;
+    {
+      MutexLock lock(&mu);
+      now.swap(work);
+    }
+    for (auto& fn : now) fn();
+  }
+};
+
+UvLoop::UvLoop(uv_loop_t* loop) : loop_(loop), inbox_(std::make_shared<Inbox>()) {
+  auto* async = new uv_async_t;
+  async->data = inbox_.get();
+  uv_async_init(loop_, async, [](uv_async_t* h) { static_cast<Inbox*>(h->data)->RunPosted(); });
+  // Wakes the loop when work comes, never keeps it running by itself.
+  uv_unref(reinterpret_cast<uv_handle_t*>(async));
+  MutexLock lock(&inbox_->mu);
+  inbox_->async = async;
+}
+
+void UvLoop::Post(std::function<void()> fn) {
+  MutexLock lock(&inbox_->mu);
+  if (inbox_->closed) return;
+  inbox_->work.push_back(std::move(fn));
+  uv_async_send(inbox_->async);
+}
 
 int64_t UvLoop::NowMs() const {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -39,6 +77,16 @@ void UvLoop::RunAfter(int64_t delay_ms, std::function<void()> fn) {
 
 void UvLoop::Close() {
   closed_ = true;
+  {
+    MutexLock lock(&inbox_->mu);
+    if (!inbox_->closed) {
+      inbox_->closed = true;
+      inbox_->work.clear();
+      uv_close(reinterpret_cast<uv_handle_t*>(inbox_->async),
+               [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
+      inbox_->async = nullptr;
+    }
+  }
   for (Timer* t : pending_) {
     uv_timer_stop(&t->handle);
     uv_close(reinterpret_cast<uv_handle_t*>(&t->handle),

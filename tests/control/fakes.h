@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,31 @@ class FakeLoop final : public Loop {
   void RunAfter(int64_t delay_ms, std::function<void()> fn) override {
     timers_.push_back({now_ms_ + std::max<int64_t>(0, delay_ms), seq_++, std::move(fn)});
   }
-  // Moves the clock by `ms`, running every callback that falls due, in order
-  // of due time (callbacks they add run too when due).
+  void Post(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(posted_mu_);
+    posted_.push_back(std::move(fn));
+  }
+  // Runs what was posted (and what that posts), as the loop would next.
+  void RunPosted() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> lock(posted_mu_);
+        if (posted_.empty()) return;
+        fn = std::move(posted_.front());
+        posted_.pop_front();
+      }
+      fn();
+    }
+  }
+  // Moves the clock by `ms`, running what was posted and every callback
+  // that falls due, in order of due time (callbacks they add run too when
+  // due).
   void Advance(int64_t ms) {
+    RunPosted();
     int64_t until = now_ms_ + ms;
     for (;;) {
+      RunPosted();
       auto next = std::min_element(timers_.begin(), timers_.end(), [](const Timer& a, const Timer& b) {
         return a.due != b.due ? a.due < b.due : a.seq < b.seq;
       });
@@ -39,6 +60,7 @@ class FakeLoop final : public Loop {
       timers_.erase(next);
       fn();
     }
+    RunPosted();
     now_ms_ = until;
   }
   size_t pending() const { return timers_.size(); }
@@ -52,6 +74,8 @@ class FakeLoop final : public Loop {
   int64_t now_ms_ = 1'000'000;
   uint64_t seq_ = 0;
   std::vector<Timer> timers_;
+  std::mutex posted_mu_;
+  std::deque<std::function<void()>> posted_;
 };
 
 // A model that answers nothing; what a served version holds in these tests.
