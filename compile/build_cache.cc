@@ -237,6 +237,63 @@ Status BuildCache::RecordThreads(const std::string& entry_dir, const RecordedThr
                              j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
+std::optional<RecordedFootprint> BuildCache::ReadFootprint(const std::string& entry_dir,
+                                                           const std::string& key) const {
+  auto text = fs::ReadFile(entry_dir + "/footprint.json");
+  if (!text.ok() || text->size() > (1 << 20)) return std::nullopt;
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
+  if (!j.is_object() || !j.contains(key)) return std::nullopt;
+  const nlohmann::json& r = j[key];
+  auto bytes = [&](const char* name) -> std::optional<uint64_t> {
+    if (!r.is_object() || !r.contains(name) || !r[name].is_number_unsigned()) return std::nullopt;
+    return r[name].get<uint64_t>();
+  };
+  auto at_load = bytes("at_load"), peak = bytes("peak");
+  if (!at_load || !peak || *at_load == 0 || *peak < *at_load) return std::nullopt;
+  RecordedFootprint f{key, *at_load, *peak, 0};
+  if (r.contains("at_ms") && r["at_ms"].is_number_integer()) f.at_ms = r["at_ms"].get<int64_t>();
+  return f;
+}
+
+Status BuildCache::RecordFootprint(const std::string& entry_dir, const RecordedFootprint& r) const {
+  nlohmann::json all = nlohmann::json::object();
+  if (auto text = fs::ReadFile(entry_dir + "/footprint.json"); text.ok() && text->size() <= (1 << 20)) {
+    nlohmann::json j = ParseJsonOrDiscarded(*text);
+    if (j.is_object()) all = std::move(j);
+  }
+  all.erase(r.key);
+  while (all.size() > 15) {
+    // The oldest goes.
+    auto oldest = all.begin();
+    for (auto it = all.begin(); it != all.end(); ++it) {
+      auto at = [](const nlohmann::json& x) {
+        return x.is_object() && x.contains("at_ms") && x["at_ms"].is_number_integer()
+                   ? x["at_ms"].get<int64_t>()
+                   : 0;
+      };
+      if (at(*it) < at(*oldest)) oldest = it;
+    }
+    all.erase(oldest);
+  }
+  all[r.key] = {{"at_load", r.at_load}, {"peak", r.peak}, {"at_ms", r.at_ms}};
+  return fs::WriteFileAtomic(entry_dir + "/footprint.json",
+                             all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+uint64_t BuildCache::EntryBytes(const std::string& entry_dir) {
+  std::error_code ec;
+  uint64_t total = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(entry_dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const auto n = it->file_size(size_ec);
+      if (!size_ec) total += n;
+    }
+  }
+  return total;
+}
+
 bool BuildCache::ForgetThreads(const std::string& entry_dir) const {
   return ::unlink((entry_dir + "/threads.json").c_str()) == 0;
 }

@@ -53,6 +53,13 @@ struct BuildKey {
 // (runtime/thread_choice.h), kept in its entry (threads.json, one record
 // per key: versions sharing a build may time it at different batches) so
 // that later loads use a settled one rather than time it again.
+struct RecordedFootprint {
+  std::string key;
+  uint64_t at_load = 0;  // just after a load
+  uint64_t peak = 0;     // the most it was measured at
+  int64_t at_ms = 0;     // when, wall clock
+};
+
 struct RecordedThreads {
   std::string key;  // what the timing depended on (machine, most threads, batch); reused only on a match
   int threads = 0;
@@ -128,6 +135,16 @@ class BuildCache {
   // Removes the record, so the next load times the build again; true when
   // there was one.
   bool ForgetThreads(const std::string& entry_dir) const;
+
+  // What versions running this build measured in memory (control/residency.h),
+  // kept in its entry (footprint.json, one record per key: the settings
+  // that change it, such as runners and sequences), so that later loads
+  // are admitted by the measured size. nullopt when none or unreadable.
+  std::optional<RecordedFootprint> ReadFootprint(const std::string& entry_dir, const std::string& key) const;
+  // Adds or replaces the record of r.key (at most 16 kept, the newest).
+  Status RecordFootprint(const std::string& entry_dir, const RecordedFootprint& r) const;
+  // The bytes of the entry's files: its code and weights.
+  static uint64_t EntryBytes(const std::string& entry_dir);
 
   std::string EntryDir(const BuildKey& key) const;
   // Where the log of the last failed build of `key` is kept.
