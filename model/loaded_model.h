@@ -68,6 +68,11 @@ class LoadedModel {
   // key/value cache) is lost: its runner process was started anew. A
   // caller that counts on that state asks before it does.
   virtual int64_t state_epoch() const { return 0; }
+  // Keeps the model ready to run, as a request in flight would, until the
+  // handle is dropped: a language model's sequence holds it from its start
+  // to its end, since its cache lives in the model between its calls.
+  // nullptr where the model is always there (it is not unloaded when idle).
+  virtual std::shared_ptr<void> KeepResident() { return nullptr; }
   // The most rows of dim 0 one run joins from several requests; 1 where
   // requests run alone.
   virtual int64_t max_batch_rows() const { return 1; }

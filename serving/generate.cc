@@ -301,6 +301,9 @@ struct Sequence::State {
   std::vector<int32_t> prompt;
   std::function<bool()> gone;
   std::shared_ptr<model::LoadedModel> model;
+  // Keeps the model resident from the sequence's start to its end: its
+  // cache is in the model between its calls (LoadedModel::KeepResident).
+  std::shared_ptr<void> keep;
   std::weak_ptr<Generator::Scheduler> scheduler;
   Clock::time_point queued;
   // An /infer run of the model instead of a sequence (RunAlone).
@@ -802,6 +805,7 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
       stats_.active = static_cast<int>(active_.size());
     }
     const bool none = r.ids.empty() && r.text.empty();
+    s->keep.reset();
     GenerateResult result = std::move(r);
     // A failure before any text is the request's error; after some, the
     // answer so far ends with it.
@@ -822,6 +826,7 @@ class Generator::Scheduler : public std::enable_shared_from_this<Generator::Sche
     std::vector<Sequence::Event> none;
     GenerateResult r;
     r.prompt_tokens = static_cast<int64_t>(s->prompt.size());
+    s->keep.reset();
     s->Publish(&none, true, &r, why);
   }
 
@@ -1142,6 +1147,7 @@ StatusOr<std::shared_ptr<Sequence>> Generator::Start(std::shared_ptr<model::Load
   s->prompt = std::move(prompt);
   s->gone = std::move(gone);
   s->model = std::move(model);
+  s->keep = s->model->KeepResident();
   s->scheduler = scheduler_;
   s->queued = Clock::now();
   const int64_t budget = std::min(s->req.max_tokens, spec_.max_seq_len - n_prompt);

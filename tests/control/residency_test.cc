@@ -1,0 +1,376 @@
+// Residency's decisions (control/residency.h), with time, loads and memory
+// faked: each case walks requests, loads and the clock step by step, in
+// milliseconds. The end-to-end test (tests/e2e/residency_test.cc) runs the
+// same policy with real runners.
+#include "control/residency.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+
+#include "control/fakes.h"
+#include "test_util.h"
+
+namespace aotid::control {
+namespace {
+
+using testing::FakeLoop;
+
+constexpr uint64_t kMb = uint64_t{1} << 20;
+
+// A loaded model whose submitted runs wait until the test ends them.
+class HeldModel final : public model::LoadedModel {
+ public:
+  const model::ModelSpec& spec() const override { return spec_; }
+  const std::string& device() const override { return device_; }
+  StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>&,
+                                                 const model::RunContext&) override {
+    ++runs;
+    return std::vector<model::HostTensor>{};
+  }
+  Status Submit(std::vector<model::HostTensor>, model::RunContext, Done done,
+                std::unique_ptr<model::Announcement>) override {
+    ++runs;
+    held.push_back(std::move(done));
+    return Status::OK();
+  }
+  // Ends the oldest run still held.
+  void FinishOne() {
+    Done d = std::move(held.front());
+    held.pop_front();
+    d(std::vector<model::HostTensor>{});
+  }
+  int runs = 0;
+  std::deque<Done> held;
+
+ private:
+  model::ModelSpec spec_;
+  std::string device_ = "cpu";
+};
+
+class FakeProbe final : public MemoryProbe {
+ public:
+  StatusOr<uint64_t> ProcessBytes(int pid) override {
+    auto it = bytes.find(pid);
+    if (it == bytes.end()) return NotFound("no process " + std::to_string(pid));
+    return it->second;
+  }
+  platform::MemoryPressure Pressure() override { return pressure; }
+  std::map<int, uint64_t> bytes;
+  platform::MemoryPressure pressure{.known = true, .source = "test"};
+};
+
+class ResidencyTest : public ::testing::Test {
+ protected:
+  struct Version {
+    std::shared_ptr<ResidentModel> model;
+    std::shared_ptr<HeldModel> loaded;  // the runner of its last load
+    int pid = 0;
+    uint64_t bytes = 0;  // what its runner measures at
+    int loads_started = 0;
+    std::deque<std::function<void(StatusOr<LoadedRunner>)>> loading;
+    std::vector<Footprint> learned;
+    std::vector<std::pair<std::string, std::string>> events;
+  };
+
+  void SetUp() override { Make(); }
+
+  void Make(uint64_t budget = 250 * kMb, int64_t keep_alive_ms = 300'000) {
+    ResidencyOptions o;
+    o.budget_bytes = budget;
+    o.budget_source = "set by the test";
+    o.keep_alive_ms = keep_alive_ms;
+    o.load_wait_ms = 30'000;
+    o.sample_ms = 1000;
+    ResidencyHooks hooks;
+    hooks.unloaded = [this](const std::string& name, int64_t, const std::string& cause) {
+      unloads.push_back(name + " " + cause);
+    };
+    residency_ = std::make_unique<Residency>(&loop_, &probe_, o, hooks);
+  }
+
+  // Serves `name` (version 1), measuring `bytes` once loaded.
+  Version& Serve(const std::string& name, uint64_t bytes, int keep_alive_s = -1, bool learned = true,
+                 bool language_model = false) {
+    Version& v = versions_[name];
+    v.bytes = bytes;
+    v.pid = next_pid_++;
+    ResidentVersion rv;
+    rv.name = name;
+    rv.version = 1;
+    rv.keep_alive_s = keep_alive_s;
+    rv.language_model = language_model;
+    rv.files_bytes = bytes / 2;
+    if (learned) rv.learned = Footprint{bytes, bytes};
+    rv.load = [this, name](std::function<void(StatusOr<LoadedRunner>)> done) {
+      Version& me = versions_[name];
+      ++me.loads_started;
+      me.loading.push_back(std::move(done));
+    };
+    rv.learn = [this, name](const Footprint& f) { versions_[name].learned.push_back(f); };
+    rv.record = [this, name](const std::string& kind, const std::string& message) {
+      versions_[name].events.push_back({kind, message});
+    };
+    rv.model = v.model = residency_->NewModel(name, 1, model::ModelSpec{}, "cpu");
+    residency_->Add(std::move(rv));
+    return v;
+  }
+
+  // Finishes the oldest load of `name`: its runner is up.
+  void FinishLoad(const std::string& name) {
+    Version& v = versions_[name];
+    ASSERT_FALSE(v.loading.empty()) << name << " is not loading";
+    auto done = std::move(v.loading.front());
+    v.loading.pop_front();
+    v.loaded = std::make_shared<HeldModel>();
+    probe_.bytes[v.pid] = v.bytes;
+    const int pid = v.pid;
+    done(LoadedRunner{v.loaded, [pid] { return pid; }});
+    loop_.RunPosted();
+  }
+  void FailLoad(const std::string& name, const Status& why) {
+    Version& v = versions_[name];
+    ASSERT_FALSE(v.loading.empty());
+    auto done = std::move(v.loading.front());
+    v.loading.pop_front();
+    done(why);
+    loop_.RunPosted();
+  }
+
+  // Submits a request to `name`; its answer lands in `answers_[name]`.
+  Status Request(const std::string& name) {
+    Status s =
+        versions_[name].model->Submit({}, {}, [this, name](StatusOr<std::vector<model::HostTensor>> out) {
+          answers_[name].push_back(out.status());
+        });
+    loop_.RunPosted();
+    return s;
+  }
+  void Finish(const std::string& name) {
+    versions_[name].loaded->FinishOne();
+    loop_.RunPosted();
+  }
+  bool Resident(const std::string& name) { return versions_[name].model->state().resident; }
+
+  FakeLoop loop_;
+  FakeProbe probe_;
+  std::unique_ptr<Residency> residency_;
+  std::map<std::string, Version> versions_;
+  std::map<std::string, std::vector<Status>> answers_;
+  std::vector<std::string> unloads;
+  int next_pid_ = 100;
+};
+
+TEST_F(ResidencyTest, AVersionLoadsOnItsFirstRequestAndGoesAfterItsKeepAlive) {
+  Serve("a", 100 * kMb);
+  EXPECT_FALSE(Resident("a"));
+  ASSERT_OK(Request("a"));
+  ASSERT_OK(Request("a"));  // joins the same load
+  EXPECT_EQ(versions_["a"].loads_started, 1);
+  FinishLoad("a");
+  ASSERT_TRUE(Resident("a"));
+  EXPECT_EQ(versions_["a"].loaded->runs, 2);
+  Finish("a");
+  Finish("a");
+  ASSERT_EQ(answers_["a"].size(), 2u);
+  EXPECT_OK(answers_["a"][0]);
+  loop_.Advance(299'000);
+  EXPECT_TRUE(Resident("a"));
+  // A request in between starts the wait again.
+  ASSERT_OK(Request("a"));
+  Finish("a");
+  loop_.Advance(299'000);
+  EXPECT_TRUE(Resident("a"));
+  loop_.Advance(2'000);
+  EXPECT_FALSE(Resident("a"));
+  ASSERT_EQ(versions_["a"].events.size(), 1u);
+  EXPECT_EQ(versions_["a"].events[0].first, "unloaded");
+  EXPECT_EQ(versions_["a"].events[0].second, "idle for 5m (keep_alive)");
+  // The next request loads it again.
+  ASSERT_OK(Request("a"));
+  EXPECT_EQ(versions_["a"].loads_started, 2);
+}
+
+TEST_F(ResidencyTest, KeepAliveZeroUnloadsAfterEachAnswerAndAlwaysNever) {
+  Serve("zero", 50 * kMb, /*keep_alive_s=*/0);
+  Serve("always", 50 * kMb, /*keep_alive_s=*/-2);
+  ASSERT_OK(Request("zero"));
+  ASSERT_OK(Request("always"));
+  FinishLoad("zero");
+  FinishLoad("always");
+  Finish("zero");
+  Finish("always");
+  loop_.Advance(0);
+  EXPECT_FALSE(Resident("zero"));
+  loop_.Advance(24 * 3600 * 1000);
+  EXPECT_TRUE(Resident("always"));
+}
+
+TEST_F(ResidencyTest, ALoadThatDoesNotFitUnloadsTheLeastRecentlyUsedIdleVersion) {
+  Serve("a", 100 * kMb);
+  Serve("b", 100 * kMb);
+  Serve("c", 100 * kMb);
+  for (const char* n : {"a", "b"}) {
+    ASSERT_OK(Request(n));
+    FinishLoad(n);
+  }
+  loop_.Advance(10);
+  Finish("b");  // b is used first, a last: b is the least recent
+  loop_.Advance(10);
+  Finish("a");
+  ASSERT_OK(Request("c"));
+  EXPECT_FALSE(Resident("b"));
+  EXPECT_TRUE(Resident("a"));
+  EXPECT_EQ(versions_["c"].loads_started, 1);
+  ASSERT_EQ(unloads, std::vector<std::string>{"b evicted"});
+  EXPECT_EQ(versions_["b"].events.back().second, "unloaded to make room for c:1");
+  FinishLoad("c");
+  EXPECT_LE(residency_->Used(), 250 * kMb);
+}
+
+TEST_F(ResidencyTest, ABusyVersionIsNeverUnloadedItIsDrainedAndGoesWhenItsRequestsEnd) {
+  Serve("a", 100 * kMb);
+  Serve("b", 100 * kMb);
+  Serve("c", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  loop_.Advance(10);
+  ASSERT_OK(Request("b"));
+  FinishLoad("b");
+  Finish("b");  // b idle, a busy; a is the least recent
+  ASSERT_OK(Request("c"));
+  EXPECT_TRUE(Resident("a"));
+  EXPECT_FALSE(Resident("b"));
+  FinishLoad("c");
+  // Now a and c are busy, and b wants to come back: a (the least recent)
+  // is drained: its new requests wait, and it goes once its run ends.
+  ASSERT_OK(Request("b"));
+  EXPECT_EQ(versions_["b"].loads_started, 1);
+  ASSERT_OK(Request("a"));
+  EXPECT_EQ(versions_["a"].loaded->runs, 1) << "a draining version takes no new run";
+  EXPECT_TRUE(Resident("a"));
+  Finish("a");
+  EXPECT_FALSE(Resident("a"));
+  EXPECT_EQ(versions_["b"].loads_started, 2);
+  FinishLoad("b");
+  // a's waiting request asked for a load of its own, which waits for room
+  // until c's request ends.
+  EXPECT_EQ(residency_->Report()->versions[0].state, "waiting for memory");
+  EXPECT_EQ(versions_["a"].loads_started, 1);
+  Finish("c");
+  EXPECT_EQ(versions_["a"].loads_started, 2);
+  EXPECT_FALSE(Resident("c"));
+  FinishLoad("a");
+  Finish("a");
+  ASSERT_EQ(answers_["a"].size(), 2u);
+  for (const Status& s : answers_["a"]) EXPECT_OK(s);
+  EXPECT_LE(residency_->Used(), 250 * kMb);
+}
+
+TEST_F(ResidencyTest, AFailedLoadAnswersEveryWaitingRequestWithItsReason) {
+  Serve("a", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  ASSERT_OK(Request("a"));
+  FailLoad("a", Internal("the runner for a:1 did not start: boom"));
+  ASSERT_EQ(answers_["a"].size(), 2u);
+  for (const Status& s : answers_["a"]) EXPECT_EQ(s.message(), "the runner for a:1 did not start: boom");
+  // A blocking caller (a generator's thread) gets it too.
+  std::thread caller([&] {
+    auto out = versions_["a"].model->Infer({}, {});
+    EXPECT_EQ(out.status().message(), "second failure");
+  });
+  while (versions_["a"].loading.empty()) {
+    loop_.RunPosted();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  FailLoad("a", Internal("second failure"));
+  caller.join();
+  EXPECT_EQ(residency_->Used(), 0u);
+}
+
+TEST_F(ResidencyTest, ALoadLargerThanTheBudgetLeavesIsRefusedAtOnceNamingWhatHoldsIt) {
+  Serve("big", 200 * kMb, /*keep_alive_s=*/-2);
+  Serve("c", 100 * kMb);
+  ASSERT_OK(Request("big"));
+  FinishLoad("big");
+  ASSERT_OK(Request("c"));
+  EXPECT_EQ(versions_["c"].loads_started, 0);
+  ASSERT_EQ(answers_["c"].size(), 1u);
+  const Status& s = answers_["c"][0];
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("budget of 250 MB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("big:1 (200 MB, keep_alive always)"), std::string::npos) << s.message();
+}
+
+TEST_F(ResidencyTest, ALoadThatWaitsPastLoadWaitIsRefusedAndNothingWasUnloadedForIt) {
+  // A language model's sequences hold it: it is never drained.
+  Serve("llm", 200 * kMb, -1, true, /*language_model=*/true);
+  Serve("c", 100 * kMb);
+  auto hold = versions_["llm"].model->KeepResident();
+  loop_.RunPosted();
+  FinishLoad("llm");
+  ASSERT_OK(Request("c"));
+  loop_.Advance(29'000);
+  EXPECT_TRUE(answers_["c"].empty());
+  loop_.Advance(2'000);
+  ASSERT_EQ(answers_["c"].size(), 1u);
+  EXPECT_EQ(answers_["c"][0].code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(answers_["c"][0].message().find("waited 30s for memory"), std::string::npos)
+      << answers_["c"][0].message();
+  EXPECT_NE(answers_["c"][0].message().find("llm:1 (200 MB, 1 request in flight)"), std::string::npos)
+      << answers_["c"][0].message();
+  EXPECT_TRUE(Resident("llm"));
+  EXPECT_TRUE(unloads.empty());
+}
+
+TEST_F(ResidencyTest, SizesAreMeasuredAtLoadAndKeptWithTheBuild) {
+  Serve("a", 120 * kMb, -1, /*learned=*/false);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  ASSERT_FALSE(versions_["a"].learned.empty());
+  EXPECT_EQ(versions_["a"].learned.back().at_load, 120 * kMb);
+  probe_.bytes[versions_["a"].pid] = 180 * kMb;  // it grew while running
+  loop_.Advance(1000);
+  EXPECT_EQ(versions_["a"].learned.back().peak, 180 * kMb);
+  EXPECT_EQ(residency_->Used(), 180 * kMb);
+}
+
+TEST_F(ResidencyTest, MemoryPressureUnloadsIdleVersionsLeastRecentFirst) {
+  Serve("a", 50 * kMb);
+  Serve("b", 50 * kMb);
+  for (const char* n : {"a", "b"}) {
+    ASSERT_OK(Request(n));
+    FinishLoad(n);
+  }
+  Finish("a");
+  loop_.Advance(10);
+  probe_.pressure.level = platform::PressureLevel::kWarning;
+  loop_.Advance(1000);
+  EXPECT_FALSE(Resident("a"));
+  EXPECT_TRUE(Resident("b")) << "busy";
+  EXPECT_EQ(unloads, std::vector<std::string>{"a pressure"});
+}
+
+TEST_F(ResidencyTest, ARunnerKilledForMemoryCountsForMoreAndGoesWhenIdle) {
+  Serve("a", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  residency_->RunnerCrashed("a", 1, "the runner for a:1 was killed by signal 9 (SIGKILL)");
+  EXPECT_TRUE(Resident("a")) << "its request is still in flight";
+  Finish("a");
+  EXPECT_FALSE(Resident("a"));
+  EXPECT_EQ(unloads, std::vector<std::string>{"a memory_kill"});
+  ASSERT_FALSE(versions_["a"].learned.empty());
+  EXPECT_EQ(versions_["a"].learned.back().peak, 125 * kMb);
+  // A crash of another kind changes nothing.
+  Serve("b", 100 * kMb);
+  ASSERT_OK(Request("b"));
+  FinishLoad("b");
+  Finish("b");
+  residency_->RunnerCrashed("b", 1, "the runner for b:1 was killed by signal 11 (SIGSEGV)");
+  EXPECT_TRUE(Resident("b"));
+}
+
+}  // namespace
+}  // namespace aotid::control
