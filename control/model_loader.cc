@@ -139,6 +139,10 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
           }
           work->result.embed = std::make_shared<const serving::EmbedSpec>(std::move(spec).value());
         }
+        if (r.prepare_only) {
+          work->result.model = std::shared_ptr<model::LoadedModel>();
+          return;
+        }
         // Loads that time their threads take turns: runners timing side by
         // side on the same cores would measure each other (and find the
         // machine busy). Loads that do not time run freely.
@@ -173,7 +177,12 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
             LOG_WARNING << ro_label << ": the thread choice is not recorded: " << written.message();
           work->result.threads_recorded = written.ok();
         }
-        work->result.model = std::shared_ptr<model::LoadedModel>(std::move(started).value());
+        std::shared_ptr<runner::RunnerModel> runner = std::move(started).value();
+        work->result.runner_pid = [weak = std::weak_ptr<runner::RunnerModel>(runner)] {
+          auto r = weak.lock();
+          return r ? static_cast<int>(r->pid()) : 0;
+        };
+        work->result.model = std::shared_ptr<model::LoadedModel>(std::move(runner));
       },
       [](uv_work_t* req, int status) {  // the loop thread
         std::unique_ptr<LoadWork> work(static_cast<LoadWork*>(req->data));

@@ -41,6 +41,10 @@ struct LoadRequest {
   uint64_t memory_limit_bytes = 0;
   int max_crashes = 5;
   int64_t crash_window_ms = 60'000;
+  // Reads the generate and embed specs and checks them, starting no
+  // runner: a version that is ready to serve but not resident (it loads on
+  // its first request). LoadResult::model is then an OK nullptr.
+  bool prepare_only = false;
   // What happens to the runner later (crashes, giving up); called on the
   // loop thread, for as long as the model is loaded.
   std::function<void(const runner::RunnerEvent&)> on_runner_event;
@@ -58,6 +62,9 @@ struct LoadResult {
   std::shared_ptr<const serving::Generator> generator;
   // An embedding model's spec and tokenizer (its build has an embed spec).
   std::shared_ptr<const serving::EmbedSpec> embed;
+  // The runner's process id now (0 while none runs, as during a restart):
+  // what its memory is measured by.
+  std::function<int()> runner_pid;
 };
 
 class ModelLoader {

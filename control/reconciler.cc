@@ -15,8 +15,17 @@ namespace {
 std::string Name(const storage::ModelVersion& v) { return v.model + ":" + std::to_string(v.version); }
 
 // Identifies one piece of work: the version as the store described it.
+// Settings that apply without a reload (keep_alive) are not part of it.
 std::string WorkKey(const storage::ModelVersion& v) {
-  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + storage::CanonicalText(v.settings);
+  return Name(v) + "@" + v.artifact + "/" + v.package_model + "/" + storage::LoadText(v.settings);
+}
+
+// The bytes of a model's state inputs (a language model's cache).
+uint64_t StateBytes(const model::ModelSpec& spec) {
+  uint64_t total = 0;
+  for (const auto& t : spec.state_inputs)
+    total += static_cast<uint64_t>(model::NumElements(t.shape)) * model::DTypeSize(t.dtype);
+  return total;
 }
 
 }  // namespace
@@ -29,6 +38,7 @@ Reconciler::Reconciler(ReconcilerParts parts, ReconcilerOptions options)
       loader_(parts.loader),
       registry_(parts.registry),
       metrics_(parts.metrics),
+      residency_(parts.residency),
       options_(std::move(options)) {}
 
 Reconciler::~Reconciler() {
@@ -194,7 +204,8 @@ bool Reconciler::IsCurrent(const storage::ModelVersion& v) const {
   auto m = stored_.find(v.model);
   if (m == stored_.end()) return false;
   auto it = m->second.find(v.version);
-  return it != m->second.end() && it->second.artifact == v.artifact && it->second.settings == v.settings;
+  return it != m->second.end() && it->second.artifact == v.artifact &&
+         storage::LoadText(it->second.settings) == storage::LoadText(v.settings);
 }
 
 bool Reconciler::IsDesired(const std::string& name, int64_t version) const {
@@ -215,13 +226,13 @@ void Reconciler::Retire(const std::string& name) {
     bool in_store = m != stored_.end() && m->second.count(version);
     if (!in_store) {
       LOG_INFO << "unloading " << name << ":" << version << ": removed from the store";
-      registry_->Remove(name, version);
+      Unserve(name, version, "was removed from the store");
     } else if (!desired_.count(name)) {
       LOG_INFO << "unloading " << name << ":" << version << ": the model is disabled";
-      registry_->Remove(name, version);
+      Unserve(name, version, "is unloaded (its model is disabled)");
     } else if (!IsDesired(name, version) && (wanted_ready || sm->state != serving::ServeState::kReady)) {
       LOG_INFO << "unloading " << name << ":" << version << ": its version policy no longer serves it";
-      registry_->Remove(name, version);
+      Unserve(name, version, "is no longer served: its version policy serves another");
     }
   }
 }
@@ -265,7 +276,16 @@ void Reconciler::Ensure(const storage::ModelVersion& v) {
   // Serving as the store says. Anything else (in flight, failed, waiting
   // for a retry) is told apart by the work sets below.
   std::string work = WorkKey(v);
-  const bool same = current && current->artifact == v.artifact && current->settings == v.settings;
+  const bool same = current && current->artifact == v.artifact &&
+                    storage::LoadText(current->settings) == storage::LoadText(v.settings);
+  if (same && current->settings != v.settings) {
+    // A setting that applies as it is (keep_alive): no reload.
+    if (residency_) residency_->SetKeepAlive(v.model, v.version, v.settings.keep_alive_s);
+    serving::ServedModel m = *current;
+    m.settings = v.settings;
+    registry_->Put(std::move(m));
+    current = registry_->Find(v.model, v.version);
+  }
   if (same && current->state == serving::ServeState::kReady && !retime_.count(work)) return;
   if (in_flight_.count(work) || failed_.count(work)) return;
   if (auto r = retries_.find(work); r != retries_.end() && r->second.at_ms > loop_->NowMs()) return;
@@ -517,6 +537,27 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const model::CacheEnt
     MaybeStartupDone();
     return;
   }
+  LoadRequest req = MakeLoadRequest(v, entry, plan);
+  if (residency_) {
+    // Loaded now when it fits beside what is loaded, unless it is to be
+    // unloaded after each answer anyway; else it is ready to serve and
+    // loads on its first request.
+    const int64_t keep = residency_->KeepAliveMs(v.settings.keep_alive_s);
+    ResidentVersion sized = Sized(v, entry, plan);
+    const uint64_t estimate = residency_->Estimate(sized);
+    req.prepare_only = keep == 0 || !residency_->Reserve(WorkKey(v), estimate);
+    if (req.prepare_only && keep != 0) {
+      LOG_INFO << Name(v) << ": not loaded now: about " << (estimate >> 20)
+               << " MiB do not fit the memory budget beside what is loaded; it loads on its first request";
+    }
+  }
+  loader_->Load(std::move(req), [this, alive = alive_, v, entry, built_now, plan](LoadResult result) {
+    if (*alive) LoadDone(v, entry, built_now, plan, std::move(result));
+  });
+}
+
+LoadRequest Reconciler::MakeLoadRequest(const storage::ModelVersion& v, const model::CacheEntry& entry,
+                                        const DevicePlan& plan) {
   LoadRequest req;
   req.entry = entry;
   req.options.device = plan.device;
@@ -543,14 +584,99 @@ void Reconciler::StartLoad(const storage::ModelVersion& v, const model::CacheEnt
   req.on_runner_event = [this, alive = alive_, v](const runner::RunnerEvent& e) {
     if (*alive) RunnerEvent(v, e);
   };
-  loader_->Load(std::move(req), [this, alive = alive_, v, entry, built_now, plan](LoadResult result) {
-    if (*alive) LoadDone(v, entry, built_now, plan, std::move(result));
-  });
+  return req;
+}
+
+std::string Reconciler::FootprintKey(const storage::ModelVersion& v, const std::string& device) {
+  return device + " " + storage::LoadText(v.settings);
+}
+
+ResidentVersion Reconciler::Sized(const storage::ModelVersion& v, const model::CacheEntry& entry,
+                                  const DevicePlan& plan) const {
+  ResidentVersion rv;
+  rv.name = v.model;
+  rv.version = v.version;
+  rv.keep_alive_s = v.settings.keep_alive_s;
+  rv.runners = v.settings.num_runners;
+  rv.language_model = !entry.generate_path.empty();
+  rv.files_bytes = compile::BuildCache::EntryBytes(entry.dir);
+  rv.state_bytes = StateBytes(entry.spec);
+  if (auto f = cache_->ReadFootprint(entry.dir, FootprintKey(v, plan.device)))
+    rv.learned = Footprint{f->at_load, f->peak};
+  return rv;
+}
+
+std::shared_ptr<model::LoadedModel> Reconciler::Resident(const storage::ModelVersion& v,
+                                                         const model::CacheEntry& entry,
+                                                         const DevicePlan& plan,
+                                                         std::shared_ptr<model::LoadedModel> loaded,
+                                                         std::function<int()> pid) {
+  ResidentVersion rv = Sized(v, entry, plan);
+  auto model = residency_->NewModel(v.model, v.version, entry.spec, plan.device,
+                                    loaded ? loaded->max_batch_rows() : 1);
+  rv.model = model;
+  rv.load = [this, alive = alive_, v, entry, plan](std::function<void(StatusOr<LoadedRunner>)> done) {
+    if (!*alive || stopping_) {
+      done(Unavailable("the daemon is stopping"));
+      return;
+    }
+    LoadAgain(v, entry, plan, std::move(done));
+  };
+  rv.learn = [cache = cache_, dir = entry.dir, key = FootprintKey(v, plan.device)](const Footprint& f) {
+    Status s = cache->RecordFootprint(dir, {key, f.at_load, f.peak, storage::NowMs()});
+    if (!s.ok()) LOG_WARNING << "cannot record a footprint in " << dir << ": " << s.message();
+  };
+  rv.record = [this, alive = alive_, v](const std::string& kind, const std::string& message) {
+    if (*alive) Record(v, kind, message);
+  };
+  std::optional<LoadedRunner> runner;
+  if (loaded) runner = LoadedRunner{std::move(loaded), std::move(pid)};
+  residency_->Add(std::move(rv), std::move(runner));
+  return model;
+}
+
+void Reconciler::LoadAgain(const storage::ModelVersion& v, const model::CacheEntry& entry,
+                           const DevicePlan& plan, std::function<void(StatusOr<LoadedRunner>)> done) {
+  Record(v, "load_started", "loading on demand");
+  loader_->Load(MakeLoadRequest(v, entry, plan),
+                [this, alive = alive_, v, plan, done = std::move(done)](LoadResult r) {
+                  if (!*alive) {
+                    done(Unavailable("the daemon is stopping"));
+                    return;
+                  }
+                  if (!r.model.ok() || !*r.model) {
+                    Status why = r.model.ok() ? Internal("the load returned no model") : r.model.status();
+                    LOG_ERROR << "loading " << Name(v) << " on demand failed: " << why.message();
+                    Record(v, "load_failed", why.message());
+                    if (why.code() == StatusCode::kCorruption && !stopping_ && IsCurrent(v) &&
+                        !in_flight_.count(WorkKey(v))) {
+                      // Damaged in place: built again, and served anew once it is.
+                      Record(v, "cache_invalid", why.message() + "; rebuilding");
+                      StartBuild(v, KeyFor(v, plan.device));
+                    }
+                    done(why);
+                    return;
+                  }
+                  const bool language_model = r.generator != nullptr;
+                  std::shared_ptr<model::LoadedModel> model =
+                      Queue(v, std::move(r.model).value(), language_model, r.embed.get());
+                  LOG_INFO << "loaded " << Name(v) << " on demand on " << model->device() << " (" << r.threads
+                           << " thread" << (r.threads == 1 ? "" : "s") << ")";
+                  Record(v, "loaded", "loaded on demand on " + model->device());
+                  done(LoadedRunner{std::move(model), std::move(r.runner_pid)});
+                });
+}
+
+void Reconciler::Unserve(const std::string& name, int64_t version, const std::string& why) {
+  registry_->Remove(name, version);
+  if (residency_)
+    residency_->Remove(name, version, Unavailable(name + ":" + std::to_string(version) + " " + why));
 }
 
 void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                           const DevicePlan& plan, LoadResult result) {
   in_flight_.erase(WorkKey(v));
+  if (residency_) residency_->Unreserve(WorkKey(v));
   if (result.model.status().code() == StatusCode::kCorruption && !stopping_ && IsCurrent(v)) {
     // Damaged in place since it was built: build it again (its new digest
     // then matches, so a build that crashes anyway fails below next time).
@@ -573,19 +699,31 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
   } else if (!IsDesired(v.model, v.version)) {
     LOG_INFO << "dropping the load of " << Name(v) << ": its version policy no longer serves it";
   } else {
-    std::shared_ptr<model::LoadedModel> model =
-        Queue(v, std::move(result.model).value(), /*language_model=*/result.generator != nullptr,
-              result.embed.get());
+    std::shared_ptr<model::LoadedModel> loaded = std::move(result.model).value();
+    if (loaded)
+      loaded =
+          Queue(v, std::move(loaded), /*language_model=*/result.generator != nullptr, result.embed.get());
     std::string how = built_now ? "after build" : "from cache";
-    const int64_t batch_rows = model->max_batch_rows();
-    LOG_INFO << "serving " << Name(v) << " on " << model->device() << " (" << how << ", "
-             << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
-             << result.threads << " thread" << (result.threads == 1 ? "" : "s")
-             << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
-             << (batch_rows > 1 ? ", batching up to " + std::to_string(batch_rows) + " rows" : std::string())
-             << ")";
-    Record(v, "loaded",
-           "loaded " + how + " on " + model->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
+    if (!loaded) {
+      LOG_INFO << "ready to serve " << Name(v) << " on " << plan.device << " (" << how
+               << "; not resident: it loads on its first request)";
+      Record(v, "ready",
+             "ready on " + plan.device + " " + how + "; not resident: it loads on its first request");
+    } else {
+      const int64_t batch_rows = loaded->max_batch_rows();
+      LOG_INFO << "serving " << Name(v) << " on " << loaded->device() << " (" << how << ", "
+               << v.settings.num_runners << " runner" << (v.settings.num_runners == 1 ? "" : "s") << " x "
+               << result.threads << " thread" << (result.threads == 1 ? "" : "s")
+               << (result.threads_note.empty() ? "" : " (auto, " + result.threads_note + ")")
+               << (batch_rows > 1 ? ", batching up to " + std::to_string(batch_rows) + " rows"
+                                  : std::string())
+               << ")";
+      Record(v, "loaded",
+             "loaded " + how + " on " + loaded->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
+    }
+    std::shared_ptr<model::LoadedModel> model =
+        residency_ ? Resident(v, entry, plan, std::move(loaded), std::move(result.runner_pid))
+                   : std::move(loaded);
     if (result.threads_recorded) threads_records_[WorkKey(v)] = entry.dir;
     Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json,
             std::move(result.generator), std::move(result.embed));
@@ -597,6 +735,8 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
   // Both kinds follow a runner's end; the last one is also why it is not restarted.
   if (metrics_) metrics_->RecordRunnerCrash(v.model, v.version);
   Record(v, e.kind == runner::RunnerEvent::Kind::kCrashed ? "runner_crashed" : "runner_failed", e.message);
+  if (residency_ && e.kind == runner::RunnerEvent::Kind::kCrashed)
+    residency_->RunnerCrashed(v.model, v.version, e.message);
   if (e.kind != runner::RunnerEvent::Kind::kFailed || !IsCurrent(v)) return;
   auto current = registry_->Find(v.model, v.version);
   // A runner that no longer starts because its build left the cache (cache
@@ -622,7 +762,9 @@ void Reconciler::RunnerEvent(const storage::ModelVersion& v, const runner::Runne
     m.message =
         e.message + "; loading it again (POST /v2/repository/models/" + v.model + "/load) starts it afresh";
     m.model = nullptr;
+    const std::string why = m.message;
     registry_->Put(std::move(m));
+    if (residency_) residency_->Remove(v.model, v.version, Unavailable(Name(v) + " failed: " + why));
   }
 }
 

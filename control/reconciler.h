@@ -48,6 +48,7 @@
 #include "compile/builder.h"
 #include "control/loop.h"
 #include "control/model_loader.h"
+#include "control/residency.h"
 #include "platform/hardware.h"
 #include "serving/metrics.h"
 #include "serving/model_registry.h"
@@ -78,6 +79,9 @@ struct ReconcilerParts {
   ModelLoader* loader = nullptr;
   serving::ModelRegistry* registry = nullptr;
   serving::Metrics* metrics = nullptr;  // optional
+  // Optional: where versions load and unload within a memory budget
+  // (control/residency.h). Without it every ready version stays loaded.
+  Residency* residency = nullptr;
 };
 
 // How long a build of an artifact of `size` bytes and `kind` may take, from
@@ -134,6 +138,25 @@ class Reconciler {
   bool FallBack(const storage::ModelVersion& v, const std::string& device, const std::string& why);
   void StartLoad(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                  const DevicePlan& plan);
+  // The load of `v`'s runner from `entry`, on `plan`'s device.
+  LoadRequest MakeLoadRequest(const storage::ModelVersion& v, const model::CacheEntry& entry,
+                              const DevicePlan& plan);
+  // With residency: hands a ready version over (its runner, when it was
+  // loaded now), and returns the model the registry serves.
+  std::shared_ptr<model::LoadedModel> Resident(const storage::ModelVersion& v, const model::CacheEntry& entry,
+                                               const DevicePlan& plan,
+                                               std::shared_ptr<model::LoadedModel> loaded,
+                                               std::function<int()> pid);
+  // What residency counts a version for, from its build.
+  ResidentVersion Sized(const storage::ModelVersion& v, const model::CacheEntry& entry,
+                        const DevicePlan& plan) const;
+  // A load residency asks for after the first: `done` gets the runner.
+  void LoadAgain(const storage::ModelVersion& v, const model::CacheEntry& entry, const DevicePlan& plan,
+                 std::function<void(StatusOr<LoadedRunner>)> done);
+  // What footprint records of `v` are kept under in its build's entry.
+  static std::string FootprintKey(const storage::ModelVersion& v, const std::string& device);
+  // Drops a served version from the registry (and from residency).
+  void Unserve(const std::string& name, int64_t version, const std::string& why);
   void LoadDone(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                 const DevicePlan& plan, LoadResult result);
   void CancelUnwanted();
@@ -176,6 +199,7 @@ class Reconciler {
   ModelLoader* loader_;
   serving::ModelRegistry* registry_;
   serving::Metrics* metrics_;
+  Residency* residency_;
   ReconcilerOptions options_;
   const std::string& fingerprint_ = options_.fingerprint;
   bool stopping_ = false;

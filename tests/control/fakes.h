@@ -198,8 +198,16 @@ class FakeLoader final : public ModelLoader {
   void Succeed() {
     auto [req, done] = Take();
     LoadResult r;
+    if (req.prepare_only) {
+      r.model = std::shared_ptr<model::LoadedModel>();
+      r.embed = embed;
+      done(std::move(r));
+      return;
+    }
     r.model = std::shared_ptr<model::LoadedModel>(
         std::make_shared<InertModel>(req.entry.spec, req.options.device, req.entry.dir));
+    const int pid = ++pids;
+    r.runner_pid = [pid] { return pid; };
     r.threads = req.options.threads;
     r.embed = embed;
     if (record_threads && req.choose_threads_at_batch > 0) {
@@ -225,6 +233,7 @@ class FakeLoader final : public ModelLoader {
   std::vector<LoadRequest> requests;
   std::shared_ptr<const serving::EmbedSpec> embed;  // given with each model loaded: an embedding model
   bool record_threads = false;  // record auto threads with the build, as a settled timing does
+  int pids = 4000;              // the last runner pid given out
 
  private:
   std::pair<LoadRequest, std::function<void(LoadResult)>> Take() {

@@ -5,6 +5,7 @@
 #include "control/reconciler.h"
 
 #include <algorithm>
+#include <future>
 
 #include "control/fakes.h"
 #include "serving/batcher.h"
@@ -68,7 +69,19 @@ class ReconcilerTest : public ::testing::Test {
     parts.builds = builds_.get();
     parts.loader = loader_.get();
     parts.registry = registry_.get();
+    if (residency_options_) {
+      residency_ = std::make_unique<Residency>(&loop_, &probe_, *residency_options_);
+      parts.residency = residency_.get();
+    }
     reconciler_ = std::make_unique<Reconciler>(parts, opts);
+  }
+  // From the next Start() on, versions come and go within `budget`.
+  void ManageResidency(uint64_t budget, int64_t keep_alive_ms = 300'000) {
+    ResidencyOptions o;
+    o.budget_bytes = budget;
+    o.budget_source = "the test's";
+    o.keep_alive_ms = keep_alive_ms;
+    residency_options_ = o;
   }
 
   int64_t Add(const std::string& name, std::vector<std::pair<std::string, std::string>> settings = {},
@@ -134,6 +147,12 @@ class ReconcilerTest : public ::testing::Test {
   std::unique_ptr<FakeBuilds> builds_;
   std::unique_ptr<FakeLoader> loader_;
   std::unique_ptr<serving::ModelRegistry> registry_;
+  std::optional<ResidencyOptions> residency_options_;
+  struct Probe final : MemoryProbe {
+    StatusOr<uint64_t> ProcessBytes(int) override { return uint64_t{40} << 20; }
+    platform::MemoryPressure Pressure() override { return {}; }
+  } probe_;
+  std::unique_ptr<Residency> residency_;
   std::unique_ptr<Reconciler> reconciler_;
 };
 
@@ -819,6 +838,143 @@ TEST_F(ReconcilerTest, LoadFinishingAfterTheReconcilerIsGoneDoesNothing) {
   reconciler_.reset();
   loader_->Succeed();  // would crash if the callback reached the destroyed reconciler
   EXPECT_EQ(registry_->Find("mlp")->state, ServeState::kLoading);
+}
+
+}  // namespace
+}  // namespace aotid::control
+
+namespace aotid::control {
+namespace {
+
+// The answer a request to a served version gets, waited for a bounded time.
+Status AnswerOf(const std::shared_ptr<model::LoadedModel>& m, FakeLoop* loop, FakeLoader* loader,
+                bool finish_load) {
+  auto answered = std::make_shared<std::promise<Status>>();
+  auto answer = answered->get_future();
+  model::HostTensor x{"x", model::DType::kFloat32, {1, 8}, std::vector<std::byte>(32)};
+  Status submitted = m->Submit({x}, {}, [answered](StatusOr<std::vector<model::HostTensor>> out) {
+    answered->set_value(out.status());
+  });
+  if (!submitted.ok()) return submitted;
+  loop->RunPosted();
+  if (finish_load) loader->Succeed();
+  if (answer.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return Internal("no answer");
+  return answer.get();
+}
+
+class ResidentReconcilerTest : public ReconcilerTest {};
+
+// keep_alive 0: nothing is loaded at start; the version is ready, and its
+// first request loads its runner and runs on it.
+TEST_F(ResidentReconcilerTest, AVersionWithKeepAliveZeroIsReadyAndLoadsOnItsFirstRequest) {
+  ManageResidency(uint64_t{1} << 30);
+  Start();
+  int64_t v = Add("mlp", {{"keep_alive", "0"}});
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  ASSERT_EQ(loader_->requests.size(), 1u);
+  EXPECT_TRUE(loader_->requests[0].prepare_only);
+  loader_->Succeed();
+  ASSERT_EQ(State("mlp", v), "ready");
+  EXPECT_TRUE(registry_->startup_done());
+  EXPECT_TRUE(HasEvent("mlp", v, "ready"));
+  auto served = Served("mlp", v);
+  auto* resident = dynamic_cast<ResidentModel*>(served->model.get());
+  ASSERT_NE(resident, nullptr);
+  EXPECT_FALSE(resident->state().resident);
+  // The inert test model answers "inert test model": the request ran on
+  // the runner loaded for it.
+  Status answer = AnswerOf(served->model, &loop_, loader_.get(), /*finish_load=*/true);
+  EXPECT_EQ(answer.message(), "inert test model");
+  ASSERT_EQ(loader_->requests.size(), 2u);
+  EXPECT_FALSE(loader_->requests[1].prepare_only);
+  EXPECT_TRUE(HasEvent("mlp", v, "loaded"));
+  loop_.Advance(0);
+  EXPECT_FALSE(resident->state().resident) << "keep_alive 0 unloads it after the answer";
+  EXPECT_TRUE(HasEvent("mlp", v, "unloaded"));
+  // What its runner measured is kept with its build.
+  auto entry = cache_->Lookup(builds_->submitted[0]);
+  ASSERT_OK(entry.status());
+  EXPECT_TRUE(fs::Exists(entry->dir + "/footprint.json"));
+}
+
+TEST_F(ResidentReconcilerTest, ChangingKeepAliveDoesNotReloadTheVersion) {
+  ManageResidency(uint64_t{1} << 30);
+  Start();
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  ASSERT_EQ(State("mlp", v), "ready");
+  auto before = Served("mlp", v)->model;
+  Set("mlp", v, {{"keep_alive", "10m"}});
+  Reconcile();
+  EXPECT_EQ(loader_->requests.size(), 1u);
+  EXPECT_EQ(Served("mlp", v)->model, before);
+  EXPECT_EQ(Served("mlp", v)->settings.keep_alive_s, 600);
+  ASSERT_EQ(residency_->Report()->versions.size(), 1u);
+  EXPECT_EQ(residency_->Report()->versions[0].keep_alive, "10m");
+}
+
+// At start a version is loaded only where it fits beside what is loaded;
+// one that does not is ready and loads on its first request.
+TEST_F(ResidentReconcilerTest, AVersionThatDoesNotFitTheBudgetAtStartIsReadyNotResident) {
+  ManageResidency(uint64_t{1} << 20);  // 1 MiB: no runner fits
+  Start();
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  ASSERT_EQ(loader_->requests.size(), 1u);
+  EXPECT_TRUE(loader_->requests[0].prepare_only);
+  loader_->Succeed();
+  EXPECT_EQ(State("mlp", v), "ready");
+  // Its first request is refused: it can never fit, and says why.
+  Status answer = AnswerOf(Served("mlp", v)->model, &loop_, loader_.get(), /*finish_load=*/false);
+  EXPECT_EQ(answer.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(answer.message().find("budget of 1 MB"), std::string::npos) << answer.message();
+}
+
+TEST_F(ResidentReconcilerTest, ALoadOnDemandThatFailsAnswersWithTheReasonAndIsRecorded) {
+  ManageResidency(uint64_t{1} << 30);
+  Start();
+  int64_t v = Add("mlp", {{"keep_alive", "0"}});
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  loader_->Succeed();
+  auto m = Served("mlp", v)->model;
+  auto answered = std::make_shared<std::promise<Status>>();
+  auto answer = answered->get_future();
+  ASSERT_OK(m->Submit({}, {}, [answered](StatusOr<std::vector<model::HostTensor>> out) {
+    answered->set_value(out.status());
+  }));
+  loop_.RunPosted();
+  loader_->Fail("the runner for mlp:1 did not start: no memory");
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(answer.get().message(), "the runner for mlp:1 did not start: no memory");
+  EXPECT_TRUE(HasEvent("mlp", v, "load_failed"));
+  EXPECT_EQ(State("mlp", v), "ready") << "the next request tries again";
+}
+
+// A version removed from the store is retired: a request waiting for its
+// load gets an answer instead of waiting for ever.
+TEST_F(ResidentReconcilerTest, RemovingAVersionAnswersTheRequestsWaitingForItsLoad) {
+  ManageResidency(uint64_t{1} << 30);
+  Start();
+  int64_t v = Add("mlp", {{"keep_alive", "0"}});
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  loader_->Succeed();
+  auto m = Served("mlp", v)->model;
+  auto answered = std::make_shared<std::promise<Status>>();
+  auto answer = answered->get_future();
+  ASSERT_OK(m->Submit({}, {}, [answered](StatusOr<std::vector<model::HostTensor>> out) {
+    answered->set_value(out.status());
+  }));
+  loop_.RunPosted();
+  ASSERT_TRUE(store_->Remove({{"mlp", v}}).ok());
+  Reconcile();
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(answer.get().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(State("mlp", v), "absent");
 }
 
 }  // namespace
