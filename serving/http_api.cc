@@ -395,6 +395,20 @@ void ServerMetadata(const http::Request&, http::Response& res) {
           kJson);
 }
 
+// A served version's residency, where residency is managed: "resident"
+// (its runner is loaded now) and "residency" (resident, loading, waiting
+// for memory, draining, not resident). A version that is ready but not
+// resident loads on its next request.
+void AddResidency(const ModelRegistry* reg, const ServedModel& sm, json* j) {
+  auto report = reg->GetResidency();
+  if (!report || sm.state != ServeState::kReady) return;
+  for (const auto& v : report->versions) {
+    if (v.name != sm.name || v.version != sm.version) continue;
+    (*j)["resident"] = v.state == "resident" || v.state == "draining";
+    (*j)["residency"] = v.state;
+  }
+}
+
 void ModelMetadata(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
   auto m = Resolve(reg, req);
   if (!m.ok()) return SendStatus(res, m.status());
@@ -424,6 +438,7 @@ void ModelMetadata(const ModelRegistry* reg, const http::Request& req, http::Res
   }
   if (sm.embed) j["embeds"] = DescribeEmbed(*sm.embed);
   if (!sm.weights.empty()) j["weights"] = sm.weights;
+  AddResidency(reg, sm, &j);
   if (!sm.package_json.empty()) {
     json p = ParseJsonOrDiscarded(sm.package_json);
     if (p.is_object()) {
@@ -442,6 +457,36 @@ void ModelReady(const ModelRegistry* reg, const http::Request& req, http::Respon
   res.status = ok ? 200 : 503;
   json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
   if (!ok) j["error"] = NotReady(**m).message();
+  AddResidency(reg, **m, &j);
+  res.Set(Dump(j), kJson);
+}
+
+json ResidentJson(const ResidentVersionReport& v) {
+  return json{{"name", v.name},
+              {"version", std::to_string(v.version)},
+              {"state", v.state},
+              {"runners", v.runners},
+              {"bytes", v.bytes},
+              {"size_bytes", v.size_bytes},
+              {"size_measured", v.size_measured},
+              {"idle_ms", v.idle_ms},
+              {"unload_in_ms", v.unload_in_ms},
+              {"in_flight", v.in_flight},
+              {"keep_alive", v.keep_alive},
+              {"loads", v.loads},
+              {"unloads", v.unloads}};
+}
+
+// GET /v2/resident: what `aotid ps` shows: the budget, what holds it, and
+// every served version's residency.
+void Resident(const ModelRegistry* reg, http::Response& res) {
+  auto report = reg->GetResidency();
+  if (!report) return SendStatus(res, NotFound("this server does not manage residency"));
+  json models = json::array();
+  for (const auto& v : report->versions) models.push_back(ResidentJson(v));
+  json j{{"budget_bytes", report->budget_bytes}, {"budget_source", report->budget_source},
+         {"used_bytes", report->used_bytes},     {"measured_bytes", report->measured_bytes},
+         {"pressure", report->pressure},         {"models", std::move(models)}};
   res.Set(Dump(j), kJson);
 }
 
@@ -507,6 +552,7 @@ void RenderMetrics(const ModelRegistry* reg, Metrics* metrics, http::Response& r
     for (const auto& [v, sm] : versions) loaded += sm->state == ServeState::kReady;
   }
   metrics->SetModelsLoaded(loaded);
+  metrics->SetResidency(reg->GetResidency());
   std::string text = metrics->Render();
   AppendGenerateStats(reg, &text);
   res.Set(std::move(text), "text/plain; version=0.0.4");
@@ -798,6 +844,7 @@ void HttpApi::Routes() {
   r.Add("GET", "/v2", ServerMetadata);
   both("GET", "", [reg](const http::Request& req, http::Response& res) { ModelMetadata(reg, req, res); });
   both("GET", "/ready", [reg](const http::Request& req, http::Response& res) { ModelReady(reg, req, res); });
+  r.Add("GET", "/v2/resident", [reg](const http::Request&, http::Response& res) { Resident(reg, res); });
   r.Add("GET", "/metrics", [reg, metrics = metrics_](const http::Request&, http::Response& res) {
     RenderMetrics(reg, metrics, res);
   });

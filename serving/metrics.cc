@@ -85,7 +85,10 @@ Metrics::ModelSeries& Metrics::Series(const std::string& model, int64_t version)
                                   {},
                                   0,
                                   0,
-                                  Histogram(LatencyBounds())})
+                                  Histogram(LatencyBounds()),
+                                  0,
+                                  {},
+                                  Histogram({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60})})
              .first;
   }
   return it->second;
@@ -112,6 +115,23 @@ void Metrics::RecordBuild(bool ok, double duration_s) {
   MutexLock lock(&mu_);
   ++(ok ? builds_ok_ : builds_failed_);
   build_duration_.Observe(duration_s);
+}
+
+void Metrics::RecordResidentLoad(const std::string& model, int64_t version, double wait_s) {
+  MutexLock lock(&mu_);
+  ModelSeries& s = Series(model, version);
+  ++s.resident_loads;
+  s.load_wait.Observe(wait_s);
+}
+
+void Metrics::RecordUnload(const std::string& model, int64_t version, const std::string& cause) {
+  MutexLock lock(&mu_);
+  ++Series(model, version).unloads_by_cause[cause];
+}
+
+void Metrics::SetResidency(std::shared_ptr<const ResidencyReport> report) {
+  MutexLock lock(&mu_);
+  residency_ = std::move(report);
 }
 
 void Metrics::RecordRunnerCrash(const std::string& model, int64_t version) {
@@ -191,6 +211,44 @@ std::string Metrics::Render() const {
   for (const auto& [key, s] : models_) {
     if (!s.generate_by_finish.empty())
       s.first_token.Write(&out, "aotid_generate_first_token_seconds", labels(key));
+  }
+  AppendMetricHeader(
+      &out, "aotid_model_loads_total", "counter",
+      "Runners loaded on demand (a request came for a version that was not resident), by model "
+      "and version.");
+  for (const auto& [key, s] : models_) {
+    if (s.resident_loads)
+      out += "aotid_model_loads_total{" + labels(key) + "} " + std::to_string(s.resident_loads) + "\n";
+  }
+  AppendMetricHeader(&out, "aotid_model_load_wait_seconds", "histogram",
+                     "From a request asking for a version that was not resident to its runner being up "
+                     "(waiting for memory and loading).");
+  for (const auto& [key, s] : models_) {
+    if (s.resident_loads) s.load_wait.Write(&out, "aotid_model_load_wait_seconds", labels(key));
+  }
+  AppendMetricHeader(&out, "aotid_model_unloads_total", "counter",
+                     "Runners unloaded, by model, version and cause (idle: keep_alive; evicted: to make room "
+                     "for another; budget: runners grew past the budget; pressure: the kernel's memory "
+                     "pressure; memory_kill: its runner was killed for memory).");
+  for (const auto& [key, s] : models_) {
+    for (const auto& [cause, n] : s.unloads_by_cause)
+      out += "aotid_model_unloads_total{" + labels(key) + ",cause=\"" + cause + "\"} " + std::to_string(n) +
+             "\n";
+  }
+  if (residency_) {
+    AppendMetricHeader(&out, "aotid_model_resident_bytes", "gauge",
+                       "Memory of a version's runner, as measured now (PSS on Linux), while it is resident.");
+    for (const auto& v : residency_->versions) {
+      if (v.bytes == 0) continue;
+      out += "aotid_model_resident_bytes{model=\"" + MetricLabelValue(v.name) + "\",version=\"" +
+             std::to_string(v.version) + "\"} " + std::to_string(v.bytes) + "\n";
+    }
+    AppendMetricHeader(&out, "aotid_memory_budget_bytes", "gauge",
+                       "The runners' memory budget (residency.memory_budget_mb); 0: none.");
+    out += "aotid_memory_budget_bytes " + std::to_string(residency_->budget_bytes) + "\n";
+    AppendMetricHeader(&out, "aotid_memory_budget_used_bytes", "gauge",
+                       "What resident and loading versions count for against the budget.");
+    out += "aotid_memory_budget_used_bytes " + std::to_string(residency_->used_bytes) + "\n";
   }
   AppendMetricHeader(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";

@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/mutex.h"
+#include "serving/residency_report.h"
 
 namespace aotid::serving {
 
@@ -51,6 +53,13 @@ class Metrics {
   void RecordGenerate(const std::string& model, int64_t version, const std::string& finish_reason,
                       int64_t prompt_tokens, int64_t completion_tokens, double first_token_s) EXCLUDES(mu_);
   void SetModelsLoaded(int n) { models_loaded_.store(n); }
+  // Residency (control/residency.h): a version's runner loaded on demand,
+  // after `wait_s` from its asking; one unloaded, and why ("idle",
+  // "evicted", "budget", "pressure", "memory_kill").
+  void RecordResidentLoad(const std::string& model, int64_t version, double wait_s) EXCLUDES(mu_);
+  void RecordUnload(const std::string& model, int64_t version, const std::string& cause) EXCLUDES(mu_);
+  // What is resident now: each version's measured bytes and the budget.
+  void SetResidency(std::shared_ptr<const ResidencyReport> report) EXCLUDES(mu_);
 
   // RAII: counts a request as in flight for its lifetime.
   class InFlight {
@@ -80,6 +89,9 @@ class Metrics {
     std::map<std::string, uint64_t> generate_by_finish;
     uint64_t prompt_tokens = 0, completion_tokens = 0;
     Histogram first_token;
+    uint64_t resident_loads = 0;
+    std::map<std::string, uint64_t> unloads_by_cause;
+    Histogram load_wait;
   };
   ModelSeries& Series(const std::string& model, int64_t version) REQUIRES(mu_);
   mutable Mutex mu_;
@@ -88,6 +100,7 @@ class Metrics {
   uint64_t builds_failed_ GUARDED_BY(mu_) = 0;
   Histogram build_duration_ GUARDED_BY(mu_);
   std::function<void(std::string*)> collect_ GUARDED_BY(mu_);
+  std::shared_ptr<const ResidencyReport> residency_ GUARDED_BY(mu_);
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int> models_loaded_{0};
 };

@@ -46,6 +46,16 @@ void ModelRegistry::SetCatalog(Catalog catalog) {
   catalog_ = std::move(next);
 }
 
+void ModelRegistry::SetResidency(std::shared_ptr<const ResidencyReport> report) {
+  MutexLock lock(&mu_);
+  residency_ = std::move(report);
+}
+
+std::shared_ptr<const ResidencyReport> ModelRegistry::GetResidency() const {
+  MutexLock lock(&mu_);
+  return residency_;
+}
+
 std::shared_ptr<const ModelRegistry::Catalog> ModelRegistry::GetCatalog() const {
   MutexLock lock(&mu_);
   return catalog_;

@@ -18,6 +18,7 @@
 #include "model/loaded_model.h"
 #include "serving/embeddings.h"
 #include "serving/generate.h"
+#include "serving/residency_report.h"
 #include "storage/model_store.h"
 
 namespace aotid::serving {
@@ -86,6 +87,11 @@ class ModelRegistry {
   void Put(ServedModel m) EXCLUDES(mu_);
   void Remove(const std::string& name, int64_t version) EXCLUDES(mu_);
 
+  // What is resident, as the control loop last said (control/residency.h);
+  // nullptr where nothing manages residency.
+  void SetResidency(std::shared_ptr<const ResidencyReport> report) EXCLUDES(mu_);
+  std::shared_ptr<const ResidencyReport> GetResidency() const EXCLUDES(mu_);
+
   // Server readiness: set by the control loop once every model present at
   // start has been built and loaded, or has failed.
   void SetStartupDone() { startup_done_.store(true); }
@@ -95,6 +101,7 @@ class ModelRegistry {
   mutable Mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_) = std::make_shared<Snapshot>();
   std::shared_ptr<const Catalog> catalog_ GUARDED_BY(mu_) = std::make_shared<Catalog>();
+  std::shared_ptr<const ResidencyReport> residency_ GUARDED_BY(mu_);
   std::atomic<bool> startup_done_{false};
 };
 

@@ -425,6 +425,70 @@ TEST_F(HttpApiTest, ModelMetadataSaysWhatTheModelIsFor) {
 // of them wait (a model whose load keeps failing), the route's workers (2
 // here) are free, and every other route answers at once. (Each once held a
 // worker for up to 5 s: another model's infer waited 9.5 s behind them.)
+// What `aotid ps` reads: the residency report as the control loop last
+// published it, and each served version's residency in its metadata and
+// ready answers; the same figures in /metrics.
+TEST_F(HttpApiTest, TheResidencyReportIsServedAndEachVersionSaysWhetherItIsResident) {
+  auto get = [&](const std::string& path, int status = 200) {
+    std::string reply = Send("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    EXPECT_EQ(StatusOf(reply), status) << reply;
+    return BodyOf(reply);
+  };
+  EXPECT_EQ(get("/v2/resident", 404)["error"], "this server does not manage residency");
+  registry_.Put(LanguageModel("chat", "tiny_llm.pt2"));
+  auto report = std::make_shared<ResidencyReport>();
+  report->budget_bytes = uint64_t{600} << 20;
+  report->budget_source = "residency.memory_budget_mb";
+  report->used_bytes = uint64_t{210} << 20;
+  report->pressure = "normal";
+  ResidentVersionReport chat;
+  chat.name = "chat";
+  chat.version = 1;
+  chat.state = "not resident";
+  chat.size_bytes = uint64_t{210} << 20;
+  chat.size_measured = true;
+  chat.keep_alive = "5m";
+  chat.loads = 3;
+  chat.unloads = 3;
+  report->versions.push_back(chat);
+  ResidentVersionReport other = chat;
+  other.name = "other";
+  other.state = "resident";
+  other.bytes = uint64_t{180} << 20;
+  other.idle_ms = 1500;
+  other.unload_in_ms = 298'500;
+  report->versions.push_back(other);
+  registry_.SetResidency(report);
+
+  nlohmann::json r = get("/v2/resident");
+  EXPECT_EQ(r["budget_bytes"], uint64_t{600} << 20);
+  EXPECT_EQ(r["budget_source"], "residency.memory_budget_mb");
+  EXPECT_EQ(r["used_bytes"], uint64_t{210} << 20);
+  ASSERT_EQ(r["models"].size(), 2u);
+  EXPECT_EQ(r["models"][0]["name"], "chat");
+  EXPECT_EQ(r["models"][0]["version"], "1");
+  EXPECT_EQ(r["models"][0]["state"], "not resident");
+  EXPECT_EQ(r["models"][0]["loads"], 3);
+  EXPECT_EQ(r["models"][1]["unload_in_ms"], 298'500);
+  EXPECT_EQ(r["models"][1]["bytes"], uint64_t{180} << 20);
+
+  // Ready, though not resident: it loads on its next request.
+  nlohmann::json ready = get("/v2/models/chat/ready");
+  EXPECT_EQ(ready["ready"], true);
+  EXPECT_EQ(ready["resident"], false);
+  EXPECT_EQ(ready["residency"], "not resident");
+  EXPECT_EQ(get("/v2/models/chat")["resident"], false);
+
+  std::string metrics = Send("GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  EXPECT_NE(metrics.find("aotid_model_resident_bytes{model=\"other\",version=\"1\"} " +
+                         std::to_string(uint64_t{180} << 20)),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find("aotid_model_resident_bytes{model=\"chat\""), std::string::npos) << "not resident";
+  EXPECT_NE(metrics.find("aotid_memory_budget_bytes " + std::to_string(uint64_t{600} << 20)),
+            std::string::npos);
+}
+
 TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
   Stop();
   Mutex mu;

@@ -85,3 +85,31 @@ TEST(Metrics, CollectorFamiliesAreAppendedUntilCleared) {
 
 }  // namespace
 }  // namespace aotid::serving
+
+namespace aotid::serving {
+namespace {
+
+TEST(Metrics, LoadsOnDemandAndUnloadsAreCountedByCause) {
+  Metrics m;
+  m.RecordResidentLoad("a", 1, 0.3);
+  m.RecordResidentLoad("a", 1, 12.0);
+  m.RecordUnload("a", 1, "idle");
+  m.RecordUnload("a", 1, "evicted");
+  m.RecordUnload("a", 1, "evicted");
+  std::string text = m.Render();
+  EXPECT_NE(text.find("aotid_model_loads_total{model=\"a\",version=\"1\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("aotid_model_unloads_total{model=\"a\",version=\"1\",cause=\"evicted\"} 2\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("aotid_model_unloads_total{model=\"a\",version=\"1\",cause=\"idle\"} 1\n"),
+            std::string::npos);
+  // The wait of each: one within half a second, one past ten.
+  EXPECT_NE(text.find("aotid_model_load_wait_seconds_bucket{model=\"a\",version=\"1\",le=\"0.5\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("aotid_model_load_wait_seconds_count{model=\"a\",version=\"1\"} 2\n"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace aotid::serving
