@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 #include <thread>
 #include <vector>
@@ -23,12 +24,14 @@
 #include "base/mutex.h"
 #include "control/model_commands.h"
 #include "control/reconciler.h"
+#include "control/residency.h"
 #include "control/store_watch.h"
 #include "daemon/daemon_lock.h"
 #include "daemon/service_manager.h"
 #include "http/host.h"
 #include "platform/device_probe.h"
 #include "platform/hardware.h"
+#include "platform/memory_probe.h"
 #include "platform/torch_version.h"
 #include "serving/http_api.h"
 
@@ -189,6 +192,27 @@ void SetLimits(const Config& config, const platform::HardwareInfo& hw, control::
   o->runner_crash_window_ms = int64_t{config.runner_crash_window_s} * 1000;
 }
 
+// Residency's options from the config: the budget (a share of the memory
+// this process may use unless set), the default keep_alive, the wait.
+control::ResidencyOptions ResidencyFrom(const Config& config) {
+  control::ResidencyOptions o;
+  if (config.memory_budget_mb > 0) {
+    o.budget_bytes = static_cast<uint64_t>(config.memory_budget_mb) << 20;
+    o.budget_source = "residency.memory_budget_mb";
+  } else {
+    platform::UsableMemory usable = platform::ReadUsableMemory();
+    o.budget_bytes = usable.bytes / 100 * kDefaultBudgetPercent;
+    char gib[32];
+    std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(usable.bytes) / (1 << 30));
+    o.budget_source = std::to_string(kDefaultBudgetPercent) + "% of " + gib + " GiB, the " + usable.source;
+  }
+  o.keep_alive_ms =
+      config.keep_alive_s == storage::kKeepAliveAlways ? -1 : int64_t{config.keep_alive_s} * 1000;
+  o.load_wait_ms = int64_t{config.load_wait_s} * 1000;
+  o.unload_on_pressure = config.unload_on_pressure;
+  return o;
+}
+
 // SIGHUP: the configuration read again; what can change live is applied.
 struct Reload {
   uv_signal_t sighup{};
@@ -201,6 +225,7 @@ struct Reload {
   serving::HttpApi* http = nullptr;
   compile::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
+  control::Residency* residency = nullptr;
   sync::Syncer* syncer = nullptr;
 
   static void OnSignal(uv_signal_t* handle, int) {
@@ -275,6 +300,7 @@ struct Reload {
       SetLimits(*fresh, hw, &limits);
       reconciler->SetLimits(limits);
     }
+    if (residency != nullptr && has("residency.")) residency->SetOptions(ResidencyFrom(*fresh));
     // What each changed key became.
     for (const auto& key : ChangedKeys(current, *fresh)) {
       switch (ReloadRuleOf(key)) {
@@ -312,6 +338,7 @@ struct Shutdown {
   serving::HttpApi* http = nullptr;
   compile::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
+  control::Residency* residency = nullptr;
   control::ThreadPoolLoader* loader = nullptr;
   bool started = false;
 };
@@ -324,6 +351,7 @@ void OnSignal(uv_signal_t* handle, int signum) {
   s->status->manager->Notify("STOPPING=1\nSTATUS=stopping: finishing the requests in flight\n");
   uv_close(reinterpret_cast<uv_handle_t*>(&s->status->timer), nullptr);
   s->reconciler->Stop();
+  s->residency->Stop();
   s->watch->Stop();
   s->builder->Shutdown();
   s->timers->Close();
@@ -481,6 +509,25 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   // Runners write only in their own scratch directories, beneath the
   // staging directory that every start clears.
   control::ThreadPoolLoader loader(&loop, &cache, {SelfExe(), cache.root() + "/.staging"});
+  // Which versions stay loaded, within the memory budget.
+  control::SystemMemoryProbe memory_probe;
+  control::ResidencyHooks residency_hooks;
+  residency_hooks.report = [&registry](std::shared_ptr<const serving::ResidencyReport> r) {
+    registry.SetResidency(std::move(r));
+  };
+  residency_hooks.loaded = [&metrics](const std::string& name, int64_t version, double wait_s) {
+    metrics.RecordResidentLoad(name, version, wait_s);
+  };
+  residency_hooks.unloaded = [&metrics](const std::string& name, int64_t version, const std::string& cause) {
+    metrics.RecordUnload(name, version, cause);
+  };
+  control::Residency residency(&timers, &memory_probe, ResidencyFrom(config), residency_hooks);
+  LOG_INFO << "memory budget for the runners: " << (residency.options().budget_bytes >> 20) << " MiB ("
+           << residency.options().budget_source << "); keep_alive "
+           << (config.keep_alive_s == storage::kKeepAliveAlways
+                   ? "always"
+                   : storage::FormatKeepAlive(config.keep_alive_s))
+           << " unless a version sets its own";
   control::ReconcilerParts parts;
   parts.loop = &timers;
   parts.store = store->get();
@@ -489,6 +536,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   parts.loader = &loader;
   parts.registry = &registry;
   parts.metrics = &metrics;
+  parts.residency = &residency;
   control::Reconciler reconciler(parts, std::move(ropts));
 
   serving::HttpOptions hopts = config.api;
@@ -545,6 +593,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   reload.http = &http;
   reload.builder = &builder;
   reload.reconciler = &reconciler;
+  reload.residency = &residency;
   reload.manager = &service;
   reload.store = store->get();
   reload.sighup.data = &reload;
@@ -559,6 +608,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   shutdown.http = &http;
   shutdown.builder = &builder;
   shutdown.reconciler = &reconciler;
+  shutdown.residency = &residency;
   shutdown.loader = &loader;
   uv_signal_init(&loop, &shutdown.sigterm);
   uv_signal_init(&loop, &shutdown.sigint);
