@@ -21,6 +21,12 @@ struct UvLoop::Inbox {
   std::deque<std::function<void()>> work GUARDED_BY(mu);
   uv_async_t* async GUARDED_BY(mu) = nullptr;
 
+  void Post(std::function<void()> fn) EXCLUDES(mu) {
+    MutexLock lock(&mu);
+    if (closed) return;
+    work.push_back(std::move(fn));
+    uv_async_send(async);
+  }
   void RunPosted() EXCLUDES(mu) {
     std::deque<std::function<void()>> now;
     {
@@ -41,11 +47,10 @@ UvLoop::UvLoop(uv_loop_t* loop) : loop_(loop), inbox_(std::make_shared<Inbox>())
   inbox_->async = async;
 }
 
-void UvLoop::Post(std::function<void()> fn) {
-  MutexLock lock(&inbox_->mu);
-  if (inbox_->closed) return;
-  inbox_->work.push_back(std::move(fn));
-  uv_async_send(inbox_->async);
+void UvLoop::Post(std::function<void()> fn) { inbox_->Post(std::move(fn)); }
+
+std::function<void(std::function<void()>)> UvLoop::Poster() {
+  return [inbox = inbox_](std::function<void()> fn) { inbox->Post(std::move(fn)); };
 }
 
 int64_t UvLoop::NowMs() const {

@@ -27,6 +27,10 @@ class Loop {
   // thread may make (a request's thread telling the control plane that a
   // model is wanted). Dropped unrun once the loop is closed.
   virtual void Post(std::function<void()> fn) = 0;
+  // Post, as a function that stays safe to call from any thread after the
+  // loop is gone (it does nothing then): for callbacks that may outlive
+  // the loop, such as a model's, held by a request still in flight.
+  virtual std::function<void(std::function<void()>)> Poster() = 0;
 };
 
 // The real one, on a libuv loop: each RunAfter is a one-shot uv timer.
@@ -40,6 +44,7 @@ class UvLoop final : public Loop {
   int64_t NowMs() const override;
   void RunAfter(int64_t delay_ms, std::function<void()> fn) override;
   void Post(std::function<void()> fn) override;
+  std::function<void(std::function<void()>)> Poster() override;
   // Closes the pending timers unrun (so uv_run can return); later
   // RunAfter and Post calls are ignored.
   void Close();

@@ -99,15 +99,19 @@ std::shared_ptr<ResidentModel> Residency::NewModel(const std::string& name, int6
   // The hooks hold it weakly: it holds them.
   const std::string key = Key(name, version);
   auto weak = std::make_shared<std::weak_ptr<ResidentModel>>();
+  // A request still in flight when the daemon stops may end after this
+  // residency and its loop are gone: the poster then drops its word, and
+  // what it posted checks `alive` on the loop thread.
+  auto post = loop_->Poster();
   ResidentModel::Hooks h;
-  h.want = [this, alive = alive_, key, weak] {
-    loop_->Post([this, alive, key, weak] {
+  h.want = [this, alive = alive_, post, key, weak] {
+    post([this, alive, key, weak] {
       if (*alive)
         if (auto m = weak->lock()) Want(key, m);
     });
   };
-  h.idle = [this, alive = alive_, key, weak] {
-    loop_->Post([this, alive, key, weak] {
+  h.idle = [this, alive = alive_, post, key, weak] {
+    post([this, alive, key, weak] {
       if (*alive)
         if (auto m = weak->lock()) Idle(key, m);
     });

@@ -30,6 +30,9 @@ class FakeLoop final : public Loop {
     std::lock_guard<std::mutex> lock(posted_mu_);
     posted_.push_back(std::move(fn));
   }
+  std::function<void(std::function<void()>)> Poster() override {
+    return [this](std::function<void()> fn) { Post(std::move(fn)); };
+  }
   // Runs what was posted (and what that posts), as the loop would next.
   void RunPosted() {
     for (;;) {
