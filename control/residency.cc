@@ -23,15 +23,18 @@ std::string Duration(int64_t ms) {
   return std::to_string(ms) + "ms";
 }
 
-// Whether a runner's end reads as the kernel's or the allocator's doing
-// for want of memory: killed outright (the OOM killer sends SIGKILL; the
-// daemon's own kills say why instead), or an allocation that failed.
-bool DiedForMemory(const std::string& message) {
-  if (message.find("time limit") != std::string::npos) return false;
-  for (const char* sign : {"SIGKILL", "bad_alloc", "out of memory", "Cannot allocate memory"}) {
+// Whether a runner's end says an allocation failed.
+bool AllocationFailed(const std::string& message) {
+  for (const char* sign : {"bad_alloc", "out of memory", "Cannot allocate memory"}) {
     if (message.find(sign) != std::string::npos) return true;
   }
   return false;
+}
+
+// Whether it was killed outright: the OOM killer sends SIGKILL (the
+// daemon's own kills say why instead).
+bool Killed(const std::string& message) {
+  return message.find("SIGKILL") != std::string::npos && message.find("time limit") == std::string::npos;
 }
 
 std::string PressureWords(const platform::MemoryPressure& p) {
@@ -163,9 +166,18 @@ void Residency::Unreserve(const std::string& key) {
 
 void Residency::Add(ResidentVersion v, std::optional<LoadedRunner> loaded) {
   const std::string key = Key(v.name, v.version);
+  std::shared_ptr<ResidentModel> replaced;
   if (Entry* old = Find(key)) {
-    old->v.model->Retire(Unavailable(key + " was loaded again with new settings; try again"));
+    // Loaded again with new settings: what still comes to the old model
+    // goes to the new one.
+    replaced = old->v.model;
     std::erase(queue_, key);
+    for (auto& [k, other] : entries_) {
+      if (other.drained_for == key) {
+        other.drained_for.clear();
+        other.v.model->SetDraining(false);
+      }
+    }
     entries_.erase(key);
   }
   Entry& e = entries_[key];
@@ -180,6 +192,7 @@ void Residency::Add(ResidentVersion v, std::optional<LoadedRunner> loaded) {
     Learn(e, /*force=*/false);
     ScheduleKeepAlive(key);
   }
+  if (replaced) replaced->Replace(e.v.model);
   ScheduleSample();
   Publish();
 }
@@ -457,7 +470,8 @@ void Residency::ScheduleKeepAlive(const std::string& key) {
 
 void Residency::RunnerCrashed(const std::string& name, int64_t version, const std::string& message) {
   Entry* e = Find(Key(name, version));
-  if (!e || e->phase != Phase::kIn || !DiedForMemory(message)) return;
+  if (!e || e->phase != Phase::kIn) return;
+  if (!AllocationFailed(message) && !(Killed(message) && RecentOomKill())) return;
   Footprint f = e->v.learned.value_or(Footprint{});
   const uint64_t grown = std::max(Charge(*e), f.peak) / 4 * 5;
   f.peak = std::max(f.peak, grown);
@@ -472,6 +486,13 @@ void Residency::RunnerCrashed(const std::string& name, int64_t version, const st
   if (!Busy(*e)) Unload(*e, e->evict_kind, e->evict_cause);
   Admit();
   Publish();
+}
+
+bool Residency::RecentOomKill() {
+  std::optional<uint64_t> now = probe_->OomKills();
+  if (now && oom_kills_ && *now > *oom_kills_) oom_rose_ms_ = loop_->NowMs();
+  if (now) oom_kills_ = now;
+  return oom_rose_ms_ >= 0 && loop_->NowMs() - oom_rose_ms_ <= kOomWindowMs;
 }
 
 void Residency::Learn(Entry& e, bool force) {
@@ -516,6 +537,7 @@ void Residency::Sample() {
     any = true;
     Learn(e, /*force=*/false);
   }
+  (void)RecentOomKill();  // keeps the count, and when it rose
   platform::MemoryPressure p = probe_->Pressure();
   pressure_text_ = PressureWords(p);
   if (options_.unload_on_pressure && p.known && p.level != platform::PressureLevel::kNormal) {

@@ -21,7 +21,10 @@
 //    (the least recently used first; every idle one when it is critical);
 //  - a runner killed for memory counts for more (its size grows by what it
 //    was measured at, by a quarter) and is unloaded once its requests end,
-//    so it loads again only within the budget.
+//    so it loads again only within the budget. Killed for memory: an
+//    allocation failed, or it died of SIGKILL within a few seconds of the
+//    kernel's OOM killer killing something (a kill -9 by a person is a
+//    crash like any other).
 // Sizes are measured, never guessed: each runner's memory is sampled every
 // sample_ms (MemoryProbe: PSS on Linux, so pages runners share count
 // once); what a version measured at its load and at its peak is kept with
@@ -56,12 +59,15 @@ class MemoryProbe {
   virtual ~MemoryProbe() = default;
   virtual StatusOr<uint64_t> ProcessBytes(int pid) = 0;
   virtual platform::MemoryPressure Pressure() = 0;
+  // The kernel's OOM kills since boot; nullopt where it does not say.
+  virtual std::optional<uint64_t> OomKills() = 0;
 };
 
 class SystemMemoryProbe final : public MemoryProbe {
  public:
   StatusOr<uint64_t> ProcessBytes(int pid) override { return platform::ProcessMemoryBytes(pid); }
   platform::MemoryPressure Pressure() override { return platform::ReadMemoryPressure(); }
+  std::optional<uint64_t> OomKills() override { return platform::ReadOomKillCount(); }
 };
 
 struct ResidencyOptions {
@@ -203,6 +209,9 @@ class Residency {
   // Versions that hold the budget, in words, for a refusal.
   std::string Holders() const;
   void Learn(Entry& e, bool force);
+  // Reads the OOM kill count; true when it rose within kOomWindowMs.
+  bool RecentOomKill();
+  static constexpr int64_t kOomWindowMs = 5000;
   void Publish();
   std::function<void()> Guard(std::function<void()> fn);
 
@@ -219,6 +228,9 @@ class Residency {
   bool sampling_ = false;
   bool stopped_ = false;
   std::string pressure_text_ = "not read yet";
+  // The OOM kill count at the last sample, and when it last rose.
+  std::optional<uint64_t> oom_kills_;
+  int64_t oom_rose_ms_ = -1;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -230,6 +230,37 @@ StatusOr<MemoryPressure> ParsePsi(std::string_view text) {
   return p;
 }
 
+std::optional<uint64_t> ParseOomKills(std::string_view vmstat) {
+  size_t at = 0;
+  while (at < vmstat.size()) {
+    size_t end = vmstat.find('\n', at);
+    if (end == std::string_view::npos) end = vmstat.size();
+    std::string_view line = vmstat.substr(at, end - at);
+    at = end + 1;
+    constexpr std::string_view kKey = "oom_kill ";
+    if (line.substr(0, kKey.size()) != kKey) continue;
+    std::string_view digits = line.substr(kKey.size());
+    if (digits.empty()) return std::nullopt;
+    uint64_t n = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9' || n > (UINT64_MAX - 9) / 10) return std::nullopt;
+      n = n * 10 + static_cast<uint64_t>(c - '0');
+    }
+    return n;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> ReadOomKillCount() {
+#if defined(__linux__)
+  ProcRead r = ReadProcFile("/proc/vmstat");
+  if (r.error != 0) return std::nullopt;
+  return ParseOomKills(r.text);
+#else
+  return std::nullopt;
+#endif
+}
+
 MemoryPressure ReadMemoryPressure() {
   MemoryPressure p;
 #if defined(__linux__)

@@ -49,6 +49,14 @@ MemoryPressure ReadMemoryPressure();
 // its source is left empty (ReadMemoryPressure names the file). Exposed for tests.
 StatusOr<MemoryPressure> ParsePsi(std::string_view text);
 
+// How many processes the kernel's OOM killer has killed since boot (Linux:
+// /proc/vmstat's oom_kill, which counts a cgroup's kills too); nullopt
+// where the kernel does not say (macOS, kernels before 4.13). A runner that
+// died of SIGKILL while it grew was killed for memory, not by a person.
+std::optional<uint64_t> ReadOomKillCount();
+// For tests: the oom_kill count of a /proc/vmstat text.
+std::optional<uint64_t> ParseOomKills(std::string_view vmstat);
+
 // The memory this process may use: the smaller of the machine's physical memory and
 // the limit of its cgroup (v2: memory.max of the cgroup named in /proc/self/cgroup under
 // /sys/fs/cgroup; v1: memory/memory.limit_in_bytes), with where it came from. The

@@ -151,6 +151,7 @@ class ReconcilerTest : public ::testing::Test {
   struct Probe final : MemoryProbe {
     StatusOr<uint64_t> ProcessBytes(int) override { return uint64_t{40} << 20; }
     platform::MemoryPressure Pressure() override { return {}; }
+    std::optional<uint64_t> OomKills() override { return std::nullopt; }
   } probe_;
   std::unique_ptr<Residency> residency_;
   std::unique_ptr<Reconciler> reconciler_;

@@ -57,7 +57,9 @@ class FakeProbe final : public MemoryProbe {
     return it->second;
   }
   platform::MemoryPressure Pressure() override { return pressure; }
+  std::optional<uint64_t> OomKills() override { return oom_kills; }
   std::map<int, uint64_t> bytes;
+  std::optional<uint64_t> oom_kills = 3;
   platform::MemoryPressure pressure{.known = true, .source = "test"};
 };
 
@@ -268,6 +270,36 @@ TEST_F(ResidencyTest, ABusyVersionIsNeverUnloadedItIsDrainedAndGoesWhenItsReques
   EXPECT_LE(residency_->Used(), 250 * kMb);
 }
 
+// A version loaded again with new settings is a new model under the same
+// key: requests waiting for the old one, and any that found the old one
+// just before the swap, are served by the new one, never refused.
+TEST_F(ResidencyTest, AVersionLoadedAgainWithNewSettingsTakesOverTheOldModelsRequests) {
+  Serve("a", 100 * kMb);
+  ASSERT_OK(Request("a"));  // waits for the old model's load
+  auto old_model = versions_["a"].model;
+  auto old_load = std::move(versions_["a"].loading);
+  versions_["a"].loading.clear();
+  Serve("a", 100 * kMb);
+  loop_.RunPosted();
+  ASSERT_EQ(versions_["a"].loading.size(), 1u) << "the new model loads for the waiting request";
+  FinishLoad("a");
+  EXPECT_EQ(versions_["a"].loaded->runs, 1);
+  Status late = old_model->Submit({}, {}, [this](StatusOr<std::vector<model::HostTensor>> out) {
+    answers_["a"].push_back(out.status());
+  });
+  ASSERT_OK(late);
+  EXPECT_EQ(versions_["a"].loaded->runs, 2);
+  Finish("a");
+  Finish("a");
+  ASSERT_EQ(answers_["a"].size(), 2u);
+  for (const Status& s : answers_["a"]) EXPECT_OK(s);
+  // The old model's load, ending late, changes nothing.
+  old_load.front()(LoadedRunner{std::make_shared<HeldModel>(), [] { return 1; }});
+  loop_.RunPosted();
+  EXPECT_EQ(residency_->Report()->versions.size(), 1u);
+  EXPECT_EQ(residency_->Report()->versions[0].loads, 1u);
+}
+
 TEST_F(ResidencyTest, AFailedLoadAnswersEveryWaitingRequestWithItsReason) {
   Serve("a", 100 * kMb);
   ASSERT_OK(Request("a"));
@@ -356,11 +388,22 @@ TEST_F(ResidencyTest, ARunnerKilledForMemoryCountsForMoreAndGoesWhenIdle) {
   Serve("a", 100 * kMb);
   ASSERT_OK(Request("a"));
   FinishLoad("a");
+  loop_.Advance(1000);  // a sample reads the OOM kill count
+  // A kill -9 by a person: a crash like any other.
+  residency_->RunnerCrashed("a", 1, "the runner for a:1 was killed by signal 9 (SIGKILL)");
+  Finish("a");
+  EXPECT_TRUE(Resident("a"));
+  ASSERT_OK(Request("a"));
+  // The OOM killer's: the kernel's count rose.
+  probe_.oom_kills = 4;
   residency_->RunnerCrashed("a", 1, "the runner for a:1 was killed by signal 9 (SIGKILL)");
   EXPECT_TRUE(Resident("a")) << "its request is still in flight";
   Finish("a");
   EXPECT_FALSE(Resident("a"));
   EXPECT_EQ(unloads, std::vector<std::string>{"a memory_kill"});
+  EXPECT_EQ(versions_["a"].events.back().second,
+            "its runner was killed for memory; it counts for 125 MB from now on and loads again only within "
+            "the budget");
   ASSERT_FALSE(versions_["a"].learned.empty());
   EXPECT_EQ(versions_["a"].learned.back().peak, 125 * kMb);
   // A crash of another kind changes nothing.
@@ -370,6 +413,9 @@ TEST_F(ResidencyTest, ARunnerKilledForMemoryCountsForMoreAndGoesWhenIdle) {
   Finish("b");
   residency_->RunnerCrashed("b", 1, "the runner for b:1 was killed by signal 11 (SIGSEGV)");
   EXPECT_TRUE(Resident("b"));
+  // An allocation that failed is memory's doing, whatever the kernel counted.
+  residency_->RunnerCrashed("b", 1, "the runner for b:1 exited with status 1: std::bad_alloc");
+  EXPECT_FALSE(Resident("b"));
 }
 
 }  // namespace

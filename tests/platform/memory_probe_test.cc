@@ -256,3 +256,20 @@ TEST(ReadMemoryPressureTest, KnownWhereTheKernelSays) {
 
 }  // namespace
 }  // namespace aotid::platform
+
+namespace aotid::platform {
+namespace {
+
+TEST(MemoryProbe, TheOomKillCountIsReadFromVmstat) {
+  EXPECT_EQ(ParseOomKills("nr_free_pages 12\npgfault 99\noom_kill 7\nnr_foo 3\n"), 7u);
+  EXPECT_EQ(ParseOomKills("oom_kill 0"), 0u);
+  EXPECT_EQ(ParseOomKills("nr_free_pages 12\n"), std::nullopt);
+  EXPECT_EQ(ParseOomKills("oom_kill x\n"), std::nullopt);
+  EXPECT_EQ(ParseOomKills("oom_kill_other 4\n"), std::nullopt);
+#if defined(__linux__)
+  if (::access("/proc/vmstat", R_OK) == 0) EXPECT_TRUE(ReadOomKillCount().has_value());
+#endif
+}
+
+}  // namespace
+}  // namespace aotid::platform
