@@ -65,7 +65,9 @@ model::LoadedModel::Done ResidentModel::Leaving(Done done) {
 
 StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<model::HostTensor>& inputs,
                                                               const model::RunContext& ctx) {
+  if (auto next = Next()) return next->Infer(inputs, ctx);
   std::shared_ptr<model::LoadedModel> m;
+  std::shared_ptr<ResidentModel> next;
   bool ask = false;
   uint64_t seen = 0;
   {
@@ -81,7 +83,9 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
     {
       MutexLock lock(&mu_);
       while (true) {
-        if (!retired_.ok()) {
+        if (next_) {
+          next = next_;
+        } else if (!retired_.ok()) {
           failed = retired_;
         } else if (loaded_ && !draining_) {
           m = loaded_;
@@ -90,10 +94,14 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
         } else if (ctx.cancelled && ctx.cancelled()) {
           failed = Cancelled(model::kClientGone);
         }
-        if (m || !failed.ok()) break;
+        if (m || next || !failed.ok()) break;
         changed_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
       }
       --blocked_;
+    }
+    if (next) {
+      Leave();
+      return next->Infer(inputs, ctx);
     }
     if (!failed.ok()) {
       Leave();
@@ -107,6 +115,7 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
 
 Status ResidentModel::Submit(std::vector<model::HostTensor> inputs, model::RunContext ctx, Done done,
                              std::unique_ptr<model::Announcement> announced) {
+  if (auto next = Next()) return next->Submit(std::move(inputs), std::move(ctx), std::move(done));
   std::shared_ptr<model::LoadedModel> m;
   bool ask = false;
   {
@@ -133,6 +142,7 @@ Status ResidentModel::Submit(std::vector<model::HostTensor> inputs, model::RunCo
 }
 
 std::unique_ptr<model::Announcement> ResidentModel::Announce() {
+  if (Next()) return nullptr;  // the request goes on, unannounced
   std::shared_ptr<model::LoadedModel> m;
   {
     MutexLock lock(&mu_);
@@ -144,6 +154,7 @@ std::unique_ptr<model::Announcement> ResidentModel::Announce() {
 }
 
 std::shared_ptr<void> ResidentModel::KeepResident() {
+  if (auto next = Next()) return next->KeepResident();
   bool ask = false;
   {
     MutexLock lock(&mu_);
@@ -157,6 +168,7 @@ std::shared_ptr<void> ResidentModel::KeepResident() {
 }
 
 int64_t ResidentModel::state_epoch() const {
+  if (auto next = Next()) return next->state_epoch();
   MutexLock lock(&mu_);
   return (generation_ << 32) + (loaded_ ? loaded_->state_epoch() : 0);
 }
@@ -264,6 +276,29 @@ void ResidentModel::Retire(const Status& why) {
     changed_.SignalAll();
   }
   Flush(std::move(waiters), nullptr, retired);
+}
+
+void ResidentModel::Replace(std::shared_ptr<ResidentModel> next) {
+  std::deque<Waiter> waiters;
+  std::shared_ptr<model::LoadedModel> dropped;
+  {
+    MutexLock lock(&mu_);
+    next_ = next;
+    waiters.swap(waiters_);
+    dropped = std::move(loaded_);
+    loaded_ = nullptr;
+    changed_.SignalAll();
+  }
+  for (auto& w : waiters) {
+    Done done = w.done;
+    Status s = next->Submit(std::move(w.inputs), std::move(w.ctx), std::move(done));
+    if (!s.ok()) w.done(s);
+  }
+}
+
+std::shared_ptr<ResidentModel> ResidentModel::Next() const {
+  MutexLock lock(&mu_);
+  return next_;
 }
 
 ResidentModel::State ResidentModel::state() const {

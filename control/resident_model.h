@@ -80,6 +80,10 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   // The version is no longer served: waiting requests and later ones get
   // `why`; nothing more is asked of the loop.
   void Retire(const Status& why);
+  // The same version is served by `next` from now on (loaded again with
+  // new settings): waiting requests, and any that come through this model
+  // later (a request that found it just before the swap), go to `next`.
+  void Replace(std::shared_ptr<ResidentModel> next);
 
   struct State {
     bool resident = false;
@@ -95,6 +99,8 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
 
  private:
   struct Waiter;  // a submitted request waiting for a load
+  // The model that replaced this one, or nullptr.
+  std::shared_ptr<ResidentModel> Next() const EXCLUDES(mu_);
   class Announced;
   // Counts one more in flight. Where the model is not there to run it
   // (not resident, or draining), asks for a load when none is asked and
@@ -119,6 +125,7 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   bool load_asked_ GUARDED_BY(mu_) = false;
   bool draining_ GUARDED_BY(mu_) = false;
   Status retired_ GUARDED_BY(mu_);
+  std::shared_ptr<ResidentModel> next_ GUARDED_BY(mu_);  // Replace()
   int64_t loads_ GUARDED_BY(mu_) = 0;
   int64_t generation_ GUARDED_BY(mu_) = 0;  // loads and unloads: what state_epoch changes with
   // Each load's outcome, for the Infer calls waiting on it: the number of
