@@ -755,7 +755,9 @@ bool Failed(const Admitted& run, http::Response& res) {
   Status why = run.seq->Failure();
   if (why.ok()) return false;
   RecordFailed(run, why);
-  if (why.code() == StatusCode::kUnavailable) res.SetHeader("Retry-After", "1");
+  // Busy, or waiting for memory (a load that did not fit the budget).
+  if (why.code() == StatusCode::kUnavailable || why.code() == StatusCode::kResourceExhausted)
+    res.SetHeader("Retry-After", "1");
   Send(res, OpenAiErrorFor(why));
   return true;
 }
