@@ -704,11 +704,13 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
       loaded =
           Queue(v, std::move(loaded), /*language_model=*/result.generator != nullptr, result.embed.get());
     std::string how = built_now ? "after build" : "from cache";
+    // Said once it serves: the event is what a watcher waits for.
+    std::string event_kind, event;
     if (!loaded) {
       LOG_INFO << "ready to serve " << Name(v) << " on " << plan.device << " (" << how
                << "; not resident: it loads on its first request)";
-      Record(v, "ready",
-             "ready on " + plan.device + " " + how + "; not resident: it loads on its first request");
+      event_kind = "ready";
+      event = "ready on " + plan.device + " " + how + "; not resident: it loads on its first request";
     } else {
       const int64_t batch_rows = loaded->max_batch_rows();
       LOG_INFO << "serving " << Name(v) << " on " << loaded->device() << " (" << how << ", "
@@ -718,8 +720,8 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
                << (batch_rows > 1 ? ", batching up to " + std::to_string(batch_rows) + " rows"
                                   : std::string())
                << ")";
-      Record(v, "loaded",
-             "loaded " + how + " on " + loaded->device() + (plan.note.empty() ? "" : " (" + plan.note + ")"));
+      event_kind = "loaded";
+      event = "loaded " + how + " on " + loaded->device() + (plan.note.empty() ? "" : " (" + plan.note + ")");
     }
     std::shared_ptr<model::LoadedModel> model =
         residency_ ? Resident(v, entry, plan, std::move(loaded), std::move(result.runner_pid))
@@ -727,6 +729,7 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
     if (result.threads_recorded) threads_records_[WorkKey(v)] = entry.dir;
     Publish(v, serving::ServeState::kReady, "", std::move(model), &plan, entry.package_json,
             std::move(result.generator), std::move(result.embed));
+    Record(v, event_kind, event);
   }
   MaybeStartupDone();
 }
