@@ -20,7 +20,7 @@ set(_aotid_test_costs
   llm.Int8WeightsGenerateEagerGreedyChoices 136
   fuzz.Build 247
   e2e.Generate 124
-  e2e.Residency 130
+  e2e.Residency 100
   llm.OpenAiClientChatAndCompletions 95
   fuzz.HttpMutationLiveDaemon 72
   interop.TritonClientAndCurl 70
