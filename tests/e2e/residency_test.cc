@@ -201,8 +201,11 @@ TEST_F(ResidencyTest, ThreeModelsInABudgetOfTwoAnswerLikeEagerWithinIt) {
     sizes.push_back(e.value("size_bytes", uint64_t{0}));
   }
   std::sort(sizes.rbegin(), sizes.rend());
-  // Room for the two largest together, never for all three.
-  const uint64_t budget_mb = (sizes[0] + sizes[1] + sizes[2] / 2) >> 20;
+  // Room for the two largest together, never for all three, and for the
+  // runners' PSS to grow past what was measured: they share libtorch's
+  // pages with every process on the machine that maps it, and PSS splits
+  // those among them all.
+  const uint64_t budget_mb = (sizes[0] + sizes[1] + sizes[2] / 4 * 3) >> 20;
   const uint64_t budget = budget_mb << 20;
   ASSERT_GE(budget, sizes[0] + sizes[1]);
   ASSERT_LT(budget, sizes[0] + sizes[1] + sizes[2]);
