@@ -4,12 +4,6 @@
 
 namespace aotid::control {
 
-struct ResidentModel::Waiter {
-  std::vector<model::HostTensor> inputs;
-  model::RunContext ctx;
-  Done done;  // leaves when it runs
-};
-
 // An announcement of the loaded model's, counted in flight until the
 // request it promised is submitted or dropped.
 class ResidentModel::Announced final : public model::Announcement {

@@ -98,7 +98,13 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   std::shared_ptr<model::LoadedModel> loaded() const EXCLUDES(mu_);
 
  private:
-  struct Waiter;  // a submitted request waiting for a load
+  // A submitted request waiting for a load. (Whole here: libc++'s deque
+  // takes no incomplete type.)
+  struct Waiter {
+    std::vector<model::HostTensor> inputs;
+    model::RunContext ctx;
+    Done done;  // leaves when it runs
+  };
   // The model that replaced this one, or nullptr.
   std::shared_ptr<ResidentModel> Next() const EXCLUDES(mu_);
   class Announced;
