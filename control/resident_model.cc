@@ -109,20 +109,22 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
 
 Status ResidentModel::Submit(std::vector<model::HostTensor> inputs, model::RunContext ctx, Done done,
                              std::unique_ptr<model::Announcement> announced) {
-  if (auto next = Next()) return next->Submit(std::move(inputs), std::move(ctx), std::move(done));
   std::shared_ptr<model::LoadedModel> m;
+  std::shared_ptr<ResidentModel> next;
   bool ask = false;
   {
     MutexLock lock(&mu_);
-    if (!retired_.ok()) return retired_;
-    m = Enter(&ask);
-  }
-  if (!m) {
-    Done leaving = Leaving(std::move(done));
-    {
-      MutexLock lock(&mu_);
-      waiters_.push_back({std::move(inputs), std::move(ctx), std::move(leaving)});
+    next = next_;
+    if (!next) {
+      if (!retired_.ok()) return retired_;
+      m = Enter(&ask);
+      // Queued while the lock that counted it is held: a load, a retirement
+      // or a replacement in between would empty the queue without it.
+      if (!m) waiters_.push_back({std::move(inputs), std::move(ctx), Leaving(std::move(done))});
     }
+  }
+  if (next) return next->Submit(std::move(inputs), std::move(ctx), std::move(done));
+  if (!m) {
     announced.reset();
     Ask(ask);
     return Status::OK();

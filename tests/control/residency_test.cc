@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
+#include <thread>
 
 #include "control/fakes.h"
 #include "test_util.h"
@@ -416,6 +418,26 @@ TEST_F(ResidencyTest, ARunnerKilledForMemoryCountsForMoreAndGoesWhenIdle) {
   // An allocation that failed is memory's doing, whatever the kernel counted.
   residency_->RunnerCrashed("b", 1, "the runner for b:1 exited with status 1: std::bad_alloc");
   EXPECT_FALSE(Resident("b"));
+}
+
+// A request submitted while the version is retired gets an answer: it is
+// never left in a queue emptied just before it joined. (A race: each round
+// retires the version while requests are being submitted.)
+TEST(ResidentModelTest, ARequestSubmittedAsTheVersionIsRetiredIsAnswered) {
+  for (int round = 0; round < 200; ++round) {
+    auto rm = std::make_shared<ResidentModel>(model::ModelSpec{}, "cpu", ResidentModel::Hooks{});
+    std::atomic<int> answered{0};
+    int accepted = 0;
+    std::thread submitter([&] {
+      while (rm->Submit({}, {}, [&](StatusOr<std::vector<model::HostTensor>>) { ++answered; }).ok())
+        ++accepted;
+    });
+    while (rm->state().waiting < 20) std::this_thread::yield();
+    rm->Retire(Unavailable("gone"));
+    submitter.join();
+    ASSERT_EQ(answered, accepted) << "round " << round << ": accepted, never answered";
+    EXPECT_EQ(rm->state().in_flight, 0);
+  }
 }
 
 }  // namespace
