@@ -36,6 +36,12 @@ std::shared_ptr<model::LoadedModel> ResidentModel::Enter(bool* ask) {
   return nullptr;
 }
 
+void ResidentModel::AdmitBlocked() {
+  if (blocked_ == 0) return;
+  blocked_ = 0;
+  ++admissions_;
+}
+
 void ResidentModel::Ask(bool ask) {
   if (ask && hooks_.want) hooks_.want();
 }
@@ -63,13 +69,14 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
   std::shared_ptr<model::LoadedModel> m;
   std::shared_ptr<ResidentModel> next;
   bool ask = false;
-  uint64_t seen = 0;
+  uint64_t seen = 0, admitted = 0;
   {
     MutexLock lock(&mu_);
     if (!retired_.ok()) return retired_;
     m = Enter(&ask);
     if (!m) ++blocked_;
     seen = outcomes_;
+    admitted = admissions_;
   }
   Ask(ask);
   if (!m) {
@@ -77,21 +84,26 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
     {
       MutexLock lock(&mu_);
       while (true) {
+        // Let onto the model since it began to wait (AdmitBlocked): it runs
+        // there, even where a drain began before it woke.
+        const bool let_in = admissions_ != admitted;
         if (next_) {
           next = next_;
         } else if (!retired_.ok()) {
           failed = retired_;
-        } else if (loaded_ && !draining_) {
+        } else if (loaded_ && (!draining_ || let_in)) {
           m = loaded_;
         } else if (outcomes_ != seen && !loaded_) {
           failed = last_failure_;
         } else if (ctx.cancelled && ctx.cancelled()) {
           failed = Cancelled(model::kClientGone);
         }
-        if (m || next || !failed.ok()) break;
+        if (m || next || !failed.ok()) {
+          if (!let_in) --blocked_;
+          break;
+        }
         changed_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
       }
-      --blocked_;
     }
     if (next) {
       Leave();
@@ -200,7 +212,10 @@ void ResidentModel::Loaded(std::shared_ptr<model::LoadedModel> loaded) {
     ++loads_;
     ++generation_;
     max_batch_rows_ = loaded_->max_batch_rows();
-    if (!draining_) waiters.swap(waiters_);
+    if (!draining_) {
+      waiters.swap(waiters_);
+      AdmitBlocked();
+    }
     changed_.SignalAll();
   }
   Flush(std::move(waiters), loaded, Status::OK());
@@ -249,6 +264,7 @@ void ResidentModel::SetDraining(bool draining) {
       if (loaded_) {
         to = loaded_;
         waiters.swap(waiters_);
+        AdmitBlocked();
       } else if ((blocked_ > 0 || !waiters_.empty()) && !load_asked_) {
         ask = load_asked_ = true;
       }

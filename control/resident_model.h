@@ -112,6 +112,10 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   // (not resident, or draining), asks for a load when none is asked and
   // returns nullptr; else returns the model.
   std::shared_ptr<model::LoadedModel> Enter(bool* ask) REQUIRES(mu_);
+  // The Infer calls waiting are let onto the model, now there to run them:
+  // they count as in flight from here (not waiting), so it is not unloaded
+  // before they wake.
+  void AdmitBlocked() REQUIRES(mu_);
   // One fewer in flight; calls `idle` at zero.
   void Leave() EXCLUDES(mu_);
   void Ask(bool ask);
@@ -127,7 +131,8 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   std::shared_ptr<model::LoadedModel> loaded_ GUARDED_BY(mu_);
   std::deque<Waiter> waiters_ GUARDED_BY(mu_);
   int in_flight_ GUARDED_BY(mu_) = 0;
-  int blocked_ GUARDED_BY(mu_) = 0;  // Infer calls waiting
+  int blocked_ GUARDED_BY(mu_) = 0;          // Infer calls waiting
+  uint64_t admissions_ GUARDED_BY(mu_) = 0;  // AdmitBlocked() calls that let some in
   bool load_asked_ GUARDED_BY(mu_) = false;
   bool draining_ GUARDED_BY(mu_) = false;
   Status retired_ GUARDED_BY(mu_);

@@ -29,6 +29,7 @@ class HeldModel final : public model::LoadedModel {
   StatusOr<std::vector<model::HostTensor>> Infer(const std::vector<model::HostTensor>&,
                                                  const model::RunContext&) override {
     ++runs;
+    while (infer_waits) std::this_thread::yield();
     return std::vector<model::HostTensor>{};
   }
   Status Submit(std::vector<model::HostTensor>, model::RunContext, Done done,
@@ -45,6 +46,7 @@ class HeldModel final : public model::LoadedModel {
   }
   int runs = 0;
   std::deque<Done> held;
+  std::atomic<bool> infer_waits{false};  // while set, Infer calls wait
 
  private:
   model::ModelSpec spec_;
@@ -436,6 +438,31 @@ TEST(ResidentModelTest, ARequestSubmittedAsTheVersionIsRetiredIsAnswered) {
     rm->Retire(Unavailable("gone"));
     submitter.join();
     ASSERT_EQ(answered, accepted) << "round " << round << ": accepted, never answered";
+    EXPECT_EQ(rm->state().in_flight, 0);
+  }
+}
+
+// A blocking caller woken by its load is about to run on it: the model is
+// not unloaded under it (it would wait for another load, again and again
+// with keep_alive 0).
+TEST(ResidentModelTest, ACallerWokenByItsLoadIsNotUnloadedUnderIt) {
+  for (int round = 0; round < 20; ++round) {
+    auto rm = std::make_shared<ResidentModel>(model::ModelSpec{}, "cpu", ResidentModel::Hooks{});
+    auto held = std::make_shared<HeldModel>();
+    held->infer_waits = true;
+    StatusOr<std::vector<model::HostTensor>> out = Internal("not run");
+    std::thread caller([&] { out = rm->Infer({}, {}); });
+    while (rm->state().waiting == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    rm->Loaded(held);
+    rm->SetDraining(true);  // even when drained before it woke
+    if (rm->Unload()) {
+      ADD_FAILURE() << "round " << round << ": unloaded under a caller about to run on it";
+      rm->Loaded(held);
+    }
+    held->infer_waits = false;
+    caller.join();
+    EXPECT_OK(out.status());
+    EXPECT_EQ(held->runs, 1);
     EXPECT_EQ(rm->state().in_flight, 0);
   }
 }
