@@ -134,6 +134,9 @@ uint64_t Residency::Charge(const Entry& e) const {
   switch (e.phase) {
     case Phase::kLoading: return e.reserved;
     case Phase::kIn: {
+      // Not measured yet (its process not up to be read): what it was
+      // expected at, as while it loaded.
+      if (!e.v.learned) return std::max(e.measured, Estimate(e.v));
       uint64_t c = e.measured;
       if (e.v.learned) c = std::max({c, e.v.learned->peak, e.v.learned->at_load + e.v.state_bytes});
       return c;

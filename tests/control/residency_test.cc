@@ -467,5 +467,24 @@ TEST(ResidentModelTest, ACallerWokenByItsLoadIsNotUnloadedUnderIt) {
   }
 }
 
+// A runner not measured yet (its process not up to be read) counts for its
+// version's estimate, not for nothing: a load is not admitted into room it
+// holds.
+TEST_F(ResidencyTest, AResidentVersionNotMeasuredYetCountsForItsEstimate) {
+  Serve("a", 100 * kMb, -1, /*learned=*/false);  // 50 MB of files: about 200 MB
+  Serve("b", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  ASSERT_EQ(versions_["a"].loading.size(), 1u);
+  auto done = std::move(versions_["a"].loading.front());
+  versions_["a"].loading.pop_front();
+  versions_["a"].loaded = std::make_shared<HeldModel>();
+  done(LoadedRunner{versions_["a"].loaded, [] { return 0; }});
+  loop_.RunPosted();
+  ASSERT_TRUE(Resident("a"));
+  EXPECT_EQ(residency_->Used(), 200 * kMb);
+  ASSERT_OK(Request("b"));  // 100 MB more do not fit 250 MB beside a's request
+  EXPECT_EQ(versions_["b"].loads_started, 0);
+}
+
 }  // namespace
 }  // namespace aotid::control
