@@ -601,6 +601,7 @@ ResidentVersion Reconciler::Sized(const storage::ModelVersion& v, const model::C
   rv.language_model = !entry.generate_path.empty();
   rv.files_bytes = compile::BuildCache::EntryBytes(entry.dir);
   rv.state_bytes = StateBytes(entry.spec);
+  rv.build = entry.dir + " " + FootprintKey(v, plan.device);
   if (auto f = cache_->ReadFootprint(entry.dir, FootprintKey(v, plan.device)))
     rv.learned = Footprint{f->at_load, f->peak};
   return rv;

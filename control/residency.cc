@@ -515,6 +515,18 @@ void Residency::Learn(Entry& e, bool force) {
     force = true;
   }
   e.v.learned->peak = std::max(e.v.learned->peak, e.measured);
+  // The other versions of its build and settings count for it too (the
+  // footprint kept with the build is read only when a version is added).
+  if (!e.v.build.empty()) {
+    for (auto& [key, other] : entries_) {
+      if (&other == &e || other.v.build != e.v.build) continue;
+      if (!other.v.learned) {
+        other.v.learned = e.v.learned;
+      } else {
+        other.v.learned->peak = std::max(other.v.learned->peak, e.v.learned->peak);
+      }
+    }
+  }
   // Kept with the build when first measured, when it grew by a tenth, and
   // at unload.
   if (e.v.learn && (force || e.v.learned->peak > e.learned_saved_peak + e.learned_saved_peak / 10)) {

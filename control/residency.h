@@ -103,6 +103,9 @@ struct ResidentVersion {
   uint64_t files_bytes = 0;          // its build's files (code and weights)
   uint64_t state_bytes = 0;          // a language model's cache
   std::optional<Footprint> learned;  // from an earlier load of the same build and settings
+  // Its build and settings: what one version measures, another with the
+  // same `build` counts for too. Empty: its own.
+  std::string build;
   // Loads it: `done` runs once, on the loop thread.
   std::function<void(std::function<void(StatusOr<LoadedRunner>)> done)> load;
   // Keeps what was measured with its build.

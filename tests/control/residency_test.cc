@@ -98,7 +98,7 @@ class ResidencyTest : public ::testing::Test {
 
   // Serves `name` (version 1), measuring `bytes` once loaded.
   Version& Serve(const std::string& name, uint64_t bytes, int keep_alive_s = -1, bool learned = true,
-                 bool language_model = false) {
+                 bool language_model = false, const std::string& build = "") {
     Version& v = versions_[name];
     v.bytes = bytes;
     v.pid = next_pid_++;
@@ -108,6 +108,7 @@ class ResidencyTest : public ::testing::Test {
     rv.keep_alive_s = keep_alive_s;
     rv.language_model = language_model;
     rv.files_bytes = bytes / 2;
+    rv.build = build;
     if (learned) rv.learned = Footprint{bytes, bytes};
     rv.load = [this, name](std::function<void(StatusOr<LoadedRunner>)> done) {
       Version& me = versions_[name];
@@ -484,6 +485,23 @@ TEST_F(ResidencyTest, AResidentVersionNotMeasuredYetCountsForItsEstimate) {
   EXPECT_EQ(residency_->Used(), 200 * kMb);
   ASSERT_OK(Request("b"));  // 100 MB more do not fit 250 MB beside a's request
   EXPECT_EQ(versions_["b"].loads_started, 0);
+}
+
+// What one version measured is what another version of the same build and
+// settings counts for, before its own first load.
+TEST_F(ResidencyTest, AVersionCountsForWhatAnotherVersionOfItsBuildMeasured) {
+  Serve("a", 120 * kMb, -1, /*learned=*/false, false, /*build=*/"build-1 cpu");
+  Serve("b", 120 * kMb, -1, /*learned=*/false, false, /*build=*/"build-1 cpu");
+  Serve("c", 120 * kMb, -1, /*learned=*/false, false, /*build=*/"build-2 cpu");
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  auto report = residency_->Report();
+  ASSERT_EQ(report->versions.size(), 3u);
+  const serving::ResidentVersionReport& b = report->versions[1];
+  ASSERT_EQ(b.name, "b");
+  EXPECT_TRUE(b.size_measured);
+  EXPECT_EQ(b.size_bytes, 120 * kMb);
+  EXPECT_FALSE(report->versions[2].size_measured);
 }
 
 }  // namespace
