@@ -62,7 +62,13 @@ Residency::~Residency() {
   *alive_ = false;
 }
 
-void Residency::Stop() { stopped_ = true; }
+void Residency::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  // No load starts any more: the requests waiting for one are answered.
+  const std::vector<std::string> queued = queue_;
+  for (const std::string& key : queued) Fail(key, Unavailable("the daemon is stopping"));
+}
 
 std::function<void()> Residency::Guard(std::function<void()> fn) {
   return [alive = alive_, fn = std::move(fn)] {

@@ -504,5 +504,20 @@ TEST_F(ResidencyTest, AVersionCountsForWhatAnotherVersionOfItsBuildMeasured) {
   EXPECT_FALSE(report->versions[2].size_measured);
 }
 
+// Stopping answers the requests whose loads wait for memory: no load
+// starts any more to answer them.
+TEST_F(ResidencyTest, StoppingAnswersTheRequestsWaitingForMemory) {
+  Serve("a", 200 * kMb);
+  Serve("b", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  ASSERT_OK(Request("b"));  // waits for a's request to end
+  ASSERT_TRUE(answers_["b"].empty());
+  residency_->Stop();
+  ASSERT_EQ(answers_["b"].size(), 1u);
+  EXPECT_EQ(answers_["b"][0].code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(versions_["a"].model->state().draining);
+}
+
 }  // namespace
 }  // namespace aotid::control
