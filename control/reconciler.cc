@@ -677,8 +677,11 @@ void Reconciler::Unserve(const std::string& name, int64_t version, const std::st
 void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntry& entry, bool built_now,
                           const DevicePlan& plan, LoadResult result) {
   in_flight_.erase(WorkKey(v));
-  if (residency_) residency_->Unreserve(WorkKey(v));
+  // The room reserved for the load is given back once its runner counts as
+  // resident (Resident below), not before: a load admitted in between would
+  // be counted into that room as well.
   if (result.model.status().code() == StatusCode::kCorruption && !stopping_ && IsCurrent(v)) {
+    if (residency_) residency_->Unreserve(WorkKey(v));
     // Damaged in place since it was built: build it again (its new digest
     // then matches, so a build that crashes anyway fails below next time).
     std::string why = result.model.status().message();
@@ -687,7 +690,9 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
     StartBuild(v, KeyFor(v, plan.device));
     return;
   }
-  if (!result.model.ok()) {
+  const bool load_ok = result.model.ok();
+  if (!load_ok) {
+    if (residency_) residency_->Unreserve(WorkKey(v));  // before a fallback reserves anew
     std::string why = result.model.status().message();
     LOG_ERROR << "loading " << Name(v) << " failed: " << why;
     Record(v, "load_failed", why);
@@ -732,6 +737,7 @@ void Reconciler::LoadDone(const storage::ModelVersion& v, const model::CacheEntr
             std::move(result.generator), std::move(result.embed));
     Record(v, event_kind, event);
   }
+  if (residency_ && load_ok) residency_->Unreserve(WorkKey(v));
   MaybeStartupDone();
 }
 

@@ -978,5 +978,31 @@ TEST_F(ResidentReconcilerTest, RemovingAVersionAnswersTheRequestsWaitingForItsLo
   EXPECT_EQ(State("mlp", v), "absent");
 }
 
+// A version loaded at start gives back the room it reserved only once its
+// runner counts as resident: a load waiting for memory is not admitted
+// into that room in between.
+TEST_F(ResidentReconcilerTest, ALoadAtStartKeepsItsRoomUntilItsRunnerCounts) {
+  const uint64_t budget = uint64_t{180} << 20;
+  ManageResidency(budget);
+  Start();
+  int64_t a = Add("aa", {{"keep_alive", "0"}});  // loads on its first request
+  int64_t b = Add("bb");                         // loaded at start, about 150 MB reserved
+  Reconcile();
+  builds_->Succeed(MlpSpec());  // one build serves both
+  ASSERT_EQ(loader_->requests.size(), 2u);
+  ASSERT_EQ(loader_->requests[0].label, "aa:" + std::to_string(a));
+  ASSERT_TRUE(loader_->requests[0].prepare_only);
+  ASSERT_FALSE(loader_->requests[1].prepare_only);
+  loader_->Succeed();
+  ASSERT_EQ(State("aa", a), "ready");
+  // aa's first request waits: bb's reservation leaves no room for it.
+  ASSERT_OK(Served("aa", a)->model->Submit({}, {}, [](StatusOr<std::vector<model::HostTensor>>) {}));
+  loop_.RunPosted();
+  ASSERT_EQ(loader_->requests.size(), 2u);
+  loader_->Succeed();  // bb is up: it measures 40 MB
+  loop_.RunPosted();
+  ASSERT_EQ(State("bb", b), "ready");
+  EXPECT_LE(residency_->Used(), budget);
+}
 }  // namespace
 }  // namespace aotid::control
