@@ -173,6 +173,17 @@ void Residency::Unreserve(const std::string& key) {
   if (reserved_.erase(key) > 0) Admit();
 }
 
+void Residency::EndDrains(const std::string& key) {
+  for (auto& [k, other] : entries_) {
+    if (other.drained_for != key) continue;
+    other.drained_for.clear();
+    // Unloaded once idle no more, unless for its own sake (killed for
+    // memory).
+    if (other.evict_kind == "evicted") other.evict_when_idle = false;
+    other.v.model->SetDraining(false);
+  }
+}
+
 void Residency::Add(ResidentVersion v, std::optional<LoadedRunner> loaded) {
   const std::string key = Key(v.name, v.version);
   std::shared_ptr<ResidentModel> replaced;
@@ -181,12 +192,7 @@ void Residency::Add(ResidentVersion v, std::optional<LoadedRunner> loaded) {
     // goes to the new one.
     replaced = old->v.model;
     std::erase(queue_, key);
-    for (auto& [k, other] : entries_) {
-      if (other.drained_for == key) {
-        other.drained_for.clear();
-        other.v.model->SetDraining(false);
-      }
-    }
+    EndDrains(key);
     entries_.erase(key);
   }
   Entry& e = entries_[key];
@@ -213,12 +219,7 @@ void Residency::Remove(const std::string& name, int64_t version, const Status& w
   if (e->phase == Phase::kIn) Learn(*e, /*force=*/true);
   e->v.model->Retire(why);
   std::erase(queue_, key);
-  for (auto& [k, other] : entries_) {
-    if (other.drained_for == key) {
-      other.drained_for.clear();
-      other.v.model->SetDraining(false);
-    }
-  }
+  EndDrains(key);
   entries_.erase(key);
   Admit();
   Publish();
@@ -277,12 +278,7 @@ void Residency::Fail(const std::string& key, const Status& why) {
   std::erase(queue_, key);
   e->phase = Phase::kOut;
   LOG_WARNING << why.message();
-  for (auto& [k, other] : entries_) {
-    if (other.drained_for == key) {
-      other.drained_for.clear();
-      other.v.model->SetDraining(false);
-    }
-  }
+  EndDrains(key);
   e->v.model->LoadFailed(why);
 }
 

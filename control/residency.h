@@ -203,6 +203,8 @@ class Residency {
   // admits what may start now.
   void Fail(const std::string& key, const Status& why);
   void FailWaiting(const std::string& key, const Status& why);
+  // Ends the drains made for `key`'s load: no longer needed.
+  void EndDrains(const std::string& key);
   bool Unload(Entry& e, const std::string& kind, const std::string& cause);
   void ScheduleKeepAlive(const std::string& key);
   void Sample();

@@ -519,5 +519,24 @@ TEST_F(ResidencyTest, StoppingAnswersTheRequestsWaitingForMemory) {
   EXPECT_FALSE(versions_["a"].model->state().draining);
 }
 
+// A drain ends with the load it made room for: when that load is refused,
+// the drained version stays once its requests end, as nothing needs its room.
+TEST_F(ResidencyTest, AVersionDrainedForALoadThatWasRefusedStaysResident) {
+  Serve("a", 200 * kMb);
+  Serve("c", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  ASSERT_OK(Request("c"));  // a is drained to make room for c
+  ASSERT_TRUE(versions_["a"].model->state().draining);
+  loop_.Advance(31'000);  // c waited past load_wait
+  ASSERT_EQ(answers_["c"].size(), 1u);
+  EXPECT_EQ(answers_["c"][0].code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(versions_["a"].model->state().draining);
+  Finish("a");
+  EXPECT_TRUE(Resident("a"));
+  EXPECT_TRUE(unloads.empty());
+  EXPECT_EQ(residency_->Report()->versions[0].state, "resident");
+}
+
 }  // namespace
 }  // namespace aotid::control
