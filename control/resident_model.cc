@@ -126,7 +126,7 @@ Status ResidentModel::Submit(std::vector<model::HostTensor> inputs, model::RunCo
   bool ask = false;
   {
     MutexLock lock(&mu_);
-    next = next_;
+    next = NextLocked();
     if (!next) {
       if (!retired_.ok()) return retired_;
       m = Enter(&ask);
@@ -168,11 +168,20 @@ std::shared_ptr<void> ResidentModel::KeepResident() {
     MutexLock lock(&mu_);
     if (!retired_.ok()) return nullptr;
     ++in_flight_;
+    ++keeps_;
     if (!loaded_ && !load_asked_) ask = load_asked_ = true;
   }
   Ask(ask);
-  return std::shared_ptr<void>(static_cast<void*>(this),
-                               [self = shared_from_this()](void*) { self->Leave(); });
+  return std::shared_ptr<void>(static_cast<void*>(this), [self = shared_from_this()](void*) {
+    std::shared_ptr<model::LoadedModel> dropped;
+    {
+      MutexLock lock(&self->mu_);
+      // The last sequence on a replaced model's runner ended: it goes.
+      if (--self->keeps_ == 0 && self->next_) dropped = std::move(self->loaded_);
+    }
+    dropped.reset();
+    self->Leave();
+  });
 }
 
 int64_t ResidentModel::state_epoch() const {
@@ -297,8 +306,8 @@ void ResidentModel::Replace(std::shared_ptr<ResidentModel> next) {
     MutexLock lock(&mu_);
     next_ = next;
     waiters.swap(waiters_);
-    dropped = std::move(loaded_);
-    loaded_ = nullptr;
+    // Kept while sequences hold it (KeepResident): their caches are there.
+    if (keeps_ == 0) dropped = std::move(loaded_);
     changed_.SignalAll();
   }
   for (auto& w : waiters) {
@@ -310,6 +319,13 @@ void ResidentModel::Replace(std::shared_ptr<ResidentModel> next) {
 
 std::shared_ptr<ResidentModel> ResidentModel::Next() const {
   MutexLock lock(&mu_);
+  return NextLocked();
+}
+
+std::shared_ptr<ResidentModel> ResidentModel::NextLocked() const {
+  // Calls go on to the runner that sequences hold (their calls among them)
+  // until the last of them ends.
+  if (keeps_ > 0 && loaded_) return nullptr;
   return next_;
 }
 

@@ -82,7 +82,9 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   void Retire(const Status& why);
   // The same version is served by `next` from now on (loaded again with
   // new settings): waiting requests, and any that come through this model
-  // later (a request that found it just before the swap), go to `next`.
+  // later (a request that found it just before the swap), go to `next`;
+  // but while a sequence holds this model (KeepResident), its runner stays
+  // and calls run there, where the sequence's cache is.
   void Replace(std::shared_ptr<ResidentModel> next);
 
   struct State {
@@ -107,6 +109,7 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   };
   // The model that replaced this one, or nullptr.
   std::shared_ptr<ResidentModel> Next() const EXCLUDES(mu_);
+  std::shared_ptr<ResidentModel> NextLocked() const REQUIRES(mu_);
   class Announced;
   // Counts one more in flight. Where the model is not there to run it
   // (not resident, or draining), asks for a load when none is asked and
@@ -131,6 +134,7 @@ class ResidentModel final : public model::LoadedModel, public std::enable_shared
   std::shared_ptr<model::LoadedModel> loaded_ GUARDED_BY(mu_);
   std::deque<Waiter> waiters_ GUARDED_BY(mu_);
   int in_flight_ GUARDED_BY(mu_) = 0;
+  int keeps_ GUARDED_BY(mu_) = 0;            // KeepResident handles held, counted in in_flight_ too
   int blocked_ GUARDED_BY(mu_) = 0;          // Infer calls waiting
   uint64_t admissions_ GUARDED_BY(mu_) = 0;  // AdmitBlocked() calls that let some in
   bool load_asked_ GUARDED_BY(mu_) = false;

@@ -538,5 +538,29 @@ TEST_F(ResidencyTest, AVersionDrainedForALoadThatWasRefusedStaysResident) {
   EXPECT_EQ(residency_->Report()->versions[0].state, "resident");
 }
 
+// A language model's sequence holds its runner, where its cache is: the
+// version loaded again with new settings takes new calls, while the
+// sequence's own go on to the runner it started on until it ends.
+TEST(ResidentModelTest, ASequenceHoldsItsRunnerThroughAReplacement) {
+  auto old_model = std::make_shared<ResidentModel>(model::ModelSpec{}, "cpu", ResidentModel::Hooks{});
+  auto old_runner = std::make_shared<HeldModel>();
+  old_model->Loaded(old_runner);
+  std::shared_ptr<void> keep = old_model->KeepResident();
+  const int64_t epoch = old_model->state_epoch();
+  auto next = std::make_shared<ResidentModel>(model::ModelSpec{}, "cpu", ResidentModel::Hooks{});
+  auto new_runner = std::make_shared<HeldModel>();
+  next->Loaded(new_runner);
+  old_model->Replace(next);
+  ASSERT_OK(old_model->Infer({}, {}).status());  // the sequence's next token
+  EXPECT_EQ(old_runner->runs, 1);
+  EXPECT_EQ(new_runner->runs, 0);
+  EXPECT_EQ(old_model->state_epoch(), epoch);
+  keep.reset();  // the sequence ended
+  EXPECT_EQ(old_model->loaded(), nullptr);
+  ASSERT_OK(old_model->Infer({}, {}).status());
+  EXPECT_EQ(new_runner->runs, 1);
+  EXPECT_EQ(old_model->state().in_flight, 0);
+}
+
 }  // namespace
 }  // namespace aotid::control
