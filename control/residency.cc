@@ -388,6 +388,8 @@ void Residency::Admit() {
 void Residency::StartLoad(const std::string& key) {
   Entry& e = entries_.at(key);
   std::erase(queue_, key);
+  // It fits beside what was drained for it, if anything: those stay.
+  EndDrains(key);
   e.phase = Phase::kLoading;
   e.reserved = Estimate(e.v);
   const uint64_t ask = e.ask_seq;

@@ -562,5 +562,27 @@ TEST(ResidentModelTest, ASequenceHoldsItsRunnerThroughAReplacement) {
   EXPECT_EQ(old_model->state().in_flight, 0);
 }
 
+// A drain ends when the load it made room for starts in room found
+// elsewhere: the drained version takes requests again and stays.
+TEST_F(ResidencyTest, AVersionDrainedForALoadThatStartedElsewhereStaysResident) {
+  Serve("a", 100 * kMb);
+  Serve("b", 100 * kMb);
+  Serve("c", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  loop_.Advance(10);
+  ASSERT_OK(Request("b"));
+  FinishLoad("b");
+  ASSERT_OK(Request("c"));  // both busy: a, the least recent, is drained
+  ASSERT_TRUE(versions_["a"].model->state().draining);
+  Finish("b");  // b is idle: it goes instead, and c loads
+  EXPECT_FALSE(Resident("b"));
+  EXPECT_EQ(versions_["c"].loads_started, 1);
+  EXPECT_FALSE(versions_["a"].model->state().draining);
+  Finish("a");
+  EXPECT_TRUE(Resident("a"));
+  EXPECT_EQ(unloads, std::vector<std::string>{"b evicted"});
+}
+
 }  // namespace
 }  // namespace aotid::control
