@@ -375,9 +375,11 @@ void Residency::Admit() {
       used -= std::min(used, Charge(victim));
       if (victim.drained_for.empty()) {
         victim.drained_for = key;
-        victim.evict_when_idle = true;
-        victim.evict_kind = "evicted";
-        victim.evict_cause = "unloaded to make room for " + key;
+        if (!victim.evict_when_idle) {  // else it goes anyway, for what it said (killed for memory)
+          victim.evict_when_idle = true;
+          victim.evict_kind = "evicted";
+          victim.evict_cause = "unloaded to make room for " + key;
+        }
         victim.v.model->SetDraining(true);
       }
     }

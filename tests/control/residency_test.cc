@@ -584,5 +584,22 @@ TEST_F(ResidencyTest, AVersionDrainedForALoadThatStartedElsewhereStaysResident) 
   EXPECT_EQ(unloads, std::vector<std::string>{"b evicted"});
 }
 
+// A version killed for memory goes once idle, even where it was drained
+// meanwhile for a load that was then refused.
+TEST_F(ResidencyTest, AVersionKilledForMemoryGoesEvenWhenADrainForItEnds) {
+  Serve("a", 200 * kMb);
+  Serve("c", 100 * kMb);
+  ASSERT_OK(Request("a"));
+  FinishLoad("a");
+  residency_->RunnerCrashed("a", 1, "the runner for a:1 exited with status 1: std::bad_alloc");
+  ASSERT_TRUE(Resident("a")) << "its request is in flight";
+  ASSERT_OK(Request("c"));  // drains a
+  loop_.Advance(31'000);    // c waited past load_wait
+  ASSERT_EQ(answers_["c"].size(), 1u);
+  Finish("a");
+  EXPECT_FALSE(Resident("a"));
+  EXPECT_EQ(unloads, std::vector<std::string>{"a memory_kill"});
+}
+
 }  // namespace
 }  // namespace aotid::control
