@@ -588,7 +588,12 @@ LoadRequest Reconciler::MakeLoadRequest(const storage::ModelVersion& v, const mo
 }
 
 std::string Reconciler::FootprintKey(const storage::ModelVersion& v, const std::string& device) {
-  return device + " " + storage::LoadText(v.settings);
+  // What changes a runner's memory: where it runs, its instances, the rows
+  // one run joins, its sequences, its threads. Not its time limit, memory
+  // limit or keep_alive: a measured size survives a change of those.
+  const storage::VersionSettings& s = v.settings;
+  return device + " runners=" + std::to_string(s.num_runners) + " batch=" + std::to_string(s.max_batch_size) +
+         " sequences=" + std::to_string(s.max_sequences) + " threads=" + std::to_string(s.threads);
 }
 
 ResidentVersion Reconciler::Sized(const storage::ModelVersion& v, const model::CacheEntry& entry,

@@ -153,7 +153,8 @@ class Reconciler {
   // A load residency asks for after the first: `done` gets the runner.
   void LoadAgain(const storage::ModelVersion& v, const model::CacheEntry& entry, const DevicePlan& plan,
                  std::function<void(StatusOr<LoadedRunner>)> done);
-  // What footprint records of `v` are kept under in its build's entry.
+  // What footprint records of `v` are kept under in its build's entry: the
+  // device and the settings that change a runner's memory.
   static std::string FootprintKey(const storage::ModelVersion& v, const std::string& device);
   // Drops a served version from the registry (and from residency).
   void Unserve(const std::string& name, int64_t version, const std::string& why);

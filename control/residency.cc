@@ -11,7 +11,7 @@ namespace {
 constexpr int kKeepAliveDefault = -1;
 constexpr int kKeepAliveAlways = -2;
 
-std::string Mb(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MB"; }
+std::string Mb(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
 
 std::string Duration(int64_t ms) {
   if (ms < 0) return "always";
@@ -198,6 +198,13 @@ void Residency::Add(ResidentVersion v, std::optional<LoadedRunner> loaded) {
   Entry& e = entries_[key];
   e.v = std::move(v);
   e.learned_saved_peak = e.v.learned ? e.v.learned->peak : 0;
+  // What a runner took here beyond its files, from a size kept with a
+  // build: so a restart estimates unmeasured versions as the last run did.
+  if (e.v.learned && e.v.learned->at_load > e.v.files_bytes) {
+    const uint64_t over = e.v.learned->at_load - e.v.files_bytes;
+    runner_base_ = base_measured_ ? std::max(runner_base_, over) : over;
+    base_measured_ = true;
+  }
   if (loaded) {
     e.phase = Phase::kIn;
     e.pid = loaded->pid;
@@ -277,7 +284,19 @@ void Residency::Fail(const std::string& key, const Status& why) {
   if (!e) return;
   std::erase(queue_, key);
   e->phase = Phase::kOut;
-  LOG_WARNING << why.message();
+  // Once a version per kRefusalLogMs at most: clients that ignore
+  // Retry-After can ask thousands of times a second.
+  const int64_t now = loop_->NowMs();
+  if (e->refusal_logged_ms < 0 || now - e->refusal_logged_ms >= kRefusalLogMs) {
+    LOG_WARNING << why.message()
+                << (e->refusals_unlogged > 0 ? " (and " + std::to_string(e->refusals_unlogged) +
+                                                   " refusals like it before, unlogged)"
+                                             : std::string());
+    e->refusal_logged_ms = now;
+    e->refusals_unlogged = 0;
+  } else {
+    ++e->refusals_unlogged;
+  }
   EndDrains(key);
   e->v.model->LoadFailed(why);
 }
@@ -631,6 +650,22 @@ std::shared_ptr<const serving::ResidencyReport> Residency::Report() const {
       v.unload_in_ms = std::max<int64_t>(0, e.last_used_ms + keep - now);
     v.loads = e.loads;
     v.unloads = e.unloads;
+    // Whether it can ever fit beside what keep_alive always holds.
+    if (options_.budget_bytes > 0 && KeepAliveMs(e.v.keep_alive_s) >= 0) {
+      uint64_t pinned = 0;
+      for (const auto& [k, other] : entries_) {
+        if (k != key && other.phase == Phase::kIn && KeepAliveMs(other.v.keep_alive_s) < 0)
+          pinned += Charge(other);
+      }
+      const uint64_t need = e.phase == Phase::kIn ? Charge(e) : Estimate(e.v);
+      if (pinned + need > options_.budget_bytes) {
+        v.fits = false;
+        v.why_not = key + " needs about " + Mb(need) + " of memory and the budget of " +
+                    Mb(options_.budget_bytes) + " (" + options_.budget_source + ") leaves " +
+                    Mb(options_.budget_bytes - std::min(options_.budget_bytes, pinned)) +
+                    " beside the versions whose keep_alive is always";
+      }
+    }
     r->versions.push_back(std::move(v));
   }
   return r;

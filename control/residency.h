@@ -189,6 +189,8 @@ class Residency {
     std::string evict_cause, evict_kind;
     std::string drained_for;  // the load it drains for
     uint64_t loads = 0, unloads = 0;
+    int64_t refusal_logged_ms = -1;  // when a refusal of its loads was last logged
+    uint64_t refusals_unlogged = 0;  // since then
   };
 
   static std::string Key(const std::string& name, int64_t version);
@@ -217,6 +219,7 @@ class Residency {
   // Reads the OOM kill count; true when it rose within kOomWindowMs.
   bool RecentOomKill();
   static constexpr int64_t kOomWindowMs = 5000;
+  static constexpr int64_t kRefusalLogMs = 10'000;
   void Publish();
   std::function<void()> Guard(std::function<void()> fn);
 

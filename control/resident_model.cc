@@ -72,7 +72,8 @@ StatusOr<std::vector<model::HostTensor>> ResidentModel::Infer(const std::vector<
   uint64_t seen = 0, admitted = 0;
   {
     MutexLock lock(&mu_);
-    if (!retired_.ok()) return retired_;
+    // A retired version's sequences finish on its runner.
+    if (!retired_.ok() && !(keeps_ > 0 && loaded_)) return retired_;
     m = Enter(&ask);
     if (!m) ++blocked_;
     seen = outcomes_;
@@ -176,8 +177,8 @@ std::shared_ptr<void> ResidentModel::KeepResident() {
     std::shared_ptr<model::LoadedModel> dropped;
     {
       MutexLock lock(&self->mu_);
-      // The last sequence on a replaced model's runner ended: it goes.
-      if (--self->keeps_ == 0 && self->next_) dropped = std::move(self->loaded_);
+      // The last sequence on a replaced or retired model's runner ended: it goes.
+      if (--self->keeps_ == 0 && (self->next_ || !self->retired_.ok())) dropped = std::move(self->loaded_);
     }
     dropped.reset();
     self->Leave();
@@ -292,8 +293,9 @@ void ResidentModel::Retire(const Status& why) {
     MutexLock lock(&mu_);
     retired = retired_ = why.ok() ? Unavailable("the version is no longer served") : why;
     waiters.swap(waiters_);
-    dropped = std::move(loaded_);
-    loaded_ = nullptr;
+    // Kept while sequences hold it: a stream in flight ends as it would
+    // have, on the runner its cache is in (new requests are refused).
+    if (keeps_ == 0) dropped = std::move(loaded_);
     changed_.SignalAll();
   }
   Flush(std::move(waiters), nullptr, retired);

@@ -931,7 +931,7 @@ TEST_F(ResidentReconcilerTest, AVersionThatDoesNotFitTheBudgetAtStartIsReadyNotR
   // Its first request is refused: it can never fit, and says why.
   Status answer = AnswerOf(Served("mlp", v)->model, &loop_, loader_.get(), /*finish_load=*/false);
   EXPECT_EQ(answer.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(answer.message().find("budget of 1 MB"), std::string::npos) << answer.message();
+  EXPECT_NE(answer.message().find("budget of 1 MiB"), std::string::npos) << answer.message();
 }
 
 TEST_F(ResidentReconcilerTest, ALoadOnDemandThatFailsAnswersWithTheReasonAndIsRecorded) {
@@ -953,6 +953,27 @@ TEST_F(ResidentReconcilerTest, ALoadOnDemandThatFailsAnswersWithTheReasonAndIsRe
   EXPECT_EQ(answer.get().message(), "the runner for mlp:1 did not start: no memory");
   EXPECT_TRUE(HasEvent("mlp", v, "load_failed"));
   EXPECT_EQ(State("mlp", v), "ready") << "the next request tries again";
+}
+
+// What a version measured stays with its build through a change of a
+// setting that does not change a runner's memory (its time limit), so it
+// is admitted by that size, not by an estimate, after the reload.
+TEST_F(ResidentReconcilerTest, AMeasuredSizeSurvivesASettingThatDoesNotChangeMemory) {
+  ManageResidency(uint64_t{1} << 30);
+  Start();
+  int64_t v = Add("mlp", {{"keep_alive", "0"}});
+  Reconcile();
+  builds_->Succeed(MlpSpec());
+  loader_->Succeed();
+  EXPECT_EQ(AnswerOf(Served("mlp", v)->model, &loop_, loader_.get(), true).message(), "inert test model");
+  loop_.Advance(0);
+  ASSERT_TRUE(residency_->Report()->versions[0].size_measured);
+  Set("mlp", v, {{"timeout_s", "60"}});
+  Reconcile();
+  loader_->Succeed();  // the reload: ready, not resident
+  ASSERT_EQ(residency_->Report()->versions.size(), 1u);
+  EXPECT_TRUE(residency_->Report()->versions[0].size_measured);
+  EXPECT_EQ(residency_->Report()->versions[0].size_bytes, uint64_t{40} << 20);
 }
 
 // A version removed from the store is retired: a request waiting for its

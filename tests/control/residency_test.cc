@@ -11,6 +11,8 @@
 #include <map>
 #include <thread>
 
+#include "base/fs.h"
+#include "base/log.h"
 #include "control/fakes.h"
 #include "test_util.h"
 
@@ -336,8 +338,39 @@ TEST_F(ResidencyTest, ALoadLargerThanTheBudgetLeavesIsRefusedAtOnceNamingWhatHol
   ASSERT_EQ(answers_["c"].size(), 1u);
   const Status& s = answers_["c"][0];
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(s.message().find("budget of 250 MB"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("big:1 (200 MB, keep_alive always)"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("budget of 250 MiB"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("big:1 (200 MiB, keep_alive always)"), std::string::npos) << s.message();
+  // So it is not ready: the report says it cannot fit, and why.
+  auto report = residency_->Report();
+  ASSERT_EQ(report->versions.size(), 2u);
+  EXPECT_TRUE(report->versions[0].fits);  // big:1
+  EXPECT_FALSE(report->versions[1].fits);
+  EXPECT_NE(report->versions[1].why_not.find("c:1 needs about 100 MiB"), std::string::npos)
+      << report->versions[1].why_not;
+}
+
+// A client that ignores Retry-After and asks thousands of times a second
+// fills no disk: a version's refusals are logged once per 10 s.
+TEST_F(ResidencyTest, RefusalsAreLoggedOncePerTenSecondsPerVersion) {
+  Serve("big", 200 * kMb, /*keep_alive_s=*/-2);
+  Serve("c", 100 * kMb);
+  ASSERT_OK(Request("big"));
+  FinishLoad("big");
+  aotid::testing::TempDir dir;
+  ASSERT_OK(log::SetFile(dir / "log", 1 << 20, 1));
+  for (int i = 0; i < 50; ++i) ASSERT_OK(Request("c"));
+  loop_.Advance(10'000);
+  ASSERT_OK(Request("c"));
+  log::ResetToStderr();
+  EXPECT_EQ(answers_["c"].size(), 51u);
+  std::string text = fs::ReadFile(dir / "log").value_or("");
+  auto count = [&](const std::string& needle) {
+    int n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("c:1 needs about 100 MiB"), 2) << text;
+  EXPECT_EQ(count("(and 49 refusals like it before, unlogged)"), 1) << text;
 }
 
 TEST_F(ResidencyTest, ALoadThatWaitsPastLoadWaitIsRefusedAndNothingWasUnloadedForIt) {
@@ -355,7 +388,7 @@ TEST_F(ResidencyTest, ALoadThatWaitsPastLoadWaitIsRefusedAndNothingWasUnloadedFo
   EXPECT_EQ(answers_["c"][0].code(), StatusCode::kResourceExhausted);
   EXPECT_NE(answers_["c"][0].message().find("waited 30s for memory"), std::string::npos)
       << answers_["c"][0].message();
-  EXPECT_NE(answers_["c"][0].message().find("llm:1 (200 MB, 1 request in flight)"), std::string::npos)
+  EXPECT_NE(answers_["c"][0].message().find("llm:1 (200 MiB, 1 request in flight)"), std::string::npos)
       << answers_["c"][0].message();
   EXPECT_TRUE(Resident("llm"));
   EXPECT_TRUE(unloads.empty());
@@ -387,6 +420,7 @@ TEST_F(ResidencyTest, MemoryPressureUnloadsIdleVersionsLeastRecentFirst) {
   EXPECT_FALSE(Resident("a"));
   EXPECT_TRUE(Resident("b")) << "busy";
   EXPECT_EQ(unloads, std::vector<std::string>{"a pressure"});
+  Finish("b");  // a run left held would hold its model for ever
 }
 
 TEST_F(ResidencyTest, ARunnerKilledForMemoryCountsForMoreAndGoesWhenIdle) {
@@ -407,7 +441,7 @@ TEST_F(ResidencyTest, ARunnerKilledForMemoryCountsForMoreAndGoesWhenIdle) {
   EXPECT_FALSE(Resident("a"));
   EXPECT_EQ(unloads, std::vector<std::string>{"a memory_kill"});
   EXPECT_EQ(versions_["a"].events.back().second,
-            "its runner was killed for memory; it counts for 125 MB from now on and loads again only within "
+            "its runner was killed for memory; it counts for 125 MiB from now on and loads again only within "
             "the budget");
   ASSERT_FALSE(versions_["a"].learned.empty());
   EXPECT_EQ(versions_["a"].learned.back().peak, 125 * kMb);
@@ -473,7 +507,7 @@ TEST(ResidentModelTest, ACallerWokenByItsLoadIsNotUnloadedUnderIt) {
 // holds.
 TEST_F(ResidencyTest, AResidentVersionNotMeasuredYetCountsForItsEstimate) {
   Serve("a", 100 * kMb, -1, /*learned=*/false);  // 50 MB of files: about 200 MB
-  Serve("b", 100 * kMb);
+  Serve("b", 100 * kMb, -1, /*learned=*/false);  // the same
   ASSERT_OK(Request("a"));
   ASSERT_EQ(versions_["a"].loading.size(), 1u);
   auto done = std::move(versions_["a"].loading.front());
@@ -483,8 +517,20 @@ TEST_F(ResidencyTest, AResidentVersionNotMeasuredYetCountsForItsEstimate) {
   loop_.RunPosted();
   ASSERT_TRUE(Resident("a"));
   EXPECT_EQ(residency_->Used(), 200 * kMb);
-  ASSERT_OK(Request("b"));  // 100 MB more do not fit 250 MB beside a's request
+  ASSERT_OK(Request("b"));  // 200 MB more do not fit 250 MB beside a's request
   EXPECT_EQ(versions_["b"].loads_started, 0);
+}
+
+// A version never measured is estimated from its files plus what runners
+// took here beyond theirs, as the sizes kept with builds say: after a
+// restart as before it, not the 150 MiB guess made before any measurement.
+TEST_F(ResidencyTest, AnUnmeasuredVersionIsEstimatedFromWhatOthersMeasuredBeyondTheirFiles) {
+  Serve("a", 100 * kMb);                         // kept: 100 MiB, 50 of them its files
+  Serve("b", 120 * kMb, -1, /*learned=*/false);  // 60 MB of files
+  auto report = residency_->Report();
+  ASSERT_EQ(report->versions.size(), 2u);
+  EXPECT_FALSE(report->versions[1].size_measured);
+  EXPECT_EQ(report->versions[1].size_bytes, 110 * kMb);
 }
 
 // What one version measured is what another version of the same build and
@@ -560,6 +606,25 @@ TEST(ResidentModelTest, ASequenceHoldsItsRunnerThroughAReplacement) {
   ASSERT_OK(old_model->Infer({}, {}).status());
   EXPECT_EQ(new_runner->runs, 1);
   EXPECT_EQ(old_model->state().in_flight, 0);
+}
+
+// A version removed or disabled while a sequence streams on it: the stream
+// ends as it would have, on its runner; new requests are refused.
+TEST(ResidentModelTest, ASequenceFinishesOnTheRunnerOfAVersionRetiredUnderIt) {
+  auto m = std::make_shared<ResidentModel>(model::ModelSpec{}, "cpu", ResidentModel::Hooks{});
+  auto runner = std::make_shared<HeldModel>();
+  m->Loaded(runner);
+  std::shared_ptr<void> keep = m->KeepResident();
+  m->Retire(Unavailable("lm:1 was removed from the store"));
+  ASSERT_OK(m->Infer({}, {}).status());  // the sequence's next token
+  EXPECT_EQ(runner->runs, 1);
+  EXPECT_EQ(m->KeepResident(), nullptr) << "no new sequence starts";
+  EXPECT_EQ(m->Submit({}, {}, [](StatusOr<std::vector<model::HostTensor>>) {}).message(),
+            "lm:1 was removed from the store");
+  keep.reset();  // the sequence ended: the runner goes
+  EXPECT_EQ(m->loaded(), nullptr);
+  EXPECT_EQ(m->Infer({}, {}).status().message(), "lm:1 was removed from the store");
+  EXPECT_EQ(m->state().in_flight, 0);
 }
 
 // A drain ends when the load it made room for starts in room found
