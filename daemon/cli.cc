@@ -504,15 +504,15 @@ std::map<std::string, std::string> ServedStates(const Config& config) {
   return out;
 }
 
-// "212 MB", "1.4 GB": memory as `ps` shows it.
+// "212 MiB", "1.4 GiB": memory as `ps` shows it.
 std::string HumanBytes(uint64_t bytes) {
   char out[32];
   if (bytes >= (uint64_t{10} << 30)) {
-    std::snprintf(out, sizeof out, "%.0f GB", static_cast<double>(bytes) / (1 << 30));
+    std::snprintf(out, sizeof out, "%.0f GiB", static_cast<double>(bytes) / (1 << 30));
   } else if (bytes >= (uint64_t{1} << 30)) {
-    std::snprintf(out, sizeof out, "%.1f GB", static_cast<double>(bytes) / (1 << 30));
+    std::snprintf(out, sizeof out, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
   } else {
-    std::snprintf(out, sizeof out, "%llu MB", static_cast<unsigned long long>((bytes + (1 << 19)) >> 20));
+    std::snprintf(out, sizeof out, "%llu MiB", static_cast<unsigned long long>((bytes + (1 << 19)) >> 20));
   }
   return out;
 }
@@ -550,10 +550,13 @@ int CmdPs(const GlobalFlags& g, bool all, bool as_json) {
     return 0;
   }
   const uint64_t budget = r.value("budget_bytes", uint64_t{0});
-  std::cout << "memory: " << HumanBytes(r.value("used_bytes", uint64_t{0})) << " in use";
+  // What versions count for against the budget (their learned sizes:
+  // what admits a load), and what their runners measure now.
+  std::cout << "memory: " << HumanBytes(r.value("used_bytes", uint64_t{0})) << " counted";
   if (budget > 0)
     std::cout << " of a budget of " << HumanBytes(budget) << " (" << r.value("budget_source", "") << ")";
-  std::cout << "; pressure " << r.value("pressure", "unknown") << "\n";
+  std::cout << ", " << HumanBytes(r.value("measured_bytes", uint64_t{0})) << " measured now; pressure "
+            << r.value("pressure", "unknown") << "\n";
   std::printf("%-28s %-18s %-7s %-8s %-8s %-10s %-9s %s\n", "NAME", "STATE", "RUNNERS", "MEMORY", "SIZE",
               "LAST USED", "UNLOAD IN", "IN FLIGHT");
   int shown = 0;

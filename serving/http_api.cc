@@ -406,6 +406,10 @@ void AddResidency(const ModelRegistry* reg, const ServedModel& sm, json* j) {
     if (v.name != sm.name || v.version != sm.version) continue;
     (*j)["resident"] = v.state == "resident" || v.state == "draining";
     (*j)["residency"] = v.state;
+    if (!v.fits) {
+      (*j)["fits"] = false;
+      (*j)["fit_error"] = v.why_not;
+    }
   }
 }
 
@@ -454,10 +458,18 @@ void ModelReady(const ModelRegistry* reg, const http::Request& req, http::Respon
   auto m = Resolve(reg, req);
   if (!m.ok()) return SendStatus(res, m.status());
   bool ok = (*m)->state == ServeState::kReady;
-  res.status = ok ? 200 : 503;
   json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
   if (!ok) j["error"] = NotReady(**m).message();
   AddResidency(reg, **m, &j);
+  // Ready, yet too large for the memory budget beside what always stays:
+  // every request would get 503, so it does not say it can answer.
+  if (ok && j.contains("fits") && !j["fits"].get<bool>()) {
+    ok = false;
+    j["ready"] = false;
+    j["error"] = j["fit_error"];
+  }
+  j.erase("fit_error");
+  res.status = ok ? 200 : 503;
   res.Set(Dump(j), kJson);
 }
 
@@ -473,6 +485,7 @@ json ResidentJson(const ResidentVersionReport& v) {
               {"unload_in_ms", v.unload_in_ms},
               {"in_flight", v.in_flight},
               {"keep_alive", v.keep_alive},
+              {"fits", v.fits},
               {"loads", v.loads},
               {"unloads", v.unloads}};
 }

@@ -252,7 +252,9 @@ std::string Metrics::Render() const {
   }
   AppendMetricHeader(&out, "aotid_inflight_requests", "gauge", "Infer requests being handled now.");
   out += "aotid_inflight_requests " + std::to_string(in_flight_.load()) + "\n";
-  AppendMetricHeader(&out, "aotid_models_loaded", "gauge", "Model versions loaded and ready.");
+  AppendMetricHeader(
+      &out, "aotid_models_loaded", "gauge",
+      "Model versions ready to serve, resident or not (aotid_model_resident_bytes: those resident).");
   out += "aotid_models_loaded " + std::to_string(models_loaded_.load()) + "\n";
   AppendMetricHeader(&out, "aotid_builds_total", "counter",
                      "Builds that ended, by outcome, since the daemon started.");

@@ -23,7 +23,11 @@ struct ResidentVersionReport {
   int64_t unload_in_ms = -1;   // when keep_alive unloads it; -1 when it will not (always, busy, not resident)
   int in_flight = 0;           // requests running or waiting for it
   std::string keep_alive;      // "5m", "0", "always"
-  uint64_t loads = 0;          // loads since the daemon started
+  // Whether it can fit the budget at all beside what keep_alive `always`
+  // holds: false answers every request 503 at once, so it is not ready.
+  bool fits = true;
+  std::string why_not;  // when it does not fit, why
+  uint64_t loads = 0;   // loads since the daemon started
   uint64_t unloads = 0;
 };
 

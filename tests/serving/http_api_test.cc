@@ -479,6 +479,17 @@ TEST_F(HttpApiTest, TheResidencyReportIsServedAndEachVersionSaysWhetherItIsResid
   EXPECT_EQ(ready["residency"], "not resident");
   EXPECT_EQ(get("/v2/models/chat")["resident"], false);
 
+  // One that can never fit the budget is not ready: every request would
+  // get 503.
+  auto cannot = std::make_shared<ResidencyReport>(*report);
+  cannot->versions[0].fits = false;
+  cannot->versions[0].why_not = "chat:1 needs about 210 MB of memory and the budget of 100 MB leaves 100 MB";
+  registry_.SetResidency(cannot);
+  nlohmann::json not_ready = get("/v2/models/chat/ready", 503);
+  EXPECT_EQ(not_ready["ready"], false);
+  EXPECT_EQ(not_ready["error"], cannot->versions[0].why_not);
+  registry_.SetResidency(report);
+
   std::string metrics = Send("GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
   EXPECT_NE(metrics.find("aotid_model_resident_bytes{model=\"other\",version=\"1\"} " +
                          std::to_string(uint64_t{180} << 20)),
