@@ -563,6 +563,7 @@ TEST_F(ResidencyTest, StoppingAnswersTheRequestsWaitingForMemory) {
   ASSERT_EQ(answers_["b"].size(), 1u);
   EXPECT_EQ(answers_["b"][0].code(), StatusCode::kUnavailable);
   EXPECT_FALSE(versions_["a"].model->state().draining);
+  Finish("a");  // a run left held would hold its model for ever
 }
 
 // A drain ends with the load it made room for: when that load is refused,
@@ -647,6 +648,8 @@ TEST_F(ResidencyTest, AVersionDrainedForALoadThatStartedElsewhereStaysResident) 
   Finish("a");
   EXPECT_TRUE(Resident("a"));
   EXPECT_EQ(unloads, std::vector<std::string>{"b evicted"});
+  FinishLoad("c");  // c's request, waiting for its load, runs and ends
+  Finish("c");
 }
 
 // A version killed for memory goes once idle, even where it was drained
