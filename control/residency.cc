@@ -60,6 +60,9 @@ Residency::Residency(Loop* loop, MemoryProbe* probe, ResidencyOptions options, R
 Residency::~Residency() {
   Stop();
   *alive_ = false;
+  // Requests still waiting for a load get an answer (a waiting request's
+  // answer holds its model: left waiting, both would stay for ever).
+  for (auto& [key, e] : entries_) e.v.model->Retire(Unavailable("the daemon is stopping"));
 }
 
 void Residency::Stop() {

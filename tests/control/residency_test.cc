@@ -83,6 +83,9 @@ class ResidencyTest : public ::testing::Test {
   };
 
   void SetUp() override { Make(); }
+  // Requests still waiting are answered as the residency goes: before the
+  // answers they land in.
+  void TearDown() override { residency_.reset(); }
 
   void Make(uint64_t budget = 250 * kMb, int64_t keep_alive_ms = 300'000) {
     ResidencyOptions o;
