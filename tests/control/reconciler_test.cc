@@ -863,7 +863,30 @@ Status AnswerOf(const std::shared_ptr<model::LoadedModel>& m, FakeLoop* loop, Fa
   return answer.get();
 }
 
-class ResidentReconcilerTest : public ReconcilerTest {};
+class ResidentReconcilerTest : public ReconcilerTest {
+ protected:
+  // mlp, with keep_alive 0, built and ready but not resident, in a budget
+  // of 1 GiB.
+  int64_t ServeNotResident() {
+    ManageResidency(uint64_t{1} << 30);
+    Start();
+    int64_t v = Add("mlp", {{"keep_alive", "0"}});
+    Reconcile();
+    builds_->Succeed(MlpSpec());
+    loader_->Succeed();
+    return v;
+  }
+  // Submits a request to `m`; its answer comes in the future.
+  std::future<Status> Submit(const std::shared_ptr<model::LoadedModel>& m) {
+    auto answered = std::make_shared<std::promise<Status>>();
+    auto answer = answered->get_future();
+    EXPECT_OK(m->Submit({}, {}, [answered](StatusOr<std::vector<model::HostTensor>> out) {
+      answered->set_value(out.status());
+    }));
+    loop_.RunPosted();
+    return answer;
+  }
+};
 
 // keep_alive 0: nothing is loaded at start; the version is ready, and its
 // first request loads its runner and runs on it.
@@ -935,19 +958,8 @@ TEST_F(ResidentReconcilerTest, AVersionThatDoesNotFitTheBudgetAtStartIsReadyNotR
 }
 
 TEST_F(ResidentReconcilerTest, ALoadOnDemandThatFailsAnswersWithTheReasonAndIsRecorded) {
-  ManageResidency(uint64_t{1} << 30);
-  Start();
-  int64_t v = Add("mlp", {{"keep_alive", "0"}});
-  Reconcile();
-  builds_->Succeed(MlpSpec());
-  loader_->Succeed();
-  auto m = Served("mlp", v)->model;
-  auto answered = std::make_shared<std::promise<Status>>();
-  auto answer = answered->get_future();
-  ASSERT_OK(m->Submit({}, {}, [answered](StatusOr<std::vector<model::HostTensor>> out) {
-    answered->set_value(out.status());
-  }));
-  loop_.RunPosted();
+  int64_t v = ServeNotResident();
+  auto answer = Submit(Served("mlp", v)->model);
   loader_->Fail("the runner for mlp:1 did not start: no memory");
   ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(answer.get().message(), "the runner for mlp:1 did not start: no memory");
@@ -959,12 +971,7 @@ TEST_F(ResidentReconcilerTest, ALoadOnDemandThatFailsAnswersWithTheReasonAndIsRe
 // setting that does not change a runner's memory (its time limit), so it
 // is admitted by that size, not by an estimate, after the reload.
 TEST_F(ResidentReconcilerTest, AMeasuredSizeSurvivesASettingThatDoesNotChangeMemory) {
-  ManageResidency(uint64_t{1} << 30);
-  Start();
-  int64_t v = Add("mlp", {{"keep_alive", "0"}});
-  Reconcile();
-  builds_->Succeed(MlpSpec());
-  loader_->Succeed();
+  int64_t v = ServeNotResident();
   EXPECT_EQ(AnswerOf(Served("mlp", v)->model, &loop_, loader_.get(), true).message(), "inert test model");
   loop_.Advance(0);
   ASSERT_TRUE(residency_->Report()->versions[0].size_measured);
@@ -979,19 +986,8 @@ TEST_F(ResidentReconcilerTest, AMeasuredSizeSurvivesASettingThatDoesNotChangeMem
 // A version removed from the store is retired: a request waiting for its
 // load gets an answer instead of waiting for ever.
 TEST_F(ResidentReconcilerTest, RemovingAVersionAnswersTheRequestsWaitingForItsLoad) {
-  ManageResidency(uint64_t{1} << 30);
-  Start();
-  int64_t v = Add("mlp", {{"keep_alive", "0"}});
-  Reconcile();
-  builds_->Succeed(MlpSpec());
-  loader_->Succeed();
-  auto m = Served("mlp", v)->model;
-  auto answered = std::make_shared<std::promise<Status>>();
-  auto answer = answered->get_future();
-  ASSERT_OK(m->Submit({}, {}, [answered](StatusOr<std::vector<model::HostTensor>> out) {
-    answered->set_value(out.status());
-  }));
-  loop_.RunPosted();
+  int64_t v = ServeNotResident();
+  auto answer = Submit(Served("mlp", v)->model);
   ASSERT_TRUE(store_->Remove({{"mlp", v}}).ok());
   Reconcile();
   ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready);
