@@ -145,6 +145,9 @@ Status Reconciler::RetryFailed(const std::string& name) {
 Status Reconciler::Reconcile() {
   if (stopping_) return Status::OK();
   ASSIGN_OR_RETURN(auto models, store_->ListModels());
+  if (!options_.only_model.empty()) {
+    std::erase_if(models, [&](const storage::ModelInfo& m) { return m.name != options_.only_model; });
+  }
   stored_.clear();
   desired_.clear();
   for (const auto& m : models) {

@@ -68,6 +68,9 @@ struct ReconcilerOptions {
   uint64_t memory_limit_bytes = 0;
   int runner_max_crashes = 5;
   int64_t runner_crash_window_ms = 60'000;
+  // Set: this model alone is served (single-model mode); the store's other
+  // models are neither built nor loaded, nor listed as served.
+  std::string only_model;
 };
 
 // What the reconciler drives and where it publishes; each must outlive it.

@@ -62,6 +62,7 @@ class ReconcilerTest : public ::testing::Test {
     opts.hardware.cuda_missing = cuda_missing;
     opts.retry_initial_ms = kRetryMs;
     opts.max_attempts = 3;
+    opts.only_model = only_model_;
     ReconcilerParts parts;
     parts.loop = &loop_;
     parts.store = store_.get();
@@ -143,6 +144,7 @@ class ReconcilerTest : public ::testing::Test {
   std::unique_ptr<storage::ModelStore> store_;
   std::unique_ptr<compile::BuildCache> cache_;
   std::string cuda_missing_ = "no NVIDIA driver";
+  std::string only_model_;  // ReconcilerOptions::only_model from the next Start()
   FakeLoop loop_;
   std::unique_ptr<FakeBuilds> builds_;
   std::unique_ptr<FakeLoader> loader_;
@@ -213,6 +215,29 @@ TEST_F(ReconcilerTest, RestartLoadsFromTheCacheWithoutBuilding) {
   EXPECT_EQ(State("mlp", v), "ready");
   EXPECT_TRUE(registry_->startup_done());
   EXPECT_TRUE(HasEvent("mlp", v, "load_started"));
+}
+
+// Single-model mode: the store's other models are neither built, loaded
+// nor listed, whenever they came.
+TEST_F(ReconcilerTest, OnlyTheOneModelIsServedWhenOneIsNamed) {
+  only_model_ = "demo";
+  Start();
+  int64_t other = Add("other", {}, "mlp2.pt2");
+  int64_t demo = Add("demo");
+  Reconcile();
+  ASSERT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(builds_->submitted[0].artifact, store_->GetModel("demo")->versions[0].artifact);
+  BuildAndLoad();
+  EXPECT_EQ(State("demo", demo), "ready");
+  EXPECT_EQ(State("other", other), "absent");
+  EXPECT_TRUE(registry_->startup_done());
+  Add("later", {}, "mlp2.pt2");
+  Reconcile();
+  EXPECT_EQ(builds_->submitted.size(), 1u);
+  EXPECT_EQ(loader_->requests.size(), 1u);
+  auto catalog = registry_->GetCatalog();
+  ASSERT_EQ(catalog->size(), 1u);
+  EXPECT_EQ((*catalog)[0].name, "demo");
 }
 
 TEST_F(ReconcilerTest, VersionsSharingAnArtifactShareOneBuild) {
