@@ -360,18 +360,33 @@ void Live(const http::Request&, http::Response& res) { res.Set(R"({"live":true})
 // Ready: the start-up is done and every version that should be served
 // (enabled, and its model's version policy wants it) answers requests. A
 // version building, waiting for a retry or failed is not ready, and the
-// answer names it (the first 20).
-void ServerReady(const ModelRegistry* reg, http::Response& res) {
+// answer names it (the first 20). With `needs_resident` a version must also
+// be loaded (its residency "resident"), not only able to load.
+void ServerReady(const ModelRegistry* reg, bool needs_resident, http::Response& res) {
   json waiting = json::array();
   size_t count = 0;
+  auto report = needs_resident ? reg->GetResidency() : nullptr;
+  // Its residency when that keeps it from answering at once; "" otherwise.
+  auto not_loaded = [&report](const std::string& name, int64_t version) -> std::string {
+    if (!report) return "";
+    for (const auto& v : report->versions) {
+      if (v.name == name && v.version == version) return v.state == "resident" ? "" : v.state;
+    }
+    return "not resident";
+  };
   for (const auto& e : *reg->GetCatalog()) {
     if (!e.enabled || !e.wanted) continue;
     auto sm = reg->Find(e.name, e.version);
-    if (sm && sm->state == ServeState::kReady) continue;
+    std::string residency;
+    if (sm && sm->state == ServeState::kReady) {
+      residency = not_loaded(e.name, e.version);
+      if (residency.empty()) continue;
+    }
     if (++count > 20) continue;
     json item{{"name", e.name},
               {"version", std::to_string(e.version)},
               {"state", sm ? std::string(ServeStateName(sm->state)) : std::string("queued")}};
+    if (!residency.empty()) item["residency"] = residency;
     if (sm && !sm->message.empty()) item["reason"] = sm->message;
     waiting.push_back(std::move(item));
   }
@@ -853,7 +868,9 @@ void HttpApi::Routes() {
 
   r.Add("GET", "/v2/health/live", Live);
   r.Add("GET", "/v2/health/ready",
-        [reg](const http::Request&, http::Response& res) { ServerReady(reg, res); });
+        [reg, needs_resident = options_.ready_needs_resident](const http::Request&, http::Response& res) {
+          ServerReady(reg, needs_resident, res);
+        });
   r.Add("GET", "/v2", ServerMetadata);
   both("GET", "", [reg](const http::Request& req, http::Response& res) { ModelMetadata(reg, req, res); });
   both("GET", "/ready", [reg](const http::Request& req, http::Response& res) { ModelReady(reg, req, res); });

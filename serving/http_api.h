@@ -34,6 +34,9 @@ struct HttpOptions {
   bool check_host = true;
   std::vector<std::string> allowed_hosts;
   std::vector<std::string> cors_origins;  // "*" for any; empty: no CORS
+  // /v2/health/ready also waits for every served version to be loaded
+  // (single-model mode: an orchestrator sends traffic once it is ready).
+  bool ready_needs_resident = false;
 
   bool operator==(const HttpOptions&) const = default;
 };

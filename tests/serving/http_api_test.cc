@@ -278,6 +278,48 @@ TEST_F(HttpApiTest, ReadyOnlyWhenEveryWantedVersionIsReady) {
   EXPECT_EQ(ready().first, 200) << ready().second.dump();
 }
 
+// Single-model mode: ready waits for the version to be loaded too, since
+// an orchestrator sends it traffic the moment it says ready; residency's
+// other states hold it back and are named.
+TEST_F(HttpApiTest, ReadyCanAlsoWaitForEveryWantedVersionToBeLoaded) {
+  Stop();
+  HttpOptions o;
+  o.ready_needs_resident = true;
+  Start(o);
+  auto ready = [this] {
+    std::string reply = Send("GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    return std::make_pair(StatusOf(reply), BodyOf(reply));
+  };
+  registry_.SetStartupDone();
+  registry_.SetCatalog({{"demo", 1, true, true, "latest"}});
+  registry_.Put(ServedModel{"demo", 1, ServeState::kReady});
+  auto report = std::make_shared<ResidencyReport>();
+  ResidentVersionReport v;
+  v.name = "demo";
+  v.version = 1;
+  for (const char* state : {"loading", "waiting for memory", "not resident"}) {
+    v.state = state;
+    report->versions = {v};
+    registry_.SetResidency(std::make_shared<ResidencyReport>(*report));
+    auto [status, body] = ready();
+    EXPECT_EQ(status, 503) << state;
+    EXPECT_EQ(body["not_ready"][0]["residency"], state) << body.dump();
+    EXPECT_EQ(body["not_ready"][0]["state"], "ready") << body.dump();
+  }
+  v.state = "resident";
+  report->versions = {v};
+  registry_.SetResidency(std::make_shared<ResidencyReport>(*report));
+  EXPECT_EQ(ready().first, 200) << ready().second.dump();
+  // A version the report does not know yet is not loaded either.
+  report->versions.clear();
+  registry_.SetResidency(std::make_shared<ResidencyReport>(*report));
+  EXPECT_EQ(ready().first, 503);
+  // Without the option, ready does not wait for the load.
+  Stop();
+  Start({});
+  EXPECT_EQ(ready().first, 200) << ready().second.dump();
+}
+
 // GET /v2 names the extensions that work; a model on its way asks the
 // client back (Retry-After), a failed one does not.
 TEST_F(HttpApiTest, ServerMetadataNamesItsExtensionsAndA503SaysWhenToRetry) {
