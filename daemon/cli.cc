@@ -1642,6 +1642,11 @@ int RunCli(int argc, char** argv) {
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
   serve->add_option("--log-file", log_file, "Log to this file, rotated by size (overrides log.file)");
+  SingleModel single;
+  serve->add_option("--model-dir", single.model_dir,
+                    "Serve the .pt2 in this read-only folder (or this file) alone, with no `add` "
+                    "(single-model mode: KServe's /mnt/models); the store keeps its builds");
+  serve->add_option("--model-name", single.model_name, "The name it is served as (with --model-dir)");
 
   try {
     app.parse(argc, argv);
@@ -1724,7 +1729,13 @@ int RunCli(int argc, char** argv) {
     };
     auto cfg = load();
     if (!cfg.ok()) return FailUsage("serve", cfg.status());
-    return Serve(*cfg, load);
+    if (single.model_dir.empty() != single.model_name.empty()) {
+      return FailUsage("serve",
+                       InvalidArgument(single.model_dir.empty()
+                                           ? "--model-name names the model of --model-dir: give both"
+                                           : "--model-dir needs --model-name, the name to serve it as"));
+    }
+    return Serve(*cfg, load, single);
   }
   return kExitUsage;
 }

@@ -27,6 +27,7 @@
 #include "control/residency.h"
 #include "control/store_watch.h"
 #include "daemon/daemon_lock.h"
+#include "daemon/model_dir.h"
 #include "daemon/service_manager.h"
 #include "http/host.h"
 #include "platform/device_probe.h"
@@ -194,17 +195,22 @@ void SetLimits(const Config& config, const platform::HardwareInfo& hw, control::
 
 // Residency's options from the config: the budget (a share of the memory
 // this process may use unless set), the default keep_alive, the wait.
-control::ResidencyOptions ResidencyFrom(const Config& config) {
+// In single-model mode nothing else shares the memory, so the default
+// budget is most of it.
+constexpr int kSingleModelBudgetPercent = 90;
+
+control::ResidencyOptions ResidencyFrom(const Config& config, bool single_model) {
   control::ResidencyOptions o;
   if (config.memory_budget_mb > 0) {
     o.budget_bytes = static_cast<uint64_t>(config.memory_budget_mb) << 20;
     o.budget_source = "residency.memory_budget_mb";
   } else {
     platform::UsableMemory usable = platform::ReadUsableMemory();
-    o.budget_bytes = usable.bytes / 100 * kDefaultBudgetPercent;
+    const int percent = single_model ? kSingleModelBudgetPercent : kDefaultBudgetPercent;
+    o.budget_bytes = usable.bytes / 100 * percent;
     char gib[32];
     std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(usable.bytes) / (1 << 30));
-    o.budget_source = std::to_string(kDefaultBudgetPercent) + "% of " + gib + " GiB, the " + usable.source;
+    o.budget_source = std::to_string(percent) + "% of " + gib + " GiB, the " + usable.source;
   }
   o.keep_alive_ms =
       config.keep_alive_s == storage::kKeepAliveAlways ? -1 : int64_t{config.keep_alive_s} * 1000;
@@ -216,6 +222,7 @@ control::ResidencyOptions ResidencyFrom(const Config& config) {
 // SIGHUP: the configuration read again; what can change live is applied.
 struct Reload {
   uv_signal_t sighup{};
+  bool single_model = false;
   std::function<StatusOr<Config>()> load;
   Config current;
   std::string current_token;
@@ -294,13 +301,19 @@ struct Reload {
     if (builder != nullptr && (has("build.jobs") || has("build.timeout_s"))) {
       builder->SetLimits(fresh->build_jobs, fresh->build_timeout_s);
     }
-    if (syncer != nullptr && has("sync")) syncer->SetSources(fresh->sync);
+    if (syncer != nullptr && has("sync")) {
+      if (single_model) {
+        LOG_WARNING << "reload: [[sync]] is not followed with --model-dir; the change is ignored";
+      } else {
+        syncer->SetSources(fresh->sync);
+      }
+    }
     if (reconciler != nullptr) {
       control::ReconcilerOptions limits;
       SetLimits(*fresh, hw, &limits);
       reconciler->SetLimits(limits);
     }
-    if (residency != nullptr && has("residency.")) residency->SetOptions(ResidencyFrom(*fresh));
+    if (residency != nullptr && has("residency.")) residency->SetOptions(ResidencyFrom(*fresh, single_model));
     // What each changed key became.
     for (const auto& key : ChangedKeys(current, *fresh)) {
       switch (ReloadRuleOf(key)) {
@@ -416,7 +429,7 @@ void AppendSyncMetrics(const std::vector<sync::SourceStatus>& sources, std::stri
 
 }  // namespace
 
-int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config) {
+int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config, const SingleModel& single) {
   log::Level level;
   if (log::ParseLevel(config.log_level, &level)) log::SetLevel(level);
   std::signal(SIGPIPE, SIG_IGN);
@@ -447,6 +460,22 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   auto lock = LockStore(config.store_path);
   if (!lock.ok()) return fail(lock.status());
   RecordRecovery(store->get());
+  const bool single_model = !single.model_dir.empty();
+  if (single_model) {
+    if (!config.sync.empty()) {
+      return fail(InvalidArgument("--model-dir serves that folder's model alone, but the config (" +
+                                  config.source +
+                                  ") has [[sync]] registries to follow: remove them, or serve without "
+                                  "--model-dir"));
+    }
+    auto file = FindModelPackage(single.model_dir, single.model_name);
+    if (!file.ok()) return fail(file.status());
+    bool added = false;
+    auto v = AdoptModel(store->get(), *file, single.model_name, &added);
+    if (!v.ok()) return fail(v.status());
+    LOG_INFO << "single-model mode: serving " << *file << " as " << v->model << ":" << v->version
+             << (added ? ", added to the store" : ", the store's already");
+  }
 
   platform::HardwareInfo hw = platform::ProbeHardware(config.cxx);
   std::string fingerprint = platform::Fingerprint(hw);
@@ -505,6 +534,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   ropts.fingerprint = fingerprint;
   ropts.hardware = hw;
   SetLimits(config, hw, &ropts);
+  if (single_model) ropts.only_model = single.model_name;
   control::UvLoop timers(&loop);
   // Runners write only in their own scratch directories, beneath the
   // staging directory that every start clears.
@@ -521,7 +551,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   residency_hooks.unloaded = [&metrics](const std::string& name, int64_t version, const std::string& cause) {
     metrics.RecordUnload(name, version, cause);
   };
-  control::Residency residency(&timers, &memory_probe, ResidencyFrom(config), residency_hooks);
+  control::Residency residency(&timers, &memory_probe, ResidencyFrom(config, single_model), residency_hooks);
   LOG_INFO << "memory budget for the runners: " << (residency.options().budget_bytes >> 20) << " MiB ("
            << residency.options().budget_source << "); keep_alive "
            << (config.keep_alive_s == storage::kKeepAliveAlways
@@ -554,6 +584,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   // reach it; its file mode (0660) guards it.
   hopts.check_host = !on_unix && http::IsLoopbackHost(hopts.server.host);
   hopts.store_dir = config.store_path;
+  hopts.ready_needs_resident = single_model;
   if (!config.token_file.empty()) {
     auto token = ReadToken(config.token_file);
     if (!token.ok()) return fail(token.status());
@@ -588,6 +619,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config)
   Reload reload;
   reload.load = std::move(reload_config);
   reload.current = config;
+  reload.single_model = single_model;
   reload.current_token = hopts.token;
   reload.hw = hw;
   reload.http = &http;

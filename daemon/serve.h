@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "daemon/config.h"
 
@@ -14,6 +15,16 @@ namespace aotid::daemon {
 // log settings take effect at once; other changes are named in the log as
 // waiting for a restart; a configuration that does not load is refused and
 // the running one kept.
-int Serve(const Config& config, std::function<StatusOr<Config>()> reload = nullptr);
+//
+// With `single` set (single-model mode, daemon/model_dir.h) it serves the
+// package found at single.model_dir as single.model_name, alone: adopted
+// into the store at start, kept loaded, and /v2/health/ready waits until
+// it is loaded.
+struct SingleModel {
+  std::string model_dir;  // a .pt2 file, or a folder holding one
+  std::string model_name;
+};
+int Serve(const Config& config, std::function<StatusOr<Config>()> reload = nullptr,
+          const SingleModel& single = {});
 
 }  // namespace aotid::daemon

@@ -1,0 +1,96 @@
+#include "daemon/model_dir.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/fs.h"
+#include "storage/version_settings.h"
+
+namespace aotid::daemon {
+namespace {
+
+bool EndsWithPt2(const std::string& name) { return name.size() > 4 && name.ends_with(".pt2"); }
+
+// Collects the .pt2 files under `dir`, `depth` levels down at most; stops
+// once there are more than `cap` (a folder of many is refused anyway).
+void Collect(const std::string& dir, int depth, size_t cap, std::vector<std::string>* found) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (!n.empty() && n[0] != '.') names.push_back(std::move(n));
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) {
+    if (found->size() > cap) return;
+    std::string p = dir + "/" + n;
+    struct stat st;
+    if (::stat(p.c_str(), &st) != 0) continue;  // a dangling link
+    if (S_ISREG(st.st_mode) && EndsWithPt2(n)) {
+      found->push_back(p);
+    } else if (S_ISDIR(st.st_mode) && depth > 1) {
+      Collect(p, depth - 1, cap, found);
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<std::string> FindModelPackage(const std::string& path, const std::string& name) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return NotFound("--model-dir " + path + " does not exist");
+  if (S_ISREG(st.st_mode)) return path;
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("--model-dir " + path + " is neither a file nor a folder");
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  std::vector<std::string> found;
+  Collect(dir, kModelDirDepth, 20, &found);
+  if (found.empty()) {
+    return NotFound("no .pt2 package in --model-dir " + path + " (nor in its folders, " +
+                    std::to_string(kModelDirDepth - 1) + " levels down)");
+  }
+  if (found.size() == 1) return found[0];
+  for (const std::string& top : {dir + "/" + name + ".pt2", dir + "/model.pt2"}) {
+    if (std::find(found.begin(), found.end(), top) != found.end()) return top;
+  }
+  std::string list;
+  for (size_t i = 0; i < found.size() && i < 5; ++i) {
+    list += (i ? ", " : "") + found[i].substr(dir.size() + 1);
+  }
+  if (found.size() > 5) list += ", ...";
+  return InvalidArgument("--model-dir " + path + " holds several .pt2 packages (" + list +
+                         "): name the one to serve (--model-dir FILE), or call it " + name + ".pt2");
+}
+
+StatusOr<storage::ModelVersion> AdoptModel(storage::ModelStore* store, const std::string& file,
+                                           const std::string& name, bool* added) {
+  *added = false;
+  ASSIGN_OR_RETURN(std::string digest, fs::Sha256File(file));
+  std::optional<storage::ModelVersion> serving;
+  if (auto m = store->GetModel(name); m.ok()) {
+    if (!m->versions.empty() && m->versions.back().artifact == digest) serving = m->versions.back();
+  } else if (m.status().code() != StatusCode::kNotFound) {
+    return m.status();
+  }
+  if (!serving) {
+    storage::AddRequest req;
+    req.file = file;
+    req.name = name;
+    // One model, for as long as the daemon runs: never unloaded for idling.
+    req.settings.keep_alive_s = storage::kKeepAliveAlways;
+    ASSIGN_OR_RETURN(serving, store->Add(req));
+    *added = true;
+  }
+  // The newest version, whatever an earlier `aotid set` left: this is the
+  // folder's model, and it is what is served.
+  RETURN_IF_ERROR(
+      store->Set(name, std::nullopt, {{"enabled", "true"}, {"version_policy", "latest"}}).status());
+  return *serving;
+}
+
+}  // namespace aotid::daemon

@@ -1,0 +1,97 @@
+// Single-model mode's two steps: finding the package in the folder a
+// storage initializer filled, and adopting it into the store once.
+#include "daemon/model_dir.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "base/fs.h"
+#include "storage/version_settings.h"
+#include "test_util.h"
+
+namespace aotid::daemon {
+namespace {
+
+using testing::TempDir;
+using testing::TestData;
+
+void Touch(const std::string& path) {
+  ASSERT_OK(fs::MakeDirs(path.substr(0, path.rfind('/'))));
+  ASSERT_OK(fs::WriteFileAtomic(path, "x"));
+}
+
+TEST(FindModelPackage, TheFileItselfOrTheOnePackageBelow) {
+  TempDir t;
+  Touch(t.path() + "/a/b/model.pt2");
+  Touch(t.path() + "/a/README.md");
+  Touch(t.path() + "/a/.hidden/other.pt2");  // a storage initializer's own files
+  EXPECT_EQ(*FindModelPackage(t.path() + "/a", "m"), t.path() + "/a/b/model.pt2");
+  EXPECT_EQ(*FindModelPackage(t.path() + "/a/", "m"), t.path() + "/a/b/model.pt2");
+  EXPECT_EQ(*FindModelPackage(t.path() + "/a/README.md", "m"), t.path() + "/a/README.md");
+  // Through a link, as a mounted volume's files often are.
+  ASSERT_EQ(::symlink((t.path() + "/a").c_str(), (t.path() + "/link").c_str()), 0);
+  EXPECT_EQ(*FindModelPackage(t.path() + "/link", "m"), t.path() + "/link/b/model.pt2");
+}
+
+TEST(FindModelPackage, NoneTooDeepOrSeveralAreRefusedNamingThem) {
+  TempDir t;
+  Touch(t.path() + "/deep/1/2/3/model.pt2");
+  auto deep = FindModelPackage(t.path() + "/deep", "m");
+  EXPECT_EQ(deep.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(deep.status().message().find("no .pt2 package"), std::string::npos) << deep.status().ToString();
+  EXPECT_EQ(FindModelPackage(t.path() + "/absent", "m").status().code(), StatusCode::kNotFound);
+
+  Touch(t.path() + "/two/x/a.pt2");
+  Touch(t.path() + "/two/b.pt2");
+  auto two = FindModelPackage(t.path() + "/two", "m");
+  EXPECT_EQ(two.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(two.status().message().find("b.pt2, x/a.pt2"), std::string::npos) << two.status().ToString();
+  // One named for the model, or model.pt2, at the top is the choice.
+  Touch(t.path() + "/two/m.pt2");
+  EXPECT_EQ(*FindModelPackage(t.path() + "/two", "m"), t.path() + "/two/m.pt2");
+  Touch(t.path() + "/three/model.pt2");
+  Touch(t.path() + "/three/old/model.pt2");
+  EXPECT_EQ(*FindModelPackage(t.path() + "/three", "m"), t.path() + "/three/model.pt2");
+}
+
+TEST(AdoptModel, AddsOnceAndAddsAgainOnlyWhenTheBytesChange) {
+  TempDir t;
+  auto store = storage::ModelStore::Open(t.path() + "/store");
+  ASSERT_OK(store.status());
+  bool added = false;
+  auto v1 = AdoptModel(store->get(), TestData("mlp_so.pt2"), "demo", &added);
+  ASSERT_OK(v1.status());
+  EXPECT_TRUE(added);
+  EXPECT_EQ(v1->version, 1);
+  EXPECT_EQ(v1->settings.keep_alive_s, storage::kKeepAliveAlways);
+  // A user turned it off and pinned it: the folder's model is served anyway.
+  ASSERT_OK(
+      (*store)->Set("demo", std::nullopt, {{"enabled", "false"}, {"version_policy", "pinned:1"}}).status());
+  auto same = AdoptModel(store->get(), TestData("mlp_so.pt2"), "demo", &added);
+  ASSERT_OK(same.status());
+  EXPECT_FALSE(added);
+  EXPECT_EQ(same->version, 1);
+  auto m = (*store)->GetModel("demo");
+  ASSERT_OK(m.status());
+  EXPECT_TRUE(m->enabled);
+  EXPECT_EQ(storage::FormatVersionPolicy(m->policy), "latest");
+
+  auto v2 = AdoptModel(store->get(), TestData("mlp.pt2"), "demo", &added);
+  ASSERT_OK(v2.status());
+  EXPECT_TRUE(added);
+  EXPECT_EQ(v2->version, 2);
+  // Back to the first bytes: a newer version again, so that it is the one
+  // the policy serves.
+  auto v3 = AdoptModel(store->get(), TestData("mlp_so.pt2"), "demo", &added);
+  ASSERT_OK(v3.status());
+  EXPECT_TRUE(added);
+  EXPECT_EQ(v3->version, 3);
+
+  auto bad = AdoptModel(store->get(), TestData("not_a_model.pt2"), "demo", &added);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_FALSE(added);
+  EXPECT_EQ((*store)->GetModel("demo")->versions.size(), 3u);
+}
+
+}  // namespace
+}  // namespace aotid::daemon
