@@ -167,6 +167,11 @@ struct ServiceStatus {
   ServiceManager* manager = nullptr;
   const serving::ModelRegistry* registry = nullptr;
   std::string last;
+  // Single-model mode: the model, and what stops the daemon once its
+  // version has failed for good (no retry left), so that the orchestrator
+  // sees a failed container rather than one that is never ready.
+  std::string single_model;
+  std::function<void(const std::string&)> single_model_failed;
 
   static void Tick(uv_timer_t* t) {
     auto* self = static_cast<ServiceStatus*>(t->data);
@@ -176,6 +181,16 @@ struct ServiceStatus {
     if (self->manager->watchdog_ping_ms() > 0) message += "WATCHDOG=1\n";
     if (!message.empty()) self->manager->Notify(message);
     self->last = line;
+    if (!self->single_model.empty() && self->single_model_failed) {
+      for (const auto& e : *self->registry->GetCatalog()) {
+        if (e.name != self->single_model || !e.enabled || !e.wanted) continue;
+        auto sm = self->registry->Find(e.name, e.version);
+        if (sm && sm->state == serving::ServeState::kFailed) {
+          self->single_model_failed(e.name + ":" + std::to_string(e.version) + " failed: " + sm->message);
+          return;
+        }
+      }
+    }
   }
 };
 
@@ -354,13 +369,13 @@ struct Shutdown {
   control::Residency* residency = nullptr;
   control::ThreadPoolLoader* loader = nullptr;
   bool started = false;
+  int exit_code = 0;  // what Serve returns once the loop ends
 };
 
-void OnSignal(uv_signal_t* handle, int signum) {
-  auto* s = static_cast<Shutdown*>(handle->data);
+// Stops taking work, lets what is in flight finish, and ends the loop.
+void BeginShutdown(Shutdown* s) {
   if (s->started) return;
   s->started = true;
-  LOG_INFO << "received " << (signum == SIGTERM ? "SIGTERM" : "SIGINT") << "; shutting down";
   s->status->manager->Notify("STOPPING=1\nSTATUS=stopping: finishing the requests in flight\n");
   uv_close(reinterpret_cast<uv_handle_t*>(&s->status->timer), nullptr);
   s->reconciler->Stop();
@@ -374,6 +389,13 @@ void OnSignal(uv_signal_t* handle, int signum) {
   uv_close(reinterpret_cast<uv_handle_t*>(&s->reload->sighup), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigint), nullptr);
+}
+
+void OnSignal(uv_signal_t* handle, int signum) {
+  auto* s = static_cast<Shutdown*>(handle->data);
+  if (s->started) return;
+  LOG_INFO << "received " << (signum == SIGTERM ? "SIGTERM" : "SIGINT") << "; shutting down";
+  BeginShutdown(s);
 }
 
 // This executable, which runs builds of AOTInductor packages
@@ -647,6 +669,16 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   shutdown.sigterm.data = shutdown.sigint.data = &shutdown;
   uv_signal_start(&shutdown.sigterm, OnSignal, SIGTERM);
   uv_signal_start(&shutdown.sigint, OnSignal, SIGINT);
+  if (single_model) {
+    status.single_model = single.model_name;
+    status.single_model_failed = [&shutdown](const std::string& why) {
+      if (shutdown.started) return;
+      LOG_ERROR << "single-model mode: " << why
+                << "; stopping (exit code 1) so that it is seen and restarted";
+      shutdown.exit_code = 1;
+      BeginShutdown(&shutdown);
+    };
+  }
 
   // The first reconcile publishes every model's state before HTTP answers
   // anything, so an early request gets 503 "building", never 404.
@@ -685,7 +717,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   RecordDaemonEvent(store->get(), "daemon_stopped", "stopped (pid " + std::to_string(::getpid()) + ")");
   LOG_INFO << "stopped";
   ::close(*lock);
-  return 0;
+  return shutdown.exit_code;
 }
 
 }  // namespace aotid::daemon

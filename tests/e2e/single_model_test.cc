@@ -111,6 +111,21 @@ TEST_F(SingleModelTest, ServesTheFolderReadyOnlyOnceLoadedAndAdoptsItOnce) {
   EXPECT_EQ((*third)->Stop(), 0);
 }
 
+// A model that fails for good (its build cannot succeed) ends the daemon
+// with an error, so that the orchestrator shows a failed container and its
+// log, rather than a pod that never says ready.
+TEST_F(SingleModelTest, AModelThatFailsForGoodStopsTheDaemonWithItsReason) {
+  const std::string log = dir_.path() + "/failed.log";
+  auto pid = SpawnAotid({"--store", store_, "serve", "--listen", "127.0.0.1:0", "--model-dir",
+                         TestData("broken_program.pt2"), "--model-name", "broken"},
+                        log);
+  ASSERT_OK(pid.status());
+  EXPECT_EQ(WaitExitFor(*pid, 300), 1);
+  auto text = fs::ReadFile(log);
+  ASSERT_OK(text.status());
+  EXPECT_NE(text->find("broken:1 failed: build exited"), std::string::npos) << *text;
+}
+
 TEST_F(SingleModelTest, WhatCannotBeServedIsRefusedAtStartNamingWhy) {
   struct Case {
     std::vector<std::string> args;
