@@ -15,6 +15,8 @@ set(_aotid_test_costs
   e2e.DaemonOverHttp 366
   e2e.Slots 250
   sync.PushSyncServeResumeAndRefuse 191
+  fixture.DeployVenv 190
+  deploy.DaemonSetCommandsServe 60
   llm.MiniLmServedEqualsSentenceTransformers 140
   exporter.EmbeddingPackageEqualsSentenceTransformers 127
   llm.Int8WeightsGenerateEagerGreedyChoices 136
