@@ -68,6 +68,14 @@ NOT_RUN = [
      "registry.example.com and /mnt/usb are the reader's; sync.PushSyncServeResumeAndRefuse pushes to "
      "and syncs from a registry of its own"),
     ("docs/SYNC.md", "oras push", "42b1b1f4", "oras is not installed here, and registry.example.com is the reader's"),
+    ("docs/KUBERNETES.md", "kubectl apply -k deploy/kserve", "57f5c969",
+     "needs a cluster with KServe; deploy.ManifestsValidAgainstSchemas validates these manifests and "
+     "deploy.RuntimeCommandsServe runs the runtime's container command as the manifest writes it"),
+    ("docs/KUBERNETES.md", "kubectl port-forward service/mlp-predictor", "4920c2da",
+     "needs a cluster with KServe; deploy.RuntimeCommandsServe sends v2 requests to mlp as the runtime serves it"),
+    ("docs/KUBERNETES.md", "k3s kubectl apply -f deploy/edge/namespace.yaml", "2c75c912",
+     "needs a k3s node and a registry of the reader's; deploy.DaemonSetCommandsServe runs the DaemonSet's "
+     "container with its ConfigMap, Secrets and a loopback registry"),
 ]
 
 
