@@ -17,6 +17,7 @@ set(_aotid_test_costs
   sync.PushSyncServeResumeAndRefuse 191
   fixture.DeployVenv 190
   deploy.DaemonSetCommandsServe 60
+  deploy.RuntimeCommandsServe 60
   llm.MiniLmServedEqualsSentenceTransformers 140
   exporter.EmbeddingPackageEqualsSentenceTransformers 127
   llm.Int8WeightsGenerateEagerGreedyChoices 136
