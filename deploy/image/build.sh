@@ -152,9 +152,9 @@ say "wheel: $(basename "$wheel")"
 # downloaded), then what the aotid wheel asks for besides, pinned to what
 # that resolves to.
 mkdir -p "$work/wheels"
-"$python" -m pip download -q --disable-pip-version-check --no-deps -d "$work/wheels" torch==2.13.0 >/dev/null
-"$python" -m pip download -q --disable-pip-version-check -d "$work/wheels" --find-links "$work/wheels" \
-  "$wheel" >/dev/null
+{ "$python" -m pip download -q --disable-pip-version-check --no-deps -d "$work/wheels" torch==2.13.0 &&
+  "$python" -m pip download -q --disable-pip-version-check -d "$work/wheels" --find-links "$work/wheels" \
+    "$wheel"; } >"$work/download.log" 2>&1 || { cat "$work/download.log"; die "pip download failed"; }
 rm -f "$work"/wheels/aotid-*.whl
 torch_whl="$(ls "$work"/wheels/torch-*.whl)"
 [[ $(basename "$torch_whl") == torch-2.13.0+cpu-cp311-* ]] ||
@@ -185,8 +185,8 @@ else
   say "layer 2: /opt/aotid venv with $(basename "$torch_whl") and $(($(ls "$work/wheels" | wc -l) - 1)) more"
   touch "$work/marker2"; sleep 1
   inside /usr/bin/python3 -m venv /opt/aotid
-  inside /opt/aotid/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-index \
-    --find-links /wheels /wheels/*.whl
+  inside /bin/sh -c '/opt/aotid/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-index \
+    --find-links /wheels /wheels/*.whl'
   layer_tar "$work/marker2" "$work/venv.tar" opt
   mv "$work/venv.tar" "$venv_tar"
 fi
