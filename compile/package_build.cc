@@ -238,8 +238,11 @@ int RunPackageBuild(const PackageBuildArgs& args, const std::function<Status()>&
   // first check.
   ::setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/1);
 #ifdef __linux__
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the daemon
-  if (::getppid() == 1) return kBuildExitMayPass;
+  // Never outlive the daemon. It may be pid 1 itself (a container's
+  // entrypoint): the parent is compared with the one seen before, not with 1.
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) return kBuildExitMayPass;
 #endif
   auto kind = package::ParsePackageKind(args.kind);
   if (!kind.ok()) {

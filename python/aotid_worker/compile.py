@@ -597,14 +597,20 @@ def build(args: argparse.Namespace) -> None:
 
 
 def die_with_parent() -> None:
-    """A build must not outlive the daemon that started it (Linux only)."""
+    """A build must not outlive the daemon that started it (Linux only).
+
+    The daemon may itself be pid 1 (a container's entrypoint), so a parent
+    of 1 proves nothing: the parent is compared with the one seen before the
+    signal was asked for. Started through the sandbox, the worker also keeps
+    the signal its wrapper asked for before exec'ing it."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
 
+        parent = os.getppid()
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent is already gone
+        if os.getppid() != parent:  # the parent went in between
             sys.exit(1)
 
 
