@@ -24,7 +24,8 @@
 #      caches; the user aotid (65532) and its state directory.
 #   2. The venv /opt/aotid with torch==2.13.0 (CPU) and its dependencies,
 #      taken from this machine's pip (never an unpinned torch).
-#   3. The aotid wheel in that venv, and /etc/aotid/aotid.toml.
+#   3. The aotid wheel in that venv, /etc/aotid/aotid.toml, and the mount
+#      point /mnt/models.
 # Layers 1 and 2 are cached under $AOTID_IMAGE_CACHE (default
 # ~/.cache/aotid-dev/image), keyed by a hash of what makes them, so that a
 # second build redoes layer 3 alone.
@@ -200,6 +201,9 @@ cp "$wheel" "$work/wheels/"
 inside /opt/aotid/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-index --no-deps \
   "/wheels/$(basename "$wheel")"
 install -d -m 0755 "$root/etc/aotid"
+# Where KServe (and the docs' examples) mount a model read-only: a read-only
+# root filesystem needs the mount point to exist.
+install -d -m 0755 "$root/mnt/models"
 cat > "$root/etc/aotid/aotid.toml" <<'TOML'
 # aotid in its container image (deploy/image/build.sh); every other key keeps
 # its default (aotid config shows them). Command-line flags override these.
@@ -215,7 +219,7 @@ TOML
 chmod 0644 "$root/etc/aotid/aotid.toml"
 # The venv's python3 links to /usr/bin/python3; aotid finds it beside itself.
 [[ -x $root/opt/aotid/bin/aotid ]] || die "the wheel put no aotid at /opt/aotid/bin/aotid"
-layer_tar "$work/marker3" "$work/app.tar" opt etc/aotid
+layer_tar "$work/marker3" "$work/app.tar" opt etc/aotid mnt
 unpacked="$(du -sb "$root" | cut -f1)"
 
 # The OCI layout ---------------------------------------------------------
