@@ -135,16 +135,11 @@ in_image() { # runs a command of the image's, in the image
 }
 env_args=(--setenv HOME /var/lib/aotid)
 for e in "${image_env[@]}"; do env_args+=(--setenv "${e%%=*}" "${e#*=}"); done
+# Single-model mode, as KServe starts a model server: no `aotid add`.
 serve_args=("${image_args[@]}" --model-dir /mnt/models --model-name demo --listen "127.0.0.1:$port")
-if ! in_image /opt/aotid/bin/aotid serve --help 2>/dev/null | grep -q -- --model-dir; then
-  # Before single-model mode: the model is added to the store first.
-  in_image /opt/aotid/bin/aotid add /mnt/models/mlp.pt2 --name demo >"$work/add.log" 2>&1 ||
-    { cat "$work/add.log"; fail "aotid add failed in the image"; }
-  serve_args=("${image_args[@]}" --listen "127.0.0.1:$port")
-fi
 
-start_and_answer() { # LABEL: starts the serve, waits for readiness, checks an answer, stops it
-  local label="$1" t ready_s
+start_and_answer() { # LABEL TITLE: starts the serve, waits for readiness, checks an answer, stops it
+  local label="$1" title="$2" t ready_s
   t=$(now)
   in_image "${serve_args[@]}" >"$work/serve-$label.log" 2>&1 &
   serve_pid=$!
@@ -185,13 +180,13 @@ PY
   wait "$serve_pid" || rc=$?
   serve_pid=""
   [[ $rc -eq 0 ]] || { cat "$work/serve-$label.log"; fail "$label: exited $rc after SIGTERM"; }
-  say "$label start: ready in $ready_s s, answers as eager PyTorch, exits 0 on SIGTERM"
+  say "$title: ready in $ready_s s, answers as eager PyTorch, exits 0 on SIGTERM"
   eval "${label}_s=$ready_s"
 }
-start_and_answer first
+start_and_answer first "first start (the model is built)"
 [[ -n $(find "$work/state" -user 65532 -newer "$work/models/mlp.pt2" -print -quit) ]] ||
   fail "nothing was written to /var/lib/aotid as uid 65532"
-start_and_answer restart
+start_and_answer restart "restart on the same /var/lib/aotid"
 say "timings: image build $build_s s; first start (build of the model) $first_s s; restart with /var/lib/aotid kept $restart_s s"
 "$dev_python" -c "import sys; sys.exit(float(sys.argv[2]) >= float(sys.argv[1]))" "$first_s" "$restart_s" ||
   fail "the restart ($restart_s s) was not faster than the first start ($first_s s): the build was not kept"
