@@ -76,6 +76,15 @@ NOT_RUN = [
     ("docs/KUBERNETES.md", "k3s kubectl apply -f deploy/edge/namespace.yaml", "2c75c912",
      "needs a k3s node and a registry of the reader's; deploy.DaemonSetCommandsServe runs the DaemonSet's "
      "container with its ConfigMap, Secrets and a loopback registry"),
+    ("docs/IMAGE.md", "sudo deploy/image/build.sh", "f34f5395",
+     "image.BuiltPushedPulledAndServes runs build.sh with an --out and --tag of its own, without --archive"),
+    ("docs/IMAGE.md", "containers-storage:localhost/aotid", "f11ee22b",
+     "podman is not installed here; image.BuiltPushedPulledAndServes runs the image's entrypoint with these "
+     "mounts and arguments in namespaces of its own (bwrap) and asks /v2/health/ready"),
+    ("docs/IMAGE.md", "docker run --rm -p 8080:8080", "5dddd1af",
+     "no docker engine here; image.BuiltPushedPulledAndServes runs the same entrypoint and arguments with bwrap"),
+    ("docs/IMAGE.md", "docker://registry.example.com/aotid", "58f0ea30",
+     "registry.example.com is the reader's; image.BuiltPushedPulledAndServes copies to docker-registry on loopback"),
 ]
 
 
