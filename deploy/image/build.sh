@@ -10,7 +10,10 @@
 #   --tag TAG      its tag; default latest
 #   --wheel FILE   the aotid wheel to install; default: built from this
 #                  checkout with DEV_PYTHON, as tests/install/wheel_test.sh
-#                  builds it (build folder build-wheel, objects from ccache)
+#                  builds it (build folder build-wheel; Release, unless
+#                  AOTID_WHEEL_BUILD_TYPE and AOTID_WHEEL_CXX name ./dev
+#                  build's, RelWithDebInfo and /usr/bin/c++, whose objects
+#                  ccache then hands over, as the tests do)
 #   --python PY    the Python that builds the wheel and downloads torch and
 #                  its dependencies (the dev venv's, with torch 2.13.0);
 #                  default $AOTID_PYTHON, else python3 on PATH (the venv's
