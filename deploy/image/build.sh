@@ -94,6 +94,10 @@ packages=(
   # AOTInductor compiles an exported program's C++ with it (build.cxx = c++);
   # without it only prebuilt (.so) packages load.
   g++
+  # pid 1: reaps the orphans a killed build's compilers leave (the kernel
+  # hands them to pid 1, and aotid waits only for its own children) and
+  # passes SIGTERM on to aotid, which drains.
+  tini
 )
 # What the image leaves out: docs but the licences, man and info pages,
 # translations. mmdebstrap itself removes apt's lists and caches.
@@ -249,7 +253,8 @@ umoci raw add-layer --image "$img" --history.created "$created" \
 umoci config --image "$img" --created "$created" --history.created "$created" \
   --author "aotid deploy/image/build.sh" \
   --config.user 65532:65532 \
-  --config.entrypoint /opt/aotid/bin/aotid --config.cmd serve \
+  --config.entrypoint /usr/bin/tini --config.entrypoint -- --config.entrypoint /opt/aotid/bin/aotid \
+  --config.cmd serve \
   --config.env PATH=/opt/aotid/bin:/usr/local/bin:/usr/bin:/bin \
   --config.env AOTID_CONFIG=/etc/aotid/aotid.toml \
   --config.env LANG=C.UTF-8 \

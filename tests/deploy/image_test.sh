@@ -7,7 +7,7 @@
 #   AOTID_CONFIG, port 8080, the state volume, SIGTERM;
 #   umoci unpacks it, and its entrypoint runs in the unpacked root filesystem
 #   in private namespaces (bwrap), as the image's user with no other uid
-#   mapped, as pid 1, with a model folder mounted read-only at /mnt/models
+#   mapped, its tini as pid 1, with a model folder mounted read-only at /mnt/models
 #   and a writable /var/lib/aotid, as KServe mounts them: it builds the
 #   exported program with the image's g++ and torch, answers as eager
 #   PyTorch does on the same inputs (the same .pt2 loaded with
@@ -93,7 +93,7 @@ assert len(pulled["layers"]) == 3, pulled["layers"]
 assert config["rootfs"]["diff_ids"] == built_config["rootfs"]["diff_ids"]
 c = config["config"]
 assert c["User"] == "65532:65532", c
-assert c["Entrypoint"] == ["/opt/aotid/bin/aotid"] and c["Cmd"] == ["serve"], c
+assert c["Entrypoint"] == ["/usr/bin/tini", "--", "/opt/aotid/bin/aotid"] and c["Cmd"] == ["serve"], c
 assert "AOTID_CONFIG=/etc/aotid/aotid.toml" in c["Env"], c["Env"]
 assert list(c["ExposedPorts"]) == ["8080/tcp"], c
 assert list(c["Volumes"]) == ["/var/lib/aotid"], c
@@ -118,7 +118,7 @@ PY
 cwd="${process[0]}"
 read -r -a image_env <<<"${process[1]}"
 read -r -a image_args <<<"${process[2]}"
-[[ ${image_args[*]} == "/opt/aotid/bin/aotid serve" ]] || fail "the image runs ${image_args[*]}"
+[[ ${image_args[*]} == "/usr/bin/tini -- /opt/aotid/bin/aotid serve" ]] || fail "the image runs ${image_args[*]}"
 
 # 4. Its entrypoint in the unpacked root filesystem, as a pod runs it.
 mkdir -p "$work/models" "$work/state"
@@ -137,6 +137,18 @@ env_args=(--setenv HOME /var/lib/aotid)
 for e in "${image_env[@]}"; do env_args+=(--setenv "${e%%=*}" "${e#*=}"); done
 # Single-model mode, as KServe starts a model server: no `aotid add`.
 serve_args=("${image_args[@]}" --model-dir /mnt/models --model-name demo --listen "127.0.0.1:$port")
+
+descendant() { # PID NAME: the first process called NAME below PID, breadth first
+  local queue=("$1") p c
+  while ((${#queue[@]})); do
+    p="${queue[0]}"
+    queue=("${queue[@]:1}")
+    for c in $(pgrep -P "$p" || true); do
+      [[ $(cat "/proc/$c/comm" 2>/dev/null) == "$2" ]] && { echo "$c"; return; }
+      queue+=("$c")
+    done
+  done
+}
 
 start_and_answer() { # LABEL TITLE: starts the serve, waits for readiness, checks an answer, stops it
   local label="$1" title="$2" t ready_s
@@ -157,9 +169,10 @@ start_and_answer() { # LABEL TITLE: starts the serve, waits for readiness, check
   ready_s=$(since "$t")
   # The daemon is uid 65532 on this machine too.
   local aotid_pid
-  aotid_pid=$(pgrep -P "$serve_pid" -x aotid || true)
-  [[ -z $aotid_pid ]] && aotid_pid=$(pgrep -P "$(pgrep -P "$serve_pid" | head -1)" -x aotid || true)
+  aotid_pid=$(descendant "$serve_pid" aotid)
   [[ -n $aotid_pid ]] || fail "$label: no aotid process under bwrap"
+  # tini is pid 1 in the container, aotid its child.
+  [[ $(awk '/^NSpid:/ {print $NF}' "/proc/$aotid_pid/status") != 1 ]] || fail "$label: aotid is pid 1, not tini"
   [[ $(awk '/^Uid:/ {print $2}' "/proc/$aotid_pid/status") == 65532 ]] || fail "$label: aotid is not uid 65532"
   "$dev_python" -W ignore - "$port" "$work/models/mlp.pt2" <<'PY' || { cat "$work/serve-$label.log"; exit 1; }
 import json, sys, urllib.request, torch
