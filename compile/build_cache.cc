@@ -1,13 +1,17 @@
 #include "compile/build_cache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string_view>
 #include <vector>
 
@@ -53,6 +57,36 @@ std::vector<std::string> KernelFilesIn(const std::string& dir) {
   std::sort(out.begin(), out.end());
   return out;
 }
+
+// Whether the descriptor is still the file at `path` (a lock file another
+// process removed and maybe replaced is not).
+bool SameFile(int fd, const std::string& path) {
+  struct stat a, b;
+  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+// Opens the lock file at `path` and takes its lock without waiting: the
+// descriptor, or -1 when another holds it or it is gone (removed by
+// whoever cleaned its owner up).
+int TryLockFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !SameFile(fd, path)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string RandomOwnerId() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+constexpr char kLockSuffix[] = ".lock";
 
 }  // namespace
 
@@ -182,13 +216,32 @@ namespace {
 std::string LoadMarker(const model::CacheEntry& e) { return e.dir + "/load.pending"; }
 }  // namespace
 
-// load.pending holds "PID ATTEMPTS": the process loading the entry, and how
-// many loads in a row have not finished, this one included.
+// load.pending holds "PID ATTEMPTS OWNER": the process loading the entry,
+// how many loads in a row have not finished, this one included, and the
+// staging owner of its cache (OpenStaging), which names the daemon among
+// those sharing the cache (pids of other containers may be ours) and
+// whose lock says whether it still lives. No owner before OpenStaging.
 Status BuildCache::BeginLoad(const model::CacheEntry& e) const {
   auto crashed = LoadCrashed(e);
   int attempts = (crashed ? crashed->attempts : 0) + 1;
-  return fs::WriteFileAtomic(LoadMarker(e),
-                             std::to_string(::getpid()) + " " + std::to_string(attempts) + "\n");
+  std::string owner = OwnerId();
+  return fs::WriteFileAtomic(LoadMarker(e), std::to_string(::getpid()) + " " + std::to_string(attempts) +
+                                                (owner.empty() ? "" : " " + owner) + "\n");
+}
+
+std::string BuildCache::OwnerId() const {
+  std::string dir = staging_dir();
+  return dir.empty() ? "" : dir.substr(dir.rfind('/') + 1);
+}
+
+bool BuildCache::OwnerAlive(const std::string& owner) const {
+  if (owner.empty() || owner.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+  const std::string path = root_ + "/.staging/" + owner + kLockSuffix;
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;  // removed: its owner is gone and was cleaned up
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // lets go at once of a lock taken
+  return held;
 }
 
 void BuildCache::EndLoad(const model::CacheEntry& e) const { ::unlink(LoadMarker(e).c_str()); }
@@ -303,15 +356,122 @@ std::optional<BuildCache::UnfinishedLoad> BuildCache::LoadCrashed(const model::C
   if (!text.ok()) return std::nullopt;
   long pid = 0;
   int attempts = 1;
-  if (std::sscanf(text->c_str(), "%ld %d", &pid, &attempts) < 1) pid = 0;
-  if (pid == ::getpid()) return std::nullopt;  // a load of ours, still running
+  char owner_text[33] = "";
+  if (std::sscanf(text->c_str(), "%ld %d %32s", &pid, &attempts, owner_text) < 1) pid = 0;
+  const std::string owner = owner_text;
+  if (owner.empty()) {
+    if (pid == ::getpid()) return std::nullopt;  // a load of ours, still running
+  } else {
+    // A load of ours, or of another daemon sharing the cache that still
+    // runs: not finished yet, rather than never.
+    if (owner == OwnerId() || OwnerAlive(owner)) return std::nullopt;
+  }
   return UnfinishedLoad{std::max(attempts, 1),
                         "pid " + std::to_string(pid) + " began loading it and never finished"};
 }
 
 StatusOr<std::string> BuildCache::NewStaging(const BuildKey& key) const {
   RETURN_IF_ERROR(CheckKey(key));
-  return fs::MakeTempDir(root_ + "/.staging", key.artifact.substr(0, 12) + "-");
+  RETURN_IF_ERROR(OpenStaging());
+  return fs::MakeTempDir(staging_dir(), key.artifact.substr(0, 12) + "-");
+}
+
+StatusOr<int> BuildCache::LockBuild(const BuildKey& key) const {
+  RETURN_IF_ERROR(CheckKey(key));
+  const std::string dir = root_ + "/.locks";
+  RETURN_IF_ERROR(fs::MakeDirs(dir));
+  // Kept once made: removing a lock file another process may be opening
+  // would let two take "the" lock.
+  const std::string path = dir + "/" + fs::Sha256Hex(key.ToString()) + kLockSuffix;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return ErrnoError("open " + path, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return -1;
+    return ErrnoError("lock " + path, err);
+  }
+  return fd;
+}
+
+BuildCache::~BuildCache() {
+  if (staging_lock_fd_ < 0) return;
+  // Removed while the lock is held, so no other start takes it for a dead
+  // owner's meanwhile.
+  (void)fs::RemoveAll(staging_dir_);
+  ::unlink((staging_dir_ + kLockSuffix).c_str());
+  ::close(staging_lock_fd_);
+}
+
+std::string BuildCache::staging_dir() const {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  return staging_dir_;
+}
+
+Status BuildCache::OpenStaging(const std::function<void(const std::string& dir)>& before_removing) const {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  if (staging_lock_fd_ >= 0) return Status::OK();
+  return OpenStagingLocked(before_removing);
+}
+
+Status BuildCache::OpenStagingLocked(const std::function<void(const std::string& dir)>& before_removing) const {
+  const std::string base = root_ + "/.staging";
+  RETURN_IF_ERROR(fs::MakeDirs(base));
+  // Our own first: the lock file, locked, then the directory it guards. A
+  // start cleaning up at the same moment may take a fresh lock file before
+  // its maker does and remove it; the maker sees that and tries a new name.
+  for (int attempt = 0; staging_lock_fd_ < 0; ++attempt) {
+    if (attempt == 16) return Internal("cannot make a staging directory in " + base);
+    const std::string id = RandomOwnerId();
+    const std::string lock_path = base + "/" + id + kLockSuffix;
+    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      return ErrnoError("create " + lock_path, errno);
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !SameFile(fd, lock_path)) {
+      ::close(fd);
+      continue;
+    }
+    // Who holds it, for a person looking: the pid is of its own namespace.
+    const std::string who = std::to_string(::getpid()) + "\n";
+    (void)!::write(fd, who.data(), who.size());
+    if (::mkdir((base + "/" + id).c_str(), 0755) != 0) {
+      Status s = ErrnoError("create " + base + "/" + id, errno);
+      ::unlink(lock_path.c_str());
+      ::close(fd);
+      return s;
+    }
+    staging_dir_ = base + "/" + id;
+    staging_lock_fd_ = fd;
+  }
+  const std::string own = staging_dir_.substr(base.size() + 1);
+  auto remove = [&](const std::string& dir) {
+    if (before_removing) before_removing(dir);
+    return fs::RemoveAll(dir);
+  };
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) names.push_back(e.path().filename().string());
+  for (const std::string& name : names) {
+    if (name == own || name == own + kLockSuffix) continue;
+    const std::string path = base + "/" + name;
+    if (name.ends_with(kLockSuffix)) {
+      // An owner's lock: taken only when the owner is gone.
+      int fd = TryLockFile(path);
+      if (fd < 0) continue;
+      const std::string dir = path.substr(0, path.size() - std::strlen(kLockSuffix));
+      Status s = fs::Exists(dir) ? remove(dir) : Status::OK();
+      if (s.ok()) ::unlink(path.c_str());
+      ::close(fd);
+      RETURN_IF_ERROR(s);
+    } else if (fs::IsDirectory(path) && !fs::Exists(path + kLockSuffix)) {
+      // A lock file is made before its directory and removed after it: a
+      // directory without one is no owner's (an older aotid's staging).
+      RETURN_IF_ERROR(remove(path));
+    }
+  }
+  return Status::OK();
 }
 
 StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const BuildKey& key) const {
@@ -370,16 +530,36 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
   std::string parent = root_ + "/" + key.artifact;
   s = fs::MakeDirs(env_, parent);
   if (!s.ok()) return fail(s);
+  // A sound entry already in place was committed by another daemon
+  // sharing the cache (one that built the same key at the same time, or
+  // since this build began): it stays, and ours goes. It may be loading.
+  auto keep_existing = [&]() -> std::optional<model::CacheEntry> {
+    auto existing = Lookup(key);
+    if (!existing.ok()) return std::nullopt;
+    (void)fs::RemoveAll(staging);
+    return std::move(existing).value();
+  };
   if (fs::Exists(dest)) {
+    if (auto existing = keep_existing()) return std::move(*existing);
     // A damaged entry: move it aside first so the rename below cannot fail
-    // on a non-empty directory, then drop it.
+    // on a non-empty directory, then drop it. When another daemon moved it
+    // first, the rename below says whether ours or theirs is published.
     std::string old = staging + ".old";
     s = env_->Rename(dest, old);
-    if (!s.ok()) return fail(s.WithContext("move aside " + dest));
-    (void)fs::RemoveAll(old);
+    if (s.ok()) {
+      (void)fs::RemoveAll(old);
+    } else if (fs::Exists(dest)) {
+      return fail(s.WithContext("move aside " + dest));
+    }
   }
   s = env_->Rename(staging, dest);
-  if (!s.ok()) return fail(s.WithContext("publish the build"));
+  if (!s.ok()) {
+    // Another daemon published its build between the check and the rename.
+    if (fs::Exists(dest)) {
+      if (auto existing = keep_existing()) return std::move(*existing);
+    }
+    return fail(s.WithContext("publish the build"));
+  }
   s = env_->SyncDir(parent);
   if (!s.ok()) return s;
   model::CacheEntry e;
@@ -426,11 +606,6 @@ std::vector<CacheListing> BuildCache::List() const {
     }
   }
   return out;
-}
-
-Status BuildCache::ClearStaging() const {
-  RETURN_IF_ERROR(fs::RemoveAll(root_ + "/.staging"));
-  return fs::MakeDirs(root_ + "/.staging");
 }
 
 int BuildCache::RemoveFailedLogs(const std::set<std::string>& used, bool dry_run) const {

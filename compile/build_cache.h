@@ -12,13 +12,24 @@
 //       manifest.json what the entry holds, with file sizes; written last
 //   <artifact sha256>/<entry>.failed.log   the log of the last build of that
 //       entry that failed (removed when one succeeds)
-//   .staging/         entries being built; never read, cleared at start
+//   .staging/<owner>/       entries being built by one BuildCache (one
+//       daemon), and its runners' scratch directories; never read
+//   .staging/<owner>.lock   held (flock) by that owner for its life
+//   .locks/<digest>.lock    held by the daemon building that key (LockBuild)
+//
+// Several daemons, each with a store of its own, may share one cache (a
+// node's builds, `build.cache_dir`): each builds in a staging directory of
+// its own, and a start cleans only the staging of owners that are gone
+// (whose lock it can take), never a live one's. A build committed for a
+// key that another daemon committed first keeps the one already there.
 //
 // An entry appears by rename of a complete staging directory, so a crash
 // leaves either a whole entry or none. An entry whose files do not match its
 // manifest is treated as absent (and rebuilt).
 #pragma once
 
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -81,6 +92,11 @@ class BuildCache {
   // `env`: the file system entries are published through (Commit); it
   // must outlive the cache.
   explicit BuildCache(std::string root, Env* env = Env::Default()) : root_(std::move(root)), env_(env) {}
+  // Removes this cache's own staging directory, if it made one, and lets
+  // its lock go.
+  ~BuildCache();
+  BuildCache(const BuildCache&) = delete;
+  BuildCache& operator=(const BuildCache&) = delete;
 
   // Ok with the entry when it is complete and intact and its manifest names
   // exactly `key`; NotFound when absent; Corruption (with what is wrong)
@@ -101,7 +117,8 @@ class BuildCache {
   Status BeginLoad(const model::CacheEntry& entry) const;
   void EndLoad(const model::CacheEntry& entry) const;
   // A load of `entry` by another process that never finished: how many in
-  // a row, and what is known of the last. Nothing when none is known.
+  // a row, and what is known of the last. Nothing when none is known, or
+  // when the load is another live daemon's (a cache shared by several).
   struct UnfinishedLoad {
     int attempts = 1;
     std::string why;
@@ -110,17 +127,35 @@ class BuildCache {
   // Unfinished loads of an intact entry before Lookup stops offering it.
   static constexpr int kMaxUnfinishedLoads = 2;
 
-  // A fresh, empty staging directory for a build of `key`.
+  // A fresh, empty staging directory for a build of `key`, inside this
+  // cache's own staging directory (OpenStaging, done here if not yet).
   StatusOr<std::string> NewStaging(const BuildKey& key) const;
 
   // Checks the staging directory holds model.so, package.json and a valid spec.json,
   // writes the manifest (which names its kernel files too, so that Lookup
   // finds one missing), and renames it into place (replacing a damaged
-  // entry). The staging directory is gone afterwards either way.
+  // entry). When the place already holds a sound entry for `key` (another
+  // daemon sharing the cache committed it first), that one is kept, and
+  // returned: an entry another process may be loading is never moved. The
+  // staging directory is gone afterwards either way.
   StatusOr<model::CacheEntry> Commit(const std::string& staging, const BuildKey& key) const;
 
-  // Removes every staging directory: at start, none of them can be live.
-  Status ClearStaging() const;
+  // Makes this cache's own staging directory (.staging/<owner>/), holding
+  // its lock for the cache's life, and removes the staging of every owner
+  // that is gone: one whose lock it can take (a daemon that ended, killed
+  // or not), or a directory with no lock (an older aotid's). Owners alive
+  // in other processes are left alone. `before_removing` is called with
+  // each such directory first (serve kills the processes a killed
+  // daemon's builds left in it). Idempotent: a second call does nothing.
+  Status OpenStaging(const std::function<void(const std::string& dir)>& before_removing = {}) const;
+  // Takes the lock of builds of `key` among the daemons sharing the cache,
+  // without waiting: its descriptor (close it to let go), or -1 when
+  // another holds it (a build of that key is running elsewhere).
+  StatusOr<int> LockBuild(const BuildKey& key) const;
+
+  // This cache's own staging directory; "" before OpenStaging. Runners'
+  // scratch directories go beneath it too.
+  std::string staging_dir() const;
 
   // Every entry (complete or not) under the root.
   std::vector<CacheListing> List() const;
@@ -157,8 +192,18 @@ class BuildCache {
 
  private:
   StatusOr<model::CacheEntry> LookupFiles(const BuildKey& key) const;
+  Status OpenStagingLocked(const std::function<void(const std::string& dir)>& before_removing) const;
+  // The name of this cache's staging owner ("" before OpenStaging), and
+  // whether another's still lives (holds its lock).
+  std::string OwnerId() const;
+  bool OwnerAlive(const std::string& owner) const;
   std::string root_;
   Env* env_;
+  // This cache's staging (OpenStaging): made once, on first need, by
+  // whichever thread asks; the lock file's descriptor is held until the end.
+  mutable std::mutex staging_mu_;
+  mutable std::string staging_dir_;
+  mutable int staging_lock_fd_ = -1;
 };
 
 }  // namespace aotid::compile

@@ -19,7 +19,8 @@ std::string_view CacheStateName(CacheState state) {
 
 std::vector<CacheVerdict> JudgeCacheEntries(const std::vector<CacheListing>& entries,
                                             const std::vector<CacheUser>& users,
-                                            const std::string& fingerprint, PruneScope scope) {
+                                            const std::string& fingerprint, PruneScope scope,
+                                            bool others_may_use) {
   std::vector<CacheVerdict> out;
   out.reserve(entries.size());
   for (const CacheListing& e : entries) {
@@ -38,7 +39,7 @@ std::vector<CacheVerdict> JudgeCacheEntries(const std::vector<CacheListing>& ent
     const std::string unused = "no stored version uses it";
     switch (scope) {
       case PruneScope::kUnused:
-        if (!used) v.why = unused;
+        if (!used && !others_may_use) v.why = unused;
         break;
       case PruneScope::kStale:
       case PruneScope::kAll:
@@ -46,7 +47,7 @@ std::vector<CacheVerdict> JudgeCacheEntries(const std::vector<CacheListing>& ent
           v.why = e.status.message();
         } else if (v.state == CacheState::kOtherMachine) {
           v.why = "built for " + e.key.fingerprint + ", this machine is " + fingerprint;
-        } else if (!used) {
+        } else if (!used && !others_may_use) {
           v.why = unused;
         } else if (scope == PruneScope::kAll) {
           v.why = "--all";

@@ -46,9 +46,12 @@ struct CacheVerdict {
 // read (its package model unknown) is used when a user has its artifact.
 // `fingerprint` is this machine's (platform/hardware.h); kUnused removes by
 // use alone and may be given "" (the states are then not meaningful).
+// `others_may_use`: the cache is shared with other stores (build.cache_dir),
+// so an entry no user here has is not removed for that (kAll still does).
 std::vector<CacheVerdict> JudgeCacheEntries(const std::vector<CacheListing>& entries,
                                             const std::vector<CacheUser>& users,
-                                            const std::string& fingerprint, PruneScope scope);
+                                            const std::string& fingerprint, PruneScope scope,
+                                            bool others_may_use = false);
 
 // Deletes the entry's directory and, when no user has its artifact, the
 // artifact's directory if that is then empty. IOError when it cannot.

@@ -87,6 +87,7 @@ int FailUsage(const std::string& command, const Status& s) {
 struct GlobalFlags {
   std::string config;
   std::string store;
+  std::string cache_dir;
 };
 
 StatusOr<Config> Resolve(const GlobalFlags& g) {
@@ -94,6 +95,7 @@ StatusOr<Config> Resolve(const GlobalFlags& g) {
   // From the root: the builds' workers and compilers run in folders of
   // their own, where a relative store would name another place.
   if (!g.store.empty()) c.store_path = fs::Absolute(g.store);
+  if (!g.cache_dir.empty()) c.cache_dir = fs::Absolute(fs::ExpandHome(g.cache_dir));
   return c;
 }
 
@@ -274,7 +276,7 @@ void PrintEvent(const storage::Event& e, bool as_json) {
 // A package's metadata for `show`: the author's (from the blob), and
 // AOTInductor's: from the blob for a compiled package, from this machine's
 // build for an exported program (none before it is built).
-json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
+json PackageMetadata(storage::ModelStore& store, const std::string& cache_dir, const storage::ModelVersion& v,
                      const std::vector<storage::BuildRecord>& builds, const std::string& fp) {
   json out{{"author", json::object()}, {"aoti", json::object()}, {"inductor_options", json::object()}};
   std::string blob = store.BlobPath(v.artifact);
@@ -289,7 +291,7 @@ json PackageMetadata(storage::ModelStore& store, const storage::ModelVersion& v,
   }
   auto b = BuildHere(builds, v, fp);
   if (!b || b->state != storage::BuildState::kReady) return out;
-  compile::BuildCache cache(store.CacheDir());
+  compile::BuildCache cache(cache_dir);
   auto entry = cache.Lookup({v.artifact, v.package_model, b->device, fp, b->options});
   if (entry.ok()) {
     json p = ParseJsonOrDiscarded(entry->package_json);
@@ -471,7 +473,7 @@ int CmdAdd(const GlobalFlags& g, const storage::AddRequest& req) {
     Status fits = md.ok() ? Status::OK() : md.status();
     if (fits.ok() && md->device_key != "cpu") {
       (void)platform::ProbeDevices(
-          platform::DeviceProbeForStore(cfg->store_path, cfg->python, cfg->worker_dir), &hw);
+          platform::DeviceProbeForCache(cfg->CachePath(), cfg->python, cfg->worker_dir), &hw);
     }
     if (fits.ok()) fits = compile::CheckPackageDevice(*md, hw);
     if (fits.ok()) fits = compile::CheckFitsMachine(*md, hw);
@@ -689,7 +691,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
   if (!events.ok()) return Fail("show", events.status());
 
   bool daemon_running = FindDaemon(cfg->store_path).has_value();
-  compile::BuildCache cache(cfg->store_path + "/cache");
+  compile::BuildCache cache(cfg->CachePath());
   std::set<int64_t> want = storage::WantedVersions(*model);
   json j{{"name", name},
          {"version_policy", storage::FormatVersionPolicy(model->policy)},
@@ -717,7 +719,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                              {"builds", here},
                              {"builds_elsewhere", elsewhere},
                              {"interface", Interface(cache, *builds, *v, fp)},
-                             {"package_metadata", PackageMetadata(**store, *v, *builds, fp)},
+                             {"package_metadata", PackageMetadata(**store, cfg->CachePath(), *v, *builds, fp)},
                              {"purpose", Purpose(**store, *v)}});
   }
   for (const auto& e : *events) {
@@ -837,7 +839,7 @@ int CmdSet(const GlobalFlags& g, const std::string& ref, const std::vector<std::
   if (std::any_of(kv.begin(), kv.end(), [](const auto& p) { return p.first == "threads"; })) {
     auto versions = (*store)->ListVersions();
     if (!versions.ok()) return Fail("set", versions.status());
-    compile::BuildCache cache((*store)->CacheDir());
+    compile::BuildCache cache(cfg->CachePath());
     std::vector<compile::CacheListing> entries = cache.List();
     for (const auto& v : *versions) {
       if (v.model != name || (version && v.version != *version)) continue;
@@ -1126,21 +1128,30 @@ int CmdGc(const GlobalFlags& g, bool dry_run, int64_t keep_events) {
   for (const auto& a : r->orphan_blobs) std::cout << verb << " orphan blob sha256:" << a << "\n";
   for (const auto& t : r->tmp_files) std::cout << verb << " abandoned copy blobs/tmp/" << t << "\n";
   for (const auto& t : r->stale_downloads) std::cout << verb << " stale download downloads/" << t << "\n";
-  // Cached builds no stored version uses, by the same rule as `cache prune`.
-  auto users = CacheUsers(**store);
-  if (!users.ok()) return Fail("gc", users.status());
-  compile::BuildCache cache((*store)->CacheDir());
-  auto verdicts =
-      compile::JudgeCacheEntries(cache.List(), *users, /*fingerprint=*/"", compile::PruneScope::kUnused);
+  // Cached builds no stored version uses, by the same rule as `cache prune`;
+  // not in a cache of its own (build.cache_dir), which other stores' daemons
+  // may share: what this store does not use may be theirs.
   int cache_entries = 0;
   int64_t freed = r->bytes_freed;
-  Status pruned = PruneCache(verdicts, cache.root(), dry_run, "cached build cache/", &cache_entries, &freed);
-  if (!pruned.ok()) return Fail("gc", pruned);
-  std::set<std::string> used;
-  for (const auto& u : *users) used.insert(u.artifact);
-  if (int logs = cache.RemoveFailedLogs(used, dry_run); logs > 0) {
-    std::cout << verb << " " << logs << " failed build log" << (logs == 1 ? "" : "s")
-              << " of removed artifacts\n";
+  if (cfg->CacheIsSeparate()) {
+    std::cout << "left the build cache " << cfg->cache_dir
+              << " alone: other stores may use it ('aotid cache prune' removes damaged builds and those "
+                 "for another machine there)\n";
+  } else {
+    auto users = CacheUsers(**store);
+    if (!users.ok()) return Fail("gc", users.status());
+    compile::BuildCache cache(cfg->CachePath());
+    auto verdicts =
+        compile::JudgeCacheEntries(cache.List(), *users, /*fingerprint=*/"", compile::PruneScope::kUnused);
+    Status pruned =
+        PruneCache(verdicts, cache.root(), dry_run, "cached build cache/", &cache_entries, &freed);
+    if (!pruned.ok()) return Fail("gc", pruned);
+    std::set<std::string> used;
+    for (const auto& u : *users) used.insert(u.artifact);
+    if (int logs = cache.RemoveFailedLogs(used, dry_run); logs > 0) {
+      std::cout << verb << " " << logs << " failed build log" << (logs == 1 ? "" : "s")
+                << " of removed artifacts\n";
+    }
   }
   if (r->events_trimmed) std::cout << verb << " " << r->events_trimmed << " old events\n";
   std::cout << verb << " " << r->artifacts.size() + r->orphan_blobs.size() << " blobs, " << cache_entries
@@ -1165,9 +1176,12 @@ int CmdCache(const GlobalFlags& g, bool prune, bool as_json, bool dry_run, bool 
   auto users = CacheUsers(**store);
   if (!users.ok()) return Fail(cmd, users.status());
   std::string fp = platform::Fingerprint(platform::ProbeHardware(cfg->cxx));
-  compile::BuildCache cache((*store)->CacheDir());
+  compile::BuildCache cache(cfg->CachePath());
+  // A cache of its own may serve other stores: a build this one does not
+  // use is kept (but shown as unused) unless --all.
   auto verdicts = compile::JudgeCacheEntries(cache.List(), *users, fp,
-                                             all ? compile::PruneScope::kAll : compile::PruneScope::kStale);
+                                             all ? compile::PruneScope::kAll : compile::PruneScope::kStale,
+                                             /*others_may_use=*/cfg->CacheIsSeparate());
   if (prune) {
     int64_t freed = 0;
     int removed = 0;
@@ -1491,6 +1505,9 @@ int RunCli(int argc, char** argv) {
   GlobalFlags g;
   app.add_option("--config", g.config, "Config file (TOML); see configs/aotid.toml");
   app.add_option("--store", g.store, "Store directory (overrides store.path)");
+  app.add_option("--cache-dir", g.cache_dir,
+                 "Build cache directory, which daemons with stores of their own may share (overrides "
+                 "build.cache_dir; default STORE/cache)");
 
   storage::AddRequest add_req;
   int64_t add_version = 0;
@@ -1662,15 +1679,21 @@ int RunCli(int argc, char** argv) {
   }
 
   // Commands that write the store hand root's new files to its owner.
+  // A build cache of its own (build.cache_dir) is handed to its own owner
+  // alike.
   struct StoreOwner {
-    std::string path;
+    std::string path, cache_path;
     ~StoreOwner() {
       if (!path.empty()) GiveStoreToItsOwner(path);
+      if (!cache_path.empty()) GiveStoreToItsOwner(cache_path);
     }
   } store_owner;
   if (::geteuid() == 0 && (add->parsed() || set->parsed() || rm->parsed() || gc->parsed() ||
                            cache->parsed() || sync_cmd->parsed())) {
-    if (auto cfg = Resolve(g); cfg.ok()) store_owner.path = cfg->store_path;
+    if (auto cfg = Resolve(g); cfg.ok()) {
+      store_owner.path = cfg->store_path;
+      if (cfg->CacheIsSeparate()) store_owner.cache_path = cfg->cache_dir;
+    }
   }
   if (add->parsed()) {
     if (add->count("--version")) add_req.version = add_version;

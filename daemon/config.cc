@@ -170,6 +170,8 @@ const std::vector<Key>& Keys() {
           "build.max_attempts", kLive, [](auto& c) -> auto& { return c.build_max_attempts; }, 1, 100),
       Text(
           "build.cxx", kRestart, [](auto& c) -> auto& { return c.cxx; }),
+      Text(
+          "build.cache_dir", kRestart, [](auto& c) -> auto& { return c.cache_dir; }),
       Int(
           "runner.timeout_s", kLoads, [](auto& c) -> auto& { return c.run_timeout_s; }, 1, 24 * 3600),
       Int(
@@ -301,6 +303,7 @@ Status ParseSyncSources(const toml::node& node, const std::string& file_name,
 void ResolveDefaults(Config* c) {
   if (c->store_path.empty()) c->store_path = fs::DefaultStoreDir();
   c->store_path = fs::Absolute(fs::ExpandHome(c->store_path));
+  if (!c->cache_dir.empty()) c->cache_dir = fs::Absolute(fs::ExpandHome(c->cache_dir));
   if (c->python.empty()) c->python = platform::DefaultPython();
   if (c->worker_dir.empty()) c->worker_dir = platform::DefaultWorkerDir();
   if (!c->token_file.empty()) c->token_file = fs::ExpandHome(c->token_file);

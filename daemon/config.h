@@ -35,6 +35,9 @@ struct Config {
   int build_retry_initial_s = 10;  // first wait before retrying a build that may pass; doubles each time
   int build_max_attempts = 4;      // builds tried per version before it stays failed
   std::string cxx = "c++";
+  // Where compiled builds are kept; "" for <store_path>/cache. Several
+  // daemons, each with a store of its own, may share one (compile/build_cache.h).
+  std::string cache_dir;
   // [runner]
   int run_timeout_s = 120;      // a run past this gets 504 and its runner is replaced
   int64_t memory_limit_mb = 0;  // per runner; 0: three quarters of this machine's memory
@@ -58,6 +61,12 @@ struct Config {
   std::vector<sync::SyncSource> sync;
 
   std::string source;  // the file it came from, or "built-in defaults"
+
+  // The build cache's folder: cache_dir, or the store's own cache/.
+  std::string CachePath() const { return cache_dir.empty() ? store_path + "/cache" : cache_dir; }
+  // Whether the build cache is a folder of its own, which other stores'
+  // daemons may share: what this store does not use may be theirs.
+  bool CacheIsSeparate() const { return !cache_dir.empty() && cache_dir != store_path + "/cache"; }
 
   bool operator==(const Config&) const = default;
 };

@@ -55,7 +55,7 @@ int RunDoctor(const Config& config) {
   // Asked afresh (the answer the daemon keeps is replaced): doctor is
   // where a changed driver or torch is looked into.
   platform::DeviceProbeOptions probe =
-      platform::DeviceProbeForStore(config.store_path, config.python, config.worker_dir);
+      platform::DeviceProbeForCache(config.CachePath(), config.python, config.worker_dir);
   probe.refresh = true;
   platform::DeviceProbeReport devices = platform::ProbeDevices(probe, &hw);
   for (const auto& a : hw.accelerators) r.Info("accelerator", a);
@@ -166,6 +166,18 @@ int RunDoctor(const Config& config) {
     }
   } else {
     r.Fail("store", store.status().message(), "check --store; the file must be an aotid store");
+  }
+
+  if (config.CacheIsSeparate()) {
+    // A folder of its own (build.cache_dir, --cache-dir), perhaps shared
+    // with other stores' daemons: serve writes builds and locks in it.
+    const std::string& dir = config.cache_dir;
+    if (fs::IsDirectory(dir) ? ::access(dir.c_str(), W_OK) == 0 : true) {
+      r.Ok("build cache", dir + (fs::IsDirectory(dir) ? " (its own folder)" : " (not created yet; serve creates it)"));
+    } else {
+      r.Fail("build cache", dir + " is not writable by this user",
+             "give build.cache_dir (or --cache-dir) to the user the daemon runs as");
+    }
   }
 
   if (auto d = FindDaemon(config.store_path)) {

@@ -504,17 +504,25 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   LOG_INFO << "aotid " << AOTID_VERSION << " store " << config.store_path << " config " << config.source;
   LOG_INFO << "hardware " << fingerprint << " (" << hw.cpu_model << ", " << hw.cores << " cores)";
 
-  compile::BuildCache cache(config.store_path + "/cache");
-  // Builds of a daemon that was killed: their compilers may still run.
-  if (int n = compile::KillLeftoverBuilds(config.store_path + "/cache/.staging"); n > 0) {
-    LOG_WARNING << "killed " << n << " process" << (n == 1 ? "" : "es")
+  const std::string cache_dir = config.CachePath();
+  compile::BuildCache cache(cache_dir);
+  // This daemon's staging, apart from any other daemon's sharing the cache;
+  // the staging of daemons that are gone is removed, with the processes
+  // their builds left (a compiler outlives a killed daemon).
+  int leftovers = 0;
+  if (Status s = cache.OpenStaging([&](const std::string& dir) { leftovers += compile::KillLeftoverBuilds(dir); });
+      !s.ok()) {
+    return fail(s);
+  }
+  if (leftovers > 0) {
+    LOG_WARNING << "killed " << leftovers << " process" << (leftovers == 1 ? "" : "es")
                 << " left by an earlier daemon's builds";
   }
-  if (Status s = cache.ClearStaging(); !s.ok()) return fail(s);
+  if (config.CacheIsSeparate()) LOG_INFO << "build cache " << cache_dir << " (its own folder, may be shared)";
   // Which accelerators torch can use here: kept beside the builds, so only
   // a first start (or one after torch or the machine changed) runs Python.
   platform::DeviceProbeReport devices = platform::ProbeDevices(
-      platform::DeviceProbeForStore(config.store_path, config.python, config.worker_dir), &hw);
+      platform::DeviceProbeForCache(cache_dir, config.python, config.worker_dir), &hw);
   std::string accelerators;
   for (const auto& a : hw.accelerators) accelerators += (accelerators.empty() ? "" : "; ") + a;
   if (devices.status.ok()) {
@@ -523,7 +531,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
     LOG_WARNING << "devices: " << devices.note << "; builds use the CPU only";
   }
   // Where inductor kept its cache before it moved into each build's staging.
-  (void)fs::RemoveAll(config.store_path + "/cache/.inductor");
+  (void)fs::RemoveAll(cache_dir + "/.inductor");
 
   // Each connection is a descriptor: the soft limit (often 1024) would cap
   // the connections below server.max_connections_per_address, so it is
@@ -558,9 +566,10 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   SetLimits(config, hw, &ropts);
   if (single_model) ropts.only_model = single.model_name;
   control::UvLoop timers(&loop);
-  // Runners write only in their own scratch directories, beneath the
-  // staging directory that every start clears.
-  control::ThreadPoolLoader loader(&loop, &cache, {SelfExe(), cache.root() + "/.staging"});
+  // Runners write only in their own scratch directories, beneath this
+  // daemon's staging directory, which goes when the daemon does (or at the
+  // next start, after a kill).
+  control::ThreadPoolLoader loader(&loop, &cache, {SelfExe(), cache.staging_dir()});
   // Which versions stay loaded, within the memory budget.
   control::SystemMemoryProbe memory_probe;
   control::ResidencyHooks residency_hooks;

@@ -237,12 +237,12 @@ StatusOr<DeviceAnswer> DeviceAnswerFromJson(const std::string& text) {
   return AnswerFromJson(j);
 }
 
-DeviceProbeOptions DeviceProbeForStore(const std::string& store_dir, const std::string& python,
+DeviceProbeOptions DeviceProbeForCache(const std::string& cache_dir, const std::string& python,
                                        const std::string& worker_dir) {
   DeviceProbeOptions o;
   o.python = python;
   o.worker_dir = worker_dir;
-  o.cache_file = store_dir + "/cache/devices.json";
+  o.cache_file = cache_dir + "/devices.json";
   return o;
 }
 

@@ -62,9 +62,10 @@ struct DeviceProbeOptions {
   std::function<StatusOr<std::string>(const DeviceProbeOptions&)> run;
 };
 
-// The options for the store at `store_dir`: the answer kept in
-// <store_dir>/cache/devices.json, beside the builds it decides.
-DeviceProbeOptions DeviceProbeForStore(const std::string& store_dir, const std::string& python,
+// The options for the build cache at `cache_dir` (the store's cache/, or
+// build.cache_dir): the answer kept in <cache_dir>/devices.json, beside the
+// builds it decides.
+DeviceProbeOptions DeviceProbeForCache(const std::string& cache_dir, const std::string& python,
                                        const std::string& worker_dir);
 
 // Runs `python -m aotid_worker.probe` with PYTHONPATH=worker_dir, stdin

@@ -1,9 +1,15 @@
 #include "compile/build_cache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 
 #include "base/fs.h"
 #include "test_util.h"
@@ -119,6 +125,164 @@ TEST_F(BuildCacheTest, TruncatedModelIsCorruptionAndRecommitReplacesIt) {
   EXPECT_EQ(listed[0].status.code(), StatusCode::kCorruption);
   ASSERT_TRUE(cache_.Commit(Stage(), key_).ok());
   EXPECT_TRUE(cache_.Lookup(key_).ok());
+}
+
+// Two daemons sharing one cache (build.cache_dir): the second's start
+// cleans up staging, and must leave the first's builds in progress alone.
+TEST_F(BuildCacheTest, AnotherCachesStartLeavesALiveOwnersStagingAlone) {
+  const std::string building = Stage();
+  ASSERT_FALSE(cache_.staging_dir().empty());
+  EXPECT_EQ(building.rfind(cache_.staging_dir() + "/", 0), 0u) << building;
+  std::vector<std::string> cleaned;
+  BuildCache other(dir_.path());
+  ASSERT_OK(other.OpenStaging([&](const std::string& d) { cleaned.push_back(d); }));
+  EXPECT_TRUE(cleaned.empty()) << cleaned[0];
+  EXPECT_NE(other.staging_dir(), cache_.staging_dir());
+  EXPECT_TRUE(fs::Exists(building + "/model.so"));
+  // Still the first's: its build commits.
+  EXPECT_TRUE(cache_.Commit(building, key_).ok());
+  // And the other way round.
+  auto theirs = other.NewStaging(key_);
+  ASSERT_TRUE(theirs.ok());
+  BuildCache third(dir_.path());
+  ASSERT_OK(third.OpenStaging());
+  EXPECT_TRUE(fs::IsDirectory(*theirs));
+  EXPECT_TRUE(fs::IsDirectory(other.staging_dir()));
+}
+
+// A daemon killed with builds in progress leaves its staging directory;
+// its lock goes with the process, so the next start (of any daemon on the
+// cache) removes it, after `before_removing` (which kills its leftovers).
+TEST_F(BuildCacheTest, ADeadOwnersStagingIsRemovedAtTheNextStart) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Ends without destructors, as a killed daemon does.
+    BuildCache dying(dir_.path());
+    auto s = dying.NewStaging(key_);
+    std::string out = s.ok() ? dying.staging_dir() + "\n" + *s : "";
+    if (s.ok()) (void)fs::WriteFileAtomic(*s + "/model.so", "half");
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(s.ok() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string dead = got.substr(0, got.find('\n')), dead_build = got.substr(got.find('\n') + 1);
+  ASSERT_TRUE(fs::Exists(dead_build + "/model.so"));
+  ASSERT_TRUE(fs::Exists(dead + ".lock"));
+  // An older aotid's staging (no owner, no lock): gone too.
+  ASSERT_OK(fs::MakeDirs(dir_.path() + "/.staging/aaaaaaaaaaaa-XYZ123"));
+
+  std::vector<std::string> cleaned;
+  ASSERT_OK(cache_.OpenStaging([&](const std::string& d) { cleaned.push_back(d); }));
+  std::vector<std::string> want = {dir_.path() + "/.staging/aaaaaaaaaaaa-XYZ123", dead};
+  std::sort(cleaned.begin(), cleaned.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(cleaned, want);
+  EXPECT_FALSE(fs::Exists(dead));
+  EXPECT_FALSE(fs::Exists(dead + ".lock"));
+  EXPECT_FALSE(fs::Exists(dir_.path() + "/.staging/aaaaaaaaaaaa-XYZ123"));
+  EXPECT_TRUE(fs::IsDirectory(cache_.staging_dir()));
+  // A second call does nothing more.
+  cleaned.clear();
+  ASSERT_OK(cache_.OpenStaging([&](const std::string& d) { cleaned.push_back(d); }));
+  EXPECT_TRUE(cleaned.empty());
+}
+
+// A lock held elsewhere (another process's daemon: a lock is the open
+// file's, so a descriptor of this process stands for it) keeps its
+// owner's staging; let go, the staging goes at the next start.
+TEST_F(BuildCacheTest, AStagingIsRemovedOnlyOnceItsLockIsFree) {
+  const std::string owner = dir_.path() + "/.staging/0123456789abcdef";
+  ASSERT_OK(fs::MakeDirs(owner + "/build-x"));
+  int fd = ::open((owner + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  {
+    BuildCache a(dir_.path());
+    ASSERT_OK(a.OpenStaging());
+    EXPECT_TRUE(fs::IsDirectory(owner + "/build-x"));
+  }
+  ::close(fd);
+  BuildCache b(dir_.path());
+  ASSERT_OK(b.OpenStaging());
+  EXPECT_FALSE(fs::Exists(owner));
+  EXPECT_FALSE(fs::Exists(owner + ".lock"));
+}
+
+// A cache that ends (a daemon stopping) removes its own staging.
+TEST_F(BuildCacheTest, ACacheRemovesItsOwnStagingWhenItEnds) {
+  std::string own;
+  {
+    BuildCache c(dir_.path());
+    ASSERT_TRUE(c.NewStaging(key_).ok());
+    own = c.staging_dir();
+    ASSERT_TRUE(fs::IsDirectory(own));
+  }
+  EXPECT_FALSE(fs::Exists(own));
+  EXPECT_FALSE(fs::Exists(own + ".lock"));
+}
+
+// Two daemons on one cache built the same key: the second to commit keeps
+// the first's entry (it may be loading it) and gets it back, and its own
+// staging goes.
+TEST_F(BuildCacheTest, CommitKeepsASoundEntryAlreadyInPlace) {
+  BuildCache other(dir_.path());
+  const std::string ours = Stage();
+  auto theirs = other.NewStaging(key_);
+  ASSERT_TRUE(theirs.ok());
+  model::ModelSpec spec;
+  spec.inputs.push_back({"x", model::DType::kFloat32, {-1, 2}});
+  ASSERT_OK(fs::WriteFileAtomic(*theirs + "/model.so", "THEIR model bytes"));
+  ASSERT_OK(fs::WriteFileAtomic(*theirs + "/spec.json", spec.ToJson()));
+  ASSERT_OK(fs::WriteFileAtomic(*theirs + "/package.json", R"({"kind": "exported_program"})"));
+  auto first = other.Commit(*theirs, key_);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  // The first's entry is being loaded (by its process, not this one).
+  ASSERT_OK(fs::WriteFileAtomic(first->dir + "/load.pending", "999999999 1\n"));
+  struct stat before;
+  ASSERT_EQ(::stat(first->so_path.c_str(), &before), 0);
+
+  auto second = cache_.Commit(ours, key_);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->dir, first->dir);
+  EXPECT_EQ(second->so_path, first->so_path);
+  EXPECT_EQ(fs::ReadFile(second->so_path).value_or(""), "THEIR model bytes");
+  struct stat after;
+  ASSERT_EQ(::stat(second->so_path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);  // the very file, never moved
+  EXPECT_FALSE(fs::Exists(ours));
+  EXPECT_EQ(second->spec.inputs.size(), 1u);
+}
+
+// Daemons sharing a cache load the same entries: another's load in
+// progress is no unfinished load while that daemon lives (pids cannot
+// tell: another container's may equal ours); once it is gone without
+// ending the load, it is one.
+TEST_F(BuildCacheTest, ALoadByAnotherLiveDaemonIsNotAnUnfinishedLoad) {
+  ASSERT_OK(cache_.OpenStaging());
+  auto e = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(e.ok());
+  auto other = std::make_unique<BuildCache>(dir_.path());
+  ASSERT_OK(other->OpenStaging());
+  ASSERT_OK(other->BeginLoad(*e));
+  EXPECT_FALSE(cache_.LoadCrashed(*e).has_value());
+  ASSERT_OK(cache_.BeginLoad(*e));  // loads side by side: still a first attempt
+  ASSERT_OK(other->BeginLoad(*e));
+  EXPECT_NE(fs::ReadFile(e->dir + "/load.pending").value_or("").find(" 1 "), std::string::npos);
+  other.reset();  // gone with its load unfinished
+  auto crashed = cache_.LoadCrashed(*e);
+  ASSERT_TRUE(crashed.has_value());
+  EXPECT_EQ(crashed->attempts, 1);
+  EXPECT_TRUE(cache_.Lookup(key_).ok());  // intact: offered once more
 }
 
 TEST_F(BuildCacheTest, InductorOptionsMakeTheirOwnEntry) {
@@ -248,9 +412,14 @@ TEST(BuildCacheFaults, APowerCutLeavesTheWholeEntryOrNone) {
                                                     {"spec.json", spec.ToJson()},
                                                     {"package.json", R"({"kind": "exported_program"})"},
                                                     {"triton_0.cubin", "kernel"}};
+  // The cache outlives each run, as the power cut comes before it ends:
+  // ending, it would remove its staging directory.
+  std::unique_ptr<BuildCache> live;
   auto run = [&]() -> Status {
+    live.reset();
     std::filesystem::remove_all(root + "/cache");
-    BuildCache cache(root + "/cache", &env);
+    live = std::make_unique<BuildCache>(root + "/cache", &env);
+    BuildCache& cache = *live;
     ASSIGN_OR_RETURN(std::string staging, cache.NewStaging(key));
     for (const auto& [name, bytes] : files) {
       ASSIGN_OR_RETURN(auto f, env.OpenForWrite(staging + "/" + name, Env::OpenMode::kCreateNew));

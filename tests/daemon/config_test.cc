@@ -104,7 +104,8 @@ TEST(Config, EachKeyHasTheReloadRuleTheDaemonApplies) {
     EXPECT_EQ(ReloadRuleOf(live), ReloadRule::kLive) << live;
   for (const char* loads : {"runner.timeout_s", "runner.memory_limit_mb", "server.max_queued_requests"})
     EXPECT_EQ(ReloadRuleOf(loads), ReloadRule::kNextLoad) << loads;
-  for (const char* restart : {"store.path", "server.listen", "server.write_timeout_s", "build.cxx"})
+  for (const char* restart :
+       {"store.path", "server.listen", "server.write_timeout_s", "build.cxx", "build.cache_dir"})
     EXPECT_EQ(ReloadRuleOf(restart), ReloadRule::kRestart) << restart;
 }
 
@@ -180,6 +181,38 @@ TEST(Config, ARelativeStorePathIsMadeAbsolute) {
   EXPECT_EQ(fs::Absolute("/abs/path"), "/abs/path");
   EXPECT_EQ(fs::Absolute("rel/a"), std::string(cwd) + "/rel/a");
   EXPECT_EQ(fs::Absolute("."), std::string(cwd));
+}
+
+// build.cache_dir: the build cache's folder, made absolute like the store;
+// unset, the store's own cache/.
+TEST(Config, BuildCacheDirNamesTheCachesFolder) {
+  aotid::testing::TempDir dir;
+  ASSERT_OK(fs::WriteFileAtomic(dir.path() + "/plain.toml", "[store]\npath = \"/srv/store\"\n"));
+  auto plain = LoadConfig(dir.path() + "/plain.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->cache_dir, "");
+  EXPECT_EQ(plain->CachePath(), "/srv/store/cache");
+  EXPECT_FALSE(plain->CacheIsSeparate());
+
+  ASSERT_OK(fs::WriteFileAtomic(dir.path() + "/shared.toml",
+                                "[store]\npath = \"/srv/store\"\n[build]\ncache_dir = \"./node-cache\"\n"));
+  auto shared = LoadConfig(dir.path() + "/shared.toml");
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  EXPECT_EQ(shared->cache_dir, std::string(cwd) + "/node-cache");
+  EXPECT_EQ(shared->CachePath(), std::string(cwd) + "/node-cache");
+  EXPECT_TRUE(shared->CacheIsSeparate());
+  EXPECT_EQ(ChangedKeys(*plain, *shared), std::vector<std::string>{"build.cache_dir"});
+
+  // Naming the store's own cache is no separate cache.
+  Config same = *plain;
+  same.cache_dir = "/srv/store/cache";
+  EXPECT_FALSE(same.CacheIsSeparate());
+  EXPECT_EQ(same.CachePath(), plain->CachePath());
+
+  auto bad = ParseConfig("[build]\ncache_dir = 3\n", "my.toml");
+  EXPECT_FALSE(bad.ok());
 }
 
 TEST(Config, RunnerSectionSetsTheRunnersLimits) {

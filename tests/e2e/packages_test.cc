@@ -212,9 +212,13 @@ TEST(Packages, CacheSurvivesKillsAndTruncation) {
     // directory the daemon made empty for it).
     ASSERT_TRUE(WaitFor(
         [&] {
+          // .staging/<the daemon's own>/<the build>/
           std::error_code ec;
-          for (const auto& e : std::filesystem::directory_iterator(store + "/cache/.staging", ec)) {
-            if (!std::filesystem::is_empty(e.path() / ".inductor/tmp", ec) && !ec) return true;
+          for (const auto& owner : std::filesystem::directory_iterator(store + "/cache/.staging", ec)) {
+            std::error_code inner;
+            for (const auto& e : std::filesystem::directory_iterator(owner.path(), inner)) {
+              if (!std::filesystem::is_empty(e.path() / ".inductor/tmp", inner) && !inner) return true;
+            }
           }
           return false;
         },
