@@ -154,6 +154,13 @@ struct Builder::Running {
   bool cancelled = false;
   bool stopped = false;  // cancelled by Shutdown()
   int64_t started_ms = 0;
+  int key_lock_fd = -1;  // BuildCache::LockBuild's, held until the build ends
+
+  ~Running() { ReleaseKey(); }
+  void ReleaseKey() {
+    if (key_lock_fd >= 0) ::close(key_lock_fd);
+    key_lock_fd = -1;
+  }
 
   // Appends child output to the log and picks out step lines.
   void Take(const char* data, size_t n) {
@@ -219,6 +226,13 @@ void Builder::Shutdown() {
   }
   std::deque<BuildJob> queued = std::move(queue_);
   queue_.clear();
+  for (Waiting& w : waiting_) queued.push_back(std::move(w.job));
+  waiting_.clear();
+  if (wait_timer_ != nullptr) {
+    uv_close(reinterpret_cast<uv_handle_t*>(wait_timer_),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    wait_timer_ = nullptr;
+  }
   for (BuildJob& job : queued) {
     BuildResult res;
     res.status = Cancelled("build cancelled before it started: the daemon is stopping");
@@ -279,6 +293,16 @@ bool Builder::Cancel(const BuildKey& key) {
     if (job.on_done) job.on_done(res);
     return true;
   }
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->job.key != key) continue;
+    BuildJob job = std::move(it->job);
+    waiting_.erase(it);
+    BuildResult res;
+    res.status = Cancelled("build cancelled while it waited for another daemon's build");
+    res.cancelled = true;
+    if (job.on_done) job.on_done(res);
+    return true;
+  }
   for (Running* r : live_) {
     if (r->job.key != key || r->cancelled) continue;
     r->cancelled = true;
@@ -288,7 +312,69 @@ bool Builder::Cancel(const BuildKey& key) {
   return false;
 }
 
+void Builder::Wait(BuildJob job) {
+  LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
+           << job.key.device << " waits: another daemon sharing the build cache is building it";
+  waiting_.push_back({std::move(job), SteadyMs()});
+  if (wait_timer_ != nullptr) return;
+  wait_timer_ = new uv_timer_t;
+  uv_timer_init(loop_, wait_timer_);
+  wait_timer_->data = this;
+  uv_timer_start(
+      wait_timer_, [](uv_timer_t* t) { static_cast<Builder*>(t->data)->LookAgain(); }, wait_poll_ms_,
+      wait_poll_ms_);
+}
+
+void Builder::LookAgain() {
+  // Decided first, reported after: a callback may submit or cancel.
+  std::vector<std::pair<BuildJob, model::CacheEntry>> done;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    BuildJob& job = it->job;
+    if (auto entry = cache_->Lookup(job.key); entry.ok()) {
+      done.emplace_back(std::move(job), std::move(entry).value());
+      it = waiting_.erase(it);
+      continue;
+    }
+    auto held = cache_->LockBuild(job.key);
+    const bool other_builds = held.ok() && *held < 0;
+    if (held.ok() && *held >= 0) ::close(*held);  // Start takes it again
+    const bool too_long = SteadyMs() - it->since_ms > int64_t{options_.timeout_s} * 1000;
+    if (other_builds && !too_long) {
+      ++it;
+      continue;
+    }
+    if (other_builds) {
+      LOG_WARNING << "build " << job.key.artifact.substr(0, 12) << " waited " << options_.timeout_s
+                  << " s (build.timeout_s) for another daemon's build of it; building it here";
+      no_wait_.insert(job.key.ToString());
+    }
+    // The other build ended without an entry (it failed, or its daemon
+    // went): this one builds, first in line.
+    queue_.push_front(std::move(job));
+    it = waiting_.erase(it);
+  }
+  if (waiting_.empty() && wait_timer_ != nullptr) {
+    uv_close(reinterpret_cast<uv_handle_t*>(wait_timer_),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    wait_timer_ = nullptr;
+  }
+  for (auto& [job, entry] : done) {
+    LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
+             << job.key.device << ": built by another daemon sharing the build cache";
+    BuildResult res;
+    res.entry = std::move(entry);
+    res.built_elsewhere = true;
+    if (job.on_done) job.on_done(res);
+  }
+  StartNext();
+}
+
 std::string Builder::Progress(const BuildKey& key) const {
+  for (const Waiting& w : waiting_) {
+    if (w.job.key != key) continue;
+    return "waiting for another daemon's build of it (" + std::to_string((SteadyMs() - w.since_ms) / 1000) +
+           " s)";
+  }
   for (const Running* r : live_) {
     if (r->job.key != key) continue;
     int64_t s = (SteadyMs() - r->started_ms) / 1000;
@@ -316,10 +402,38 @@ void Builder::Start(BuildJob job) {
                                        ": no such file or directory (set build.python in the config)"),
                     true);
   }
+  // One build of a key at a time among the daemons sharing the cache: when
+  // another is building it, this one waits for its entry. Without the lock
+  // (a file system that refuses it) it builds, as it would alone.
+  int key_lock = -1;
+  if (!no_wait_.erase(job.key.ToString())) {
+    auto held = cache_->LockBuild(job.key);
+    if (held.ok() && *held < 0) return Wait(std::move(job));
+    if (held.ok()) {
+      key_lock = *held;
+    } else {
+      LOG_WARNING << "building without the cache's lock of the key: " << held.status().message();
+    }
+  }
+  // Built since it was asked for (by another daemon sharing the cache).
+  if (auto entry = cache_->Lookup(job.key); entry.ok()) {
+    if (key_lock >= 0) ::close(key_lock);
+    LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
+             << job.key.device << ": built by another daemon sharing the build cache";
+    BuildResult res;
+    res.entry = std::move(entry).value();
+    res.built_elsewhere = true;
+    if (job.on_done) job.on_done(res);
+    return;
+  }
   auto staging = cache_->NewStaging(job.key);
-  if (!staging.ok()) return fail_now(job, staging.status(), false);
+  if (!staging.ok()) {
+    if (key_lock >= 0) ::close(key_lock);
+    return fail_now(job, staging.status(), false);
+  }
 
   auto* r = new Running{this, std::move(job), *staging};
+  r->key_lock_fd = key_lock;
   std::vector<std::string> args = Command(r->job, r->staging);
   std::string log_path = r->staging + "/build.log";
   int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -496,6 +610,8 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
     }
     (void)fs::RemoveAll(r->staging);
   }
+  // Another daemon waiting for this key finds the entry, or builds it.
+  r->ReleaseKey();
   --running_;
   live_.erase(std::remove(live_.begin(), live_.end(), r), live_.end());
   BuildJob job = std::move(r->job);

@@ -11,6 +11,7 @@
 
 #include <deque>
 #include <functional>
+#include <set>
 #include <string>
 
 #include "base/status.h"
@@ -38,6 +39,9 @@ struct BuildResult {
   bool cancelled = false;   // Cancel() or Shutdown() stopped it (status is Cancelled)
   model::CacheEntry entry;  // when ok
   int64_t duration_ms = 0;
+  // Ok without building here: another daemon sharing the cache built the
+  // key (this one waited for it rather than compile it twice).
+  bool built_elsewhere = false;
 };
 
 struct BuildJob {
@@ -73,6 +77,10 @@ class BuildRunner {
 // elsewhere 0.
 int KillLeftoverBuilds(const std::string& dir);
 
+// Among daemons sharing a cache (build.cache_dir), a key is built by one at
+// a time (BuildCache::LockBuild): a build whose key another is building
+// waits, on a timer, for that one's entry, and takes it (built_elsewhere);
+// it builds only when that one ends without an entry.
 class Builder final : public BuildRunner {
  public:
   Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options);
@@ -84,6 +92,10 @@ class Builder final : public BuildRunner {
   void Submit(BuildJob job) override;
   int running() const { return running_; }
   size_t queued() const { return queue_.size(); }
+  // Builds waiting for another daemon's build of their key.
+  size_t waiting() const { return waiting_.size(); }
+  // How often a waiting build looks again (tests shorten it).
+  void set_wait_poll_ms(uint64_t ms) { wait_poll_ms_ = ms; }
   bool Cancel(const BuildKey& key) override;
   std::string Progress(const BuildKey& key) const override;
   // Kills running builds and ends queued ones, all as cancelled (their
@@ -97,8 +109,15 @@ class Builder final : public BuildRunner {
 
  private:
   struct Running;
+  struct Waiting {
+    BuildJob job;
+    int64_t since_ms = 0;
+  };
   void StartNext();
   void Start(BuildJob job);
+  // Parks a job whose key another process is building; LookAgain() polls.
+  void Wait(BuildJob job);
+  void LookAgain();
   void Finish(Running* r, int64_t exit_status, int term_signal);
   std::vector<std::string> Command(const BuildJob& job, const std::string& staging) const;
 
@@ -109,6 +128,10 @@ class Builder final : public BuildRunner {
   int running_ = 0;
   bool shut_down_ = false;
   std::vector<Running*> live_;
+  std::vector<Waiting> waiting_;
+  std::set<std::string> no_wait_;  // keys that waited past timeout_s: built without the lock
+  uv_timer_t* wait_timer_ = nullptr;
+  uint64_t wait_poll_ms_ = 1000;
 };
 
 }  // namespace aotid::compile

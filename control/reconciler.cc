@@ -413,9 +413,13 @@ void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& 
   rec->error = r.status.ok() ? "" : r.status.message();
   rec->progress.clear();
   SaveBuild(*rec);
-  if (metrics_ && !r.cancelled)
+  // A build another daemon made (a shared cache) took no time here.
+  if (metrics_ && !r.cancelled && !r.built_elsewhere)
     metrics_->RecordBuild(r.status.ok(), static_cast<double>(r.duration_ms) / 1000);
-  if (r.status.ok()) {
+  if (r.built_elsewhere) {
+    LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device
+             << " made by another daemon sharing the build cache";
+  } else if (r.status.ok()) {
     LOG_INFO << "build of " << rec->artifact.substr(0, 12) << " for " << rec->device << " ready in "
              << r.duration_ms << " ms";
   } else if (r.cancelled) {
@@ -433,7 +437,9 @@ void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& 
     }
     if (r.status.ok()) {
       retries_.erase(work);
-      Record(w, "build_ready", "built in " + std::to_string(r.duration_ms) + " ms");
+      Record(w, "build_ready",
+             r.built_elsewhere ? std::string("built by another daemon sharing the build cache")
+                               : "built in " + std::to_string(r.duration_ms) + " ms");
       // A version superseded meanwhile (a newer one is what its policy
       // serves) is not loaded: it would never answer.
       if (!stopping_ && IsCurrent(w) && IsDesired(w.model, w.version)) {

@@ -85,7 +85,8 @@ class BuilderTest : public ::testing::Test {
   }
   // Runs the loop until `done` or 10 s pass: each turn waits for the
   // loop's next event (a build's output or exit, or the deadline).
-  bool RunUntil(const std::function<bool()>& done) {
+  bool RunUntil(const std::function<bool()>& done) { return RunUntilFor(done, 10'000); }
+  bool RunUntilFor(const std::function<bool()>& done, uint64_t ms) {
     struct Deadline {
       uv_timer_t timer;
       bool passed = false, closed = false;
@@ -93,7 +94,7 @@ class BuilderTest : public ::testing::Test {
     deadline.timer.data = &deadline;
     uv_timer_init(&loop_, &deadline.timer);
     uv_timer_start(
-        &deadline.timer, [](uv_timer_t* t) { static_cast<Deadline*>(t->data)->passed = true; }, 10'000, 0);
+        &deadline.timer, [](uv_timer_t* t) { static_cast<Deadline*>(t->data)->passed = true; }, ms, 0);
     while (!done() && !deadline.passed) uv_run(&loop_, UV_RUN_ONCE);
     uv_close(reinterpret_cast<uv_handle_t*>(&deadline.timer),
              [](uv_handle_t* h) { static_cast<Deadline*>(h->data)->closed = true; });
@@ -376,6 +377,98 @@ TEST(ConfinedCommand, BadCommandLinesNameTheProblem) {
   auto none = platform::ParseConfineArgs({"--write", "/x", "--"});
   EXPECT_NE(none.status().message().find("no command after --"), std::string::npos);
   EXPECT_FALSE(platform::ParseConfineArgs({"--write", "/x"}).ok());
+}
+
+// Daemons sharing a cache: a key another holds the lock of (it is
+// building it; a descriptor of this process stands for the other daemon,
+// flock being the open file's) is waited for, not built twice; its entry,
+// once committed, is this build's result.
+TEST_F(BuilderTest, AKeyAnotherDaemonBuildsIsWaitedForAndItsEntryTaken) {
+  auto held = cache_.LockBuild(Job().key);
+  ASSERT_TRUE(held.ok() && *held >= 0) << held.status().ToString();
+  Builder& b = Make();
+  b.set_wait_poll_ms(20);
+  b.Submit(Job());
+  EXPECT_EQ(b.waiting(), 1u);
+  EXPECT_EQ(b.running(), 0);
+  EXPECT_NE(b.Progress(Job().key).find("waiting for another daemon's build"), std::string::npos)
+      << b.Progress(Job().key);
+  // Still waiting a while later: the other is building.
+  EXPECT_FALSE(RunUntilFor([&] { return !results_.empty(); }, 200));
+  EXPECT_EQ(started_, 0);
+
+  BuildCache other(dir_ / "cache");
+  auto staging = other.NewStaging(Job().key);
+  ASSERT_TRUE(staging.ok());
+  ASSERT_OK(fs::WriteFileAtomic(*staging + "/model.so", "theirs"));
+  ASSERT_OK(fs::WriteFileAtomic(*staging + "/spec.json",
+                                R"({"inputs":[{"name":"y","datatype":"FP32","shape":[-1,4]}],"outputs":[]})"));
+  ASSERT_OK(fs::WriteFileAtomic(*staging + "/package.json", "{}"));
+  ASSERT_TRUE(other.Commit(*staging, Job().key).ok());
+  ::close(*held);
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_EQ(started_, 0);  // nothing compiled here
+  ASSERT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+  EXPECT_TRUE(results_[0].built_elsewhere);
+  EXPECT_EQ(results_[0].entry.spec.inputs[0].name, "y");
+  EXPECT_EQ(fs::ReadFile(results_[0].entry.so_path).value_or(""), "theirs");
+  EXPECT_EQ(b.waiting(), 0u);
+}
+
+// The other daemon's build ends without an entry (it failed, or the daemon
+// died): the waiting one builds it.
+TEST_F(BuilderTest, AWaitingBuildBuildsWhenTheOtherEndsWithoutAnEntry) {
+  auto held = cache_.LockBuild(Job().key);
+  ASSERT_TRUE(held.ok() && *held >= 0);
+  Builder& b = Make();
+  b.set_wait_poll_ms(20);
+  b.Submit(Job());
+  EXPECT_EQ(b.waiting(), 1u);
+  ::close(*held);
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  EXPECT_EQ(started_, 1);
+  ASSERT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+  EXPECT_FALSE(results_[0].built_elsewhere);
+  EXPECT_EQ(fs::ReadFile(results_[0].entry.so_path).value_or(""), "compiled");
+  // Its lock was let go with the build.
+  auto again = cache_.LockBuild(Job().key);
+  ASSERT_TRUE(again.ok());
+  EXPECT_GE(*again, 0);
+  if (*again >= 0) ::close(*again);
+}
+
+// A build holds its key's lock while it runs, so another daemon waits.
+TEST_F(BuilderTest, ARunningBuildHoldsItsKeysLock) {
+  std::string go = dir_ / "go";
+  ::setenv("AOTID_FAKE_BUILD", "wait", 1);
+  ::setenv("AOTID_FAKE_GO", go.c_str(), 1);
+  Builder& b = Make();
+  b.Submit(Job());
+  ASSERT_EQ(b.running(), 1);
+  auto held = cache_.LockBuild(Job().key);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(*held, -1);
+  ASSERT_OK(fs::WriteFileAtomic(go, ""));
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  ASSERT_TRUE(results_[0].status.ok()) << results_[0].status.ToString();
+}
+
+// A waiting build is cancelled like a queued one, and a stop ends it.
+TEST_F(BuilderTest, AWaitingBuildIsCancelledAndStoppedLikeAQueuedOne) {
+  auto held = cache_.LockBuild(Job().key);
+  ASSERT_TRUE(held.ok() && *held >= 0);
+  Builder& b = Make();
+  b.Submit(Job());
+  EXPECT_TRUE(b.Cancel(Job().key));
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_TRUE(results_[0].cancelled);
+  b.Submit(Job());
+  EXPECT_EQ(b.waiting(), 1u);
+  b.Shutdown();
+  ASSERT_EQ(results_.size(), 2u);
+  EXPECT_TRUE(results_[1].cancelled);
+  EXPECT_EQ(started_, 0);
+  ::close(*held);
 }
 
 }  // namespace
