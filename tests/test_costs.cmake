@@ -25,6 +25,7 @@ set(_aotid_test_costs
   fuzz.Build 247
   e2e.Generate 124
   e2e.Residency 100
+  e2e.SharedCache 60
   llm.OpenAiClientChatAndCompletions 95
   fuzz.HttpMutationLiveDaemon 72
   interop.TritonClientAndCurl 70
