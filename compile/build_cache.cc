@@ -414,7 +414,8 @@ Status BuildCache::OpenStaging(const std::function<void(const std::string& dir)>
   return OpenStagingLocked(before_removing);
 }
 
-Status BuildCache::OpenStagingLocked(const std::function<void(const std::string& dir)>& before_removing) const {
+Status BuildCache::OpenStagingLocked(
+    const std::function<void(const std::string& dir)>& before_removing) const {
   const std::string base = root_ + "/.staging";
   RETURN_IF_ERROR(fs::MakeDirs(base));
   // Our own first: the lock file, locked, then the directory it guards. A
@@ -452,7 +453,8 @@ Status BuildCache::OpenStagingLocked(const std::function<void(const std::string&
   };
   std::error_code ec;
   std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(base, ec)) names.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(base, ec))
+    names.push_back(e.path().filename().string());
   for (const std::string& name : names) {
     if (name == own || name == own + kLockSuffix) continue;
     const std::string path = base + "/" + name;

@@ -719,7 +719,7 @@ int CmdShow(const GlobalFlags& g, const std::string& ref, bool as_json, int n_ev
                              {"builds", here},
                              {"builds_elsewhere", elsewhere},
                              {"interface", Interface(cache, *builds, *v, fp)},
-                             {"package_metadata", PackageMetadata(**store, cfg->CachePath(), *v, *builds, fp)},
+                             {"package_metadata", PackageMetadata(**store, cache.root(), *v, *builds, fp)},
                              {"purpose", Purpose(**store, *v)}});
   }
   for (const auto& e : *events) {

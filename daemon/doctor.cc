@@ -173,7 +173,8 @@ int RunDoctor(const Config& config) {
     // with other stores' daemons: serve writes builds and locks in it.
     const std::string& dir = config.cache_dir;
     if (fs::IsDirectory(dir) ? ::access(dir.c_str(), W_OK) == 0 : true) {
-      r.Ok("build cache", dir + (fs::IsDirectory(dir) ? " (its own folder)" : " (not created yet; serve creates it)"));
+      r.Ok("build cache",
+           dir + (fs::IsDirectory(dir) ? " (its own folder)" : " (not created yet; serve creates it)"));
     } else {
       r.Fail("build cache", dir + " is not writable by this user",
              "give build.cache_dir (or --cache-dir) to the user the daemon runs as");

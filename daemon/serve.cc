@@ -510,7 +510,8 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   // the staging of daemons that are gone is removed, with the processes
   // their builds left (a compiler outlives a killed daemon).
   int leftovers = 0;
-  if (Status s = cache.OpenStaging([&](const std::string& dir) { leftovers += compile::KillLeftoverBuilds(dir); });
+  if (Status s =
+          cache.OpenStaging([&](const std::string& dir) { leftovers += compile::KillLeftoverBuilds(dir); });
       !s.ok()) {
     return fail(s);
   }
@@ -521,8 +522,8 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   if (config.CacheIsSeparate()) LOG_INFO << "build cache " << cache_dir << " (its own folder, may be shared)";
   // Which accelerators torch can use here: kept beside the builds, so only
   // a first start (or one after torch or the machine changed) runs Python.
-  platform::DeviceProbeReport devices = platform::ProbeDevices(
-      platform::DeviceProbeForCache(cache_dir, config.python, config.worker_dir), &hw);
+  platform::DeviceProbeReport devices =
+      platform::ProbeDevices(platform::DeviceProbeForCache(cache_dir, config.python, config.worker_dir), &hw);
   std::string accelerators;
   for (const auto& a : hw.accelerators) accelerators += (accelerators.empty() ? "" : "; ") + a;
   if (devices.status.ok()) {

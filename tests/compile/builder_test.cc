@@ -401,8 +401,8 @@ TEST_F(BuilderTest, AKeyAnotherDaemonBuildsIsWaitedForAndItsEntryTaken) {
   auto staging = other.NewStaging(Job().key);
   ASSERT_TRUE(staging.ok());
   ASSERT_OK(fs::WriteFileAtomic(*staging + "/model.so", "theirs"));
-  ASSERT_OK(fs::WriteFileAtomic(*staging + "/spec.json",
-                                R"({"inputs":[{"name":"y","datatype":"FP32","shape":[-1,4]}],"outputs":[]})"));
+  ASSERT_OK(fs::WriteFileAtomic(
+      *staging + "/spec.json", R"({"inputs":[{"name":"y","datatype":"FP32","shape":[-1,4]}],"outputs":[]})"));
   ASSERT_OK(fs::WriteFileAtomic(*staging + "/package.json", "{}"));
   ASSERT_TRUE(other.Commit(*staging, Job().key).ok());
   ::close(*held);

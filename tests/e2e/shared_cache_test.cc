@@ -102,7 +102,8 @@ TEST_F(SharedCacheTest, DaemonsWithTheirOwnStoresBuildOnceAndKeepTheirStagingApa
   EXPECT_EQ(Count((*a)->Log(), "build started"), 1) << (*a)->Log();
   EXPECT_EQ((*a)->Log().find("build failed"), std::string::npos) << (*a)->Log();
   EXPECT_EQ((*b)->Log().find("build started"), std::string::npos) << (*b)->Log();
-  EXPECT_NE((*b)->Log().find("waits: another daemon sharing the build cache is building it"), std::string::npos)
+  EXPECT_NE((*b)->Log().find("waits: another daemon sharing the build cache is building it"),
+            std::string::npos)
       << (*b)->Log();
   EXPECT_NE((*b)->Log().find("built by another daemon sharing the build cache"), std::string::npos)
       << (*b)->Log();
