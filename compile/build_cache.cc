@@ -198,6 +198,12 @@ StatusOr<model::CacheEntry> BuildCache::LookupFiles(const BuildKey& key) const {
   return e;
 }
 
+StatusOr<model::CacheEntry> BuildCache::LookupSound(const BuildKey& key) const {
+  ASSIGN_OR_RETURN(model::CacheEntry e, Lookup(key));
+  RETURN_IF_ERROR(VerifyDigest(e));
+  return e;
+}
+
 Status BuildCache::VerifyDigest(const model::CacheEntry& e) const {
   ASSIGN_OR_RETURN(std::string text, fs::ReadFile(e.dir + "/manifest.json"));
   auto m = ParseJsonOrDiscarded(text);
@@ -535,8 +541,9 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
   // A sound entry already in place was committed by another daemon
   // sharing the cache (one that built the same key at the same time, or
   // since this build began): it stays, and ours goes. It may be loading.
+  // One damaged, in its sizes or in place (its digest), is replaced.
   auto keep_existing = [&]() -> std::optional<model::CacheEntry> {
-    auto existing = Lookup(key);
+    auto existing = LookupSound(key);
     if (!existing.ok()) return std::nullopt;
     (void)fs::RemoveAll(staging);
     return std::move(existing).value();

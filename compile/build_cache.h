@@ -111,6 +111,12 @@ class BuildCache {
   // mismatch. Reads the whole file.
   Status VerifyDigest(const model::CacheEntry& entry) const;
 
+  // Lookup, and VerifyDigest of what it found: an entry that a build may
+  // take as its own (another daemon sharing the cache made it) rather than
+  // replace. Damage in place, which Lookup alone cannot see, is what a
+  // rebuild of an entry of that key may be for.
+  StatusOr<model::CacheEntry> LookupSound(const BuildKey& key) const;
+
   // Brackets a load of `entry` by this process with a marker file, so the
   // next process to look the entry up knows when a load ended the process
   // that made it (a damaged build can crash while loading).

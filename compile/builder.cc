@@ -326,15 +326,8 @@ void Builder::Wait(BuildJob job) {
 }
 
 void Builder::LookAgain() {
-  // Decided first, reported after: a callback may submit or cancel.
-  std::vector<std::pair<BuildJob, model::CacheEntry>> done;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     BuildJob& job = it->job;
-    if (auto entry = cache_->Lookup(job.key); entry.ok()) {
-      done.emplace_back(std::move(job), std::move(entry).value());
-      it = waiting_.erase(it);
-      continue;
-    }
     auto held = cache_->LockBuild(job.key);
     const bool other_builds = held.ok() && *held < 0;
     if (held.ok() && *held >= 0) ::close(*held);  // Start takes it again
@@ -348,8 +341,8 @@ void Builder::LookAgain() {
                   << " s (build.timeout_s) for another daemon's build of it; building it here";
       no_wait_.insert(job.key.ToString());
     }
-    // The other build ended without an entry (it failed, or its daemon
-    // went): this one builds, first in line.
+    // The other build ended: Start takes its entry, or builds when it left
+    // none (it failed, or its daemon went). First in line either way.
     queue_.push_front(std::move(job));
     it = waiting_.erase(it);
   }
@@ -357,14 +350,6 @@ void Builder::LookAgain() {
     uv_close(reinterpret_cast<uv_handle_t*>(wait_timer_),
              [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
     wait_timer_ = nullptr;
-  }
-  for (auto& [job, entry] : done) {
-    LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
-             << job.key.device << ": built by another daemon sharing the build cache";
-    BuildResult res;
-    res.entry = std::move(entry);
-    res.built_elsewhere = true;
-    if (job.on_done) job.on_done(res);
   }
   StartNext();
 }
@@ -415,8 +400,11 @@ void Builder::Start(BuildJob job) {
       LOG_WARNING << "building without the cache's lock of the key: " << held.status().message();
     }
   }
-  // Built since it was asked for (by another daemon sharing the cache).
-  if (auto entry = cache_->Lookup(job.key); entry.ok()) {
+  // Built since it was asked for (by another daemon sharing the cache,
+  // while this one waited, or just before): taken when sound. A damaged
+  // entry of the key (even in place, which only its digest shows) is
+  // what this build replaces.
+  if (auto entry = cache_->LookupSound(job.key); entry.ok()) {
     if (key_lock >= 0) ::close(key_lock);
     LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
              << job.key.device << ": built by another daemon sharing the build cache";

@@ -79,8 +79,9 @@ int KillLeftoverBuilds(const std::string& dir);
 
 // Among daemons sharing a cache (build.cache_dir), a key is built by one at
 // a time (BuildCache::LockBuild): a build whose key another is building
-// waits, on a timer, for that one's entry, and takes it (built_elsewhere);
-// it builds only when that one ends without an entry.
+// waits, on a timer, until that one ends, then takes its entry when sound
+// (BuildCache::LookupSound; built_elsewhere), or builds when it left none.
+// A sound entry found when a build starts is taken the same way.
 class Builder final : public BuildRunner {
  public:
   Builder(uv_loop_t* loop, const BuildCache* cache, BuilderOptions options);

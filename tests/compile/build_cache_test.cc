@@ -285,6 +285,20 @@ TEST_F(BuildCacheTest, ALoadByAnotherLiveDaemonIsNotAnUnfinishedLoad) {
   EXPECT_TRUE(cache_.Lookup(key_).ok());  // intact: offered once more
 }
 
+// An entry damaged in place (its sizes right, its digest not) is no sound
+// entry to keep: a rebuild's commit replaces it.
+TEST_F(BuildCacheTest, CommitReplacesAnEntryDamagedInPlace) {
+  auto e = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(e.ok());
+  ASSERT_OK(fs::WriteFileAtomic(e->so_path, "MODEL bytes"));  // same size
+  ASSERT_TRUE(cache_.Lookup(key_).ok());
+  EXPECT_EQ(cache_.LookupSound(key_).status().code(), StatusCode::kCorruption);
+  auto again = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(fs::ReadFile(again->so_path).value_or(""), "model bytes");
+  EXPECT_TRUE(cache_.LookupSound(key_).ok());
+}
+
 TEST_F(BuildCacheTest, InductorOptionsMakeTheirOwnEntry) {
   BuildKey tuned = key_;
   tuned.options = R"({"max_autotune":true})";

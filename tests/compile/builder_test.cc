@@ -437,6 +437,31 @@ TEST_F(BuilderTest, AWaitingBuildBuildsWhenTheOtherEndsWithoutAnEntry) {
   if (*again >= 0) ::close(*again);
 }
 
+// A sound entry found when the build starts (another daemon made it since
+// this one was asked for) is taken; one damaged in place, whose sizes are
+// right but whose digest is not, is what the build replaces: taking it
+// had the daemon load, fail, and "rebuild" it again at once, for ever.
+TEST_F(BuilderTest, AnEntryFoundAtStartIsTakenOnlyWhenItsDigestIsSound) {
+  Builder& b = Make();
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return !results_.empty(); }));
+  ASSERT_TRUE(results_[0].status.ok());
+  EXPECT_FALSE(results_[0].built_elsewhere);
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 2; }));
+  EXPECT_TRUE(results_[1].built_elsewhere);
+  EXPECT_EQ(started_, 1);
+
+  ASSERT_OK(fs::WriteFileAtomic(results_[0].entry.so_path, "COMPILED"));  // same size
+  ASSERT_TRUE(cache_.Lookup(Job().key).ok());                             // the sizes cannot tell
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 3; }));
+  ASSERT_TRUE(results_[2].status.ok()) << results_[2].status.ToString();
+  EXPECT_FALSE(results_[2].built_elsewhere);
+  EXPECT_EQ(started_, 2);
+  EXPECT_EQ(fs::ReadFile(results_[2].entry.so_path).value_or(""), "compiled");
+}
+
 // A build holds its key's lock while it runs, so another daemon waits.
 TEST_F(BuilderTest, ARunningBuildHoldsItsKeysLock) {
   std::string go = dir_ / "go";
