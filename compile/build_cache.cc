@@ -482,7 +482,16 @@ Status BuildCache::OpenStagingLocked(
   return Status::OK();
 }
 
-StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const BuildKey& key) const {
+std::string BuildCache::EntryIdentity(const std::string& entry_dir) {
+  struct stat st;
+  if (::stat((entry_dir + "/manifest.json").c_str(), &st) != 0) return "";
+  // With its change time too: an inode number may be used again.
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+         std::to_string(static_cast<int64_t>(st.st_ctime));
+}
+
+StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const BuildKey& key,
+                                               const std::string& replaces) const {
   auto fail = [&](Status s) {
     (void)fs::RemoveAll(staging);
     return s;
@@ -543,6 +552,7 @@ StatusOr<model::CacheEntry> BuildCache::Commit(const std::string& staging, const
   // since this build began): it stays, and ours goes. It may be loading.
   // One damaged, in its sizes or in place (its digest), is replaced.
   auto keep_existing = [&]() -> std::optional<model::CacheEntry> {
+    if (!replaces.empty() && EntryIdentity(dest) == replaces) return std::nullopt;
     auto existing = LookupSound(key);
     if (!existing.ok()) return std::nullopt;
     (void)fs::RemoveAll(staging);

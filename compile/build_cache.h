@@ -143,8 +143,14 @@ class BuildCache {
   // entry). When the place already holds a sound entry for `key` (another
   // daemon sharing the cache committed it first), that one is kept, and
   // returned: an entry another process may be loading is never moved. The
-  // staging directory is gone afterwards either way.
-  StatusOr<model::CacheEntry> Commit(const std::string& staging, const BuildKey& key) const;
+  // one `replaces` names (EntryIdentity, taken when the build started: the
+  // entry it was asked to mend) is replaced, sound or not. The staging
+  // directory is gone afterwards either way.
+  StatusOr<model::CacheEntry> Commit(const std::string& staging, const BuildKey& key,
+                                     const std::string& replaces = "") const;
+  // Which entry is at `entry_dir`: its manifest's file ("" when none). An
+  // entry committed anew there is another.
+  static std::string EntryIdentity(const std::string& entry_dir);
 
   // Makes this cache's own staging directory (.staging/<owner>/), holding
   // its lock for the cache's life, and removes the staging of every owner

@@ -155,6 +155,7 @@ struct Builder::Running {
   bool stopped = false;  // cancelled by Shutdown()
   int64_t started_ms = 0;
   int key_lock_fd = -1;  // BuildCache::LockBuild's, held until the build ends
+  std::string replaces;  // the entry in place when it started (BuildCache::EntryIdentity)
 
   ~Running() { ReleaseKey(); }
   void ReleaseKey() {
@@ -404,7 +405,16 @@ void Builder::Start(BuildJob job) {
   // while this one waited, or just before): taken when sound. A damaged
   // entry of the key (even in place, which only its digest shows) is
   // what this build replaces.
-  if (auto entry = cache_->LookupSound(job.key); entry.ok()) {
+  // One taken before and asked for again is not taken twice: its load
+  // failed in a way its files and digest do not show, and a build is what
+  // can mend it (taking it again would go round for ever).
+  auto entry = cache_->LookupSound(job.key);
+  // What this build replaces, whatever its state: the entry in place now.
+  const std::string identity = BuildCache::EntryIdentity(cache_->EntryDir(job.key));
+  auto taken = taken_.find(job.key.ToString());
+  if (entry.ok() && taken != taken_.end() && taken->second == identity) entry = Corruption("taken before");
+  if (entry.ok()) {
+    taken_[job.key.ToString()] = identity;
     if (key_lock >= 0) ::close(key_lock);
     LOG_INFO << "build " << job.key.artifact.substr(0, 12) << " " << job.key.package_model << " for "
              << job.key.device << ": built by another daemon sharing the build cache";
@@ -422,6 +432,7 @@ void Builder::Start(BuildJob job) {
 
   auto* r = new Running{this, std::move(job), *staging};
   r->key_lock_fd = key_lock;
+  r->replaces = identity;
   std::vector<std::string> args = Command(r->job, r->staging);
   std::string log_path = r->staging + "/build.log";
   int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -560,7 +571,7 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
   res.duration_ms = SteadyMs() - r->started_ms;
   if (exit_status == 0 && term_signal == 0) {
     (void)fs::RemoveAll(r->staging + "/" + kInductorScratch);
-    auto entry = cache_->Commit(r->staging, r->job.key);
+    auto entry = cache_->Commit(r->staging, r->job.key, r->replaces);
     res.status = entry.status();
     if (entry.ok()) {
       res.entry = std::move(entry).value();

@@ -299,6 +299,24 @@ TEST_F(BuildCacheTest, CommitReplacesAnEntryDamagedInPlace) {
   EXPECT_TRUE(cache_.LookupSound(key_).ok());
 }
 
+// The entry a build was started to mend (it was in place when the build
+// began) is replaced even though its files and digest look sound; another
+// one, committed meanwhile, is kept.
+TEST_F(BuildCacheTest, CommitReplacesTheEntryItWasAskedToMend) {
+  auto first = cache_.Commit(Stage(), key_);
+  ASSERT_TRUE(first.ok());
+  const std::string mend = BuildCache::EntryIdentity(first->dir);
+  ASSERT_FALSE(mend.empty());
+  auto second = cache_.Commit(Stage(), key_, mend);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  const std::string now = BuildCache::EntryIdentity(second->dir);
+  EXPECT_NE(now, mend);
+  auto third = cache_.Commit(Stage(), key_, mend);  // the entry in place is another by now
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(BuildCache::EntryIdentity(third->dir), now);
+  EXPECT_EQ(BuildCache::EntryIdentity(dir_.path() + "/none"), "");
+}
+
 TEST_F(BuildCacheTest, InductorOptionsMakeTheirOwnEntry) {
   BuildKey tuned = key_;
   tuned.options = R"({"max_autotune":true})";

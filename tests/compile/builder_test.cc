@@ -452,6 +452,18 @@ TEST_F(BuilderTest, AnEntryFoundAtStartIsTakenOnlyWhenItsDigestIsSound) {
   EXPECT_TRUE(results_[1].built_elsewhere);
   EXPECT_EQ(started_, 1);
 
+  // Asked for again (its load failed, for a reason its files do not
+  // show): built, not taken a second time, and the build replaces it.
+  const std::string taken = BuildCache::EntryIdentity(results_[1].entry.dir);
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 3; }));
+  ASSERT_TRUE(results_[2].status.ok()) << results_[2].status.ToString();
+  EXPECT_FALSE(results_[2].built_elsewhere);
+  EXPECT_EQ(started_, 2);
+  EXPECT_NE(BuildCache::EntryIdentity(results_[2].entry.dir), taken);
+  results_.pop_back();
+  started_ = 1;
+
   ASSERT_OK(fs::WriteFileAtomic(results_[0].entry.so_path, "COMPILED"));  // same size
   ASSERT_TRUE(cache_.Lookup(Job().key).ok());                             // the sizes cannot tell
   b.Submit(Job());
@@ -460,6 +472,10 @@ TEST_F(BuilderTest, AnEntryFoundAtStartIsTakenOnlyWhenItsDigestIsSound) {
   EXPECT_FALSE(results_[2].built_elsewhere);
   EXPECT_EQ(started_, 2);
   EXPECT_EQ(fs::ReadFile(results_[2].entry.so_path).value_or(""), "compiled");
+  // A new entry of the key, found at a later start, is another: taken.
+  b.Submit(Job());
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 4; }));
+  EXPECT_TRUE(results_[3].built_elsewhere);
 }
 
 // A build holds its key's lock while it runs, so another daemon waits.
