@@ -131,7 +131,7 @@ class Builder final : public BuildRunner {
   bool shut_down_ = false;
   std::vector<Running*> live_;
   std::vector<Waiting> waiting_;
-  std::set<std::string> no_wait_;  // keys that waited past timeout_s: built without the lock
+  std::set<std::string> no_wait_;             // keys that waited past timeout_s: built without the lock
   std::map<std::string, std::string> taken_;  // key -> the manifest of the entry taken as built elsewhere
   uv_timer_t* wait_timer_ = nullptr;
   uint64_t wait_poll_ms_ = 1000;
