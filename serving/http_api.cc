@@ -374,8 +374,10 @@ void ServerReady(const ModelRegistry* reg, bool needs_resident, http::Response& 
     }
     return "not resident";
   };
+  size_t wanted = 0;
   for (const auto& e : *reg->GetCatalog()) {
     if (!e.enabled || !e.wanted) continue;
+    ++wanted;
     auto sm = reg->Find(e.name, e.version);
     std::string residency;
     if (sm && sm->state == ServeState::kReady) {
@@ -390,10 +392,17 @@ void ServerReady(const ModelRegistry* reg, bool needs_resident, http::Response& 
     if (sm && !sm->message.empty()) item["reason"] = sm->message;
     waiting.push_back(std::move(item));
   }
-  bool ready = reg->startup_done() && count == 0;
+  // Where ready means "answers at once" (single-model mode), a server with
+  // nothing to serve (its model unloaded) is not.
+  const bool nothing = needs_resident && wanted == 0;
+  bool ready = reg->startup_done() && count == 0 && !nothing;
   res.status = ready ? 200 : 503;
   json body{{"ready", ready}};
-  if (!reg->startup_done()) body["reason"] = "starting";
+  if (!reg->startup_done()) {
+    body["reason"] = "starting";
+  } else if (nothing) {
+    body["reason"] = "no model is served";
+  }
   if (count > 0) {
     body["not_ready"] = std::move(waiting);
     body["not_ready_count"] = count;

@@ -314,6 +314,10 @@ TEST_F(HttpApiTest, ReadyCanAlsoWaitForEveryWantedVersionToBeLoaded) {
   report->versions.clear();
   registry_.SetResidency(std::make_shared<ResidencyReport>(*report));
   EXPECT_EQ(ready().first, 503);
+  // Nothing to serve (the model disabled, so not wanted) is not ready either.
+  registry_.SetCatalog({{"demo", 1, /*enabled=*/false, /*wanted=*/false, "latest"}});
+  EXPECT_EQ(ready().first, 503);
+  EXPECT_EQ(ready().second["reason"], "no model is served");
   // Without the option, ready does not wait for the load.
   Stop();
   Start({});
