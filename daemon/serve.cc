@@ -634,10 +634,17 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   repository.commands = &commands;
   repository.async.data = &repository;
   uv_async_init(&loop, &repository.async, RepositoryCommands::Run);
-  http.OnRepositoryCommand(
-      [&repository](const std::string& name, bool enable, std::function<void(Status)> done) {
-        repository.Post({name, enable, std::move(done)});
-      });
+  http.OnRepositoryCommand([&repository, &single, single_model](const std::string& name, bool enable,
+                                                                std::function<void(Status)> done) {
+    // The folder's model is the whole of what this daemon is for: unloaded,
+    // the pod would be ready for nothing; another model is not served.
+    if (single_model) {
+      return done(FailedPrecondition("this daemon serves " + single.model_name + " from --model-dir " +
+                                     single.model_dir + " alone (single-model mode): no model is " +
+                                     (enable ? "loaded" : "unloaded") + " through the repository"));
+    }
+    repository.Post({name, enable, std::move(done)});
+  });
 
   control::StoreWatch watch(store->get(), &timers, [&reconciler] {
     LOG_DEBUG << "store changed; reconciling";
