@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <set>
 #include <vector>
 
 #include "base/fs.h"
+#include "base/log.h"
 #include "storage/version_settings.h"
 
 namespace aotid::daemon {
@@ -54,6 +56,10 @@ StatusOr<std::string> FindModelPackage(const std::string& path, const std::strin
     return NotFound("no .pt2 package in --model-dir " + path + " (nor in its folders, " +
                     std::to_string(kModelDirDepth - 1) + " levels down)");
   }
+  // One file reached by several paths (a link to a folder: `current ->
+  // v3`) is one package.
+  std::set<std::string> seen;
+  std::erase_if(found, [&seen](const std::string& p) { return !seen.insert(fs::RealPath(p)).second; });
   if (found.size() == 1) return found[0];
   for (const std::string& top : {dir + "/" + name + ".pt2", dir + "/model.pt2"}) {
     if (std::find(found.begin(), found.end(), top) != found.end()) return top;
@@ -64,12 +70,23 @@ StatusOr<std::string> FindModelPackage(const std::string& path, const std::strin
   }
   if (found.size() > 5) list += ", ...";
   return InvalidArgument("--model-dir " + path + " holds several .pt2 packages (" + list +
-                         "): name the one to serve (--model-dir FILE), or call it " + name + ".pt2");
+                         "): name the one to serve (--model-dir FILE), or put it at the top as " + name +
+                         ".pt2");
 }
 
 StatusOr<storage::ModelVersion> AdoptModel(storage::ModelStore* store, const std::string& file,
                                            const std::string& name, bool* added) {
   *added = false;
+  storage::AddRequest req;
+  req.file = file;
+  req.name = name;
+  // One model, for as long as the daemon runs: never unloaded for idling.
+  req.settings.keep_alive_s = storage::kKeepAliveAlways;
+  // What is not a package is refused before its bytes are all read.
+  RETURN_IF_ERROR(storage::ModelStore::CheckAddRequest(req).status());
+  struct stat st {};
+  ::stat(file.c_str(), &st);
+  LOG_INFO << "single-model mode: reading " << file << " (" << (st.st_size >> 20) << " MiB)";
   ASSIGN_OR_RETURN(std::string digest, fs::Sha256File(file));
   std::optional<storage::ModelVersion> serving;
   if (auto m = store->GetModel(name); m.ok()) {
@@ -78,11 +95,6 @@ StatusOr<storage::ModelVersion> AdoptModel(storage::ModelStore* store, const std
     return m.status();
   }
   if (!serving) {
-    storage::AddRequest req;
-    req.file = file;
-    req.name = name;
-    // One model, for as long as the daemon runs: never unloaded for idling.
-    req.settings.keep_alive_s = storage::kKeepAliveAlways;
     ASSIGN_OR_RETURN(serving, store->Add(req));
     *added = true;
   }
@@ -90,6 +102,23 @@ StatusOr<storage::ModelVersion> AdoptModel(storage::ModelStore* store, const std
   // folder's model, and it is what is served.
   RETURN_IF_ERROR(
       store->Set(name, std::nullopt, {{"enabled", "true"}, {"version_policy", "latest"}}).status());
+  // Nothing serves the earlier versions again: they go, and with them what
+  // only they used, and the copies a killed start left (the store's disk is
+  // a pod's, often small). The builds stay in the cache, which may be shared.
+  ASSIGN_OR_RETURN(storage::ModelInfo model, store->GetModel(name));
+  std::vector<storage::ModelStore::ModelRef> earlier;
+  for (const auto& v : model.versions) {
+    if (v.version != serving->version) earlier.emplace_back(name, v.version);
+  }
+  if (!earlier.empty()) RETURN_IF_ERROR(store->Remove(earlier).status());
+  auto gc = store->CollectGarbage();
+  if (!gc.ok()) {
+    LOG_WARNING << "single-model mode: cleaning the store: " << gc.status().message();
+  } else if (gc->bytes_freed > 0) {
+    LOG_INFO << "single-model mode: " << (gc->bytes_freed >> 20) << " MiB freed in the store ("
+             << earlier.size() << " earlier version" << (earlier.size() == 1 ? "" : "s") << ", "
+             << gc->tmp_files.size() << " partial cop" << (gc->tmp_files.size() == 1 ? "y" : "ies") << ")";
+  }
   return *serving;
 }
 

@@ -18,7 +18,8 @@ inline constexpr int kModelDirDepth = 3;
 
 // The package `path` names: `path` itself when it is a file; else the one
 // `.pt2` file within kModelDirDepth levels below it (following links,
-// leaving out names that start with a dot). Where there are several, the
+// leaving out names that start with a dot; one file reached through links
+// by several paths counts once). Where there are several, the
 // one named NAME.pt2 or model.pt2 at the top is taken. NotFound when there
 // is none; InvalidArgument naming them when there are several to choose
 // from.
@@ -27,7 +28,9 @@ StatusOr<std::string> FindModelPackage(const std::string& path, const std::strin
 // The version of `name` that serves `file`: the model's newest version when
 // it holds the same bytes (a restart over the same store), else a new
 // version added from it, kept loaded (keep_alive always). The model is
-// enabled and follows its newest version either way. `added` says which.
+// enabled and follows its newest version either way, and its other
+// versions are removed, with the blobs nothing else uses and the partial
+// copies of killed adds (the cached builds stay). `added` says which.
 StatusOr<storage::ModelVersion> AdoptModel(storage::ModelStore* store, const std::string& file,
                                            const std::string& name, bool* added);
 

@@ -31,6 +31,11 @@ TEST(FindModelPackage, TheFileItselfOrTheOnePackageBelow) {
   // Through a link, as a mounted volume's files often are.
   ASSERT_EQ(::symlink((t.path() + "/a").c_str(), (t.path() + "/link").c_str()), 0);
   EXPECT_EQ(*FindModelPackage(t.path() + "/link", "m"), t.path() + "/link/b/model.pt2");
+  // One file by two paths (a `current` link beside the folder it names, a
+  // link to the folder itself) is one package.
+  ASSERT_EQ(::symlink("b", (t.path() + "/a/current").c_str()), 0);
+  ASSERT_EQ(::symlink(".", (t.path() + "/a/self").c_str()), 0);
+  EXPECT_EQ(*FindModelPackage(t.path() + "/a", "m"), t.path() + "/a/b/model.pt2");
 }
 
 TEST(FindModelPackage, NoneTooDeepOrSeveralAreRefusedNamingThem) {
@@ -76,10 +81,22 @@ TEST(AdoptModel, AddsOnceAndAddsAgainOnlyWhenTheBytesChange) {
   EXPECT_TRUE(m->enabled);
   EXPECT_EQ(storage::FormatVersionPolicy(m->policy), "latest");
 
+  // A copy a killed add left behind.
+  ASSERT_OK(fs::MakeDirs((*store)->dir() + "/blobs/tmp"));
+  ASSERT_OK(fs::WriteFileAtomic((*store)->dir() + "/blobs/tmp/import-1-x-0", std::string(4096, 'x')));
+
   auto v2 = AdoptModel(store->get(), TestData("mlp.pt2"), "demo", &added);
   ASSERT_OK(v2.status());
   EXPECT_TRUE(added);
   EXPECT_EQ(v2->version, 2);
+  // The first version went, and its blob and the partial copy with it.
+  auto model = (*store)->GetModel("demo");
+  ASSERT_OK(model.status());
+  ASSERT_EQ(model->versions.size(), 1u);
+  EXPECT_EQ(model->versions[0].version, 2);
+  EXPECT_FALSE(fs::Exists((*store)->BlobPath(v1->artifact)));
+  EXPECT_TRUE(fs::Exists((*store)->BlobPath(v2->artifact)));
+  EXPECT_FALSE(fs::Exists((*store)->dir() + "/blobs/tmp/import-1-x-0"));
   // Back to the first bytes: a newer version again, so that it is the one
   // the policy serves.
   auto v3 = AdoptModel(store->get(), TestData("mlp_so.pt2"), "demo", &added);
@@ -90,7 +107,9 @@ TEST(AdoptModel, AddsOnceAndAddsAgainOnlyWhenTheBytesChange) {
   auto bad = AdoptModel(store->get(), TestData("not_a_model.pt2"), "demo", &added);
   EXPECT_FALSE(bad.ok());
   EXPECT_FALSE(added);
-  EXPECT_EQ((*store)->GetModel("demo")->versions.size(), 3u);
+  model = (*store)->GetModel("demo");
+  ASSERT_EQ(model->versions.size(), 1u);
+  EXPECT_EQ(model->versions[0].version, 3);
 }
 
 }  // namespace

@@ -85,6 +85,16 @@ TEST_F(SingleModelTest, ServesTheFolderReadyOnlyOnceLoadedAndAdoptsItOnce) {
   ASSERT_EQ(index.status, 200);
   ASSERT_EQ(index.body.size(), 1u) << index.body.dump();
   EXPECT_EQ(index.body[0]["name"], "demo");
+  // The one model is not unloaded through the repository (the pod would be
+  // ready for nothing), nor is another loaded.
+  for (const char* path : {"/v2/repository/models/demo/unload", "/v2/repository/models/other/load"}) {
+    Reply refused = Post(port, path, "{}");
+    EXPECT_EQ(refused.status, 409) << path << " " << refused.body.dump();
+    EXPECT_NE(refused.body.value("error", "").find("single-model mode"), std::string::npos)
+        << refused.body.dump();
+  }
+  EXPECT_EQ(Get(port, "/v2/health/ready").status, 200);
+  ExpectCasesMatchEager(port, "demo", "mlp");
   EXPECT_EQ((*d)->Stop(), 0) << (*d)->Log();
 
   // A restart over the same store adopts nothing new and loads the cached
@@ -107,6 +117,10 @@ TEST_F(SingleModelTest, ServesTheFolderReadyOnlyOnceLoadedAndAdoptsItOnce) {
   Reply meta = Get((*third)->port(), "/v2/models/demo");
   EXPECT_EQ(meta.body.value("version", ""), "2") << meta.body.dump();
   EXPECT_EQ(meta.body["versions"], json::array({"2"})) << meta.body.dump();
+  // The first version left the store with its package (its build stays).
+  std::string ls;
+  ASSERT_EQ(RunAotid({"--store", store_, "ls"}, &ls), 0) << ls;
+  EXPECT_EQ(LsRow(ls, "demo")["VERSION"], "2") << ls;  // the first row: no version 1
   ExpectCasesMatchEager((*third)->port(), "demo", "mlp");
   EXPECT_EQ((*third)->Stop(), 0);
 }
