@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # The programs the docs' shell examples run, by the last part of their path
 # (`build/aotid`, `~/.local/aotid/bin/pip` and `./dev` count).
-PROGRAMS = {"aotid", "aotid-export", "cat", "curl", "dev", "docker", "k3s", "kubectl", "oras", "pip", "podman",
-            "python", "python3", "skopeo", "sudo"}
+PROGRAMS = {"aotid", "aotid-export", "cat", "curl", "dev", "docker", "k3s", "kubectl", "mkdir", "oras", "pip", "podman",
+            "python", "python3", "setpriv", "skopeo", "sudo", "umoci"}
 SHELL, PYTHON, CONFIG, DATA = ("sh",), ("python",), ("toml",), ("text", "json")
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*=")

@@ -83,6 +83,9 @@ NOT_RUN = [
      "mounts and arguments in namespaces of its own (bwrap) and asks /v2/health/ready"),
     ("docs/IMAGE.md", "docker run --rm -p 8080:8080", "5dddd1af",
      "no docker engine here; image.BuiltPushedPulledAndServes runs the same entrypoint and arguments with bwrap"),
+    ("docs/IMAGE.md", "umoci unpack --image build-image", "a443077d",
+     "image.BuiltPushedPulledAndServes unpacks the pulled image with umoci and runs its entrypoint with these "
+     "bwrap namespaces, binds and environment, on a folder and port of its own"),
     ("docs/IMAGE.md", "docker://registry.example.com/aotid", "58f0ea30",
      "registry.example.com is the reader's; image.BuiltPushedPulledAndServes copies to docker-registry on loopback"),
 ]
