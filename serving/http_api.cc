@@ -677,6 +677,7 @@ void Infer(const RouteContext& ctx, const http::Request& req, http::Response& re
              reply([sm, request, outputs, record, in_flight, compute_s](http::Response& res) {
                AnswerInfer(*sm, *request, *outputs, res);
                record(res.status, compute_s);
+               in_flight->Done();
              });
            });
 }

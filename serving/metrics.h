@@ -65,10 +65,17 @@ class Metrics {
   class InFlight {
    public:
     explicit InFlight(Metrics* m) : m_(m) { m_->in_flight_.fetch_add(1); }
-    ~InFlight() { m_->in_flight_.fetch_sub(1); }
+    ~InFlight() { Done(); }
+    // The request has ended: counted out now, before its answer is written
+    // (a client that reads the answer and then scrapes must not count it),
+    // rather than when the last copy of its callback goes. Once.
+    void Done() {
+      if (!done_.exchange(true)) m_->in_flight_.fetch_sub(1);
+    }
 
    private:
     Metrics* m_;
+    std::atomic<bool> done_{false};
   };
 
   // Metric families kept elsewhere (the daemon's syncer): `collect`
