@@ -12,7 +12,7 @@ set(_aotid_test_costs
   exporter.HfZooServedEqualToEager 510
   e2e.Packages 504
   install.WheelRunsFromAFreshVenvWithoutTheCheckout 95
-  image.BuiltPushedPulledAndServes 160
+  image.BuiltPushedPulledAndServes 220
   e2e.DaemonOverHttp 366
   e2e.Slots 250
   sync.PushSyncServeResumeAndRefuse 191
