@@ -586,10 +586,10 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   control::Residency residency(&timers, &memory_probe, ResidencyFrom(config, single_model), residency_hooks);
   LOG_INFO << "memory budget for the runners: " << (residency.options().budget_bytes >> 20) << " MiB ("
            << residency.options().budget_source << "); keep_alive "
-           << (config.keep_alive_s == storage::kKeepAliveAlways
-                   ? "always"
-                   : storage::FormatKeepAlive(config.keep_alive_s))
-           << " unless a version sets its own";
+           << (single_model ? "always, the one model's (single-model mode)"
+               : config.keep_alive_s == storage::kKeepAliveAlways
+                   ? "always unless a version sets its own"
+                   : storage::FormatKeepAlive(config.keep_alive_s) + " unless a version sets its own");
   control::ReconcilerParts parts;
   parts.loop = &timers;
   parts.store = store->get();
