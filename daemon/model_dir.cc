@@ -18,7 +18,10 @@ bool EndsWithPt2(const std::string& name) { return name.size() > 4 && name.ends_
 
 // Collects the .pt2 files under `dir`, `depth` levels down at most; stops
 // once there are more than `cap` (a folder of many is refused anyway).
-void Collect(const std::string& dir, int depth, size_t cap, std::vector<std::string>* found) {
+// Names ending in .pt2 that are no file (a folder, a pipe, a link that
+// leads nowhere or to itself) go to `odd`, with what they are.
+void Collect(const std::string& dir, int depth, size_t cap, std::vector<std::string>* found,
+             std::vector<std::string>* odd) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return;
   std::vector<std::string> names;
@@ -32,11 +35,17 @@ void Collect(const std::string& dir, int depth, size_t cap, std::vector<std::str
     if (found->size() > cap) return;
     std::string p = dir + "/" + n;
     struct stat st;
-    if (::stat(p.c_str(), &st) != 0) continue;  // a dangling link
+    if (::stat(p.c_str(), &st) != 0) {
+      if (EndsWithPt2(n)) odd->push_back(p + " is a link that leads nowhere");
+      continue;
+    }
     if (S_ISREG(st.st_mode) && EndsWithPt2(n)) {
       found->push_back(p);
-    } else if (S_ISDIR(st.st_mode) && depth > 1) {
-      Collect(p, depth - 1, cap, found);
+    } else if (S_ISDIR(st.st_mode)) {
+      if (EndsWithPt2(n)) odd->push_back(p + " is a folder");
+      if (depth > 1) Collect(p, depth - 1, cap, found, odd);
+    } else if (EndsWithPt2(n)) {
+      odd->push_back(p + " is not a regular file");
     }
   }
 }
@@ -50,11 +59,12 @@ StatusOr<std::string> FindModelPackage(const std::string& path, const std::strin
   if (!S_ISDIR(st.st_mode)) return InvalidArgument("--model-dir " + path + " is neither a file nor a folder");
   std::string dir = path;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  std::vector<std::string> found;
-  Collect(dir, kModelDirDepth, 20, &found);
+  std::vector<std::string> found, odd;
+  Collect(dir, kModelDirDepth, 20, &found, &odd);
   if (found.empty()) {
+    std::string why = odd.empty() ? "" : ": " + odd[0].substr(dir.size() + 1);
     return NotFound("no .pt2 package in --model-dir " + path + " (nor in its folders, " +
-                    std::to_string(kModelDirDepth - 1) + " levels down)");
+                    std::to_string(kModelDirDepth - 1) + " levels down)" + why);
   }
   // One file reached by several paths (a link to a folder: `current ->
   // v3`) is one package.

@@ -3,6 +3,7 @@
 #include "daemon/model_dir.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/fs.h"
@@ -45,6 +46,23 @@ TEST(FindModelPackage, NoneTooDeepOrSeveralAreRefusedNamingThem) {
   EXPECT_EQ(deep.status().code(), StatusCode::kNotFound);
   EXPECT_NE(deep.status().message().find("no .pt2 package"), std::string::npos) << deep.status().ToString();
   EXPECT_EQ(FindModelPackage(t.path() + "/absent", "m").status().code(), StatusCode::kNotFound);
+
+  // Names of packages that are no file are named in the refusal.
+  ASSERT_OK(fs::MakeDirs(t.path() + "/odd/model.pt2"));
+  auto folder = FindModelPackage(t.path() + "/odd", "m");
+  EXPECT_NE(folder.status().message().find("levels down): model.pt2 is a folder"), std::string::npos)
+      << folder.status().ToString();
+  ASSERT_EQ(::symlink("gone.pt2", (t.path() + "/dangling/m.pt2").c_str()), -1);  // no folder yet
+  Touch(t.path() + "/dangling/README");
+  ASSERT_EQ(::symlink("gone.pt2", (t.path() + "/dangling/m.pt2").c_str()), 0);
+  auto dangling = FindModelPackage(t.path() + "/dangling", "m");
+  EXPECT_NE(dangling.status().message().find("m.pt2 is a link that leads nowhere"), std::string::npos)
+      << dangling.status().ToString();
+  ASSERT_EQ(::mkfifo((t.path() + "/dangling/z.pt2").c_str(), 0600), 0);
+  ASSERT_EQ(::unlink((t.path() + "/dangling/m.pt2").c_str()), 0);
+  auto fifo = FindModelPackage(t.path() + "/dangling", "m");
+  EXPECT_NE(fifo.status().message().find("z.pt2 is not a regular file"), std::string::npos)
+      << fifo.status().ToString();
 
   Touch(t.path() + "/two/x/a.pt2");
   Touch(t.path() + "/two/b.pt2");
