@@ -594,7 +594,8 @@ void Builder::Finish(Running* r, int64_t exit_status, int term_signal) {
       // space fixes it: retried, and said plainly.
       if (tail.find("No space left on device") != std::string::npos) {
         res.permanent = false;
-        why = "build ran out of disk space (exit status " + std::to_string(exit_status) + "); retried later";
+        why = "build ran out of disk space (exit status " + std::to_string(exit_status) +
+              "); free some, and it may pass";
       }
     }
     // A cancelled build's log says only that it was killed.
