@@ -97,10 +97,14 @@ StatusOr<storage::ModelVersion> AdoptModel(storage::ModelStore* store, const std
   struct stat st {};
   ::stat(file.c_str(), &st);
   LOG_INFO << "single-model mode: reading " << file << " (" << (st.st_size >> 20) << " MiB)";
-  ASSIGN_OR_RETURN(std::string digest, fs::Sha256File(file));
   std::optional<storage::ModelVersion> serving;
   if (auto m = store->GetModel(name); m.ok()) {
-    if (!m->versions.empty() && m->versions.back().artifact == digest) serving = m->versions.back();
+    // Hashed only to compare: a store without the model (a new pod's)
+    // learns the digest as the add copies the file.
+    if (!m->versions.empty()) {
+      ASSIGN_OR_RETURN(std::string digest, fs::Sha256File(file));
+      if (m->versions.back().artifact == digest) serving = m->versions.back();
+    }
   } else if (m.status().code() != StatusCode::kNotFound) {
     return m.status();
   }
