@@ -140,17 +140,7 @@ fi
 # but a checkout that does not build should fail before the slow steps.
 if [[ -z $wheel ]]; then
   say "building the aotid wheel from $src"
-  launcher=()
-  if command -v ccache >/dev/null; then
-    launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
-    export CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1
-    [[ -n ${AOTID_WHEEL_CXX:-} ]] && launcher+=(-C "cmake.define.CMAKE_CXX_COMPILER=$AOTID_WHEEL_CXX")
-    [[ -n ${AOTID_WHEEL_BUILD_TYPE:-} ]] && launcher+=(-C "cmake.build-type=$AOTID_WHEEL_BUILD_TYPE")
-  fi
-  "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" \
-    -C build-dir="$src/build-wheel" "${launcher[@]}" "$src" >"$work/wheel.log" 2>&1 ||
-    { cat "$work/wheel.log"; die "the wheel did not build"; }
-  wheel="$(ls "$work"/dist/aotid-*.whl)"
+  wheel="$("$src/scripts/build_wheel.sh" "$src" "$python" "$work/dist")" || die "the wheel did not build"
 fi
 [[ -f $wheel ]] || die "no wheel at $wheel"
 say "wheel: $(basename "$wheel")"

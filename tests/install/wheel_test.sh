@@ -38,20 +38,7 @@ trap cleanup EXIT
 # 1. The wheel, built as `pip install .` would, without build isolation (the
 #    dev venv has the build backend and torch; a user's pip fetches them).
 say "building the wheel"
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1
-  # The test's build (tests/CMakeLists.txt) names its compiler and build
-  # type: the same flags give ccache hits for every object it has compiled.
-  # pip's default is Release; the code is the same.
-  [[ -n ${AOTID_WHEEL_CXX:-} ]] && launcher+=(-C "cmake.define.CMAKE_CXX_COMPILER=$AOTID_WHEEL_CXX")
-  [[ -n ${AOTID_WHEEL_BUILD_TYPE:-} ]] && launcher+=(-C "cmake.build-type=$AOTID_WHEEL_BUILD_TYPE")
-fi
-"$dev_python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" \
-  -C build-dir="$src/build-wheel" "${launcher[@]}" "$src" >"$work/wheel.log" 2>&1 ||
-  { cat "$work/wheel.log"; exit 1; }
-wheel="$(ls "$work"/dist/aotid-*.whl)"
+wheel="$("$src/scripts/build_wheel.sh" "$src" "$dev_python" "$work/dist")"
 say "built $(basename "$wheel")"
 
 # 2. A fresh venv, from a Python the unprivileged user can run.
