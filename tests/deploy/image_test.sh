@@ -201,6 +201,11 @@ start_and_answer first "first start (the model is built)"
   fail "nothing was written to /var/lib/aotid as uid 65532"
 start_and_answer restart "restart on the same /var/lib/aotid"
 say "timings: image build $build_s s; first start (build of the model) $first_s s; restart with /var/lib/aotid kept $restart_s s"
-"$dev_python" -c "import sys; sys.exit(float(sys.argv[2]) >= float(sys.argv[1]))" "$first_s" "$restart_s" ||
-  fail "the restart ($restart_s s) was not faster than the first start ($first_s s): the build was not kept"
+# The build was kept: the first start built the model, the restart loaded
+# it (the times above are printed, not judged: docs/IMAGE.md has them).
+grep -q 'build started' "$work/serve-first.log" || { cat "$work/serve-first.log"; fail "the first start built nothing"; }
+! grep -q 'build started' "$work/serve-restart.log" ||
+  { cat "$work/serve-restart.log"; fail "the restart built the model again: the build was not kept"; }
+grep -q "as demo:1, the store's already" "$work/serve-restart.log" ||
+  { cat "$work/serve-restart.log"; fail "the restart did not find the model in the store"; }
 say "ok"
