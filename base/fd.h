@@ -2,6 +2,10 @@
 // that no process aotid starts (runners, builds) inherits by accident.
 #pragma once
 
+#include <sys/socket.h>
+
+#include <string>
+
 #include "base/status.h"
 
 namespace aotid::fd {
@@ -17,6 +21,10 @@ Status Pipe(int fds[2], bool nonblocking = false);
 // SOCK_CLOEXEC (Linux), else with fcntl at once. -1 with errno set, as
 // socket(2).
 int Socket(int domain, int type, int protocol = 0);
+
+// The address of a TCP peer, as text (an IPv4 client on a dual-stack
+// socket as IPv4); empty for other kinds.
+std::string PeerAddress(const sockaddr_storage& peer);
 
 // Sets close-on-exec on `fd` (and O_NONBLOCK when asked); false with errno
 // set when fcntl fails.

@@ -632,24 +632,6 @@ void Reply::operator()(Finish finish) const {
 
 namespace {
 
-// The address of a TCP peer, as text (an IPv4 client on a dual-stack
-// socket as IPv4); empty for other kinds.
-std::string PeerAddress(const sockaddr_storage& peer) {
-  char text[INET6_ADDRSTRLEN] = {};
-  if (peer.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
-    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
-  } else if (peer.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
-    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
-      ::inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], text, sizeof text);
-    } else {
-      ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
-    }
-  }
-  return text;
-}
-
 // Waits until `fd` is readable or `deadline_ms` on `clock` passes; false
 // then. (A test's clock moved meanwhile is seen once the poll ends.)
 bool WaitReadable(int fd, int64_t deadline_ms, const Clock* clock) {
@@ -1125,7 +1107,7 @@ class Server::Impl {
       c->fd = fd;
       c->tcp = peer.ss_family != AF_UNIX;
       if (c->tcp && opts_.max_connections_per_address > 0) {
-        std::string address = PeerAddress(peer);
+        std::string address = fd::PeerAddress(peer);
         if (!shared_->peer_counts.Add(address, opts_.max_connections_per_address)) {
           RefuseAtOnce(*c, 503,
                        "too many connections from " + address + " (server.max_connections_per_address is " +
