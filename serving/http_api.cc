@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "http/host.h"
 #include "http/json_tape.h"
+#include "serving/oip.h"
 #include "serving/openai.h"
 #include "serving/tensor_codec.h"
 
@@ -81,68 +82,10 @@ json TensorList(const std::vector<model::TensorSpec>& specs) {
   return arr;
 }
 
-// Why a model the store has is not served at all: Unavailable (503) for
-// one that is unloaded, NotFound for a name the store does not know.
-Status NotServed(const ModelRegistry* registry, const std::string& name) {
-  for (const auto& e : *registry->GetCatalog()) {
-    if (e.name == name && !e.enabled) {
-      return Unavailable("model '" + name + "' is unloaded (POST /v2/repository/models/" + name +
-                         "/load serves it again)");
-    }
-  }
-  return NotFound("unknown model '" + name + "'");
-}
-
 // Finds the model a request names, honouring an optional version segment.
-// Names and versions are checked like everywhere else before any lookup.
 StatusOr<std::shared_ptr<const ServedModel>> Resolve(const ModelRegistry* registry,
                                                      const http::Request& req) {
-  std::string name = req.params[0];
-  RETURN_IF_ERROR(storage::ValidateModelName(name));
-  std::string v = req.params.size() > 1 ? req.params[1] : "";
-  if (v.empty()) {
-    auto m = registry->Find(name);
-    if (!m) return NotServed(registry, name);
-    return m;
-  }
-  std::string unused;
-  std::optional<int64_t> version;
-  RETURN_IF_ERROR(storage::ParseModelRef(name + ":" + v, &unused, &version));
-  auto m = registry->Find(name, *version);
-  if (m) return m;
-  auto served = registry->All();
-  auto it = served->find(name);
-  if (it == served->end()) return NotServed(registry, name);
-  std::string have;
-  for (const auto& [n, sm] : it->second) have += (have.empty() ? "" : ", ") + std::to_string(n);
-  return NotFound("model '" + name + "' has no served version " + v + " (serving: " + have + ")");
-}
-
-Status NotReady(const ServedModel& m) {
-  std::string what = "model '" + m.name + "' version " + std::to_string(m.version);
-  switch (m.state) {
-    case ServeState::kQueued: return Unavailable(what + " is queued for its build; try again shortly");
-    case ServeState::kLoading: return Unavailable(what + " is loading; try again shortly");
-    case ServeState::kBuilding:
-      return Unavailable(what + " is " + (m.message.empty() ? "building" : m.message) +
-                         "; try again shortly");
-    case ServeState::kFailed: return Unavailable(what + " failed: " + m.message);
-    case ServeState::kReady: break;
-  }
-  return Unavailable(what + " is not ready");
-}
-
-// Compares without stopping at the first difference, so the time taken
-// says nothing about how much of a guess was right.
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  size_t n = std::max(a.size(), b.size());
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
+  return ResolveModel(registry, req.params[0], req.params.size() > 1 ? req.params[1] : "");
 }
 
 // The body types a POST may carry: JSON, binary tensors, none, and the
@@ -163,15 +106,6 @@ bool UnencodedBody(std::string enc) {
   enc.erase(enc.find_last_not_of(" \t") + 1);
   std::transform(enc.begin(), enc.end(), enc.begin(), [](unsigned char c) { return std::tolower(c); });
   return enc.empty() || enc == "identity";
-}
-
-// "Bearer " in any case (RFC 7235: the scheme is case-insensitive).
-bool IsBearer(const std::string& auth) {
-  if (auth.size() < 7 || auth[6] != ' ') return false;
-  for (size_t i = 0; i < 6; ++i) {
-    if (std::tolower(static_cast<unsigned char>(auth[i])) != "bearer"[i]) return false;
-  }
-  return true;
 }
 
 bool OriginAllowed(const std::vector<std::string>& allowed, const std::string& origin) {
@@ -301,19 +235,15 @@ bool HttpApi::Admit(const http::Request& req, http::Response& res, const HttpOpt
       return false;
     }
     bool needs_token = opts.token_for_all || req.path.rfind("/v2/repository/", 0) == 0;
-    if (!opts.token.empty() && needs_token) {
-      std::string auth = req.Get("Authorization");
-      if (auth.empty()) {
+    switch (CheckToken(opts.token, needs_token, req.Find("Authorization"))) {
+      case TokenCheck::kOk: break;
+      case TokenCheck::kMissing:
         res.SetHeader("WWW-Authenticate", "Bearer");
         SendError(res, 401,
                   "this aotid needs a bearer token: send 'Authorization: Bearer <token>' "
                   "(the token is in the file server.token_file names)");
         return false;
-      }
-      if (!IsBearer(auth) || !ConstantTimeEquals(auth.substr(7), opts.token)) {
-        SendError(res, 403, "wrong bearer token");
-        return false;
-      }
+      case TokenCheck::kWrong: SendError(res, 403, "wrong bearer token"); return false;
     }
   }
   return true;
@@ -329,10 +259,6 @@ struct RouteContext {
   std::shared_ptr<std::atomic<bool>> stopping;
   std::shared_ptr<HttpApi::ModelControl> control;
 };
-
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The model a request names, ready to run: or the answer saying why not
 // (404, or 503 with Retry-After for one on its way; a failed version is
@@ -357,55 +283,23 @@ std::shared_ptr<const ServedModel> ReadyModel(const ModelRegistry* reg, const ht
 
 void Live(const http::Request&, http::Response& res) { res.Set(R"({"live":true})", kJson); }
 
-// Ready: the start-up is done and every version that should be served
-// (enabled, and its model's version policy wants it) answers requests. A
-// version building, waiting for a retry or failed is not ready, and the
-// answer names it (the first 20). With `needs_resident` a version must also
-// be loaded (its residency "resident"), not only able to load.
+// Ready (oip.h's CheckServerReady): the answer names what it waits for
+// (the first 20).
 void ServerReady(const ModelRegistry* reg, bool needs_resident, http::Response& res) {
-  json waiting = json::array();
-  size_t count = 0;
-  auto report = needs_resident ? reg->GetResidency() : nullptr;
-  // Its residency when that keeps it from answering at once; "" otherwise.
-  auto not_loaded = [&report](const std::string& name, int64_t version) -> std::string {
-    if (!report) return "";
-    for (const auto& v : report->versions) {
-      if (v.name == name && v.version == version) return v.state == "resident" ? "" : v.state;
+  ServerReadiness r = CheckServerReady(reg, needs_resident);
+  res.status = r.ready ? 200 : 503;
+  json body{{"ready", r.ready}};
+  if (!r.reason.empty()) body["reason"] = r.reason;
+  if (r.not_ready > 0) {
+    json waiting = json::array();
+    for (const auto& w : r.waiting) {
+      json item{{"name", w.name}, {"version", std::to_string(w.version)}, {"state", w.state}};
+      if (!w.residency.empty()) item["residency"] = w.residency;
+      if (!w.reason.empty()) item["reason"] = w.reason;
+      waiting.push_back(std::move(item));
     }
-    return "not resident";
-  };
-  size_t wanted = 0;
-  for (const auto& e : *reg->GetCatalog()) {
-    if (!e.enabled || !e.wanted) continue;
-    ++wanted;
-    auto sm = reg->Find(e.name, e.version);
-    std::string residency;
-    if (sm && sm->state == ServeState::kReady) {
-      residency = not_loaded(e.name, e.version);
-      if (residency.empty()) continue;
-    }
-    if (++count > 20) continue;
-    json item{{"name", e.name},
-              {"version", std::to_string(e.version)},
-              {"state", sm ? std::string(ServeStateName(sm->state)) : std::string("queued")}};
-    if (!residency.empty()) item["residency"] = residency;
-    if (sm && !sm->message.empty()) item["reason"] = sm->message;
-    waiting.push_back(std::move(item));
-  }
-  // Where ready means "answers at once" (single-model mode), a server with
-  // nothing to serve (its model unloaded) is not.
-  const bool nothing = needs_resident && wanted == 0;
-  bool ready = reg->startup_done() && count == 0 && !nothing;
-  res.status = ready ? 200 : 503;
-  json body{{"ready", ready}};
-  if (!reg->startup_done()) {
-    body["reason"] = "starting";
-  } else if (nothing) {
-    body["reason"] = "no model is served";
-  }
-  if (count > 0) {
     body["not_ready"] = std::move(waiting);
-    body["not_ready_count"] = count;
+    body["not_ready_count"] = r.not_ready;
   }
   res.Set(Dump(body), kJson);
 }
@@ -413,9 +307,7 @@ void ServerReady(const ModelRegistry* reg, bool needs_resident, http::Response& 
 void ServerMetadata(const http::Request&, http::Response& res) {
   // The binary tensor extension (Triton's name for it) and the model
   // repository routes.
-  res.Set(Dump(json{{"name", "aotid"},
-                    {"version", AOTID_VERSION},
-                    {"extensions", json::array({"binary_tensor_data", "model_repository", "generate"})}}),
+  res.Set(Dump(json{{"name", kServerName}, {"version", AOTID_VERSION}, {"extensions", ServerExtensions()}}),
           kJson);
 }
 
@@ -481,19 +373,12 @@ void ModelMetadata(const ModelRegistry* reg, const http::Request& req, http::Res
 void ModelReady(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
   auto m = Resolve(reg, req);
   if (!m.ok()) return SendStatus(res, m.status());
-  bool ok = (*m)->state == ServeState::kReady;
-  json j{{"name", (*m)->name}, {"ready", ok}, {"state", ServeStateName((*m)->state)}};
-  if (!ok) j["error"] = NotReady(**m).message();
+  Status answers = AnswersNow(reg, **m);
+  json j{{"name", (*m)->name}, {"ready", answers.ok()}, {"state", ServeStateName((*m)->state)}};
+  if (!answers.ok()) j["error"] = answers.message();
   AddResidency(reg, **m, &j);
-  // Ready, yet too large for the memory budget beside what always stays:
-  // every request would get 503, so it does not say it can answer.
-  if (ok && j.contains("fits") && !j["fits"].get<bool>()) {
-    ok = false;
-    j["ready"] = false;
-    j["error"] = j["fit_error"];
-  }
   j.erase("fit_error");
-  res.status = ok ? 200 : 503;
+  res.status = answers.ok() ? 200 : 503;
   res.Set(Dump(j), kJson);
 }
 
@@ -597,26 +482,15 @@ void RenderMetrics(const ModelRegistry* reg, Metrics* metrics, http::Response& r
 
 // ---- infer ----
 
-// Runs `inputs` on a served model and calls `done` once, on this thread or
-// later on one of the model's. Every model takes the run asynchronously: a
-// language model's in turn with its sequences (Generator::RunAlone), since
-// its cache is inside it; the others through LoadedModel::Submit.
-void RunModel(std::shared_ptr<const ServedModel> sm, std::vector<model::HostTensor> inputs,
-              model::RunContext ctx, std::unique_ptr<model::Announcement> announced,
-              model::LoadedModel::Done done) {
-  Status queued = sm->generator
-                      ? sm->generator->RunAlone(sm->model, std::move(inputs), std::move(ctx), done)
-                      : sm->model->Submit(std::move(inputs), std::move(ctx), done, std::move(announced));
-  if (!queued.ok()) done(queued);
-}
-
-// Answers `outputs` (or why there are none) as the request asked: JSON, or
-// the binary tensor extension.
-void AnswerInfer(const ServedModel& sm, const InferRequest& request,
-                 const StatusOr<std::vector<model::HostTensor>>& outputs, http::Response& res) {
-  if (!outputs.ok()) return SendStatus(res, outputs.status());
+// Answers an inference's outcome as the request asked: JSON, or the
+// binary tensor extension.
+void AnswerInfer(const InferOutcome& o, http::Response& res) {
+  if (!o.status.ok()) {
+    if (o.retry_later) res.SetHeader("Retry-After", "5");
+    return SendStatus(res, o.status);
+  }
   res.status = 200;
-  EncodedResponse encoded = EncodeInferResponse(sm.name, sm.version, request, outputs.value());
+  EncodedResponse encoded = EncodeInferResponse(o.model->name, o.model->version, *o.request, o.outputs);
   if (encoded.has_binary) {
     res.SetHeader(kHeaderLength, std::to_string(encoded.json_length));
     res.Set(std::move(encoded.body), "application/octet-stream");
@@ -625,59 +499,33 @@ void AnswerInfer(const ServedModel& sm, const InferRequest& request,
   }
 }
 
-// POST /v2/models/NAME[/versions/V]/infer. The worker does not wait for
-// the run: the run's end answers, on a server worker.
+// POST /v2/models/NAME[/versions/V]/infer, through the one inference path
+// (oip.h). The worker does not wait for the run: its end answers, on a
+// server worker.
 void Infer(const RouteContext& ctx, const http::Request& req, http::Response& res) {
-  const auto start = Clock::now();
-  auto in_flight = std::make_shared<Metrics::InFlight>(ctx.metrics);
-  auto m = Resolve(ctx.registry, req);
-  if (!m.ok()) return SendStatus(res, m.status());  // not counted: the name is the caller's, not a model
-  std::shared_ptr<const ServedModel> sm = *m;
-  Metrics* metrics = ctx.metrics;
-  auto record = [metrics, sm, start](int status, double compute_s) {
-    metrics->RecordInfer(sm->name, sm->version, status, SecondsSince(start), compute_s);
-  };
-  auto refuse = [&](const Status& s) {
-    SendStatus(res, s);
-    record(res.status, 0);
-  };
-  if (sm->state != ServeState::kReady || !sm->model) {
-    if (sm->state != ServeState::kFailed) res.SetHeader("Retry-After", "5");
-    return refuse(NotReady(*sm));
-  }
-  // A model that batches is told a request is coming, so that a batch may
-  // wait for it while it is decoded.
-  std::unique_ptr<model::Announcement> announced = sm->generator ? nullptr : sm->model->Announce();
-  std::optional<size_t> json_length;
-  if (req.Has(kHeaderLength)) {
-    std::string v = req.Get(kHeaderLength);
-    size_t n = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
-      return refuse(InvalidArgument(std::string(kHeaderLength) + " must be a byte count, got '" + v + "'"));
+  const http::Request* r = &req;
+  InferDecode decode = [r](const model::ModelSpec& spec) -> StatusOr<InferRequest> {
+    std::optional<size_t> json_length;
+    if (r->Has(kHeaderLength)) {
+      std::string v = r->Get(kHeaderLength);
+      size_t n = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (v.empty() || ec != std::errc() || p != v.data() + v.size())
+        return InvalidArgument(std::string(kHeaderLength) + " must be a byte count, got '" + v + "'");
+      json_length = n;
     }
-    json_length = n;
-  }
-  auto decoded = DecodeInferRequest(req.body, sm->model->spec(), {}, json_length);
-  if (!decoded.ok()) return refuse(decoded.status());
-  // A request whose client has gone is not run (here, or by the batcher
-  // when it forms the batch); it counts as 499, as nginx has it.
+    return DecodeInferRequest(r->body, spec, {}, json_length);
+  };
   int fd = req.connection_fd;
-  if (http::ClientGone(fd)) return refuse(Cancelled(model::kClientGone));
-  model::RunContext run;
-  if (fd >= 0) run.cancelled = [fd] { return http::ClientGone(fd); };
-  auto request = std::make_shared<InferRequest>(std::move(*decoded));
-  std::vector<model::HostTensor> inputs = std::move(request->inputs);
+  std::function<bool()> gone;
+  if (fd >= 0) gone = [fd] { return http::ClientGone(fd); };
   http::Reply reply = res.Defer();
-  const auto run_start = Clock::now();
-  RunModel(sm, std::move(inputs), std::move(run), std::move(announced),
-           [sm, reply, request, record, in_flight, run_start](StatusOr<std::vector<model::HostTensor>> out) {
-             double compute_s = SecondsSince(run_start);
-             auto outputs = std::make_shared<StatusOr<std::vector<model::HostTensor>>>(std::move(out));
-             reply([sm, request, outputs, record, in_flight, compute_s](http::Response& res) {
-               AnswerInfer(*sm, *request, *outputs, res);
-               record(res.status, compute_s);
-               in_flight->Done();
+  RunInfer(ctx.registry, ctx.metrics, req.params[0], req.params.size() > 1 ? req.params[1] : "", decode,
+           std::move(gone), [reply](InferOutcome outcome) {
+             auto o = std::make_shared<InferOutcome>(std::move(outcome));
+             reply([o](http::Response& res) {
+               AnswerInfer(*o, res);
+               if (o->record) o->record->Answered(res.status);
              });
            });
 }
@@ -803,7 +651,7 @@ void Generate(const RouteContext& ctx, bool stream, const http::Request& req, ht
 // ---- the model repository extension ----
 
 // What the store holds, and whether each model is served.
-void RepositoryIndex(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
+void Index(const ModelRegistry* reg, const http::Request& req, http::Response& res) {
   bool only_ready = false;
   if (!req.body.empty()) {
     // The bounded tape, not a DOM: a body of 16 MiB of '[' is refused at
@@ -819,27 +667,10 @@ void RepositoryIndex(const ModelRegistry* reg, const http::Request& req, http::R
       only_ready = body.kind(ready) == http::json_tape::Kind::kTrue;
     }
   }
-  auto catalog = reg->GetCatalog();
   json out = json::array();
-  for (const auto& e : *catalog) {
-    auto sm = reg->Find(e.name, e.version);
-    std::string state = "UNAVAILABLE", reason;
-    if (sm) {
-      switch (sm->state) {
-        case ServeState::kReady: state = "READY"; break;
-        case ServeState::kFailed: reason = sm->message; break;
-        default:
-          state = "LOADING";
-          reason = std::string(ServeStateName(sm->state));
-          break;
-      }
-      if (!e.wanted && sm->state == ServeState::kReady) reason = "serving until a newer version is ready";
-    } else {
-      reason = !e.enabled ? "unloaded" : "not served by version policy '" + e.policy + "'";
-    }
-    if (only_ready && state != "READY") continue;
-    json item{{"name", e.name}, {"version", std::to_string(e.version)}, {"state", state}};
-    if (!reason.empty()) item["reason"] = reason;
+  for (const RepositoryEntry& e : serving::RepositoryIndex(reg, only_ready)) {
+    json item{{"name", e.name}, {"version", std::to_string(e.version)}, {"state", e.state}};
+    if (!e.reason.empty()) item["reason"] = e.reason;
     out.push_back(std::move(item));
   }
   res.Set(Dump(out), kJson);
@@ -896,7 +727,7 @@ void HttpApi::Routes() {
        [ctx](const http::Request& req, http::Response& res) { Generate(ctx, /*stream=*/true, req, res); });
 
   r.Add("POST", "/v2/repository/index",
-        [reg](const http::Request& req, http::Response& res) { RepositoryIndex(reg, req, res); });
+        [reg](const http::Request& req, http::Response& res) { Index(reg, req, res); });
   r.Add("POST", "/v2/repository/models/*/load",
         [ctx](const http::Request& req, http::Response& res) { SetEnabled(ctx, true, req, res); });
   r.Add("POST", "/v2/repository/models/*/unload",

@@ -21,6 +21,7 @@
 #include "http/server.h"
 #include "serving/metrics.h"
 #include "serving/model_registry.h"
+#include "serving/oip.h"
 
 namespace aotid::serving {
 
@@ -65,14 +66,9 @@ class HttpApi {
   // Safe from any thread.
   void Stop();
   // What POST /v2/repository/models/NAME/load and .../unload ask of the
-  // control plane: enable (load) or disable (unload) the model in the
-  // store, and act on it. It must not block: it calls `done` once, later,
-  // on any thread, with OK once the served models show the change (or its
-  // time to show it has passed), or why it could not be made. The route's
-  // worker is free meanwhile. Set before Serve(); without it the routes
-  // answer 503.
-  using ModelControl =
-      std::function<void(const std::string& name, bool enable, std::function<void(Status)> done)>;
+  // control plane (oip.h). The route's worker is free meanwhile. Set
+  // before Serve(); without it the routes answer 503.
+  using ModelControl = serving::ModelControl;
   void OnRepositoryCommand(ModelControl control) { *model_control_ = std::move(control); }
   // A reload's token, token scope, allowed hosts and CORS origins: every
   // request that starts after it is admitted by them. Safe from any thread.

@@ -262,6 +262,55 @@ Status DatatypeMismatch(const std::string& who, DType sent, DType want) {
   return InvalidArgument(msg);
 }
 
+// What every front end checks of an input before its elements: a
+// datatype the input takes (or widens to it) and a bounded element count.
+Status CheckDeclared(const std::string& who, const TensorSpec& spec, const HostTensor& h,
+                     const DecodeLimits& limits) {
+  // A narrower integer (INT32 token ids for an INT64 input) is read as
+  // sent and widened below; anything else must be the input's datatype.
+  if (h.dtype != spec.dtype && !WidensTo(h.dtype, spec.dtype))
+    return DatatypeMismatch(who, h.dtype, spec.dtype);
+  int64_t n = h.num_elements();
+  if (n < 0 || n > limits.max_elements) {
+    return InvalidArgument(who + ": shape " + model::ShapeString(h.shape) + " has more than " +
+                           std::to_string(limits.max_elements) + " elements");
+  }
+  return Status::OK();
+}
+
+// `h` (its datatype and shape checked) filled from `bytes`, its elements
+// little endian (BOOL one byte each), widened to the input's datatype and
+// checked against the input's contract. `size_name` names where the byte
+// count came from, for the error when it does not fit the shape.
+Status FillFromBytes(const std::string& who, const TensorSpec& spec, std::string_view size_name,
+                     std::string_view bytes, HostTensor& h) {
+  size_t want = static_cast<size_t>(h.num_elements()) * model::DTypeSize(h.dtype);
+  if (bytes.size() != want) {
+    return InvalidArgument(who + ": " + std::string(size_name) + " is " + std::to_string(bytes.size()) +
+                           " bytes, shape " + model::ShapeString(h.shape) + " of " +
+                           std::string(model::DTypeName(h.dtype)) + " needs " + std::to_string(want));
+  }
+  h.data.resize(want);
+  if (want) std::memcpy(h.data.data(), bytes.data(), want);
+  if (h.dtype == DType::kBool) {
+    for (size_t i = 0; i < want; ++i) {
+      if (static_cast<uint8_t>(h.data[i]) > 1) {
+        return InvalidArgument(who + ": BOOL element " + std::to_string(i) + " is byte " +
+                               std::to_string(static_cast<int>(h.data[i])) + ", expected 0 or 1");
+      }
+    }
+  }
+  if (h.dtype != spec.dtype) Widen(h, spec.dtype);
+  return model::CheckTensorAgainstSpec(h, spec);
+}
+
+// The datatype a request names, parsed; BYTES named as unsupported.
+Status ParseDatatype(const std::string& who, const std::string& datatype, DType* dtype) {
+  if (model::ParseDType(datatype, dtype)) return Status::OK();
+  if (datatype == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
+  return InvalidArgument(who + ": unknown datatype '" + datatype + "'");
+}
+
 static_assert(std::endian::native == std::endian::little,
               "binary tensor data is little endian; a big-endian host needs byte swapping here");
 
@@ -273,11 +322,7 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
   uint32_t dt = tape.Member(t, "datatype");
   if (dt == Tape::kNone || tape.kind(dt) != Kind::kString)
     return InvalidArgument(who + ": missing 'datatype'");
-  std::string datatype = tape.String(dt);
-  if (!model::ParseDType(datatype, &h.dtype)) {
-    if (datatype == "BYTES") return InvalidArgument(who + ": datatype BYTES is not supported");
-    return InvalidArgument(who + ": unknown datatype '" + datatype + "'");
-  }
+  RETURN_IF_ERROR(ParseDatatype(who, tape.String(dt), &h.dtype));
   uint32_t shape = tape.Member(t, "shape");
   if (shape == Tape::kNone || tape.kind(shape) != Kind::kArray)
     return InvalidArgument(who + ": missing 'shape' array");
@@ -297,37 +342,13 @@ StatusOr<HostTensor> DecodeTensor(const Tape& tape, uint32_t t, const TensorSpec
     if (tape.kind(d) != Kind::kNumber || !add_dim(tape.text(d)))
       return InvalidArgument(who + ": 'shape' must hold non-negative integers");
   }
-  // A narrower integer (INT32 token ids for an INT64 input) is read as
-  // sent and widened below; anything else must be the input's datatype.
-  if (h.dtype != spec.dtype && !WidensTo(h.dtype, spec.dtype))
-    return DatatypeMismatch(who, h.dtype, spec.dtype);
+  RETURN_IF_ERROR(CheckDeclared(who, spec, h, limits));
   int64_t n = h.num_elements();
-  if (n < 0 || n > limits.max_elements) {
-    return InvalidArgument(who + ": shape " + model::ShapeString(h.shape) + " has more than " +
-                           std::to_string(limits.max_elements) + " elements");
-  }
   uint32_t data = tape.Member(t, "data");
   if (binary) {
     if (data != Tape::kNone)
       return InvalidArgument(who + ": has both 'data' and parameters.binary_data_size");
-    size_t want = static_cast<size_t>(n) * model::DTypeSize(h.dtype);
-    if (binary->size() != want) {
-      return InvalidArgument(who + ": binary_data_size is " + std::to_string(binary->size()) +
-                             " bytes, shape " + model::ShapeString(h.shape) + " of " +
-                             std::string(model::DTypeName(h.dtype)) + " needs " + std::to_string(want));
-    }
-    h.data.resize(want);
-    if (want) std::memcpy(h.data.data(), binary->data(), want);
-    if (h.dtype == DType::kBool) {
-      for (size_t i = 0; i < want; ++i) {
-        if (static_cast<uint8_t>(h.data[i]) > 1) {
-          return InvalidArgument(who + ": BOOL element " + std::to_string(i) + " is byte " +
-                                 std::to_string(static_cast<int>(h.data[i])) + ", expected 0 or 1");
-        }
-      }
-    }
-    if (h.dtype != spec.dtype) Widen(h, spec.dtype);
-    RETURN_IF_ERROR(model::CheckTensorAgainstSpec(h, spec));
+    RETURN_IF_ERROR(FillFromBytes(who, spec, "binary_data_size", *binary, h));
     return h;
   }
   if (data == Tape::kNone) return InvalidArgument(who + ": missing 'data'");
@@ -477,6 +498,57 @@ bool EntryName(const Tape& tape, uint32_t entry, std::string* name) {
 
 }  // namespace
 
+// Where input `name` is in the spec; an unknown name, or one already
+// `seen`, is refused naming it.
+StatusOr<size_t> InputIndex(const model::ModelSpec& spec, const std::string& name, std::vector<bool>& seen) {
+  size_t k = 0;
+  while (k < spec.inputs.size() && spec.inputs[k].name != name) ++k;
+  if (k == spec.inputs.size()) {
+    std::string known;
+    for (const auto& s : spec.inputs) known += (known.empty() ? "'" : ", '") + s.name + "'";
+    return InvalidArgument("unknown input '" + name + "'; the model takes " + known);
+  }
+  if (seen[k]) return InvalidArgument("input '" + name + "' appears twice");
+  seen[k] = true;
+  return k;
+}
+
+Status MissingInput(const TensorSpec& spec) {
+  return InvalidArgument("missing input '" + spec.name + "' (" + std::string(model::DTypeName(spec.dtype)) +
+                         " " + model::ShapeString(spec.shape) + ")");
+}
+
+// An output the request asks for, with its choices: a name the model has,
+// listed once, last_position only where dim 1 is a sequence.
+Status AddOutput(const model::ModelSpec& spec, std::string name, bool last_position,
+                 std::optional<bool> binary, InferRequest* req) {
+  const TensorSpec* out = nullptr;
+  for (const auto& s : spec.outputs) out = s.name == name ? &s : out;
+  if (!out) {
+    std::string have;
+    for (const auto& s : spec.outputs) have += (have.empty() ? "'" : ", '") + s.name + "'";
+    return InvalidArgument("unknown output '" + name + "'; the model's outputs are " + have);
+  }
+  // One answer per name: a second entry would be answered once, its
+  // parameters silently merged with the first's.
+  if (std::find(req->output_names.begin(), req->output_names.end(), name) != req->output_names.end())
+    return InvalidArgument("output '" + name + "' is listed twice in 'outputs'; list each output once");
+  // Dim 1 is a sequence only in [batch, positions, ...]: on a [batch,
+  // features] output it would cut a feature.
+  if (last_position) {
+    if (out->shape.size() < 3) {
+      return InvalidArgument("output '" + name +
+                             "': last_position takes the last index of dim 1 of a [batch, positions, "
+                             "...] output, and '" +
+                             name + "' has shape " + model::ShapeString(out->shape));
+    }
+    req->last_position.push_back(name);
+  }
+  if (binary) req->output_binary.emplace_back(name, *binary);
+  req->output_names.push_back(std::move(name));
+  return Status::OK();
+}
+
 StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::ModelSpec& spec,
                                           const DecodeLimits& limits, std::optional<size_t> json_length) {
   std::string_view binary;
@@ -516,6 +588,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
     return InvalidArgument("request has no 'inputs' array");
   }
   std::vector<uint32_t> by_spec(spec.inputs.size(), Tape::kNone);
+  std::vector<bool> seen(spec.inputs.size(), false);
   std::vector<std::optional<std::string_view>> chunk(spec.inputs.size());
   size_t offset = 0;  // into `binary`, taken by inputs in the order listed
   // A packed array holds numbers only: none of them is an entry.
@@ -523,14 +596,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
   for (uint32_t t = inputs + 1; t < tape.end(inputs); t = tape.end(t)) {
     std::string name;
     if (!EntryName(tape, t, &name)) return InvalidArgument("every entry of 'inputs' needs a string 'name'");
-    size_t k = 0;
-    while (k < spec.inputs.size() && spec.inputs[k].name != name) ++k;
-    if (k == spec.inputs.size()) {
-      std::string known;
-      for (const auto& s : spec.inputs) known += (known.empty() ? "'" : ", '") + s.name + "'";
-      return InvalidArgument("unknown input '" + name + "'; the model takes " + known);
-    }
-    if (by_spec[k] != Tape::kNone) return InvalidArgument("input '" + name + "' appears twice");
+    ASSIGN_OR_RETURN(size_t k, InputIndex(spec, name, seen));
     by_spec[k] = t;
     if (uint32_t size = Param(tape, t, "binary_data_size"); size != Tape::kNone) {
       uint64_t n;
@@ -558,11 +624,7 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
         " bytes of binary data follow the JSON header that no input's binary_data_size claims");
   }
   for (size_t k = 0; k < spec.inputs.size(); ++k) {
-    if (by_spec[k] == Tape::kNone) {
-      return InvalidArgument("missing input '" + spec.inputs[k].name + "' (" +
-                             std::string(model::DTypeName(spec.inputs[k].dtype)) + " " +
-                             model::ShapeString(spec.inputs[k].shape) + ")");
-    }
+    if (by_spec[k] == Tape::kNone) return MissingInput(spec.inputs[k]);
     ASSIGN_OR_RETURN(HostTensor h, DecodeTensor(tape, by_spec[k], spec.inputs[k], limits, chunk[k]));
     req.inputs.push_back(std::move(h));
   }
@@ -574,17 +636,6 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
       std::string name;
       if (!EntryName(tape, o, &name))
         return InvalidArgument("every entry of 'outputs' needs a string 'name'");
-      bool known = false;
-      for (const auto& s : spec.outputs) known = known || s.name == name;
-      if (!known) {
-        std::string have;
-        for (const auto& s : spec.outputs) have += (have.empty() ? "'" : ", '") + s.name + "'";
-        return InvalidArgument("unknown output '" + name + "'; the model's outputs are " + have);
-      }
-      // One answer per name: a second entry would be answered once, its
-      // parameters silently merged with the first's.
-      if (std::find(req.output_names.begin(), req.output_names.end(), name) != req.output_names.end())
-        return InvalidArgument("output '" + name + "' is listed twice in 'outputs'; list each output once");
       if (uint32_t p = tape.Member(o, "parameters"); p != Tape::kNone) {
         if (tape.kind(p) != Kind::kObject)
           return InvalidArgument("output '" + name + "': parameters must be an object");
@@ -592,29 +643,19 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
           return InvalidArgument("output '" + name + "': unknown parameter " + unknown +
                                  "; an output's parameters are binary_data and last_position");
       }
+      bool last_position = false;
       if (uint32_t last = Param(tape, o, "last_position"); last != Tape::kNone) {
         if (!tape.is_bool(last))
           return InvalidArgument("output '" + name + "': last_position must be true or false");
-        const TensorSpec* out = nullptr;
-        for (const auto& s : spec.outputs) out = s.name == name ? &s : out;
-        if (tape.kind(last) == Kind::kTrue) {
-          // Dim 1 is a sequence only in [batch, positions, ...]: on a
-          // [batch, features] output it would cut a feature.
-          if (out->shape.size() < 3) {
-            return InvalidArgument("output '" + name +
-                                   "': last_position takes the last index of dim 1 of a [batch, positions, "
-                                   "...] output, and '" +
-                                   name + "' has shape " + model::ShapeString(out->shape));
-          }
-          req.last_position.push_back(name);
-        }
+        last_position = tape.kind(last) == Kind::kTrue;
       }
+      std::optional<bool> binary;
       if (uint32_t b = Param(tape, o, "binary_data"); b != Tape::kNone) {
         if (!tape.is_bool(b))
           return InvalidArgument("output '" + name + "': binary_data must be true or false");
-        req.output_binary.emplace_back(name, tape.kind(b) == Kind::kTrue);
+        binary = tape.kind(b) == Kind::kTrue;
       }
-      req.output_names.push_back(std::move(name));
+      RETURN_IF_ERROR(AddOutput(spec, std::move(name), last_position, binary, &req));
     }
   }
   // An output's own parameters given for the whole request would be
@@ -631,6 +672,38 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
   if (uint32_t b = tape.Member(tape.Member(kRoot, "parameters"), "binary_data_output"); b != Tape::kNone) {
     if (!tape.is_bool(b)) return InvalidArgument("parameters.binary_data_output must be true or false");
     req.binary_outputs = tape.kind(b) == Kind::kTrue;
+  }
+  return req;
+}
+
+StatusOr<InferRequest> DecodeWireRequest(const WireRequest& wire, const model::ModelSpec& spec,
+                                         const DecodeLimits& limits) {
+  InferRequest req;
+  req.id = wire.id;
+  std::vector<const WireInput*> by_spec(spec.inputs.size(), nullptr);
+  std::vector<bool> seen(spec.inputs.size(), false);
+  for (const WireInput& in : wire.inputs) {
+    ASSIGN_OR_RETURN(size_t k, InputIndex(spec, in.name, seen));
+    by_spec[k] = &in;
+  }
+  for (size_t k = 0; k < spec.inputs.size(); ++k) {
+    if (!by_spec[k]) return MissingInput(spec.inputs[k]);
+    const WireInput& in = *by_spec[k];
+    const std::string who = "input '" + in.name + "'";
+    HostTensor h;
+    h.name = in.name;
+    RETURN_IF_ERROR(ParseDatatype(who, in.datatype, &h.dtype));
+    for (int64_t d : in.shape) {
+      if (d < 0) return InvalidArgument(who + ": 'shape' must hold non-negative integers");
+    }
+    h.shape = in.shape;
+    RETURN_IF_ERROR(CheckDeclared(who, spec.inputs[k], h, limits));
+    RETURN_IF_ERROR(FillFromBytes(who, spec.inputs[k], in.size_name, in.bytes, h));
+    req.inputs.push_back(std::move(h));
+  }
+  RETURN_IF_ERROR(model::CheckSharedDims(req.inputs, spec));
+  for (const WireOutput& out : wire.outputs) {
+    RETURN_IF_ERROR(AddOutput(spec, out.name, out.last_position, std::nullopt, &req));
   }
   return req;
 }
@@ -722,6 +795,19 @@ std::string EncodeInferResponse(std::string_view model_name, int64_t version, st
   std::vector<const HostTensor*> all;
   for (const auto& t : outputs) all.push_back(&t);
   return Encode(model_name, version, id, all, wanted, false, {}).body;
+}
+
+std::vector<HostTensor> AnsweredOutputs(const InferRequest& req, std::vector<HostTensor> outputs) {
+  std::vector<HostTensor> out;
+  out.reserve(outputs.size());
+  for (auto& t : outputs) {
+    const auto& wanted = req.output_names;
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), t.name) == wanted.end()) continue;
+    bool last =
+        std::find(req.last_position.begin(), req.last_position.end(), t.name) != req.last_position.end();
+    out.push_back(last ? LastPosition(t) : std::move(t));
+  }
+  return out;
 }
 
 EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,

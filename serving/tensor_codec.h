@@ -50,6 +50,35 @@ StatusOr<InferRequest> DecodeInferRequest(std::string_view body, const model::Mo
                                           const DecodeLimits& limits = {},
                                           std::optional<size_t> json_length = std::nullopt);
 
+// A request read from a wire form other than JSON (gRPC's
+// ModelInferRequest): each input's elements already as little-endian bytes
+// of the datatype it names (BOOL one byte each).
+struct WireInput {
+  std::string name;
+  std::string datatype;
+  std::vector<int64_t> shape;
+  std::string_view bytes;  // must outlive the decode
+  // Where the bytes came from, for the error when their count does not
+  // fit the shape ("raw_input_contents[0]").
+  std::string size_name;
+};
+struct WireOutput {
+  std::string name;
+  bool last_position = false;
+};
+struct WireRequest {
+  std::string id;
+  std::vector<WireInput> inputs;
+  std::vector<WireOutput> outputs;  // empty means all
+};
+
+// Decodes it with DecodeInferRequest's checks and errors: every input
+// once, a datatype it takes, a shape that fits, as many bytes as the shape
+// says, the contract's ranges and shared dims; outputs the model has,
+// each once.
+StatusOr<InferRequest> DecodeWireRequest(const WireRequest& wire, const model::ModelSpec& spec,
+                                         const DecodeLimits& limits = {});
+
 // Encodes a response as JSON alone; `outputs` are filtered by `wanted` (all
 // when empty).
 std::string EncodeInferResponse(std::string_view model_name, int64_t version, std::string_view id,
@@ -69,6 +98,12 @@ struct EncodedResponse {
 };
 EncodedResponse EncodeInferResponse(std::string_view model_name, int64_t version, const InferRequest& req,
                                     const std::vector<model::HostTensor>& outputs);
+
+// The outputs `req` asks for (all when it names none), in the model's
+// order, those it asked for at their last position cut to it: what a
+// front end without the JSON encoding (gRPC) answers.
+std::vector<model::HostTensor> AnsweredOutputs(const InferRequest& req,
+                                               std::vector<model::HostTensor> outputs);
 
 // Integer inputs sent narrower than the model takes them (INT32 token ids
 // for an INT64 input) are widened where no value can change: UINT8, INT8,
