@@ -1,0 +1,230 @@
+#include "rpc/server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "base/fd.h"
+#include "base/log.h"
+#include "base/mutex.h"
+
+namespace aotid::rpc {
+namespace {
+
+// One connection handed to gRPC, as it was when accepted: its descriptor
+// names the same socket while the connection is open.
+struct Counted {
+  int fd = -1;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  sockaddr_storage peer{};
+  socklen_t peer_len = 0;
+  std::string address;
+};
+
+bool SamePeer(int fd, const Counted& c) {
+  sockaddr_storage now{};
+  socklen_t len = sizeof now;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&now), &len) != 0) return false;
+  return len == c.peer_len && std::memcmp(&now, &c.peer, len) == 0;
+}
+
+// Whether the descriptor still names the socket `c` was accepted as: the
+// same inode, a socket, the same peer (address and port). Once gRPC has
+// closed it the number is free, or names something else.
+bool StillOpen(const Counted& c) {
+  struct stat st {};
+  if (::fstat(c.fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  if (st.st_dev != c.dev || st.st_ino != c.ino) return false;
+  return SamePeer(c.fd, c);
+}
+
+}  // namespace
+
+class Server::Impl {
+ public:
+  Impl(ServerOptions options, grpc::Service* service) : opts_(std::move(options)), service_(service) {}
+
+  ~Impl() {
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (wake_[0] >= 0) ::close(wake_[0]);
+    if (wake_[1] >= 0) ::close(wake_[1]);
+  }
+
+  StatusOr<int> Bind() {
+    RETURN_IF_ERROR(fd::Pipe(wake_, /*nonblocking=*/true));
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    std::string port = std::to_string(opts_.port);
+    if (int rc = ::getaddrinfo(opts_.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+      return InvalidArgument("cannot listen for gRPC on " + opts_.host + ": " + ::gai_strerror(rc));
+    }
+    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
+    listen_fd_ = fd::Socket(res->ai_family, SOCK_STREAM);
+    if (listen_fd_ < 0) return ErrnoError("socket", errno);
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
+      int e = errno;
+      return Unavailable("cannot listen for gRPC on " + opts_.host + ":" + port + ": " + std::strerror(e) +
+                         " (set server.grpc_listen or --grpc-listen)");
+    }
+    ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    int bound = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                           : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_);
+    builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(opts_.max_message_bytes, INT32_MAX)));
+    builder.SetMaxSendMessageSize(-1);  // an answer is as large as the model's outputs
+    auto ms = [](int s) { return static_cast<int>(std::min<int64_t>(int64_t{s} * 1000, INT32_MAX)); };
+    builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, opts_.max_metadata_bytes);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, opts_.max_streams_per_connection);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(opts_.keepalive_time_s));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(opts_.keepalive_timeout_s));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                               ms(opts_.min_ping_interval_s));
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(opts_.idle_timeout_s));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, ms(opts_.max_connection_age_s));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, ms(opts_.max_connection_age_grace_s));
+    server_ = builder.BuildAndStart();
+    if (!server_) return InvalidArgument("gRPC would not start with these settings");
+    return bound;
+  }
+
+  void Serve() {
+    while (!stopping_.load()) {
+      pollfd fds[2] = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+      int r = ::poll(fds, 2, 1000);
+      if (stopping_.load()) break;
+      Sweep();
+      if (r <= 0) continue;
+      if (fds[0].revents) {
+        char drain[64];
+        while (::read(wake_[0], drain, sizeof drain) > 0) {
+        }
+      }
+      if (fds[1].revents & POLLIN) Accept();
+    }
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    // Calls in flight get the drain; then they are cancelled. Shutdown
+    // returns once every call has ended.
+    if (server_)
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(opts_.drain_timeout_s));
+  }
+
+  void Stop() {
+    stopping_.store(true);
+    if (wake_[1] >= 0) {
+      char c = 1;
+      [[maybe_unused]] ssize_t n = ::write(wake_[1], &c, 1);
+    }
+  }
+
+  size_t Connections() const {
+    MutexLock lock(&mu_);
+    return counted_.size();
+  }
+
+ private:
+  void Accept() {
+    for (int i = 0; i < 64; ++i) {
+      sockaddr_storage peer{};
+      socklen_t len = sizeof peer;
+      int fd = ::accept(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &len);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE)
+          LOG_WARNING << "cannot accept a gRPC connection: " << std::strerror(errno);
+        return;
+      }
+      fd::SetCloseOnExec(fd, /*nonblocking=*/true);
+      Counted c;
+      c.fd = fd;
+      c.peer = peer;
+      c.peer_len = len;
+      c.address = fd::PeerAddress(peer);
+      struct stat st {};
+      ::fstat(fd, &st);
+      c.dev = st.st_dev;
+      c.ino = st.st_ino;
+      {
+        MutexLock lock(&mu_);
+        // The number was free, so whatever was counted under it has closed.
+        std::erase_if(counted_, [&](const Counted& old) { return old.fd == fd; });
+        if (opts_.max_connections_per_address > 0) {
+          int n = 0;
+          for (const Counted& old : counted_) n += old.address == c.address;
+          if (n >= opts_.max_connections_per_address) {
+            LOG_DEBUG << "refused a gRPC connection from " << c.address << ": it holds " << n
+                      << " (server.max_connections_per_address)";
+            ::close(fd);
+            continue;
+          }
+        }
+        counted_.push_back(c);
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies must not wait
+#ifdef SO_NOSIGPIPE
+      ::setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+      grpc::AddInsecureChannelFromFd(server_.get(), fd);  // gRPC owns it now
+    }
+  }
+
+  // Counts out the connections gRPC has closed.
+  void Sweep() {
+    MutexLock lock(&mu_);
+    std::erase_if(counted_, [](const Counted& c) { return !StillOpen(c); });
+  }
+
+  const ServerOptions opts_;
+  grpc::Service* service_;
+  std::unique_ptr<grpc::Server> server_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stopping_{false};
+  mutable Mutex mu_;
+  std::vector<Counted> counted_ GUARDED_BY(mu_);
+};
+
+Server::Server(ServerOptions options, grpc::Service* service)
+    : impl_(std::make_unique<Impl>(std::move(options), service)) {}
+
+Server::~Server() = default;
+
+Status Server::Bind() {
+  ASSIGN_OR_RETURN(port_, impl_->Bind());
+  return Status::OK();
+}
+
+void Server::Serve() { impl_->Serve(); }
+
+void Server::Stop() { impl_->Stop(); }
+
+size_t Server::TEST_connections() const { return impl_->Connections(); }
+
+}  // namespace aotid::rpc

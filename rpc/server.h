@@ -1,0 +1,84 @@
+// aotid's gRPC transport: its own listening socket, the connections it
+// lets through, and a grpc::Server with aotid's limits serving them. It
+// knows nothing of models; serving/grpc_api.h registers the service.
+//
+// Why its own socket: gRPC bounds streams per connection and message
+// sizes, but not the connections one address may hold. Here each accepted
+// connection is counted against its address (as the HTTP server counts
+// them), one over the cap is closed at once, and the rest are handed to
+// gRPC (grpc::AddInsecureChannelFromFd), which then owns them. A
+// connection gRPC has closed is counted out by the next sweep (once a
+// second, and at each accept): its descriptor no longer names the same
+// socket.
+//
+// What gRPC bounds, as set here: a message's size both ways (the HTTP
+// body limit), header metadata, streams per connection, pings (a client
+// pinging more often than allowed is sent GOAWAY), idle connections, and
+// a connection's age (after it, GOAWAY and a grace for the calls in
+// flight, so that not even a slow sender holds one longer). The server
+// pings a connection that has been quiet, and closes one whose peer does
+// not answer: a client that stops reading is found that way.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+namespace grpc {
+class Service;
+}
+
+namespace aotid::rpc {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8766;  // 0: a free port, see Server::port()
+  // Open connections one client address may hold; more are closed at
+  // once. 0: no cap.
+  int max_connections_per_address = 1024;
+  int64_t max_message_bytes = 64 << 20;  // a request's size; a larger one is RESOURCE_EXHAUSTED
+  int max_metadata_bytes = 16 << 10;     // a call's headers
+  int max_streams_per_connection = 128;  // calls at once on one connection
+  int keepalive_time_s = 60;             // a quiet connection is pinged after this
+  int keepalive_timeout_s = 20;          // and closed when the ping is not answered in this
+  int min_ping_interval_s = 10;          // a client's pings may come no more often than this
+  int idle_timeout_s = 300;              // a connection with no call for this long is closed
+  int max_connection_age_s = 1800;       // then GOAWAY: the client opens a new one
+  int max_connection_age_grace_s = 60;   // for the calls in flight at GOAWAY
+  int drain_timeout_s = 25;              // at Stop(), the most time calls in flight get
+
+  bool operator==(const ServerOptions&) const = default;
+};
+
+class Server {
+ public:
+  // `service` must outlive the server.
+  Server(ServerOptions options, grpc::Service* service);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and listens, and starts gRPC. Unavailable (naming the address)
+  // when it is taken; InvalidArgument when gRPC will not start.
+  Status Bind();
+  int port() const { return port_; }
+  // Accepts connections until Stop(), on the calling thread.
+  void Serve();
+  // Stops accepting, lets the calls in flight finish (drain_timeout_s at
+  // most: then they are cancelled), and returns Serve(). Safe from any
+  // thread, once or more.
+  void Stop();
+
+  // Connections counted now, over every address (for tests).
+  size_t TEST_connections() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace aotid::rpc
