@@ -1622,7 +1622,7 @@ int RunCli(int argc, char** argv) {
   auto* doctor =
       app.add_subcommand("doctor", "Describe this machine and check everything builds and serving need");
 
-  std::string listen, log_file;
+  std::string listen, grpc_listen, log_file;
   bool cache_json = false, cache_dry_run = false, cache_all = false;
   auto* cache = app.add_subcommand("cache", "List or prune the builds cached for this machine");
   cache->require_subcommand(1);
@@ -1658,6 +1658,8 @@ int RunCli(int argc, char** argv) {
 
   auto* serve = app.add_subcommand("serve", "Run the daemon: build what is missing and serve the HTTP API");
   serve->add_option("--listen", listen, "HOST:PORT to listen on (overrides server.listen)");
+  serve->add_option("--grpc-listen", grpc_listen,
+                    "HOST:PORT for the gRPC API to listen on (overrides server.grpc_listen)");
   serve->add_option("--log-file", log_file, "Log to this file, rotated by size (overrides log.file)");
   SingleModel single;
   serve->add_option("--model-dir", single.model_dir,
@@ -1747,6 +1749,10 @@ int RunCli(int argc, char** argv) {
     auto load = [&]() -> StatusOr<Config> {
       ASSIGN_OR_RETURN(Config cfg, Resolve(g));
       if (!listen.empty()) RETURN_IF_ERROR(SetListen(listen, &cfg.api.server));
+      if (!grpc_listen.empty()) {
+        RETURN_IF_ERROR(CheckGrpcListen(grpc_listen).WithContext("--grpc-listen"));
+        cfg.grpc_listen = grpc_listen;
+      }
       if (!log_file.empty()) cfg.log_file = log_file;
       return cfg;
     };

@@ -115,6 +115,13 @@ const std::vector<Key>& Keys() {
           [](Config& c, const std::string& v) {
             return SetListen(v, &c.api.server).WithContext("'server.listen'");
           }),
+      Parsed(
+          "server.grpc_listen", kRestart, [](auto& c) -> auto& { return c.grpc_listen; },
+          [](Config& c, const std::string& v) {
+            if (!v.empty()) RETURN_IF_ERROR(CheckGrpcListen(v).WithContext("'server.grpc_listen'"));
+            c.grpc_listen = v;
+            return Status::OK();
+          }),
       Int(
           "server.threads", kRestart, [](auto& c) -> auto& { return c.api.server.threads; }, 1, 1024),
       Int(
@@ -510,6 +517,15 @@ std::string FormatListen(const http::ServerOptions& server) {
   if (!server.unix_path.empty()) return "unix:" + server.unix_path;
   std::string host = server.host.find(':') != std::string::npos ? "[" + server.host + "]" : server.host;
   return host + ":" + std::to_string(server.port);
+}
+
+Status CheckGrpcListen(const std::string& listen) {
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(ParseListen(listen, &host, &port));
+  if (listen.rfind("unix:", 0) == 0)
+    return InvalidArgument("gRPC listens on HOST:PORT only, not on a unix socket (got '" + listen + "')");
+  return Status::OK();
 }
 
 Status ParseListen(const std::string& listen, std::string* host, int* port) {

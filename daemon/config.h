@@ -26,6 +26,9 @@ struct Config {
   // (token_for_all); serve fills in the token, store_dir and check_host.
   serving::HttpOptions api;
   std::string token_file;         // empty: no token required
+  // Where the gRPC API listens (HOST:PORT); "" for not at all. Its limits
+  // are the HTTP server's where both have one (serving/grpc_api.h).
+  std::string grpc_listen;
   int max_queued_requests = 256;  // per batched model version; more get 503
   // [build]
   std::string python;      // when empty, found beside aotid (platform/install_layout.h)
@@ -102,6 +105,8 @@ StatusOr<Config> LoadConfig(const std::string& explicit_path);
 // Splits "HOST:PORT" or "[V6]:PORT"; InvalidArgument naming the value.
 // "unix:/PATH" comes back whole as the host, with port 0.
 Status ParseListen(const std::string& listen, std::string* host, int* port);
+// A gRPC listen address: HOST:PORT as ParseListen takes it, not unix:.
+Status CheckGrpcListen(const std::string& listen);
 // Sets where `server` listens (host and port, or unix_path) from a listen
 // address as ParseListen takes it; `server` is unchanged on error.
 Status SetListen(const std::string& listen, http::ServerOptions* server);

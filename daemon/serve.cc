@@ -34,6 +34,7 @@
 #include "platform/hardware.h"
 #include "platform/memory_probe.h"
 #include "platform/torch_version.h"
+#include "serving/grpc_api.h"
 #include "serving/http_api.h"
 
 namespace aotid::daemon {
@@ -245,6 +246,7 @@ struct Reload {
   ServiceManager* manager = nullptr;
   storage::ModelStore* store = nullptr;
   serving::HttpApi* http = nullptr;
+  serving::GrpcApi* grpc = nullptr;
   compile::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
   control::Residency* residency = nullptr;
@@ -310,6 +312,7 @@ struct Reload {
       serving::HttpOptions access = fresh->api;
       access.token = token;
       http->UpdateAccess(access);
+      if (grpc != nullptr) grpc->UpdateAccess(token, fresh->api.token_for_all);
       if (token_changed && !has("server.token_file")) applied.push_back("the token in " + fresh->token_file);
       current_token = token;
     }
@@ -364,6 +367,7 @@ struct Shutdown {
   control::UvLoop* timers = nullptr;
   control::StoreWatch* watch = nullptr;
   serving::HttpApi* http = nullptr;
+  serving::GrpcApi* grpc = nullptr;
   compile::Builder* builder = nullptr;
   control::Reconciler* reconciler = nullptr;
   control::Residency* residency = nullptr;
@@ -385,6 +389,7 @@ void BeginShutdown(Shutdown* s) {
   s->timers->Close();
   s->loader->Close();
   s->http->Stop();
+  if (s->grpc) s->grpc->Stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&s->repository->async), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->reload->sighup), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&s->sigterm), nullptr);
@@ -629,13 +634,37 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   }
   serving::HttpApi http(&registry, &metrics, hopts);
   if (Status s = http.Bind(); !s.ok()) return fail(s);
+  // The gRPC API, when asked for: the same limits, token and calls.
+  std::unique_ptr<serving::GrpcApi> grpc;
+  if (!config.grpc_listen.empty()) {
+    serving::GrpcOptions gopts;
+    std::string host;
+    int port = 0;
+    if (Status s = ParseListen(config.grpc_listen, &host, &port); !s.ok()) return fail(s);
+    gopts.server.host = host;
+    gopts.server.port = port;
+    gopts.server.max_connections_per_address = hopts.server.max_connections_per_address;
+    gopts.server.max_message_bytes = hopts.server.limits.max_body_bytes;
+    gopts.server.max_metadata_bytes = static_cast<int>(hopts.server.limits.max_header_bytes);
+    gopts.server.drain_timeout_s = hopts.server.drain_timeout_s;
+    gopts.token = hopts.token;
+    gopts.token_for_all = hopts.token_for_all;
+    gopts.ready_needs_resident = hopts.ready_needs_resident;
+    if (!http::IsLoopbackHost(host)) {
+      LOG_WARNING << "the gRPC API listens on " << host << ", which is not a loopback address: anyone who "
+                  << "can reach this machine can use it"
+                  << (gopts.token.empty() ? "; set server.token_file" : "");
+    }
+    grpc = std::make_unique<serving::GrpcApi>(&registry, &metrics, gopts);
+    if (Status s = grpc->Bind(); !s.ok()) return fail(s);
+  }
   control::ModelCommands commands({.store_dir = config.store_path}, &reconciler, &registry, &timers);
   RepositoryCommands repository;
   repository.commands = &commands;
   repository.async.data = &repository;
   uv_async_init(&loop, &repository.async, RepositoryCommands::Run);
-  http.OnRepositoryCommand([&repository, &single, single_model](const std::string& name, bool enable,
-                                                                std::function<void(Status)> done) {
+  serving::ModelControl control = [&repository, &single, single_model](const std::string& name, bool enable,
+                                                                       std::function<void(Status)> done) {
     // The folder's model is the whole of what this daemon is for: unloaded,
     // the pod would be ready for nothing; another model is not served.
     if (single_model) {
@@ -644,7 +673,9 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
                                      (enable ? "loaded" : "unloaded") + " through the repository"));
     }
     repository.Post({name, enable, std::move(done)});
-  });
+  };
+  http.OnRepositoryCommand(control);
+  if (grpc) grpc->OnRepositoryCommand(control);
 
   control::StoreWatch watch(store->get(), &timers, [&reconciler] {
     LOG_DEBUG << "store changed; reconciling";
@@ -662,6 +693,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   reload.current_token = hopts.token;
   reload.hw = hw;
   reload.http = &http;
+  reload.grpc = grpc.get();
   reload.builder = &builder;
   reload.reconciler = &reconciler;
   reload.residency = &residency;
@@ -677,6 +709,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   shutdown.timers = &timers;
   shutdown.watch = &watch;
   shutdown.http = &http;
+  shutdown.grpc = grpc.get();
   shutdown.builder = &builder;
   shutdown.reconciler = &reconciler;
   shutdown.residency = &residency;
@@ -707,6 +740,11 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
   LOG_INFO << "serving on " << http.Address();
   AnnounceAddress(*lock, http.Address());
   std::thread http_thread([&http] { http.Serve(); });
+  std::thread grpc_thread;
+  if (grpc) {
+    LOG_INFO << "gRPC serving on " << grpc->Address();
+    grpc_thread = std::thread([&grpc] { grpc->Serve(); });
+  }
   // The socket listens already, so a client that connects now is answered:
   // ready for the service manager (models may still be building; their
   // state is in STATUS= and /v2/health/ready).
@@ -729,6 +767,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
 
   uv_run(&loop, UV_RUN_DEFAULT);
   http_thread.join();
+  if (grpc_thread.joinable()) grpc_thread.join();
   metrics.SetCollector(nullptr);  // the syncer goes before the metrics
   uv_loop_close(&loop);
   RecordDaemonEvent(store->get(), "daemon_stopped", "stopped (pid " + std::to_string(::getpid()) + ")");

@@ -55,6 +55,7 @@ TEST(Config, ChangedKeysNamesEachKeyOfTheShippedFile) {
   auto base = ParseConfig(*text, "aotid.toml");
   ASSERT_TRUE(base.ok());
   const std::map<std::string, std::string> other = {{"server.listen", "\"127.0.0.1:8766\""},
+                                                    {"server.grpc_listen", "\"127.0.0.1:8767\""},
                                                     {"server.token_scope", "\"repository\""},
                                                     {"log.level", "\"debug\""},
                                                     {"server.cors_origins", "[\"http://a.local\"]"},
