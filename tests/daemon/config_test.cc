@@ -54,12 +54,10 @@ TEST(Config, ChangedKeysNamesEachKeyOfTheShippedFile) {
   ASSERT_TRUE(text.ok());
   auto base = ParseConfig(*text, "aotid.toml");
   ASSERT_TRUE(base.ok());
-  const std::map<std::string, std::string> other = {{"server.listen", "\"127.0.0.1:8766\""},
-                                                    {"server.grpc_listen", "\"127.0.0.1:8767\""},
-                                                    {"server.token_scope", "\"repository\""},
-                                                    {"log.level", "\"debug\""},
-                                                    {"server.cors_origins", "[\"http://a.local\"]"},
-                                                    {"residency.keep_alive", "\"10m\""}};
+  const std::map<std::string, std::string> other = {
+      {"server.listen", "\"127.0.0.1:8766\""},         {"server.grpc_listen", "\"127.0.0.1:8767\""},
+      {"server.token_scope", "\"repository\""},        {"log.level", "\"debug\""},
+      {"server.cors_origins", "[\"http://a.local\"]"}, {"residency.keep_alive", "\"10m\""}};
   std::string section;
   std::vector<std::string> file_keys;
   std::istringstream lines(*text);
