@@ -174,12 +174,12 @@ StatusOr<WireRequest> ReadRequest(const inference::ModelInferRequest& req, std::
   return wire;
 }
 
-void FillResponse(const InferOutcome& o, inference::ModelInferResponse* res) {
+// The outcome's outputs (moved out of it) as the answer.
+void FillResponse(InferOutcome& o, inference::ModelInferResponse* res) {
   res->set_model_name(o.model->name);
   res->set_model_version(std::to_string(o.model->version));
   res->set_id(o.request->id);
-  std::vector<model::HostTensor> outputs =
-      AnsweredOutputs(*o.request, std::move(const_cast<InferOutcome&>(o).outputs));
+  std::vector<model::HostTensor> outputs = AnsweredOutputs(*o.request, std::move(o.outputs));
   for (const auto& t : outputs) {
     auto* out = res->add_outputs();
     out->set_name(t.name);
