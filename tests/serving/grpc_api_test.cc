@@ -253,6 +253,47 @@ TEST_F(GrpcApiTest, TypedContentsAreReadLikeRawOnesAndCheckedTheSameWay) {
   refused(bytes, "input 'x': datatype BYTES is not supported");
 }
 
+// A narrower integer is widened as over HTTP; last_position cuts only an
+// output of rank 3 or more, and an output parameter aotid does not know is
+// refused naming it.
+TEST_F(GrpcApiTest, IntegersWidenAndOutputParametersAreCheckedAsOverHttp) {
+  Start();
+  auto req = Request(2);
+  req.mutable_inputs(1)->set_datatype("INT32");
+  std::vector<int32_t> narrow = {-5, 7};
+  req.set_raw_input_contents(1, std::string(reinterpret_cast<const char*>(narrow.data()), 8));
+  inference::ModelInferResponse res;
+  grpc::Status s = Infer(req, &res);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(res.outputs(1).datatype(), "INT64");
+  std::vector<int64_t> z(2);
+  ASSERT_EQ(res.raw_output_contents(1).size(), 16u);
+  std::memcpy(z.data(), res.raw_output_contents(1).data(), 16);
+  EXPECT_EQ(z, (std::vector<int64_t>{-5, 7}));
+
+  auto wide = Request(1);
+  wide.mutable_inputs(0)->set_datatype("FP64");
+  wide.set_raw_input_contents(0, std::string(32, '\0'));
+  EXPECT_EQ(Infer(wide, &res).error_message(), "input 'x' has datatype FP64, expected FP32");
+
+  auto last = Request(1);
+  auto* out = last.add_outputs();
+  out->set_name("y");
+  (*out->mutable_parameters())["last_position"].set_bool_param(true);
+  s = Infer(last, &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("last_position takes the last index of dim 1"), std::string::npos)
+      << s.error_message();
+  auto unknown = Request(1);
+  auto* o2 = unknown.add_outputs();
+  o2->set_name("y");
+  (*o2->mutable_parameters())["classification"].set_int64_param(3);
+  s = Infer(unknown, &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown parameter 'classification'"), std::string::npos)
+      << s.error_message();
+}
+
 // The same tensor that does not fit is refused with the words HTTP uses.
 TEST_F(GrpcApiTest, AWrongShapeIsRefusedWithTheMessageHttpGives) {
   Start();
