@@ -647,6 +647,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
     gopts.server.max_message_bytes = hopts.server.limits.max_body_bytes;
     gopts.server.max_metadata_bytes = static_cast<int>(hopts.server.limits.max_header_bytes);
     gopts.server.drain_timeout_s = hopts.server.drain_timeout_s;
+    gopts.threads = hopts.server.threads;
     gopts.token = hopts.token;
     gopts.token_for_all = hopts.token_for_all;
     gopts.ready_needs_resident = hopts.ready_needs_resident;

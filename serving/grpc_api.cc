@@ -2,9 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "base/log.h"
@@ -208,6 +212,68 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const Status&
   return Answer(ctx, ToGrpc(s));
 }
 
+// A few threads of aotid's own that take the inferences off gRPC's, with a
+// bounded line of calls waiting for one.
+class Workers {
+ public:
+  Workers(int threads, int max_waiting) : max_waiting_(static_cast<size_t>(std::max(1, max_waiting))) {
+    for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Work(); });
+  }
+  ~Workers() { Stop(); }
+
+  // ResourceExhausted, running nothing, when the line is full.
+  Status Add(std::function<void()> task) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    if (stopping_) return Unavailable("the server is stopping");
+    // Taken and not yet done: the ones running, and those that wait.
+    if (taken_ >= threads_.size() + max_waiting_) {
+      return ResourceExhausted("the gRPC API's " + std::to_string(threads_.size()) +
+                               " workers are busy and " + std::to_string(taken_ - threads_.size()) +
+                               " calls wait for them; try again shortly");
+    }
+    ++taken_;
+    waiting_.push_back(std::move(task));
+    more_.Signal();
+    return Status::OK();
+  }
+
+  // Runs what waits, then ends the threads. Once.
+  void Stop() EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      more_.SignalAll();
+    }
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void Work() EXCLUDES(mu_) {
+    for (;;) {
+      std::function<void()> task;
+      {
+        MutexLock lock(&mu_);
+        while (waiting_.empty() && !stopping_) more_.Wait(&mu_);
+        if (waiting_.empty()) return;
+        task = std::move(waiting_.front());
+        waiting_.pop_front();
+      }
+      task();
+      MutexLock lock(&mu_);
+      --taken_;
+    }
+  }
+
+  const size_t max_waiting_;
+  Mutex mu_;
+  CondVar more_;
+  std::deque<std::function<void()>> waiting_ GUARDED_BY(mu_);
+  size_t taken_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
 }  // namespace
 
 int GrpcCodeFor(const Status& s) {
@@ -230,7 +296,10 @@ int GrpcCodeFor(const Status& s) {
 class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackService {
  public:
   Service(const ModelRegistry* registry, Metrics* metrics, const GrpcOptions& options)
-      : registry_(registry), metrics_(metrics), needs_resident_(options.ready_needs_resident) {
+      : registry_(registry),
+        metrics_(metrics),
+        needs_resident_(options.ready_needs_resident),
+        workers_(options.threads, options.max_waiting) {
     SetAccess(options.token, options.token_for_all);
   }
 
@@ -240,6 +309,8 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
     access_ = std::move(a);
   }
   void SetControl(ModelControl control) { control_ = std::move(control); }
+  // Once the server has ended every call: the workers end.
+  void StopWorkers() { workers_.Stop(); }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx, const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse* res) override {
@@ -312,18 +383,11 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
       reactor->Finish(s);
       return reactor;
     }
-    std::vector<std::string> typed;
-    InferDecode decode = [req, &typed](const model::ModelSpec& spec) -> StatusOr<InferRequest> {
-      ASSIGN_OR_RETURN(WireRequest wire, ReadRequest(*req, &typed));
-      return DecodeWireRequest(wire, spec);
-    };
-    std::function<bool()> gone = [flag = reactor->gone] { return flag->load(); };
-    RunInfer(registry_, metrics_, req->model_name(), req->model_version(), decode, std::move(gone),
-             [reactor, res](InferOutcome o) {
-               if (o.status.ok()) FillResponse(o, res);
-               if (o.record) o.record->Answered(HttpStatusFor(o.status));
-               reactor->Finish(ToGrpc(o.status));
-             });
+    // gRPC runs handlers on a few threads of its own (two on two cores);
+    // a model run inline would hold one, and with them every other call,
+    // health checks too. The run is handed to this API's workers.
+    Status queued = workers_.Add([this, req, res, reactor] { Run(req, res, reactor); });
+    if (!queued.ok()) reactor->Finish(ToGrpc(queued));
     return reactor;
   }
 
@@ -389,6 +453,24 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
     return grpc::Status::OK;
   }
 
+  // One inference, on a worker: the shared path, answered from wherever
+  // the run ends.
+  void Run(const inference::ModelInferRequest* req, inference::ModelInferResponse* res,
+           InferReactor* reactor) {
+    std::vector<std::string> typed;
+    InferDecode decode = [req, &typed](const model::ModelSpec& spec) -> StatusOr<InferRequest> {
+      ASSIGN_OR_RETURN(WireRequest wire, ReadRequest(*req, &typed));
+      return DecodeWireRequest(wire, spec);
+    };
+    std::function<bool()> gone = [flag = reactor->gone] { return flag->load(); };
+    RunInfer(registry_, metrics_, req->model_name(), req->model_version(), decode, std::move(gone),
+             [reactor, res](InferOutcome o) {
+               if (o.status.ok()) FillResponse(o, res);
+               if (o.record) o.record->Answered(HttpStatusFor(o.status));
+               reactor->Finish(ToGrpc(o.status));
+             });
+  }
+
   static Status CheckRepository(const std::string& name) {
     if (name.empty() || name == kServerName) return Status::OK();
     return NotFound("unknown repository '" + name + "': aotid has one, its store ('' or 'aotid')");
@@ -408,6 +490,7 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
   const ModelRegistry* registry_;
   Metrics* metrics_;
   const bool needs_resident_;
+  Workers workers_;
   ModelControl control_;
   mutable Mutex mu_;
   std::shared_ptr<const Access> access_ GUARDED_BY(mu_);
@@ -431,7 +514,8 @@ std::string GrpcApi::Address() const {
 }
 
 void GrpcApi::Serve() {
-  if (server_) server_->Serve();
+  if (server_) server_->Serve();  // returns once every call has ended
+  service_->StopWorkers();
 }
 
 void GrpcApi::Stop() {

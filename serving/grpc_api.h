@@ -30,6 +30,10 @@ struct GrpcOptions {
   std::string token;          // as HttpOptions::token
   bool token_for_all = true;  // false: only the repository calls need it
   bool ready_needs_resident = false;
+  // Threads that run inferences (gRPC's own few never wait on a model),
+  // and the calls that may wait for one; more are RESOURCE_EXHAUSTED.
+  int threads = 8;
+  int max_waiting = 1024;
 
   bool operator==(const GrpcOptions&) const = default;
 };

@@ -43,6 +43,14 @@ class FakeModel final : public model::LoadedModel {
   const std::string& device() const override { return device_; }
   StatusOr<std::vector<HostTensor>> Infer(const std::vector<HostTensor>& in,
                                           const model::RunContext&) override {
+    {
+      // A held run ends when released, or after 20 s (the test has failed).
+      MutexLock lock(&mu_);
+      ++running_;
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (held_ && released_.WaitUntil(&mu_, until)) {
+      }
+    }
     HostTensor y = in[0];
     y.name = "y";
     for (size_t k = 0; k < y.data.size() / 4; ++k) {
@@ -68,6 +76,21 @@ class FakeModel final : public model::LoadedModel {
     return Status::OK();
   }
   void Queue() { queue_ = true; }
+  // Runs started after Hold() wait in Infer, on the thread that runs them,
+  // until Release().
+  void Hold() {
+    MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    MutexLock lock(&mu_);
+    held_ = false;
+    released_.SignalAll();
+  }
+  int running() {
+    MutexLock lock(&mu_);
+    return running_;
+  }
   // Waits for a queued run; its context.
   bool WaitQueued(model::RunContext* ctx, Done* done) {
     for (int i = 0; i < 500; ++i) {
@@ -90,6 +113,9 @@ class FakeModel final : public model::LoadedModel {
   std::string device_ = "cpu";
   bool queue_ = false;
   Mutex mu_;
+  CondVar released_;
+  bool held_ GUARDED_BY(mu_) = false;
+  int running_ GUARDED_BY(mu_) = 0;
   std::vector<std::pair<model::RunContext, Done>> waiting_ GUARDED_BY(mu_);
 };
 
@@ -474,6 +500,43 @@ TEST_F(GrpcApiTest, AMessageOverTheLimitIsResourceExhausted) {
   EXPECT_TRUE(Infer(Request(2), &res).ok());
   EXPECT_EQ(Infer(Request(64), &res).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(Infer(Request(2), &res).ok());
+}
+
+// Runs that hold their thread (a model run inline, as a runner's is) hold
+// none of gRPC's own few: other calls, health checks too, are answered
+// meanwhile. Past the workers' line, calls are refused at once.
+TEST_F(GrpcApiTest, RunsThatWaitHoldNoneOfGrpcsThreads) {
+  GrpcOptions o;
+  o.threads = 16;
+  o.max_waiting = 2;
+  Start(o);
+  model_->Hold();
+  std::vector<std::thread> calls;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 18; ++i) {
+    calls.emplace_back([&] {
+      inference::ModelInferResponse res;
+      if (Infer(Request(1), &res).ok()) ok.fetch_add(1);
+    });
+  }
+  for (int i = 0; i < 1000 && model_->running() < 16; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(model_->running(), 16);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the other two reach the line
+  grpc::ClientContext live;
+  live.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  inference::ServerLiveResponse lr;
+  grpc::Status s = stub_->ServerLive(&live, {}, &lr);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(lr.live());
+  inference::ModelInferResponse res;
+  s = Infer(Request(1), &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("the gRPC API's 16 workers are busy and 2 calls wait"), std::string::npos)
+      << s.error_message();
+  model_->Release();
+  for (auto& t : calls) t.join();
+  EXPECT_EQ(ok.load(), 18);
 }
 
 int Connect(int port) {
