@@ -276,6 +276,12 @@ class Workers {
 
 }  // namespace
 
+StatusOr<InferRequest> DecodeGrpcInfer(const inference::ModelInferRequest& req, const model::ModelSpec& spec,
+                                       std::vector<std::string>* storage) {
+  ASSIGN_OR_RETURN(WireRequest wire, ReadRequest(req, storage));
+  return DecodeWireRequest(wire, spec);
+}
+
 int GrpcCodeFor(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return grpc::StatusCode::OK;
@@ -459,8 +465,7 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
            InferReactor* reactor) {
     std::vector<std::string> typed;
     InferDecode decode = [req, &typed](const model::ModelSpec& spec) -> StatusOr<InferRequest> {
-      ASSIGN_OR_RETURN(WireRequest wire, ReadRequest(*req, &typed));
-      return DecodeWireRequest(wire, spec);
+      return DecodeGrpcInfer(*req, spec, &typed);
     };
     std::function<bool()> gone = [flag = reactor->gone] { return flag->load(); };
     RunInfer(registry_, metrics_, req->model_name(), req->model_version(), decode, std::move(gone),

@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/mutex.h"
 #include "base/status.h"
@@ -22,6 +23,11 @@
 #include "serving/metrics.h"
 #include "serving/model_registry.h"
 #include "serving/oip.h"
+#include "serving/tensor_codec.h"
+
+namespace inference {
+class ModelInferRequest;
+}
 
 namespace aotid::serving {
 
@@ -40,6 +46,14 @@ struct GrpcOptions {
 
 // The gRPC code a Status answers with.
 int GrpcCodeFor(const Status& s);
+
+// A ModelInfer request's tensors decoded against `spec`, as ModelInfer
+// decodes them: raw_input_contents (one per input) or typed contents
+// (checked to fit their datatype), the outputs' parameters, then the
+// shared decode (DecodeWireRequest). `storage` keeps the bytes of typed
+// contents while the decode reads them.
+StatusOr<InferRequest> DecodeGrpcInfer(const inference::ModelInferRequest& req, const model::ModelSpec& spec,
+                                       std::vector<std::string>* storage);
 
 class GrpcApi {
  public:
