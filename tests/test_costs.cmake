@@ -28,6 +28,7 @@ set(_aotid_test_costs
   e2e.SharedCache 60
   llm.OpenAiClientChatAndCompletions 95
   fuzz.HttpMutationLiveDaemon 72
+  fuzz.GrpcMutationLiveDaemon 130
   interop.TritonClientAndCurl 70
   exporter.NamedDynamicDimsServedAndBounded 64
   docs.ExamplesRunAsWritten 60
