@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -55,6 +56,11 @@ bool StillOpen(const Counted& c) {
 
 }  // namespace
 
+int64_t BufferBudget(const ServerOptions& o) {
+  if (o.max_buffered_bytes > 0) return o.max_buffered_bytes;
+  return std::max<int64_t>(4 * o.max_message_bytes, int64_t{64} << 20);
+}
+
 class Server::Impl {
  public:
   Impl(ServerOptions options, grpc::Service* service) : opts_(std::move(options)), service_(service) {}
@@ -95,6 +101,9 @@ class Server::Impl {
 
     grpc::ServerBuilder builder;
     builder.RegisterService(service_);
+    grpc::ResourceQuota quota("aotid-grpc");
+    quota.Resize(static_cast<size_t>(BufferBudget(opts_)));
+    builder.SetResourceQuota(quota);
     builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(opts_.max_message_bytes, INT32_MAX)));
     builder.SetMaxSendMessageSize(-1);  // an answer is as large as the model's outputs
     auto ms = [](int s) { return static_cast<int>(std::min<int64_t>(int64_t{s} * 1000, INT32_MAX)); };

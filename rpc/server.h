@@ -49,9 +49,18 @@ struct ServerOptions {
   int max_connection_age_s = 1800;       // then GOAWAY: the client opens a new one
   int max_connection_age_grace_s = 60;   // for the calls in flight at GOAWAY
   int drain_timeout_s = 25;              // at Stop(), the most time calls in flight get
+  // What gRPC may hold in memory for all connections together (its
+  // resource quota): among it the bytes read and not yet handed to a call,
+  // a message being assembled (gRPC checks a message's size only once it
+  // has all of it). Past it gRPC cuts calls to free memory (RST_STREAM).
+  // 0: four of the largest message, 64 MiB at least.
+  int64_t max_buffered_bytes = 0;
 
   bool operator==(const ServerOptions&) const = default;
 };
+
+// max_buffered_bytes as it applies.
+int64_t BufferBudget(const ServerOptions& o);
 
 class Server {
  public:

@@ -54,9 +54,9 @@ std::unique_ptr<GrpcDaemon> StartDaemon(const std::string& config, std::string* 
     *error = "cannot write the config";
     return nullptr;
   }
-  auto d = DaemonProcess::Start({"--config", config_path, "--store", store, "--listen", "127.0.0.1:0",
-                                 "--grpc-listen", "127.0.0.1:0"},
-                                g->dir / "daemon.log");
+  auto d = DaemonProcess::Start(
+      {"--config", config_path, "--store", store, "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"},
+      g->dir / "daemon.log");
   if (!d.ok()) {
     *error = d.status().ToString();
     return nullptr;
@@ -186,7 +186,8 @@ std::optional<StreamEnd> ReadStreamEnd(h2::Conn& c, h2::HpackDecoder& hpack, uin
   StreamEnd end;
   std::string block;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return std::nullopt;
     std::optional<h2::Frame> f = c.Read(static_cast<int>(left.count()));
     if (!f) return std::nullopt;
@@ -220,7 +221,8 @@ bool ReadEnds(h2::Conn& c, h2::HpackDecoder& hpack, size_t want, int timeout_ms,
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::map<uint32_t, std::string> blocks;
   while (ends->size() < want) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     std::optional<h2::Frame> f = c.Read(static_cast<int>(left.count()));
     if (!f) {
@@ -290,8 +292,9 @@ TEST_F(GrpcHostile, TheRawCallItselfIsAnswered) {
   h2::Conn c(port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(h2::Handshake(c));
-  ASSERT_TRUE(c.Send(h2::CallHeaders(1, kInferPath) +
-                     h2::MakeFrame(h2::kData, h2::kEndStream, 1, h2::GrpcMessage(Serialized(InferRequest())))));
+  ASSERT_TRUE(
+      c.Send(h2::CallHeaders(1, kInferPath) +
+             h2::MakeFrame(h2::kData, h2::kEndStream, 1, h2::GrpcMessage(Serialized(InferRequest())))));
   h2::HpackDecoder hpack;
   auto end = ReadStreamEnd(c, hpack, 1, 30000);
   ASSERT_TRUE(end);
@@ -337,7 +340,8 @@ TEST_F(GrpcHostile, FrameHeaderDeclaringAHugeLengthClosesTheConnection) {
       if (f.type != h2::kHeaders) continue;
       std::vector<std::pair<std::string, std::string>> fields;
       ASSERT_TRUE(hpack.Decode(f.payload, &fields));
-      for (const auto& [k, v] : fields) EXPECT_FALSE(k == "grpc-status" && v == "0") << "frame type " << int(type);
+      for (const auto& [k, v] : fields)
+        EXPECT_FALSE(k == "grpc-status" && v == "0") << "frame type " << int(type);
     }
   }
   ExpectServed(daemon(), "frames declaring 16 MiB");
@@ -399,7 +403,8 @@ Pushed PushData(h2::Conn& c, h2::HpackDecoder& hpack, uint32_t stream, int64_t t
       p.closed = true;
       break;
     }
-    if ((p.sent + room) / (8 << 20) != p.sent / (8 << 20)) p.peak_rss = std::max(p.peak_rss, RssBytes(daemon));
+    if ((p.sent + room) / (8 << 20) != p.sent / (8 << 20))
+      p.peak_rss = std::max(p.peak_rss, RssBytes(daemon));
     p.sent += room;
     conn_window -= room;
     stream_window -= room;
@@ -410,6 +415,39 @@ Pushed PushData(h2::Conn& c, h2::HpackDecoder& hpack, uint32_t stream, int64_t t
   return p;
 }
 
+TEST_F(GrpcHostile, MessagePrefixDeclaringFourGiBCannotFillMemory) {
+  // A call whose message prefix declares 4 GiB (server.max_body_bytes is
+  // 1 MiB) and whose client then sends as fast as the windows allow.
+  // gRPC checks a message's size only once all of it has come, so the
+  // bytes are buffered as they arrive: what bounds them is the transport's
+  // memory budget (rpc::ServerOptions::max_buffered_bytes, 64 MiB here).
+  // Past it the call, or its connection, is cut.
+  const int64_t rss0 = RssBytes(daemon().daemon->pid());
+  h2::Conn c(port());
+  ASSERT_TRUE(c.connected());
+  auto settings = h2::Handshake(c);
+  ASSERT_TRUE(settings);
+  const int64_t window = settings->Setting(h2::kSettingsInitialWindowSize).value_or(65535);
+  ASSERT_TRUE(c.Send(h2::CallHeaders(1, kInferPath) +
+                     h2::MakeFrame(h2::kData, 0, 1, h2::GrpcMessage("", 0xffffffffu))));
+  h2::HpackDecoder hpack;
+  Pushed p = PushData(c, hpack, 1, int64_t{512} << 20, window - 5, daemon().daemon->pid(), 60);
+  std::cout << "pushed " << (p.sent >> 20) << " MiB of a message declaring 4 GiB; daemon RSS " << (rss0 >> 20)
+            << " MiB before, at most " << (p.peak_rss >> 20) << " MiB; "
+            << (p.end      ? "stream ended"
+                : p.closed ? "connection closed"
+                           : "still open")
+            << "\n";
+  EXPECT_TRUE(p.end || p.closed) << "the server took " << (p.sent >> 20)
+                                 << " MiB of a message declaring 4 GiB without cutting it";
+  // Cut, not answered: gRPC resets it (ENHANCE_YOUR_CALM) and ends it CANCELLED.
+  if (p.end) EXPECT_NE(p.end->grpc_status, 0) << p.end->grpc_message;
+  EXPECT_LT(p.sent, int64_t{160} << 20);
+  EXPECT_LT(p.peak_rss - rss0, int64_t{192} << 20);
+  c.Close();
+  ExpectServed(daemon(), "a message prefix of 4 GiB");
+}
+
 TEST_F(GrpcHostile, MessageOfMaxBodyBytesPlusOneIsResourceExhausted) {
   // Declared one byte over server.max_body_bytes and sent whole: refused
   // once it has come, and the connection stays usable.
@@ -418,8 +456,9 @@ TEST_F(GrpcHostile, MessageOfMaxBodyBytesPlusOneIsResourceExhausted) {
   auto settings = h2::Handshake(c);
   ASSERT_TRUE(settings);
   const int64_t window = settings->Setting(h2::kSettingsInitialWindowSize).value_or(65535);
-  ASSERT_TRUE(c.Send(h2::CallHeaders(1, kInferPath) +
-                     h2::MakeFrame(h2::kData, 0, 1, h2::GrpcMessage("", static_cast<uint32_t>(kMaxBody + 1)))));
+  ASSERT_TRUE(
+      c.Send(h2::CallHeaders(1, kInferPath) +
+             h2::MakeFrame(h2::kData, 0, 1, h2::GrpcMessage("", static_cast<uint32_t>(kMaxBody + 1)))));
   h2::HpackDecoder hpack;
   Pushed p = PushData(c, hpack, 1, kMaxBody + 1, window - 5, daemon().daemon->pid(), 30);
   if (!p.end) {
@@ -428,8 +467,9 @@ TEST_F(GrpcHostile, MessageOfMaxBodyBytesPlusOneIsResourceExhausted) {
     p.end = end;
   }
   EXPECT_EQ(p.end->grpc_status, grpc::StatusCode::RESOURCE_EXHAUSTED) << p.end->grpc_message;
-  ASSERT_TRUE(c.Send(h2::CallHeaders(3, kInferPath) +
-                     h2::MakeFrame(h2::kData, h2::kEndStream, 3, h2::GrpcMessage(Serialized(InferRequest())))));
+  ASSERT_TRUE(
+      c.Send(h2::CallHeaders(3, kInferPath) +
+             h2::MakeFrame(h2::kData, h2::kEndStream, 3, h2::GrpcMessage(Serialized(InferRequest())))));
   auto end = ReadStreamEnd(c, hpack, 3, 30000);
   ASSERT_TRUE(end);
   EXPECT_EQ(end->grpc_status, 0) << end->grpc_message;
@@ -511,7 +551,7 @@ TEST_F(GrpcHostile, StreamsBeyondTheCapAreRefused) {
       }
     }
     EXPECT_TRUE(closed || refused_past_cap == 72) << ends.size() << " streams ended, " << refused_past_cap
-                                                   << " of them past the 128th; the connection is open";
+                                                  << " of them past the 128th; the connection is open";
   }
   ExpectServed(daemon(), "200 streams at once on one connection");
 }
@@ -564,8 +604,9 @@ TEST_F(GrpcHostile, ClientThatNeverReadsHoldsBoundedMemory) {
       while (auto f = c->Read(timeout_ms)) {
         timeout_ms = 0;
         if (f->type == h2::kWindowUpdate && f->payload.size() == 4) {
-          int64_t inc = static_cast<uint8_t>(f->payload[0]) << 24 | static_cast<uint8_t>(f->payload[1]) << 16 |
-                        static_cast<uint8_t>(f->payload[2]) << 8 | static_cast<uint8_t>(f->payload[3]);
+          int64_t inc = static_cast<uint8_t>(f->payload[0]) << 24 |
+                        static_cast<uint8_t>(f->payload[1]) << 16 | static_cast<uint8_t>(f->payload[2]) << 8 |
+                        static_cast<uint8_t>(f->payload[3]);
           (f->stream == 0 ? conn_window : windows[f->stream]) += inc;
         }
         ASSERT_NE(f->type, h2::kGoaway) << "GOAWAY " << f->ErrorCode() << " " << f->GoawayDebug();
@@ -579,7 +620,8 @@ TEST_F(GrpcHostile, ClientThatNeverReadsHoldsBoundedMemory) {
       size_t sent = 0;
       const size_t all_but_one = msg.size() - 1;
       for (int spins = 0; sent < all_but_one && spins < 2000; ++spins) {
-        int64_t room = std::min({conn_window, windows[id], int64_t{16384}, static_cast<int64_t>(all_but_one - sent)});
+        int64_t room =
+            std::min({conn_window, windows[id], int64_t{16384}, static_cast<int64_t>(all_but_one - sent)});
         if (room <= 0) {
           take(50);
           continue;
@@ -598,7 +640,8 @@ TEST_F(GrpcHostile, ClientThatNeverReadsHoldsBoundedMemory) {
     // is read on this connection.
     std::string last;
     for (int i = 0; i < kStreams; ++i)
-      last += h2::MakeFrame(h2::kData, h2::kEndStream, 1 + 2 * static_cast<uint32_t>(i), msg.substr(msg.size() - 1));
+      last += h2::MakeFrame(h2::kData, h2::kEndStream, 1 + 2 * static_cast<uint32_t>(i),
+                            msg.substr(msg.size() - 1));
     ASSERT_TRUE(c->Send(last));
     stalled.push_back(std::move(c));
   }
@@ -610,7 +653,8 @@ TEST_F(GrpcHostile, ClientThatNeverReadsHoldsBoundedMemory) {
   // bound leaves room for the runtime's arenas, not for more clients'
   // worth of held data.
   EXPECT_LT(rss1 - rss0, int64_t{256} << 20) << "RSS grew from " << rss0 << " to " << rss1;
-  std::cout << "daemon RSS " << (rss0 >> 20) << " MiB before, " << (rss1 >> 20) << " MiB with 2 stalled clients\n";
+  std::cout << "daemon RSS " << (rss0 >> 20) << " MiB before, " << (rss1 >> 20)
+            << " MiB with 2 stalled clients\n";
   stalled.clear();
   ExpectServed(daemon(), "clients that never read, closed");
 }
