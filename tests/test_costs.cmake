@@ -39,6 +39,7 @@ set(_aotid_test_costs
   fixture.ExportTestModels 117
   fuzz.Text 47
   fuzz.HttpRequest 46
+  fuzz.GrpcInfer 46
   fuzz.Json 31
   exporter.DictExamplesAndNamedOutputs 23
   exporter.SelfCheckRefusesWhatTheWorkerCannotLoad 21)

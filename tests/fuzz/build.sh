@@ -4,7 +4,8 @@
 # they link are compiled from their own folders' source lists, with
 # libFuzzer's coverage, ASan and UBSan. Configures the first time only.
 #   tests/fuzz/build.sh SOURCE_DIR OUT_DIR PYTHON [COMPILER_LAUNCHER]
-# ctest: fuzz.Build, the fixture of fuzz.DecodeInferRequest, fuzz.HttpRequest, fuzz.Text and fuzz.Json.
+# ctest: fuzz.Build, the fixture of fuzz.DecodeInferRequest, fuzz.HttpRequest, fuzz.Text, fuzz.Json
+# and fuzz.GrpcInfer.
 set -euo pipefail
 src="$1"
 out="$2"
@@ -17,4 +18,5 @@ if [[ ! -f "$out/build.ninja" ]]; then
     -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" -DAOTID_PYTHON="$python" \
     -DAOTID_FUZZ=ON -DAOTID_BUILD_TESTS=OFF -DAOTID_BUILD_BENCH=OFF >/dev/null
 fi
-cmake --build "$out" --target decode_infer_request_fuzzer http_request_fuzzer text_fuzzer json_fuzzer
+cmake --build "$out" --target decode_infer_request_fuzzer http_request_fuzzer text_fuzzer json_fuzzer \
+  grpc_infer_fuzzer
