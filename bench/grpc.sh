@@ -3,7 +3,8 @@
 # HTTP"): one daemon serving the test MLP and ResNet-18 (bench/models.py)
 # on both, and aotid_grpc_bench timing gRPC ModelInfer (raw_input_contents),
 # HTTP with the binary tensor extension, HTTP JSON and the same build called
-# in-process, side by side, at concurrency 1 and 16.
+# in-process, side by side, at concurrency 1 and 16; then gRPC's own floor
+# (ServerLive on bare grpc++ servers, bench/grpc_floor.cc).
 #   ./dev bench grpc     (calls: bench/grpc.sh BUILD_DIR PYTHON)
 # AOTID_BENCH_REPEAT runs the whole set that many times on the same daemon
 # (1 by default), to see how much the figures move between runs.
@@ -36,7 +37,8 @@ for run in $(seq 1 "$REPEAT"); do
   echo "== run $run of $REPEAT"
   bench mlp 1 2000 1 50
   bench mlp 16 20 10 2
-  bench resnet18 1 150 1 5
-  bench resnet18 16 4 2 1
+  bench resnet18 1 30 1 3
+  bench resnet18 16 2 1 1
+  "$BUILD/bench/aotid_grpc_floor" --grpc-port "$grpc_port" --rounds 2000
 done
 kill -TERM $pid; wait $pid || true

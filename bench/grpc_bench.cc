@@ -53,6 +53,12 @@ using Clock = std::chrono::steady_clock;
 
 double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -334,8 +340,8 @@ int main(int argc, char** argv) {
     p50[s] = Percentile(all[s], 0.5);
     p99[s] = Percentile(all[s], 0.99);
     rps[s] = static_cast<double>(all[s].size()) / wall_s[static_cast<size_t>(s)];
-    std::printf("model=%s concurrency=%d side=%s p50_us=%.1f p99_us=%.1f per_s=%.0f\n", model.c_str(),
-                concurrency, kSideName[s], p50[s], p99[s], rps[s]);
+    std::printf("model=%s concurrency=%d side=%s p50_us=%.1f p99_us=%.1f mean_us=%.1f per_s=%.0f\n",
+                model.c_str(), concurrency, kSideName[s], p50[s], p99[s], Mean(all[s]), rps[s]);
   }
   std::printf("model=%s concurrency=%d grpc_over_http_binary_p50=%.2f grpc_over_http_binary_p99=%.2f "
               "grpc_over_http_binary_per_s=%.2f overhead_p50_us grpc=%.1f http_binary=%.1f http_json=%.1f",

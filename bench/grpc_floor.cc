@@ -1,0 +1,114 @@
+// gRPC's own floor on this machine: ServerLive, a call with no model and
+// no tensor, answered by bare grpc++ servers in this process (the callback
+// API, as serving/grpc_api.cc has it, and the synchronous API), next to the
+// daemon's ServerLive, interleaved call by call from one client thread (a
+// synchronous stub, one channel per server).
+//
+//   aotid_grpc_floor --grpc-port G [--rounds N]
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rpc/oip.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+class CallbackLive final : public inference::GRPCInferenceService::CallbackService {
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx, const inference::ServerLiveRequest*,
+                                       inference::ServerLiveResponse* res) override {
+    res->set_live(true);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+};
+
+class SyncLive final : public inference::GRPCInferenceService::Service {
+  grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+                          inference::ServerLiveResponse* res) override {
+    res->set_live(true);
+    return grpc::Status::OK;
+  }
+};
+
+std::unique_ptr<grpc::Server> Start(grpc::Service* service, int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  b.RegisterService(service);
+  return b.BuildAndStart();
+}
+
+std::unique_ptr<inference::GRPCInferenceService::Stub> Stub(int port) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return inference::GRPCInferenceService::NewStub(
+      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int daemon_port = 0, rounds = 2000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--grpc-port") {
+      daemon_port = std::stoi(v);
+    } else if (k == "--rounds") {
+      rounds = std::stoi(v);
+    } else {
+      std::fprintf(stderr, "aotid_grpc_floor: unknown flag %s\n", k.c_str());
+      return 1;
+    }
+  }
+  if (daemon_port == 0) {
+    std::fprintf(stderr, "usage: aotid_grpc_floor --grpc-port G [--rounds N]\n");
+    return 1;
+  }
+  CallbackLive callback;
+  SyncLive sync;
+  int callback_port = 0, sync_port = 0;
+  auto callback_server = Start(&callback, &callback_port);
+  auto sync_server = Start(&sync, &sync_port);
+  if (!callback_server || !sync_server) {
+    std::fprintf(stderr, "aotid_grpc_floor: a server would not start\n");
+    return 1;
+  }
+  const char* names[] = {"daemon", "bare_callback", "bare_sync"};
+  std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> stubs;
+  for (int port : {daemon_port, callback_port, sync_port}) stubs.push_back(Stub(port));
+  std::vector<std::vector<double>> us(stubs.size());
+  for (int i = 0; i < rounds + 50; ++i) {
+    for (size_t s = 0; s < stubs.size(); ++s) {
+      grpc::ClientContext ctx;
+      inference::ServerLiveRequest req;
+      inference::ServerLiveResponse res;
+      auto t0 = Clock::now();
+      grpc::Status st = stubs[s]->ServerLive(&ctx, req, &res);
+      auto t1 = Clock::now();
+      if (!st.ok() || !res.live()) {
+        std::fprintf(stderr, "aotid_grpc_floor: %s: %s\n", names[s], st.error_message().c_str());
+        return 1;
+      }
+      if (i >= 50) us[s].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+  }
+  for (size_t s = 0; s < stubs.size(); ++s) {
+    std::printf("server_live %s p50_us=%.1f p99_us=%.1f\n", names[s], Percentile(us[s], 0.5),
+                Percentile(us[s], 0.99));
+  }
+  callback_server->Shutdown();
+  sync_server->Shutdown();
+  return 0;
+}
