@@ -4,7 +4,8 @@
 # on both, and aotid_grpc_bench timing gRPC ModelInfer (raw_input_contents),
 # HTTP with the binary tensor extension, HTTP JSON and the same build called
 # in-process, side by side, at concurrency 1 and 16; then gRPC's own floor
-# (ServerLive on bare grpc++ servers, bench/grpc_floor.cc).
+# (ServerLive on bare grpc++ servers, bench/grpc_floor.cc), back to back
+# and after 10 ms idle.
 #   ./dev bench grpc     (calls: bench/grpc.sh BUILD_DIR PYTHON)
 # AOTID_BENCH_REPEAT runs the whole set that many times on the same daemon
 # (1 by default), to see how much the figures move between runs.
@@ -39,6 +40,7 @@ for run in $(seq 1 "$REPEAT"); do
   bench mlp 16 20 10 2
   bench resnet18 1 30 1 3
   bench resnet18 16 2 1 1
-  "$BUILD/bench/aotid_grpc_floor" --grpc-port "$grpc_port" --rounds 2000
+  "$BUILD/bench/aotid_grpc_floor" --grpc-port "$grpc_port" --http-port "$port" --rounds 2000
+  "$BUILD/bench/aotid_grpc_floor" --grpc-port "$grpc_port" --http-port "$port" --rounds 200 --pause-us 10000
 done
 kill -TERM $pid; wait $pid || true

@@ -2,9 +2,13 @@
 // no tensor, answered by bare grpc++ servers in this process (the callback
 // API, as serving/grpc_api.cc has it, and the synchronous API), next to the
 // daemon's ServerLive, interleaved call by call from one client thread (a
-// synchronous stub, one channel per server).
+// synchronous stub, one channel per server); with H, the daemon's
+// GET /v2/health/live over HTTP too (one keep-alive connection).
 //
-//   aotid_grpc_floor --grpc-port G [--rounds N]
+//   aotid_grpc_floor --grpc-port G [--http-port H] [--rounds N] [--pause-us P]
+//
+// With P, each call comes after P µs with nothing sent: a client with
+// think time between its calls.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -12,8 +16,10 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench/raw_http.h"
 #include "rpc/oip.grpc.pb.h"
 
 namespace {
@@ -60,20 +66,24 @@ std::unique_ptr<inference::GRPCInferenceService::Stub> Stub(int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int daemon_port = 0, rounds = 2000;
+  int daemon_port = 0, http_port = 0, rounds = 2000, pause_us = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--grpc-port") {
       daemon_port = std::stoi(v);
     } else if (k == "--rounds") {
       rounds = std::stoi(v);
+    } else if (k == "--http-port") {
+      http_port = std::stoi(v);
+    } else if (k == "--pause-us") {
+      pause_us = std::stoi(v);
     } else {
       std::fprintf(stderr, "aotid_grpc_floor: unknown flag %s\n", k.c_str());
       return 1;
     }
   }
   if (daemon_port == 0) {
-    std::fprintf(stderr, "usage: aotid_grpc_floor --grpc-port G [--rounds N]\n");
+    std::fprintf(stderr, "usage: aotid_grpc_floor --grpc-port G [--http-port H] [--rounds N] [--pause-us P]\n");
     return 1;
   }
   CallbackLive callback;
@@ -89,11 +99,25 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> stubs;
   for (int port : {daemon_port, callback_port, sync_port}) stubs.push_back(Stub(port));
   std::vector<std::vector<double>> us(stubs.size());
+  std::vector<double> http_us;
+  std::unique_ptr<aotid::bench::RawHttp> http;
+  const std::string live = aotid::bench::RawHttp::Request("GET", "/v2/health/live", "");
+  if (http_port > 0) http = std::make_unique<aotid::bench::RawHttp>(http_port);
   for (int i = 0; i < rounds + 50; ++i) {
+    if (http) {
+      if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      auto t0 = Clock::now();
+      if (http->RoundTrip(live) != 200) {
+        std::fprintf(stderr, "aotid_grpc_floor: GET /v2/health/live failed\n");
+        return 1;
+      }
+      if (i >= 50) http_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
     for (size_t s = 0; s < stubs.size(); ++s) {
       grpc::ClientContext ctx;
       inference::ServerLiveRequest req;
       inference::ServerLiveResponse res;
+      if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
       auto t0 = Clock::now();
       grpc::Status st = stubs[s]->ServerLive(&ctx, req, &res);
       auto t1 = Clock::now();
@@ -105,8 +129,12 @@ int main(int argc, char** argv) {
     }
   }
   for (size_t s = 0; s < stubs.size(); ++s) {
-    std::printf("server_live %s p50_us=%.1f p99_us=%.1f\n", names[s], Percentile(us[s], 0.5),
-                Percentile(us[s], 0.99));
+    std::printf("server_live %s pause_us=%d p50_us=%.1f p99_us=%.1f\n", names[s], pause_us,
+                Percentile(us[s], 0.5), Percentile(us[s], 0.99));
+  }
+  if (http) {
+    std::printf("http_live daemon pause_us=%d p50_us=%.1f p99_us=%.1f\n", pause_us, Percentile(http_us, 0.5),
+                Percentile(http_us, 0.99));
   }
   callback_server->Shutdown();
   sync_server->Shutdown();
