@@ -71,7 +71,8 @@ int Die(const std::string& msg) {
 }
 
 enum Side { kGrpc, kHttpBinary, kHttpJson, kInproc, kGrpcLive, kHttpLive, kSides };
-constexpr const char* kSideName[kSides] = {"grpc", "http_binary", "http_json", "inproc", "grpc_live", "http_live"};
+constexpr const char* kSideName[kSides] = {"grpc",   "http_binary", "http_json",
+                                           "inproc", "grpc_live",   "http_live"};
 
 // One request in every form, with the same values.
 struct Requests {
@@ -176,7 +177,8 @@ std::shared_ptr<grpc::Channel> OwnChannel(int port) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(),
+                                   args);
 }
 
 }  // namespace
@@ -200,7 +202,8 @@ int main(int argc, char** argv) {
     else return Die("unknown flag " + k);
     // clang-format on
   }
-  if (store_dir.empty() || model.empty() || http_port == 0 || grpc_port == 0 || concurrency < 1 || block < 1) {
+  if (store_dir.empty() || model.empty() || http_port == 0 || grpc_port == 0 || concurrency < 1 ||
+      block < 1) {
     return Die(
         "usage: --store DIR --model NAME --http-port P --grpc-port G [--concurrency C] [--rounds R] "
         "[--block K] [--warmup W] [--only SIDE]");
@@ -314,8 +317,8 @@ int main(int argc, char** argv) {
   if (only_side >= 0) {
     std::vector<double> v;
     for (const auto& mine : us) v.insert(v.end(), mine[only_side].begin(), mine[only_side].end());
-    std::printf("model=%s concurrency=%d side=%s calls=%zu p50_us=%.1f p99_us=%.1f\n", model.c_str(), concurrency,
-                only.c_str(), v.size(), Percentile(v, 0.5), Percentile(v, 0.99));
+    std::printf("model=%s concurrency=%d side=%s calls=%zu p50_us=%.1f p99_us=%.1f\n", model.c_str(),
+                concurrency, only.c_str(), v.size(), Percentile(v, 0.5), Percentile(v, 0.99));
     return 0;
   }
 
@@ -332,10 +335,11 @@ int main(int argc, char** argv) {
     for (int s = 0; s < kSides; ++s) all[s].insert(all[s].end(), mine[s].begin(), mine[s].end());
   }
   double p50[kSides], p99[kSides], rps[kSides];
-  std::printf("model=%s concurrency=%d rounds=%d block=%d calls_per_side=%zu grpc_request_bytes=%zu "
-              "http_binary_body_bytes=%zu http_json_body_bytes=%zu grpc_serialize_p50_us=%.1f\n",
-              model.c_str(), concurrency, rounds, block, all[0].size(), reqs.grpc.ByteSizeLong(),
-              reqs.binary.size(), reqs.json.size(), Percentile(serialize_us, 0.5));
+  std::printf(
+      "model=%s concurrency=%d rounds=%d block=%d calls_per_side=%zu grpc_request_bytes=%zu "
+      "http_binary_body_bytes=%zu http_json_body_bytes=%zu grpc_serialize_p50_us=%.1f\n",
+      model.c_str(), concurrency, rounds, block, all[0].size(), reqs.grpc.ByteSizeLong(), reqs.binary.size(),
+      reqs.json.size(), Percentile(serialize_us, 0.5));
   for (int s = 0; s < kSides; ++s) {
     p50[s] = Percentile(all[s], 0.5);
     p99[s] = Percentile(all[s], 0.99);
@@ -343,11 +347,12 @@ int main(int argc, char** argv) {
     std::printf("model=%s concurrency=%d side=%s p50_us=%.1f p99_us=%.1f mean_us=%.1f per_s=%.0f\n",
                 model.c_str(), concurrency, kSideName[s], p50[s], p99[s], Mean(all[s]), rps[s]);
   }
-  std::printf("model=%s concurrency=%d grpc_over_http_binary_p50=%.2f grpc_over_http_binary_p99=%.2f "
-              "grpc_over_http_binary_per_s=%.2f overhead_p50_us grpc=%.1f http_binary=%.1f http_json=%.1f",
-              model.c_str(), concurrency, p50[kGrpc] / p50[kHttpBinary], p99[kGrpc] / p99[kHttpBinary],
-              rps[kGrpc] / rps[kHttpBinary], p50[kGrpc] - p50[kInproc], p50[kHttpBinary] - p50[kInproc],
-              p50[kHttpJson] - p50[kInproc]);
+  std::printf(
+      "model=%s concurrency=%d grpc_over_http_binary_p50=%.2f grpc_over_http_binary_p99=%.2f "
+      "grpc_over_http_binary_per_s=%.2f overhead_p50_us grpc=%.1f http_binary=%.1f http_json=%.1f",
+      model.c_str(), concurrency, p50[kGrpc] / p50[kHttpBinary], p99[kGrpc] / p99[kHttpBinary],
+      rps[kGrpc] / rps[kHttpBinary], p50[kGrpc] - p50[kInproc], p50[kHttpBinary] - p50[kInproc],
+      p50[kHttpJson] - p50[kInproc]);
   if (concurrency == 1 && block == 1) {
     // Each round trip less the in-process call of its own round.
     auto paired = [&](int side) {

@@ -59,8 +59,8 @@ std::unique_ptr<grpc::Server> Start(grpc::Service* service, int* port) {
 std::unique_ptr<inference::GRPCInferenceService::Stub> Stub(int port) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return inference::GRPCInferenceService::NewStub(
-      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
+  return inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
 }
 
 }  // namespace
@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     }
   }
   if (daemon_port == 0) {
-    std::fprintf(stderr, "usage: aotid_grpc_floor --grpc-port G [--http-port H] [--rounds N] [--pause-us P]\n");
+    std::fprintf(stderr,
+                 "usage: aotid_grpc_floor --grpc-port G [--http-port H] [--rounds N] [--pause-us P]\n");
     return 1;
   }
   CallbackLive callback;
