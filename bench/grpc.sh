@@ -39,7 +39,7 @@ for run in $(seq 1 "$REPEAT"); do
   bench mlp 1 2000 1 50
   bench mlp 16 20 10 2
   bench resnet18 1 30 1 3
-  bench resnet18 16 2 1 1
+  bench resnet18 16 4 2 1
   "$BUILD/bench/aotid_grpc_floor" --grpc-port "$grpc_port" --http-port "$port" --rounds 2000
   "$BUILD/bench/aotid_grpc_floor" --grpc-port "$grpc_port" --http-port "$port" --rounds 200 --pause-us 10000
 done
