@@ -1,6 +1,7 @@
 // gRPC's own floor on this machine: ServerLive, a call with no model and
 // no tensor, answered by bare grpc++ servers in this process (the callback
-// API, as serving/grpc_api.cc has it, and the synchronous API), next to the
+// API, as serving/grpc_api.cc has it, the synchronous API, and the
+// completion-queue API with one thread of its own), next to the
 // daemon's ServerLive, interleaved call by call from one client thread (a
 // synchronous stub, one channel per server); with H, the daemon's
 // GET /v2/health/live over HTTP too (one keep-alive connection).
@@ -47,6 +48,60 @@ class SyncLive final : public inference::GRPCInferenceService::Service {
     res->set_live(true);
     return grpc::Status::OK;
   }
+};
+
+// The completion-queue API: one thread of the server's own takes each
+// call from its queue and answers it there.
+class AsyncLive {
+ public:
+  AsyncLive() {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(&service_);
+    cq_ = b.AddCompletionQueue();
+    server_ = b.BuildAndStart();
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~AsyncLive() {
+    server_->Shutdown();
+    cq_->Shutdown();
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  struct Call {
+    grpc::ServerContext ctx;
+    inference::ServerLiveRequest req;
+    grpc::ServerAsyncResponseWriter<inference::ServerLiveResponse> writer{&ctx};
+    bool answered = false;
+  };
+  void Ask() {
+    auto* c = new Call;
+    service_.RequestServerLive(&c->ctx, &c->req, &c->writer, cq_.get(), cq_.get(), c);
+  }
+  void Loop() {
+    Ask();
+    void* tag;
+    bool ok;
+    while (cq_->Next(&tag, &ok)) {
+      auto* c = static_cast<Call*>(tag);
+      if (!ok || c->answered) {
+        delete c;
+        continue;
+      }
+      Ask();
+      inference::ServerLiveResponse res;
+      res.set_live(true);
+      c->answered = true;
+      c->writer.Finish(res, grpc::Status::OK, c);
+    }
+  }
+  inference::GRPCInferenceService::AsyncService service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
 };
 
 std::unique_ptr<grpc::Server> Start(grpc::Service* service, int* port) {
@@ -96,9 +151,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "aotid_grpc_floor: a server would not start\n");
     return 1;
   }
-  const char* names[] = {"daemon", "bare_callback", "bare_sync"};
+  AsyncLive async;
+  const char* names[] = {"daemon", "bare_callback", "bare_sync", "bare_async"};
   std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> stubs;
-  for (int port : {daemon_port, callback_port, sync_port}) stubs.push_back(Stub(port));
+  for (int port : {daemon_port, callback_port, sync_port, async.port()}) stubs.push_back(Stub(port));
   std::vector<std::vector<double>> us(stubs.size());
   std::vector<double> http_us;
   std::unique_ptr<aotid::bench::RawHttp> http;
