@@ -338,6 +338,13 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
                                        inference::ModelReadyResponse* res) override {
     if (grpc::Status s = Admit(ctx, false); !s.ok()) return Answer(ctx, s);
     auto m = ResolveModel(registry_, req->name(), req->version());
+    // An unloaded model is one the store has that does not answer now:
+    // not ready, as one that builds (HTTP answers 503 for both). An
+    // error here would raise in a client's is_model_ready instead.
+    if (m.status().code() == StatusCode::kUnavailable) {
+      res->set_ready(false);
+      return Answer(ctx, Status::OK());
+    }
     if (!m.ok()) return Answer(ctx, m.status());
     res->set_ready(AnswersNow(registry_, **m).ok());
     return Answer(ctx, Status::OK());

@@ -378,6 +378,29 @@ TEST_F(GrpcApiTest, StatusCodesSayWhatIsWrong) {
   EXPECT_FALSE(sr.ready());  // "later" is still building
 }
 
+// An unloaded model (in the store, not served) is not ready, as one that
+// builds: ModelReady answers false, not an error (tritonclient.grpc's
+// is_model_ready would raise), while an inference on it is UNAVAILABLE.
+TEST_F(GrpcApiTest, AnUnloadedModelIsNotReadyRatherThanAnError) {
+  registry_.SetCatalog({{"m", 1, true, true, "latest"}, {"off", 1, false, true, "latest"}});
+  Start();
+  grpc::ClientContext c1;
+  inference::ModelReadyRequest ready;
+  ready.set_name("off");
+  inference::ModelReadyResponse rr;
+  rr.set_ready(true);
+  grpc::Status s = stub_->ModelReady(&c1, ready, &rr);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(rr.ready());
+  auto req = Request(1);
+  req.set_model_name("off");
+  inference::ModelInferResponse res;
+  grpc::Status infer = Infer(req, &res);
+  EXPECT_EQ(infer.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(infer.error_message().find("model 'off' is unloaded"), std::string::npos)
+      << infer.error_message();
+}
+
 TEST_F(GrpcApiTest, MetadataListsTensorsWithDynamicDimsAsMinusOne) {
   Start();
   grpc::ClientContext ctx;
