@@ -31,6 +31,7 @@ set(_aotid_test_costs
   fuzz.HttpMutationLiveDaemon 72
   fuzz.GrpcMutationLiveDaemon 130
   interop.TritonClientAndCurl 70
+  interop.GrpcClients 120
   exporter.NamedDynamicDimsServedAndBounded 64
   docs.ExamplesRunAsWritten 60
   exporter.LlmSlotsCompiledEqualsEager 40
