@@ -28,6 +28,10 @@ RUN = {
         ("docs/OPENAI.md", "localhost:8765/v1/chat/completions"),
         ("docs/OPENAI.md", "client.chat.completions.create("),
     ]),
+    "interop.GrpcClients": ("interop/grpc_clients_test.py", [
+        ("README.md", "aotid serve --grpc-listen 127.0.0.1:8766"),
+        ("README.md", 'grpcclient.InferenceServerClient("127.0.0.1:8766")'),
+    ]),
     "llm.MiniLmServedEqualsSentenceTransformers": ("llm/minilm_test.py", [
         ("examples/minilm/README.md", "python examples/minilm/export.py minilm.pt2"),
         ("examples/minilm/README.md", "client.embeddings.create("),

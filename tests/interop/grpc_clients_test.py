@@ -31,6 +31,7 @@ import json
 import os
 import queue
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -705,6 +706,65 @@ class AllCallsTokenSlowRunsDaemon(unittest.TestCase):
         # And the daemon answers on.
         result = self.client.infer("mlpb", triton_inputs(rows[8]), headers=AUTH)
         assert_equal_to_eager(self, result.as_numpy("y"), rows[8]["outputs"][0])
+
+
+class ReadmeExample(unittest.TestCase):
+    """The README's gRPC example as written, against the demo model that
+    `./dev run` serves: its serve command (the port swapped for a free one;
+    the store and the HTTP port the test's own, through AOTID_CONFIG), then
+    its Python lines, whose printed answer must be eager PyTorch's."""
+
+    def test_readme_example_answers_as_eager(self):
+        root, torch_py = os.environ["AOTID_SOURCE_DIR"], os.environ["AOTID_TORCH_PYTHON"]
+        sys.path.insert(0, os.path.join(root, "tests", "docs"))
+        import example_claims
+        test = "interop.GrpcClients"
+        serve, = example_claims.block(test, "README.md", "aotid serve --grpc-listen 127.0.0.1:8766").commands
+        code, = example_claims.block(test, "README.md", 'grpcclient.InferenceServerClient("127.0.0.1:8766")').commands
+        work = tempfile.mkdtemp(prefix="aotid-grpc-readme-")
+        env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+        demo = os.path.join(work, "demo.pt2")
+        subprocess.run([torch_py, "-W", "ignore", "-m", "aotid_export", "aotid_export.demo:make_model",
+                        "--input", "features=float32[1,4]", "--output-name", "probabilities", "--dynamic-batch",
+                        "-o", demo], check=True, env=env, stdout=subprocess.DEVNULL)
+        eager = json.loads(subprocess.run(
+            [torch_py, "-c", "import json, torch; from aotid_export.demo import make_model; "
+             "print(json.dumps(make_model()(torch.tensor([[1.0, 2.0, 3.0, 4.0]])).tolist()))"],
+            check=True, env=env, capture_output=True, text=True).stdout)
+        store = os.path.join(work, "store")
+        subprocess.run([AOTID, "--store", store, "add", demo, "--name", "demo"], check=True,
+                       stdout=subprocess.DEVNULL)
+        config = os.path.join(work, "aotid.toml")
+        with open(config, "w") as f:
+            f.write(f'[store]\npath = "{store}"\n[server]\nlisten = "127.0.0.1:0"\n')
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        argv = serve.text.replace("8766", port).split()
+        self.assertEqual(argv[0], "aotid")
+        log = open(os.path.join(work, "serve.log"), "w")
+        proc = subprocess.Popen([AOTID, *argv[1:]], stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, AOTID_CONFIG=config))
+        try:
+            client = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+            deadline = time.time() + 900  # the demo's first build
+            while time.time() < deadline:
+                self.assertIsNone(proc.poll(), open(log.name).read())
+                try:
+                    if client.is_model_ready("demo"):
+                        break
+                except InferenceServerException:
+                    pass  # not listening yet
+                time.sleep(0.2)
+            printed = subprocess.run([sys.executable, "-W", "ignore", "-c", code.text.replace("8766", port)],
+                                     check=True, capture_output=True, text=True).stdout
+            got = [float(v) for v in re.findall(r"[-+]?\d*\.\d+(?:[eE][-+]?\d+)?|[-+]?\d+(?:[eE][-+]?\d+)?",
+                                                printed)]
+            np.testing.assert_allclose(got, np.array(eager).ravel(), rtol=1e-4, atol=1e-6, err_msg=printed)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+            log.close()
 
 
 if __name__ == "__main__":
