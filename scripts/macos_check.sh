@@ -16,7 +16,9 @@
 #     nothing is generated), with the headers of the macOS torch wheel and
 #     of Debian's packages for the portable libraries. A call macOS lacks
 #     fails (undeclared), and so does one newer than macOS 14 (pipe2 is
-#     declared, for macOS 27: -Werror=unguarded-availability).
+#     declared, for macOS 27: -Werror=unguarded-availability). With them,
+#     the C++ protoc makes of rpc/oip.proto (generated/rpc/oip.pb.cc and
+#     oip.grpc.pb.cc, made here as the build makes them).
 #  3. The torch plugin (runtime/CMakeLists.txt: aotid_torch, from
 #     runtime/aoti_model.cc and model/tensor.cc with aotid_base) compiled
 #     and linked as a Mach-O for arm64 against the wheel's real
@@ -26,9 +28,9 @@
 #
 # Not checked, and why:
 #  - linking the aotid binary and the tests: they need libuv, libzip,
-#    sqlite, OpenSSL, pcre2 and GoogleTest built for macOS, which no
-#    registry this project reaches carries (Homebrew's bottles are not
-#    reachable); the macOS workflow links and runs them.
+#    sqlite, OpenSSL, pcre2, gRPC, protobuf, abseil and GoogleTest built
+#    for macOS, which no registry this project reaches carries (Homebrew's
+#    bottles are not reachable); the macOS workflow links and runs them.
 #  - zig links its own libc++ into the plugin (Apple's linker takes
 #    /usr/lib/libc++.1.dylib); the torch symbols are what this link proves.
 #  - zig's clang is newer than Apple's, and its libc++ has Apple's
@@ -45,6 +47,19 @@
 #    configuration.h (Debian's feature switches and the word size; the
 #    check requires SIXTY_FOUR_BIT_LONG, true of arm64 macOS as of x86_64
 #    Linux; aotid uses only EVP digests, which no switch there removes).
+#  - gRPC's, protobuf's and abseil's headers are Debian's too (gRPC 1.51,
+#    protobuf 3.21, abseil 20220623; abseil because gRPC 1.51's headers
+#    include it, protobuf 3.21's do not), and so is the protoc, with gRPC's
+#    grpc_cpp_plugin, that makes rpc/oip.pb.h and oip.grpc.pb.h into this
+#    check's own generated/rpc/ (the build's are in the build folder). What
+#    this proves: aotid's gRPC code and the generated code compile on
+#    macOS's side of those headers' platform switches (the __APPLE__ branch
+#    of grpc/support/port_platform.h, which must define
+#    GPR_SUPPORT_CHANNELS_FROM_FD for grpc::AddInsecureChannelFromFd, which
+#    rpc/server.cc hands its connections to). What it cannot: Homebrew's
+#    versions are much newer (gRPC 1.7x, protobuf 3x whose generated code
+#    uses abseil): a call those removed or changed passes here; the macOS
+#    workflow builds and links against them.
 #
 # Files left out of step 2 (each with its reason; none is left out
 # silently):
@@ -109,8 +124,9 @@ make_includes() {
   local inc="$1" h
   rm -rf "$inc"
   mkdir -p "$inc/third_party/openssl" "$inc/generated/platform" "$inc/generated/daemon"
+  mkdir -p "$inc/third_party/google"
   for h in uv.h uv httplib.h toml++ sqlite3.h nlohmann CLI zip.h zipconf.h gtest gmock simdjson.h \
-    pcre2.h zlib.h zconf.h brotli; do
+    pcre2.h zlib.h zconf.h brotli grpcpp grpc google/protobuf absl; do
     [[ -e "/usr/include/$h" ]] || die "/usr/include/$h is missing (./dev installs Debian's packages: run ./dev build)"
     ln -s "/usr/include/$h" "$inc/third_party/$h"
   done
@@ -136,6 +152,18 @@ with open(out, "w") as f:
 EOF
 }
 
+# rpc/oip.proto made into C++ as rpc/CMakeLists.txt makes it (Debian's
+# protoc and gRPC's plugin, -I rpc/), under generated/rpc/: the sources
+# include "rpc/oip.pb.h" and "rpc/oip.grpc.pb.h" from there.
+generate_rpc() {
+  local out="$1/generated/rpc" protoc plugin
+  protoc="$(command -v protoc)" || die "no protoc (Debian: protobuf-compiler; run ./dev build)"
+  plugin="$(command -v grpc_cpp_plugin)" || die "no grpc_cpp_plugin (Debian: protobuf-compiler-grpc; run ./dev build)"
+  mkdir -p "$out"
+  "$protoc" -I "$root/rpc" --cpp_out "$out" --grpc_out "$out" --plugin="protoc-gen-grpc=$plugin" \
+    "$root/rpc/oip.proto" || die "protoc failed on rpc/oip.proto"
+}
+
 need_tools
 python="$tools/venv/bin/python"
 zig="$("$python" -c 'import ziglang, os; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')"
@@ -145,6 +173,7 @@ mkdir -p "$cache"
 rm -rf "$work"
 mkdir -p "$work/logs" "$work/obj"
 make_includes "$work/include"
+generate_rpc "$work/include"
 torch="$tools/torch"
 cd "$root"
 failed=()
@@ -178,10 +207,11 @@ flags=(-target "$TARGET" -std=c++20 -fno-cxx-modules -Wall -Wextra -Wno-unused-p
 # Run by xargs in a child bash: the flags come from $work/flags (arrays do
 # not cross into a child).
 compile_one() {
-  local f="$1" log="$work/logs/${1//\//_}.log" args=() line
+  local f="$1" log="$work/logs/${1//\//_}.log" args=() line src="$root/$1"
   while IFS= read -r line; do args+=("$line"); done <"$work/flags"
   [[ "$f" == bench/codec_bench.cc ]] && args+=(-DAOTID_BENCH_SIMDJSON=1)  # as with Homebrew's simdjson
-  (cd "$work" && "$zig" c++ ${args[@]+"${args[@]}"} -fsyntax-only "$root/$f") >"$log.raw" 2>&1 || true
+  [[ "$f" == generated/* ]] && src="$work/include/$f"  # protoc's, not the tree's
+  (cd "$work" && "$zig" c++ ${args[@]+"${args[@]}"} -fsyntax-only "$src") >"$log.raw" 2>&1 || true
   grep -vE "failed to rename '.*' into '.*': FileNotFound|argument unused during compilation: '-c'" \
     "$log.raw" >"$log" || true
   rm -f "$log.raw"
@@ -193,6 +223,7 @@ if (($#)); then
 else
   sources=()
   while IFS= read -r f; do sources+=("$f"); done < <(git ls-files -- '*.cc')
+  sources+=(generated/rpc/oip.pb.cc generated/rpc/oip.grpc.pb.cc)
 fi
 say "compiling ${#sources[@]} C++ files for $TARGET, $jobs at a time"
 printf '%s\n' "${flags[@]}" >"$work/flags"
