@@ -88,6 +88,9 @@ packages=(
   # What the aotid binary links (readelf -d build/aotid | grep NEEDED).
   libuv1 libsqlite3-0 libzip4 libssl3 libseccomp2 libpcre2-8-0
   libcpp-httplib0.11 libtomlplusplus3
+  # The gRPC API: gRPC's C++ library and its core (libgpr), protobuf,
+  # abseil (which Debian's gRPC brings; named since aotid links it too).
+  libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   # The compile worker and torch (whose wheel brings its own libgomp, but
   # inductor's kernels link the system's: g++ depends on it anyway).
   python3 python3-venv libgomp1
@@ -224,6 +227,10 @@ TOML
 chmod 0644 "$root/etc/aotid/aotid.toml"
 # The venv's python3 links to /usr/bin/python3; aotid finds it beside itself.
 [[ -x $root/opt/aotid/bin/aotid ]] || die "the wheel put no aotid at /opt/aotid/bin/aotid"
+# Every library the binary links is in the image: one that layer 1's list
+# lacks fails here, by name, rather than at the container's first start.
+missing="$(inside /usr/bin/ldd /opt/aotid/bin/aotid | awk '/not found/ {print $1}' | tr '\n' ' ')"
+[[ -z $missing ]] || die "the image lacks libraries aotid links: $missing(add their packages to layer 1's list)"
 layer_tar "$work/marker3" "$work/app.tar" opt etc/aotid mnt
 
 # The OCI layout ---------------------------------------------------------
