@@ -23,6 +23,13 @@
 #include "base/log.h"
 #include "base/mutex.h"
 
+// grpc::AddInsecureChannelFromFd is declared where gRPC can serve a socket
+// it did not accept: Linux, and macOS unless gRPC was built for CFStream
+// (iOS's). Say so here rather than as an undeclared name below.
+#ifndef GPR_SUPPORT_CHANNELS_FROM_FD
+#error "rpc/server.cc needs a gRPC that serves sockets handed to it (GPR_SUPPORT_CHANNELS_FROM_FD)"
+#endif
+
 namespace aotid::rpc {
 namespace {
 
@@ -108,6 +115,15 @@ class Server::Impl {
     builder.SetMaxSendMessageSize(-1);  // an answer is as large as the model's outputs
     auto ms = [](int s) { return static_cast<int>(std::min<int64_t>(int64_t{s} * 1000, INT32_MAX)); };
     builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, opts_.max_metadata_bytes);
+#ifdef GRPC_ARG_ABSOLUTE_MAX_METADATA_SIZE
+    // gRPC since 2023 (after 1.51, Debian's, which has one hard limit;
+    // Homebrew's is newer) takes GRPC_ARG_MAX_METADATA_SIZE as a soft
+    // limit, refusing only some calls between it and a hard one (by
+    // default the larger of 1.25 times it and 16 KiB). The same number
+    // for both keeps it what the HTTP header limit is: every call over it
+    // is refused.
+    builder.AddChannelArgument(GRPC_ARG_ABSOLUTE_MAX_METADATA_SIZE, opts_.max_metadata_bytes);
+#endif
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, opts_.max_streams_per_connection);
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(opts_.keepalive_time_s));
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(opts_.keepalive_timeout_s));
