@@ -21,7 +21,9 @@ kserve: the ClusterServingRuntime's arguments, {{.Name}} filled as KServe
    fills it, /mnt/models a read-only mount holding mlp.pt2 as the storage
    initializer leaves it, the store the image's store.path on the
    runtime's emptyDir: ready only once the model is built (503 before),
-   then the same answers through both clients, and the same drain.
+   then the same answers through both clients, the same again over gRPC
+   on the port the runtime names h2c (KServe's gRPC client), and the same
+   drain.
 
     commands_serve_test.py SOURCE_DIR AOTID TESTDATA edge|kserve...
 """
@@ -44,7 +46,7 @@ import tomllib
 import numpy as np
 import tritonclient.http as triton
 import yaml
-from kserve import InferenceRESTClient, RESTConfig
+from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
 ROOT, AOTID, TESTDATA = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
 PARTS = sys.argv[4:] or ["edge", "kserve"]
@@ -229,6 +231,39 @@ def infer_both(port):
             assert list(got.shape) == want["shape"] and close(got.ravel().tolist(), want["data"]), (got, want)
     finally:
         client.close()
+    return len(CASES)
+
+
+def infer_grpc(port):
+    """Every mlp case through KServe's gRPC client (what KServe's h2c port
+    carries), the tensors as raw bytes; each answer equal to eager
+    PyTorch's."""
+
+    async def with_kserve():
+        client = InferenceGRPCClient(f"127.0.0.1:{port}", timeout=60)
+        try:
+            assert await client.is_server_live() and await client.is_server_ready()
+            assert await client.is_model_ready(MODEL)
+            outs = []
+            for case in CASES:
+                inputs = []
+                for t in case["inputs"]:
+                    i = InferInput(t["name"], t["shape"], t["datatype"])
+                    i.set_data_from_numpy(np.asarray(t["data"], dtype=np.float32).reshape(t["shape"]),
+                                          binary_data=True)
+                    inputs.append(i)
+                res = await client.infer(InferRequest(model_name=MODEL, infer_inputs=inputs))
+                assert res.model_name == MODEL, res.model_name
+                outs.append([(o.name, list(o.shape), o.datatype, o.as_numpy()) for o in res.outputs])
+            return outs
+        finally:
+            await client.close()
+
+    for case, outs in zip(CASES, asyncio.run(with_kserve())):
+        [(name, shape, datatype, data)] = outs
+        want = case["outputs"][0]
+        assert (name, shape, datatype) == (want["name"], want["shape"], want["datatype"]), (outs, want)
+        assert close(data.ravel().tolist(), want["data"]), (data, want)
     return len(CASES)
 
 
@@ -454,12 +489,16 @@ def kserve(work, procs):
     for m in c["volumeMounts"]:
         mounts[m["mountPath"]] = (volume_folder(work, "kserve", m["name"], volumes[m["name"]], {}, None),
                                   bool(m.get("readOnly")))
-    # KServe fills {{.Name}}; the one change of the test's own is the port
-    # (this machine's 8080 may be taken).
-    port = free_port()
-    want_port = c["ports"][0]["containerPort"]
-    args = [a.replace("{{.Name}}", MODEL).replace(f"0.0.0.0:{want_port}", f"127.0.0.1:{port}") for a in c["args"]]
+    # KServe fills {{.Name}}; the one change of the test's own is the ports
+    # (this machine's 8080 and 9000 may be taken): REST's (http1) and
+    # gRPC's (h2c), each where the arguments listen.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    want_port, want_grpc = ports["http1"], ports["h2c"]
+    port, grpc_port = free_port(), free_port()
+    args = [a.replace("{{.Name}}", MODEL).replace(f"0.0.0.0:{want_port}", f"127.0.0.1:{port}")
+            .replace(f"0.0.0.0:{want_grpc}", f"127.0.0.1:{grpc_port}") for a in c["args"]]
     assert args.count(MODEL) == 1 and args.count(f"127.0.0.1:{port}") == 1, c["args"]
+    assert args.count(f"127.0.0.1:{grpc_port}") == 1, c["args"]
     box = Container(work, "kserve", mounts, image_files(f"0.0.0.0:{want_port}"),
                     c["securityContext"]["runAsUser"], c["securityContext"]["runAsGroup"])
     log_path = os.path.join(work, "kserve.log")
@@ -474,6 +513,9 @@ def kserve(work, procs):
     n = infer_both(port)
     print(f"kserve: live after {live_s:.1f} s; /v2/health/ready 503 x{len(before)} while {MODEL} built, 200 after "
           f"{ready_s:.1f} s; {n} cases through KServe's and Triton's clients equal eager PyTorch")
+    assert f"gRPC serving on 127.0.0.1:{grpc_port}" in log_tail(log_path, 100000), log_tail(log_path)
+    n = infer_grpc(grpc_port)
+    print(f"kserve: h2c: {n} cases through KServe's gRPC client equal eager PyTorch")
     assert sorted(os.listdir(models)) == [f"{MODEL}.pt2"]
     grace = 30  # the pod's default; inferenceservice.yaml sets 45
     took = stop(proc, grace, log_path)

@@ -226,10 +226,11 @@ def check_runtime(rt):
     assert c["name"] == "kserve-container", "KServe finds the serving container by this name"
     assert c["image"].startswith("registry.example.com/aotid:"), c["image"]
     assert c["args"] == ["serve", "--model-dir", "/mnt/models", "--model-name", "{{.Name}}",
-                         "--listen", "0.0.0.0:8080"], c["args"]
+                         "--listen", "0.0.0.0:8080", "--grpc-listen", "0.0.0.0:9000"], c["args"]
     assert "command" not in c, "the image's entrypoint runs aotid"
-    [port] = c["ports"]
-    assert port == {"name": "http1", "containerPort": 8080, "protocol": "TCP"}, port
+    # KServe's names: REST on http1, gRPC on h2c, each where aotid listens.
+    assert c["ports"] == [{"name": "http1", "containerPort": 8080, "protocol": "TCP"},
+                          {"name": "h2c", "containerPort": 9000, "protocol": "TCP"}], c["ports"]
     assert spec["annotations"] == {"prometheus.kserve.io/port": "8080", "prometheus.kserve.io/path": "/metrics"}
     check_security(c, "kserve-container")
     check_resources(c, "kserve-container")
@@ -366,7 +367,7 @@ def main():
     # 3: what the deployment relies on.
     rt = one(found["deploy/kserve/cluster-serving-runtime.yaml"], "ClusterServingRuntime")
     budget = check_runtime(rt)
-    print(f"ok: runtime: kserve-container, v2, {{{{.Name}}}} and /mnt/models in its args, http1 on 8080, "
+    print(f"ok: runtime: kserve-container, v2, {{{{.Name}}}} and /mnt/models in its args, http1 on 8080, h2c (gRPC) on 9000, "
           f"Prometheus annotations, non-root read-only, startup budget {budget} s >= build.timeout_s "
           f"{BUILD_TIMEOUT_S} + 60")
     check_isvc(one(found["deploy/kserve/inferenceservice.yaml"], "InferenceService"), rt)
