@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <chrono>
 
+#include "base/fd.h"
+
 namespace aotid::testing::h2 {
 namespace {
 
@@ -270,7 +272,7 @@ bool HpackDecoder::Decode(std::string_view block, std::vector<std::pair<std::str
 }
 
 Conn::Conn(int port, int rcvbuf) {
-  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fd_ = fd::Socket(AF_INET, SOCK_STREAM);
   if (fd_ < 0) return;
   if (rcvbuf > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
   sockaddr_in addr{};
