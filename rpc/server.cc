@@ -3,7 +3,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <google/protobuf/message.h>
+#include <grpc/support/log.h>
 #include <grpcpp/server_posix.h>
+#include <grpcpp/version_info.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -17,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "base/fd.h"
@@ -63,6 +67,23 @@ bool StillOpen(const Counted& c) {
 
 }  // namespace
 
+void RouteLibraryLogs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Newer protobuf logs through abseil, and newer gRPC too: there these
+    // are gone, and what they log goes abseil's way.
+#if defined(GOOGLE_PROTOBUF_VERSION) && GOOGLE_PROTOBUF_VERSION < 4022000
+    google::protobuf::SetLogHandler(
+        [](google::protobuf::LogLevel, const char*, int, const std::string& message) {
+          LOG_DEBUG << "protobuf: " << message;
+        });
+#endif
+#if GRPC_CPP_VERSION_MAJOR == 1 && GRPC_CPP_VERSION_MINOR < 65
+    gpr_set_log_function([](gpr_log_func_args* args) { LOG_DEBUG << "grpc: " << args->message; });
+#endif
+  });
+}
+
 int64_t BufferBudget(const ServerOptions& o) {
   if (o.max_buffered_bytes > 0) return o.max_buffered_bytes;
   return std::max<int64_t>(4 * o.max_message_bytes, int64_t{64} << 20);
@@ -79,6 +100,7 @@ class Server::Impl {
   }
 
   StatusOr<int> Bind() {
+    RouteLibraryLogs();
     RETURN_IF_ERROR(fd::Pipe(wake_, /*nonblocking=*/true));
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;

@@ -62,6 +62,12 @@ struct ServerOptions {
 // max_buffered_bytes as it applies.
 int64_t BufferBudget(const ServerOptions& o);
 
+// gRPC's and protobuf's own log lines, to aotid's log at debug level:
+// what a client can make them say (a string that is not UTF-8, a ping
+// flood) must not fill a daemon's log, unauthenticated, a line a call.
+// Bind() does it; once per process.
+void RouteLibraryLogs();
+
 class Server {
  public:
   // `service` must outlive the server.

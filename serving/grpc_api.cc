@@ -160,18 +160,28 @@ StatusOr<WireRequest> ReadRequest(const inference::ModelInferRequest& req, std::
     }
     wire.inputs.push_back(std::move(w));
   }
+  // An output's own parameters given for the whole request would be
+  // ignored: refused, as HTTP refuses them.
+  for (const char* own : {"binary_data", "last_position"}) {
+    if (req.parameters().count(own)) {
+      return InvalidArgument(std::string("parameters.") + own +
+                             " is a parameter of an output, not of the request: give it in the "
+                             "parameters of the entry of 'outputs' it is for");
+    }
+  }
   for (const auto& out : req.outputs()) {
     WireOutput w;
     w.name = out.name();
     for (const auto& [key, p] : out.parameters()) {
-      if (key == "last_position") {
-        if (p.parameter_choice_case() != inference::InferParameter::kBoolParam)
-          return InvalidArgument("output '" + out.name() + "': last_position must be a bool_param");
-        w.last_position = p.bool_param();
-      } else if (key != "binary_data") {  // gRPC answers every output raw: binary_data changes nothing
+      if (key != "last_position" && key != "binary_data") {
         return InvalidArgument("output '" + out.name() + "': unknown parameter '" + key +
                                "'; an output's parameters are binary_data and last_position");
       }
+      if (p.parameter_choice_case() != inference::InferParameter::kBoolParam)
+        return InvalidArgument("output '" + out.name() + "': " + key + " must be a bool_param");
+      // gRPC answers every output raw: binary_data, checked as HTTP checks
+      // it, changes nothing.
+      if (key == "last_position") w.last_position = p.bool_param();
     }
     wire.outputs.push_back(std::move(w));
   }
@@ -367,24 +377,26 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
     auto m = ResolveModel(registry_, req->name(), req->version());
     if (!m.ok()) return Answer(ctx, m.status());
     const ServedModel& sm = **m;
+    // Its tensors come with its build: until then (queued, building,
+    // failed) the answer would list none, and the protocol's message has
+    // no field to say why. UNAVAILABLE says it, as for an unloaded one.
+    if (!sm.model) return Answer(ctx, NotReady(sm));
     res->set_name(sm.name);
     res->set_platform("aotid_aoti");
     auto served = registry_->All();
     if (auto it = served->find(sm.name); it != served->end()) {
       for (const auto& [n, unused] : it->second) res->add_versions(std::to_string(n));
     }
-    if (sm.model) {
-      auto add = [](const std::vector<model::TensorSpec>& specs, auto* list) {
-        for (const auto& t : specs) {
-          auto* e = list->Add();
-          e->set_name(t.name);
-          e->set_datatype(std::string(model::DTypeName(t.dtype)));
-          for (int64_t d : t.shape) e->add_shape(d);
-        }
-      };
-      add(sm.model->spec().inputs, res->mutable_inputs());
-      add(sm.model->spec().outputs, res->mutable_outputs());
-    }
+    auto add = [](const std::vector<model::TensorSpec>& specs, auto* list) {
+      for (const auto& t : specs) {
+        auto* e = list->Add();
+        e->set_name(t.name);
+        e->set_datatype(std::string(model::DTypeName(t.dtype)));
+        for (int64_t d : t.shape) e->add_shape(d);
+      }
+    };
+    add(sm.model->spec().inputs, res->mutable_inputs());
+    add(sm.model->spec().outputs, res->mutable_outputs());
     return Answer(ctx, Status::OK());
   }
 

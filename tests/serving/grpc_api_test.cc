@@ -5,7 +5,10 @@
 #include "serving/grpc_api.h"
 
 #include <arpa/inet.h>
+#include <google/protobuf/message.h>
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/version_info.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,6 +17,8 @@
 #include <cstring>
 #include <thread>
 
+#include "base/fs.h"
+#include "base/log.h"
 #include "base/mutex.h"
 #include "rpc/oip.grpc.pb.h"
 #include "serving/tensor_codec.h"
@@ -561,6 +566,70 @@ TEST_F(GrpcApiTest, RunsThatWaitHoldNoneOfGrpcsThreads) {
   for (auto& t : calls) t.join();
   EXPECT_EQ(ok.load(), 18);
 }
+
+// Checked as HTTP checks them: an output's parameters given for the whole
+// request, and binary_data that is not a bool.
+TEST_F(GrpcApiTest, OutputParametersAreRefusedWhereHttpRefusesThem) {
+  Start();
+  inference::ModelInferResponse res;
+  auto request_wide = Request(1);
+  (*request_wide.mutable_parameters())["last_position"].set_bool_param(true);
+  grpc::Status s = Infer(request_wide, &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(
+      s.error_message().find("parameters.last_position is a parameter of an output, not of the request"),
+      std::string::npos)
+      << s.error_message();
+  auto not_bool = Request(1);
+  auto* out = not_bool.add_outputs();
+  out->set_name("y");
+  (*out->mutable_parameters())["binary_data"].set_int64_param(7);
+  s = Infer(not_bool, &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "output 'y': binary_data must be a bool_param");
+  auto fine = Request(1);
+  auto* o2 = fine.add_outputs();
+  o2->set_name("y");
+  (*o2->mutable_parameters())["binary_data"].set_bool_param(true);
+  EXPECT_TRUE(Infer(fine, &res).ok());
+}
+
+// A version with no build yet has no tensors to list: UNAVAILABLE saying
+// why, rather than an answer with none.
+TEST_F(GrpcApiTest, MetadataOfAModelWithoutItsBuildIsUnavailable) {
+  ServedModel building{"later", 1, ServeState::kBuilding};
+  registry_.Put(building);
+  Start();
+  grpc::ClientContext ctx;
+  inference::ModelMetadataRequest req;
+  req.set_name("later");
+  inference::ModelMetadataResponse res;
+  grpc::Status s = stub_->ModelMetadata(&ctx, req, &res);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.error_message(), "model 'later' version 1 is building; try again shortly");
+}
+
+#if defined(GOOGLE_PROTOBUF_VERSION) && GOOGLE_PROTOBUF_VERSION < 4022000 && GRPC_CPP_VERSION_MAJOR == 1 && \
+    GRPC_CPP_VERSION_MINOR < 65
+// What protobuf and gRPC log (a client's string that is not UTF-8, a ping
+// flood) goes to aotid's log at debug level, not to stderr a line a call.
+TEST_F(GrpcApiTest, TheLibrariesLogIntoAotidsLogAtDebugLevel) {
+  Start();
+  aotid::testing::TempDir dir;
+  ASSERT_OK(log::SetFile(dir / "log", 1 << 20, 1));
+  log::Level before = log::GetLevel();
+  GOOGLE_LOG(ERROR) << "quiet probe";
+  log::SetLevel(log::Level::kDebug);
+  GOOGLE_LOG(ERROR) << "probe from protobuf";
+  gpr_log(GPR_ERROR, "probe from %s", "grpc");
+  log::SetLevel(before);
+  log::ResetToStderr();
+  std::string text = fs::ReadFile(dir / "log").value_or("");
+  EXPECT_NE(text.find("debug protobuf: probe from protobuf"), std::string::npos) << text;
+  EXPECT_NE(text.find("debug grpc: probe from grpc"), std::string::npos) << text;
+  EXPECT_EQ(text.find("quiet probe"), std::string::npos) << text;
+}
+#endif
 
 int Connect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
