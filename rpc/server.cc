@@ -2,9 +2,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <grpcpp/grpcpp.h>
 #include <google/protobuf/message.h>
 #include <grpc/support/log.h>
+#include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <grpcpp/version_info.h>
 #include <netdb.h>
@@ -70,13 +70,11 @@ bool StillOpen(const Counted& c) {
 void RouteLibraryLogs() {
   static std::once_flag once;
   std::call_once(once, [] {
-    // Newer protobuf logs through abseil, and newer gRPC too: there these
-    // are gone, and what they log goes abseil's way.
+  // Newer protobuf logs through abseil, and newer gRPC too: there these
+  // are gone, and what they log goes abseil's way.
 #if defined(GOOGLE_PROTOBUF_VERSION) && GOOGLE_PROTOBUF_VERSION < 4022000
-    google::protobuf::SetLogHandler(
-        [](google::protobuf::LogLevel, const char*, int, const std::string& message) {
-          LOG_DEBUG << "protobuf: " << message;
-        });
+    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
+                                       const std::string& message) { LOG_DEBUG << "protobuf: " << message; });
 #endif
 #if GRPC_CPP_VERSION_MAJOR == 1 && GRPC_CPP_VERSION_MINOR < 65
     gpr_set_log_function([](gpr_log_func_args* args) { LOG_DEBUG << "grpc: " << args->message; });
