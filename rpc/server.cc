@@ -19,8 +19,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "base/fd.h"
@@ -175,11 +177,20 @@ class Server::Impl {
     }
     ::close(listen_fd_);
     listen_fd_ = -1;
-    // Calls in flight get the drain; then they are cancelled. Shutdown
-    // returns once every call has ended.
-    if (server_)
-      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(opts_.drain_timeout_s));
+    // The calls in flight are answered first, within the drain, while the
+    // connections open still take calls. gRPC's Shutdown then gets a
+    // second at most: it cancels what is left, and would otherwise wait
+    // the whole drain for a connection that never made a call.
+    const auto drain_end = std::chrono::steady_clock::now() + std::chrono::seconds(opts_.drain_timeout_s);
+    while (in_flight_ && in_flight_() > 0 && std::chrono::steady_clock::now() < drain_end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(drain_end - std::chrono::steady_clock::now());
+    auto grace = std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(1000));
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + grace);
   }
+
+  void SetInFlight(std::function<size_t()> in_flight) { in_flight_ = std::move(in_flight); }
 
   void Stop() {
     stopping_.store(true);
@@ -252,6 +263,7 @@ class Server::Impl {
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
+  std::function<size_t()> in_flight_;
   mutable Mutex mu_;
   std::vector<Counted> counted_ GUARDED_BY(mu_);
 };
@@ -269,6 +281,8 @@ Status Server::Bind() {
 void Server::Serve() { impl_->Serve(); }
 
 void Server::Stop() { impl_->Stop(); }
+
+void Server::SetInFlight(std::function<size_t()> in_flight) { impl_->SetInFlight(std::move(in_flight)); }
 
 size_t Server::TEST_connections() const { return impl_->Connections(); }
 

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -86,6 +87,12 @@ class Server {
   // most: then they are cancelled), and returns Serve(). Safe from any
   // thread, once or more.
   void Stop();
+  // How many of the service's calls are being answered: at Stop() they
+  // are waited for (within drain_timeout_s) before gRPC's own shutdown,
+  // which then gets a second. Without it gRPC's shutdown gets the whole
+  // drain, and spends it on a connection that never made a call. Set
+  // before Serve().
+  void SetInFlight(std::function<size_t()> in_flight);
 
   // Connections counted now, over every address (for tests).
   size_t TEST_connections() const;

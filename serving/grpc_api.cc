@@ -207,9 +207,17 @@ void FillResponse(InferOutcome& o, inference::ModelInferResponse* res) {
 // still waiting for its run (in the batcher's queue) is then not run.
 class InferReactor : public grpc::ServerUnaryReactor {
  public:
+  // Counted in `in_flight` from here until gRPC is done with the call.
+  explicit InferReactor(std::atomic<size_t>* in_flight) : in_flight_(in_flight) { in_flight_->fetch_add(1); }
   std::shared_ptr<std::atomic<bool>> gone = std::make_shared<std::atomic<bool>>(false);
   void OnCancel() override { gone->store(true); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    in_flight_->fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  std::atomic<size_t>* in_flight_;
 };
 
 // Answers a unary call at once.
@@ -327,6 +335,8 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
   void SetControl(ModelControl control) { control_ = std::move(control); }
   // Once the server has ended every call: the workers end.
   void StopWorkers() { workers_.Stop(); }
+  // Inferences gRPC has not yet finished with.
+  size_t InFlight() const { return in_flight_.load(); }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx, const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse* res) override {
@@ -403,7 +413,7 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const inference::ModelInferRequest* req,
                                        inference::ModelInferResponse* res) override {
-    auto* reactor = new InferReactor();
+    auto* reactor = new InferReactor(&in_flight_);
     if (grpc::Status s = Admit(ctx, false); !s.ok()) {
       reactor->Finish(s);
       return reactor;
@@ -515,6 +525,7 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
   Metrics* metrics_;
   const bool needs_resident_;
   Workers workers_;
+  std::atomic<size_t> in_flight_{0};
   ModelControl control_;
   mutable Mutex mu_;
   std::shared_ptr<const Access> access_ GUARDED_BY(mu_);
@@ -527,6 +538,7 @@ GrpcApi::~GrpcApi() = default;
 
 Status GrpcApi::Bind() {
   server_ = std::make_unique<rpc::Server>(options_.server, service_.get());
+  server_->SetInFlight([service = service_.get()] { return service->InFlight(); });
   return server_->Bind();
 }
 

@@ -680,5 +680,37 @@ TEST_F(GrpcApiTest, OneAddressHoldsNoMoreConnectionsThanItsCap) {
   ::close(b);
 }
 
+// At a stop, a call in flight is answered within the drain, and a
+// connection that never made a call does not hold the stop for the whole
+// drain (gRPC's own shutdown waited 20 s for it).
+TEST_F(GrpcApiTest, StopAnswersCallsInFlightAndWaitsForNoSilentConnection) {
+  GrpcOptions o;
+  o.server.drain_timeout_s = 20;
+  Start(o);
+  int silent = Connect(api_->port());
+  ASSERT_GE(silent, 0);
+  model_->Hold();
+  std::atomic<int> code{-1};
+  std::thread call([&] {
+    inference::ModelInferResponse res;
+    code = static_cast<int>(Infer(Request(1), &res).error_code());
+  });
+  for (int i = 0; i < 1000 && model_->running() < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(model_->running(), 1);
+  const auto start = std::chrono::steady_clock::now();
+  api_->Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  model_->Release();
+  call.join();
+  EXPECT_EQ(code.load(), static_cast<int>(grpc::StatusCode::OK));
+  serving_.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  ::close(silent);
+  stub_.reset();
+  channel_.reset();
+  api_.reset();
+}
+
 }  // namespace
 }  // namespace aotid::serving
