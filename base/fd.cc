@@ -2,12 +2,14 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace aotid::fd {
@@ -51,6 +53,38 @@ int Socket(int domain, int type, int protocol) {
   }
   return fd;
 #endif
+}
+
+StatusOr<int> ListenTcp(const std::string& host, int port, const std::string& what, const std::string& hint,
+                        int* out) {
+  *out = -1;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    return InvalidArgument("cannot listen" + what + " on " + host + ": " + ::gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
+  int fd = Socket(res->ai_family, SOCK_STREAM);
+  if (fd < 0) return ErrnoError("socket", errno);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    int e = errno;
+    ::close(fd);
+    return Unavailable("cannot listen" + what + " on " + host + ":" + service + ": " + std::strerror(e) +
+                       " (" + hint + ")");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  *out = fd;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                    : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
 }
 
 std::string PeerAddress(const sockaddr_storage& peer) {

@@ -22,6 +22,14 @@ Status Pipe(int fds[2], bool nonblocking = false);
 // socket(2).
 int Socket(int domain, int type, int protocol = 0);
 
+// A TCP socket listening on host:port (port 0: a free one), close-on-exec
+// and non-blocking, in *out (-1 on error); the port it has. InvalidArgument
+// for a host that does not resolve, Unavailable when the address cannot be
+// bound; each names `what` ("", " for gRPC") and the address, and the
+// latter `hint`, the setting that chooses it.
+StatusOr<int> ListenTcp(const std::string& host, int port, const std::string& what, const std::string& hint,
+                        int* out);
+
 // The address of a TCP peer, as text (an IPv4 client on a dual-stack
 // socket as IPv4); empty for other kinds.
 std::string PeerAddress(const sockaddr_storage& peer);

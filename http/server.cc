@@ -832,32 +832,10 @@ class Server::Impl {
   StatusOr<int> Bind() {
     if (opts_.inherited_fd >= 0) return Adopt(opts_.inherited_fd);
     if (!opts_.unix_path.empty()) return BindUnix();
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* res = nullptr;
-    std::string port = std::to_string(opts_.port);
-    if (int rc = ::getaddrinfo(opts_.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-      return InvalidArgument("cannot listen on " + opts_.host + ": " + ::gai_strerror(rc));
-    }
-    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
-    listen_fd_ = fd::Socket(res->ai_family, SOCK_STREAM);
-    if (listen_fd_ < 0) return ErrnoError("socket", errno);
-    int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
-      int e = errno;
-      return Unavailable("cannot listen on " + opts_.host + ":" + port + ": " + std::strerror(e) +
-                         " (set server.listen or --listen)");
-    }
+    ASSIGN_OR_RETURN(int port,
+                     fd::ListenTcp(opts_.host, opts_.port, "", "set server.listen or --listen", &listen_fd_));
     bound_ = true;
-    ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    return addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    return port;
   }
 
   // The poller: accepts, watches parked connections, ends idle ones.

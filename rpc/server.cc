@@ -102,31 +102,8 @@ class Server::Impl {
   StatusOr<int> Bind() {
     RouteLibraryLogs();
     RETURN_IF_ERROR(fd::Pipe(wake_, /*nonblocking=*/true));
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* res = nullptr;
-    std::string port = std::to_string(opts_.port);
-    if (int rc = ::getaddrinfo(opts_.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-      return InvalidArgument("cannot listen for gRPC on " + opts_.host + ": " + ::gai_strerror(rc));
-    }
-    std::unique_ptr<addrinfo, void (*)(addrinfo*)> owner(res, ::freeaddrinfo);
-    listen_fd_ = fd::Socket(res->ai_family, SOCK_STREAM);
-    if (listen_fd_ < 0) return ErrnoError("socket", errno);
-    int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
-      int e = errno;
-      return Unavailable("cannot listen for gRPC on " + opts_.host + ":" + port + ": " + std::strerror(e) +
-                         " (set server.grpc_listen or --grpc-listen)");
-    }
-    ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    int bound = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                                           : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    ASSIGN_OR_RETURN(int bound, fd::ListenTcp(opts_.host, opts_.port, " for gRPC",
+                                              "set server.grpc_listen or --grpc-listen", &listen_fd_));
 
     grpc::ServerBuilder builder;
     builder.RegisterService(service_);
