@@ -20,6 +20,7 @@
 #include "base/fs.h"
 #include "base/log.h"
 #include "base/mutex.h"
+#include "raw_http.h"
 #include "rpc/oip.grpc.pb.h"
 #include "serving/tensor_codec.h"
 #include "test_util.h"
@@ -631,19 +632,6 @@ TEST_F(GrpcApiTest, TheLibrariesLogIntoAotidsLogAtDebugLevel) {
 }
 #endif
 
-int Connect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Whether the server closed `fd` within `ms`.
 bool ClosedWithin(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
@@ -658,11 +646,11 @@ TEST_F(GrpcApiTest, OneAddressHoldsNoMoreConnectionsThanItsCap) {
   GrpcOptions o;
   o.server.max_connections_per_address = 2;
   Start(o);
-  int a = Connect(api_->port()), b = Connect(api_->port());
+  int a = aotid::testing::ConnectTcp(api_->port()), b = aotid::testing::ConnectTcp(api_->port());
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   EXPECT_FALSE(ClosedWithin(a, 300));
-  int c = Connect(api_->port());
+  int c = aotid::testing::ConnectTcp(api_->port());
   ASSERT_GE(c, 0);
   EXPECT_TRUE(ClosedWithin(c, 5000));
   EXPECT_FALSE(ClosedWithin(b, 100));
@@ -672,7 +660,7 @@ TEST_F(GrpcApiTest, OneAddressHoldsNoMoreConnectionsThanItsCap) {
   bool taken = false;
   for (int i = 0; i < 40 && !taken; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    int d = Connect(api_->port());
+    int d = aotid::testing::ConnectTcp(api_->port());
     taken = !ClosedWithin(d, 300);
     ::close(d);
   }
@@ -687,7 +675,7 @@ TEST_F(GrpcApiTest, StopAnswersCallsInFlightAndWaitsForNoSilentConnection) {
   GrpcOptions o;
   o.server.drain_timeout_s = 20;
   Start(o);
-  int silent = Connect(api_->port());
+  int silent = aotid::testing::ConnectTcp(api_->port());
   ASSERT_GE(silent, 0);
   model_->Hold();
   std::atomic<int> code{-1};
