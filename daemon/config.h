@@ -25,7 +25,7 @@ struct Config {
   // threads, timeouts, limits, allowed_hosts, cors_origins and token_scope
   // (token_for_all); serve fills in the token, store_dir and check_host.
   serving::HttpOptions api;
-  std::string token_file;         // empty: no token required
+  std::string token_file;  // empty: no token required
   // Where the gRPC API listens (HOST:PORT); "" for not at all. Its limits
   // are the HTTP server's where both have one (serving/grpc_api.h).
   std::string grpc_listen;
