@@ -19,6 +19,13 @@
 #define AOTID_THREAD_ANNOTATION(x)
 #endif
 
+// abseil's legacy header (which grpcpp includes) defines GUARDED_BY,
+// PT_GUARDED_BY and NO_THREAD_SAFETY_ANALYSIS as the same attributes;
+// these definitions replace its own rather than warn about them.
+#undef GUARDED_BY
+#undef PT_GUARDED_BY
+#undef NO_THREAD_SAFETY_ANALYSIS
+
 // A type that is a lock (a "capability" in clang's words).
 #define CAPABILITY(name) AOTID_THREAD_ANNOTATION(capability(name))
 // An RAII type that holds a capability for its lifetime.
