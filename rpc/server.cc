@@ -5,6 +5,7 @@
 #include <google/protobuf/message.h>
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_posix.h>
 #include <grpcpp/version_info.h>
 #include <netdb.h>
@@ -105,6 +106,9 @@ class Server::Impl {
     ASSIGN_OR_RETURN(int bound, fd::ListenTcp(opts_.host, opts_.port, " for gRPC",
                                               "set server.grpc_listen or --grpc-listen", &listen_fd_));
 
+    // gRPC's own health service, made by BuildAndStart when this
+    // process-wide switch is on; every aotid gRPC server has one.
+    grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_);
     grpc::ResourceQuota quota("aotid-grpc");
@@ -135,6 +139,7 @@ class Server::Impl {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, ms(opts_.max_connection_age_grace_s));
     server_ = builder.BuildAndStart();
     if (!server_) return InvalidArgument("gRPC would not start with these settings");
+    UpdateHealth();
     return bound;
   }
 
@@ -144,6 +149,7 @@ class Server::Impl {
       int r = ::poll(fds, 2, 1000);
       if (stopping_.load()) break;
       Sweep();
+      if (std::chrono::steady_clock::now() >= next_health_) UpdateHealth();
       if (r <= 0) continue;
       if (fds[0].revents) {
         char drain[64];
@@ -154,6 +160,8 @@ class Server::Impl {
     }
     ::close(listen_fd_);
     listen_fd_ = -1;
+    // Every name NOT_SERVING from here on (Watch calls are told at once).
+    if (auto* health = server_ ? server_->GetHealthCheckService() : nullptr) health->Shutdown();
     // The calls in flight are answered first, within the drain, while the
     // connections open still take calls. gRPC's Shutdown then gets a
     // second at most: it cancels what is left, and would otherwise wait
@@ -168,6 +176,7 @@ class Server::Impl {
   }
 
   void SetInFlight(std::function<size_t()> in_flight) { in_flight_ = std::move(in_flight); }
+  void SetHealth(HealthStatuses statuses) { health_ = std::move(statuses); }
 
   void Stop() {
     stopping_.store(true);
@@ -228,6 +237,14 @@ class Server::Impl {
     }
   }
 
+  // The health service's answers, from health_.
+  void UpdateHealth() {
+    next_health_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    auto* health = server_ ? server_->GetHealthCheckService() : nullptr;
+    if (!health || !health_) return;
+    for (const auto& [name, serving] : health_()) health->SetServingStatus(name, serving);
+  }
+
   // Counts out the connections gRPC has closed.
   void Sweep() {
     MutexLock lock(&mu_);
@@ -241,6 +258,8 @@ class Server::Impl {
   int wake_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
   std::function<size_t()> in_flight_;
+  HealthStatuses health_;
+  std::chrono::steady_clock::time_point next_health_;
   mutable Mutex mu_;
   std::vector<Counted> counted_ GUARDED_BY(mu_);
 };
@@ -260,6 +279,8 @@ void Server::Serve() { impl_->Serve(); }
 void Server::Stop() { impl_->Stop(); }
 
 void Server::SetInFlight(std::function<size_t()> in_flight) { impl_->SetInFlight(std::move(in_flight)); }
+
+void Server::SetHealth(HealthStatuses statuses) { impl_->SetHealth(std::move(statuses)); }
 
 size_t Server::TEST_connections() const { return impl_->Connections(); }
 

@@ -18,6 +18,11 @@
 // flight, so that not even a slow sender holds one longer). The server
 // pings a connection that has been quiet, and closes one whose peer does
 // not answer: a client that stops reading is found that way.
+//
+// Beside the service, gRPC's standard health service
+// (grpc.health.v1.Health, Check and Watch: what Kubernetes' gRPC probes
+// and grpc-health-probe ask) answers for the names SetHealth() gives. It
+// asks for no token: a probe cannot send one.
 #pragma once
 
 #include <atomic>
@@ -25,6 +30,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 
@@ -93,6 +100,13 @@ class Server {
   // drain, and spends it on a connection that never made a call. Set
   // before Serve().
   void SetInFlight(std::function<size_t()> in_flight);
+  // What the health service answers: each service name, and whether it
+  // serves. Read at Bind() and then once a second; a name it does not
+  // give is NOT_FOUND. At Stop() every name turns NOT_SERVING before the
+  // drain, so that a balancer sends no more calls. Without it, "" alone
+  // is SERVING. Set before Bind().
+  using HealthStatuses = std::function<std::vector<std::pair<std::string, bool>>()>;
+  void SetHealth(HealthStatuses statuses);
 
   // Connections counted now, over every address (for tests).
   size_t TEST_connections() const;

@@ -532,13 +532,20 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
 };
 
 GrpcApi::GrpcApi(const ModelRegistry* registry, Metrics* metrics, GrpcOptions options)
-    : options_(std::move(options)), service_(std::make_unique<Service>(registry, metrics, options_)) {}
+    : registry_(registry),
+      options_(std::move(options)),
+      service_(std::make_unique<Service>(registry, metrics, options_)) {}
 
 GrpcApi::~GrpcApi() = default;
 
 Status GrpcApi::Bind() {
   server_ = std::make_unique<rpc::Server>(options_.server, service_.get());
   server_->SetInFlight([service = service_.get()] { return service->InFlight(); });
+  server_->SetHealth([registry = registry_, needs_resident = options_.ready_needs_resident] {
+    bool ready = CheckServerReady(registry, needs_resident).ready;
+    return std::vector<std::pair<std::string, bool>>{
+        {"", ready}, {"ready", ready}, {"inference.GRPCInferenceService", ready}, {"live", true}};
+  });
   return server_->Bind();
 }
 

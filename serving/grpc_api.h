@@ -11,6 +11,12 @@
 // UNAUTHENTICATED and PERMISSION_DENIED (the token, in the "authorization"
 // metadata as "Bearer <token>"), CANCELLED (the client went away: a
 // request still waiting is not run). No call streams.
+//
+// The standard health service (grpc.health.v1) answers, with no token,
+// for "" (and "ready", and "inference.GRPCInferenceService"): SERVING
+// when ServerReady would say ready; and for "live": SERVING while the
+// daemon answers at all. A Kubernetes liveness probe names "live", or a
+// model that builds for minutes would have its daemon restarted.
 #pragma once
 
 #include <memory>
@@ -75,6 +81,7 @@ class GrpcApi {
 
  private:
   class Service;
+  const ModelRegistry* registry_;
   GrpcOptions options_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<rpc::Server> server_;

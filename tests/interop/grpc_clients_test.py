@@ -17,7 +17,8 @@ first needs it: three builds in all):
   batched run held 2 s (AOTID_TEST_PAUSE_AT, as tests/e2e/serve_test.cc
   uses it) and a queue of 16: batches that provably join, a full queue
   (RESOURCE_EXHAUSTED), and clients that hang up while their request waits
-  (CANCELLED, DEADLINE_EXCEEDED; counted 499 and never run).
+  (CANCELLED, DEADLINE_EXCEEDED; counted 499 and never run); and gRPC's
+  health service answering a probe that has no token.
 
 Every answer is compared with the eager PyTorch outputs in cases.json.
 
@@ -605,6 +606,34 @@ class AllCallsTokenSlowRunsDaemon(unittest.TestCase):
         self.assertIn("kserve: the token", run_kserve("token", self.daemon.grpc, TOKEN))
         self.assertTrue(self.client.is_server_live(headers=AUTH))
         self.assertEqual(self.client.get_server_metadata(headers=AUTH).name, "aotid")
+
+    def test_the_health_service_answers_a_probe_without_the_token(self):
+        # grpc.health.v1.Health over grpcio, as a probe sends it: the request
+        # is {1: service}, the answer {1: status}, 1 SERVING.
+        def request(service):
+            data = service.encode()
+            return (b"\x0a" + bytes([len(data)]) + data) if data else b""
+
+        with grpc.insecure_channel(self.daemon.grpc) as channel:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check")
+            # Not ready (NOT_SERVING) while a model of the store builds; the
+            # health service reads readiness once a second.
+            deadline = time.time() + 900
+            while not self.client.is_server_ready(headers=AUTH):
+                self.assertEqual(check(request("live"), timeout=30), b"\x08\x01")
+                self.assertLess(time.time(), deadline, self.daemon.text())
+                time.sleep(0.2)
+            deadline = time.time() + 5
+            while check(request(""), timeout=30) != b"\x08\x01" and time.time() < deadline:
+                time.sleep(0.05)
+            for service in ("", "ready", "live", "inference.GRPCInferenceService"):
+                self.assertEqual(check(request(service), timeout=30), b"\x08\x01", service)
+            with self.assertRaises(grpc.RpcError) as e:
+                check(request("inference.NoSuchService"), timeout=30)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+            watch = channel.unary_stream("/grpc.health.v1.Health/Watch")(request(""), timeout=30)
+            self.assertEqual(next(watch), b"\x08\x01")
+            watch.cancel()
 
     def fire(self, n, first_row=0):
         """n requests at once on one connection; [(row, result, error)]."""

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <google/protobuf/message.h>
 #include <grpc/support/log.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/version_info.h>
 #include <netinet/in.h>
@@ -633,6 +634,130 @@ TEST_F(GrpcApiTest, TheLibrariesLogIntoAotidsLogAtDebugLevel) {
 #endif
 
 // Whether the server closed `fd` within `ms`.
+// grpc.health.v1.Health, spoken by hand as a probe speaks it: the request
+// is {1: service}, the answer {1: status} (0 UNKNOWN, 1 SERVING,
+// 2 NOT_SERVING, 3 SERVICE_UNKNOWN).
+std::string HealthRequest(const std::string& service) {
+  if (service.empty()) return "";
+  return std::string{'\x0a', static_cast<char>(service.size())} + service;
+}
+int HealthStatusOf(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  if (!b.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (bytes.empty()) return 0;
+  return bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : -1;
+}
+grpc::ByteBuffer Buffer(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+// Check(service): the call's status, and the serving status answered.
+std::pair<grpc::StatusCode, int> HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
+                                             const std::string& service) {
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call =
+      generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", Buffer(HealthRequest(service)), &cq);
+  call->StartCall();
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  call->Finish(&answer, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return {status.error_code(), status.ok() ? HealthStatusOf(answer) : -1};
+}
+
+TEST_F(GrpcApiTest, TheHealthServiceFollowsReadinessAndAsksNoToken) {
+  registry_.SetCatalog({{"m", 1, true, true, "latest"}});
+  ServedModel building{"m", 1, ServeState::kBuilding};
+  registry_.Put(building);
+  GrpcOptions o;
+  o.token = "sesame";
+  Start(o);
+  // The token guards the protocol's own calls, not the probes.
+  grpc::ClientContext c;
+  inference::ServerReadyResponse sr;
+  EXPECT_EQ(stub_->ServerReady(&c, {}, &sr).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  const std::pair<grpc::StatusCode, int> serving{grpc::StatusCode::OK, 1},
+      not_serving{grpc::StatusCode::OK, 2};
+  EXPECT_EQ(HealthCheck(channel_, ""), not_serving);
+  EXPECT_EQ(HealthCheck(channel_, "ready"), not_serving);
+  EXPECT_EQ(HealthCheck(channel_, "inference.GRPCInferenceService"), not_serving);
+  EXPECT_EQ(HealthCheck(channel_, "live"), serving);
+  EXPECT_EQ(HealthCheck(channel_, "no.such.Service").first, grpc::StatusCode::NOT_FOUND);
+  // Built: the next reading (once a second) says so.
+  ServedModel ready{"m", 1, ServeState::kReady};
+  ready.model = model_;
+  registry_.Put(ready);
+  for (int i = 0; i < 100 && HealthCheck(channel_, "") != serving; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(HealthCheck(channel_, ""), serving);
+  EXPECT_EQ(HealthCheck(channel_, "ready"), serving);
+  EXPECT_EQ(HealthCheck(channel_, "live"), serving);
+}
+
+TEST_F(GrpcApiTest, AStopTellsHealthWatchersNotServingBeforeTheDrain) {
+  GrpcOptions o;
+  o.server.drain_timeout_s = 20;
+  Start(o);
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto watch = generic.PrepareCall(&ctx, "/grpc.health.v1.Health/Watch", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](void* want) {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, want);
+    return ok;
+  };
+  watch->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(step(reinterpret_cast<void*>(1)));
+  watch->WriteLast(Buffer(HealthRequest("")), grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  ASSERT_TRUE(step(reinterpret_cast<void*>(2)));
+  grpc::ByteBuffer update;
+  watch->Read(&update, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(step(reinterpret_cast<void*>(3)));
+  EXPECT_EQ(HealthStatusOf(update), 1);
+  // A run in flight keeps the drain going; the watcher hears before it ends.
+  model_->Hold();
+  std::atomic<int> code{-1};
+  std::thread call([&] {
+    inference::ModelInferResponse res;
+    code = static_cast<int>(Infer(Request(1), &res).error_code());
+  });
+  for (int i = 0; i < 1000 && model_->running() < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(model_->running(), 1);
+  api_->Stop();
+  watch->Read(&update, reinterpret_cast<void*>(4));
+  EXPECT_TRUE(step(reinterpret_cast<void*>(4)));
+  EXPECT_EQ(HealthStatusOf(update), 2);
+  EXPECT_EQ(model_->running(), 1);  // still draining
+  model_->Release();
+  call.join();
+  EXPECT_EQ(code.load(), static_cast<int>(grpc::StatusCode::OK));
+  serving_.join();
+  grpc::Status end;
+  watch->Finish(&end, reinterpret_cast<void*>(5));
+  step(reinterpret_cast<void*>(5));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  stub_.reset();
+  channel_.reset();
+  api_.reset();
+}
+
 bool ClosedWithin(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
   if (::poll(&p, 1, ms) <= 0) return false;
