@@ -32,6 +32,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -751,6 +752,7 @@ class ReadmeExample(unittest.TestCase):
         serve, = example_claims.block(test, "README.md", "aotid serve --grpc-listen 127.0.0.1:8766").commands
         code, = example_claims.block(test, "README.md", 'grpcclient.InferenceServerClient("127.0.0.1:8766")').commands
         work = tempfile.mkdtemp(prefix="aotid-grpc-readme-")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
         env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
         demo = os.path.join(work, "demo.pt2")
         subprocess.run([torch_py, "-W", "ignore", "-m", "aotid_export", "aotid_export.demo:make_model",
