@@ -19,8 +19,10 @@ double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(
 Status NotServed(const ModelRegistry* registry, const std::string& name) {
   for (const auto& e : *registry->GetCatalog()) {
     if (e.name == name && !e.enabled) {
-      return Unavailable("model '" + name + "' is unloaded (POST /v2/repository/models/" + name +
-                         "/load serves it again)");
+      // Answered over HTTP and gRPC alike: each way back in is named.
+      return Unavailable("model '" + name + "' is unloaded (a repository load serves it again: POST " +
+                         "/v2/repository/models/" + name +
+                         "/load, gRPC's RepositoryModelLoad, or `aotid set " + name + " enabled=true`)");
     }
   }
   return NotFound("unknown model '" + name + "'");

@@ -406,6 +406,9 @@ TEST_F(GrpcApiTest, AnUnloadedModelIsNotReadyRatherThanAnError) {
   EXPECT_EQ(infer.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(infer.error_message().find("model 'off' is unloaded"), std::string::npos)
       << infer.error_message();
+  // The way back in, named for a gRPC client too.
+  EXPECT_NE(infer.error_message().find("gRPC's RepositoryModelLoad"), std::string::npos)
+      << infer.error_message();
 }
 
 TEST_F(GrpcApiTest, MetadataListsTensorsWithDynamicDimsAsMinusOne) {
