@@ -242,7 +242,14 @@ class Server::Impl {
     next_health_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     auto* health = server_ ? server_->GetHealthCheckService() : nullptr;
     if (!health || !health_) return;
-    for (const auto& [name, serving] : health_()) health->SetServingStatus(name, serving);
+    // Only a change: gRPC sends each SetServingStatus to every Watch call,
+    // changed or not.
+    for (const auto& [name, serving] : health_()) {
+      auto [it, added] = health_set_.try_emplace(name, serving);
+      if (!added && it->second == serving) continue;
+      it->second = serving;
+      health->SetServingStatus(name, serving);
+    }
   }
 
   // Counts out the connections gRPC has closed.
@@ -259,6 +266,7 @@ class Server::Impl {
   std::atomic<bool> stopping_{false};
   std::function<size_t()> in_flight_;
   HealthStatuses health_;
+  std::map<std::string, bool> health_set_;  // what the health service was last told
   std::chrono::steady_clock::time_point next_health_;
   mutable Mutex mu_;
   std::vector<Counted> counted_ GUARDED_BY(mu_);
