@@ -522,18 +522,18 @@ std::string FormatListen(const http::ServerOptions& server) {
 Status CheckGrpcListen(const std::string& listen) {
   std::string host;
   int port = 0;
-  RETURN_IF_ERROR(ParseListen(listen, &host, &port));
-  if (listen.rfind("unix:", 0) == 0)
-    return InvalidArgument("gRPC listens on HOST:PORT only, not on a unix socket (got '" + listen + "')");
-  return Status::OK();
+  return ParseListen(listen, &host, &port, /*unix_ok=*/false);
 }
 
-Status ParseListen(const std::string& listen, std::string* host, int* port) {
+Status ParseListen(const std::string& listen, std::string* host, int* port, bool unix_ok) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument("listen address '" + listen + "' " + why +
-                           " (expected HOST:PORT, e.g. 127.0.0.1:8765, or unix:/absolute/path)");
+                           " (expected HOST:PORT, e.g. 127.0.0.1:8765" +
+                           (unix_ok ? ", or unix:/absolute/path)" : ")"));
   };
   if (listen.rfind("unix:", 0) == 0) {
+    if (!unix_ok)
+      return InvalidArgument("gRPC listens on HOST:PORT only, not on a unix socket (got '" + listen + "')");
     std::string path = listen.substr(5);
     if (path.empty() || path.front() != '/') return bad("needs an absolute socket path");
     if (path.size() > 100) return bad("has a socket path longer than 100 bytes");

@@ -103,8 +103,9 @@ StatusOr<Config> ParseConfig(const std::string& text, const std::string& file_na
 StatusOr<Config> LoadConfig(const std::string& explicit_path);
 
 // Splits "HOST:PORT" or "[V6]:PORT"; InvalidArgument naming the value.
-// "unix:/PATH" comes back whole as the host, with port 0.
-Status ParseListen(const std::string& listen, std::string* host, int* port);
+// "unix:/PATH" comes back whole as the host, with port 0; with `unix_ok`
+// false it is refused, and the error's hint offers HOST:PORT alone.
+Status ParseListen(const std::string& listen, std::string* host, int* port, bool unix_ok = true);
 // A gRPC listen address: HOST:PORT as ParseListen takes it, not unix:.
 Status CheckGrpcListen(const std::string& listen);
 // Sets where `server` listens (host and port, or unix_path) from a listen

@@ -640,7 +640,7 @@ int Serve(const Config& config, std::function<StatusOr<Config>()> reload_config,
     serving::GrpcOptions gopts;
     std::string host;
     int port = 0;
-    if (Status s = ParseListen(config.grpc_listen, &host, &port); !s.ok()) return fail(s);
+    if (Status s = ParseListen(config.grpc_listen, &host, &port, /*unix_ok=*/false); !s.ok()) return fail(s);
     gopts.server.host = host;
     gopts.server.port = port;
     gopts.server.max_connections_per_address = hopts.server.max_connections_per_address;

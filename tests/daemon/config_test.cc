@@ -329,6 +329,21 @@ TEST(Config, ParseListenAcceptsV4AndBracketedV6) {
   EXPECT_FALSE(ParseListen("unix:/" + std::string(200, 'x'), &host, &port).ok());
 }
 
+TEST(Config, AGrpcListenAddressIsHostAndPortAndItsHintSaysSo) {
+  ASSERT_OK(CheckGrpcListen("127.0.0.1:8766"));
+  ASSERT_OK(CheckGrpcListen("[::1]:0"));
+  Status unix_socket = CheckGrpcListen("unix:/run/aotid/grpc.sock");
+  EXPECT_NE(unix_socket.message().find("not on a unix socket"), std::string::npos) << unix_socket.message();
+  // The hint offers what gRPC takes: no unix socket.
+  Status garbage = CheckGrpcListen("garbage");
+  EXPECT_NE(garbage.message().find("'garbage' has no port (expected HOST:PORT"), std::string::npos)
+      << garbage.message();
+  EXPECT_EQ(garbage.message().find("unix:"), std::string::npos) << garbage.message();
+  std::string host;
+  int port = 0;
+  EXPECT_NE(ParseListen("garbage", &host, &port).message().find("or unix:/absolute/path"), std::string::npos);
+}
+
 TEST(Config, SecurityKeysParseAndAreChecked) {
   auto c = ParseConfig(
       "[server]\ntoken_file = \"/etc/aotid/token\"\nallowed_hosts = [\"mybox.local\"]\n"
