@@ -46,16 +46,30 @@ void ModelCommands::Check(const std::shared_ptr<Pending>& p) {
   auto snapshot = registry_->All();
   auto it = snapshot->find(p->name);
   bool shown = (it != snapshot->end()) == p->enable;
-  if (shown && p->retried) {
+  // A load answers once each version serves, as a client that loads and
+  // then infers expects, or has failed; a retry once each serves. A
+  // version still queued, building or loading at the deadline is answered
+  // as it stands (a build takes minutes).
+  const serving::ServedModel* failed = nullptr;
+  if (shown && p->enable) {
     for (const auto& [v, m] : it->second) {
-      if (m->state != serving::ServeState::kReady) shown = false;
+      if (m->state == serving::ServeState::kFailed && !failed) failed = m.get();
+      if (m->state != serving::ServeState::kReady && (p->retried || m->state != serving::ServeState::kFailed))
+        shown = false;
     }
   }
-  if (shown || loop_->NowMs() >= p->deadline_ms) return p->done(Status::OK());
-  loop_->RunAfter(options_.poll_ms, [this, p, alive = alive_] {
-    if (!*alive) return p->done(Unavailable("the daemon is stopping"));
-    Check(p);
-  });
+  if (!shown && loop_->NowMs() < p->deadline_ms) {
+    loop_->RunAfter(options_.poll_ms, [this, p, alive = alive_] {
+      if (!*alive) return p->done(Unavailable("the daemon is stopping"));
+      Check(p);
+    });
+    return;
+  }
+  if (failed) {
+    return p->done(Unavailable("model '" + failed->name + "' version " + std::to_string(failed->version) +
+                               " failed to load: " + failed->message));
+  }
+  p->done(Status::OK());
 }
 
 }  // namespace aotid::control

@@ -36,10 +36,12 @@ class ModelCommands {
   // On the loop thread: enables (load) or disables (unload) every version
   // of `name` in the store; a load of a model enabled already tries its
   // failed versions again instead. `done` runs once, on the loop thread:
-  // with the store's error (NotFound for a model it does not have), or OK
-  // once the registry shows the model served (each version ready, for a
-  // retry) or gone, or after wait_ms. Commands pending when this is
-  // destroyed are answered Unavailable.
+  // with the store's error (NotFound for a model it does not have); for a
+  // load, once each version is ready (OK) or has failed (Unavailable,
+  // naming the version and why), for a retry once each is ready, for an
+  // unload once the model is gone; or after wait_ms, with OK for whatever
+  // state it is in then (a failure still an error). Commands pending when
+  // this is destroyed are answered Unavailable.
   void SetEnabled(const std::string& name, bool enable, std::function<void(Status)> done);
 
  private:

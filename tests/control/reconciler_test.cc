@@ -8,6 +8,7 @@
 #include <future>
 
 #include "control/fakes.h"
+#include "control/model_commands.h"
 #include "serving/batcher.h"
 #include "storage/model_store.h"
 #include "test_util.h"
@@ -1046,5 +1047,60 @@ TEST_F(ResidentReconcilerTest, ALoadAtStartKeepsItsRoomUntilItsRunnerCounts) {
   ASSERT_EQ(State("bb", b), "ready");
   EXPECT_LE(residency_->Used(), budget);
 }
+// The repository's load, as HTTP's and gRPC's load calls make it: the
+// answer comes once the model serves (a client loads, then infers), not
+// while it loads; a load that fails is an error naming the version; one
+// that must build answers at the deadline with the state it is in.
+TEST_F(ReconcilerTest, ALoadAnswersOnceTheModelServesOrFailsNotWhileItLoads) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  Set("mlp", std::nullopt, {{"enabled", "false"}});
+  Reconcile();
+  ASSERT_EQ(State("mlp", v), "absent");
+  ModelCommands commands({.store_dir = dir_.path(), .wait_ms = 5000, .poll_ms = 20}, reconciler_.get(),
+                         registry_.get(), &loop_);
+  std::optional<Status> answer;
+  commands.SetEnabled("mlp", true, [&](Status s) { answer = s; });
+  Reconcile();  // as the store watch would: the build is cached, so it loads
+  ASSERT_EQ(State("mlp", v), "loading");
+  loop_.Advance(1000);
+  EXPECT_FALSE(answer.has_value()) << "answered while loading";
+  loader_->Succeed();
+  loop_.Advance(20);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_OK(*answer);
+  EXPECT_EQ(State("mlp", v), "ready");
+
+  // Unloaded and loaded again, and this time the load fails.
+  Set("mlp", std::nullopt, {{"enabled", "false"}});
+  Reconcile();
+  answer.reset();
+  commands.SetEnabled("mlp", true, [&](Status s) { answer = s; });
+  Reconcile();
+  loader_->Fail("cannot map model.so");
+  loop_.Advance(20);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->code(), StatusCode::kUnavailable);
+  EXPECT_NE(answer->message().find("model 'mlp' version " + std::to_string(v) + " failed to load: "),
+            std::string::npos)
+      << answer->message();
+  EXPECT_NE(answer->message().find("cannot map model.so"), std::string::npos) << answer->message();
+
+  // A new model must build: answered at the deadline, with OK, as it stands.
+  int64_t other = Add("other");
+  Set("other", std::nullopt, {{"enabled", "false"}});
+  Reconcile();
+  answer.reset();
+  commands.SetEnabled("other", true, [&](Status s) { answer = s; });
+  Reconcile();
+  loop_.Advance(4900);
+  EXPECT_FALSE(answer.has_value());
+  loop_.Advance(200);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_OK(*answer);
+  EXPECT_NE(State("other", other), "ready");
+}
+
 }  // namespace
 }  // namespace aotid::control
