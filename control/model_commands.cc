@@ -1,5 +1,7 @@
 #include "control/model_commands.h"
 
+#include <algorithm>
+
 #include "base/log.h"
 #include "control/reconciler.h"
 #include "storage/model_store.h"
@@ -10,7 +12,7 @@ struct ModelCommands::Pending {
   std::string name;
   bool enable = false;
   bool retried = false;  // a load of a loaded model: waits for every version to be ready
-  int64_t deadline_ms = 0;
+  int64_t started_ms = 0;
   std::function<void(Status)> done;
 };
 
@@ -32,7 +34,7 @@ void ModelCommands::SetEnabled(const std::string& name, bool enable, std::functi
   // (a runner that crashed too often, a load that failed), as unloading
   // and loading it would, without unloading what serves.
   p->retried = enable && changed->empty();
-  p->deadline_ms = loop_->NowMs() + options_.wait_ms;
+  p->started_ms = loop_->NowMs();
   p->done = std::move(done);
   if (p->retried) {
     if (Status s = reconciler_->RetryFailed(name); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
@@ -47,18 +49,24 @@ void ModelCommands::Check(const std::shared_ptr<Pending>& p) {
   auto it = snapshot->find(p->name);
   bool shown = (it != snapshot->end()) == p->enable;
   // A load answers once each version serves, as a client that loads and
-  // then infers expects, or has failed; a retry once each serves. A
-  // version still queued, building or loading at the deadline is answered
-  // as it stands (a build takes minutes).
+  // then infers expects, or has failed; a retry once each serves. One
+  // that must build is answered at wait_ms as it stands (a build takes
+  // minutes); one left only loading, from a cached build, is waited for
+  // longer.
   const serving::ServedModel* failed = nullptr;
+  bool only_loads_left = false;
   if (shown && p->enable) {
+    only_loads_left = true;
     for (const auto& [v, m] : it->second) {
       if (m->state == serving::ServeState::kFailed && !failed) failed = m.get();
       if (m->state != serving::ServeState::kReady && (p->retried || m->state != serving::ServeState::kFailed))
         shown = false;
+      if (m->state == serving::ServeState::kQueued || m->state == serving::ServeState::kBuilding)
+        only_loads_left = false;
     }
   }
-  if (!shown && loop_->NowMs() < p->deadline_ms) {
+  const int64_t wait = only_loads_left ? std::max(options_.wait_ms, options_.load_wait_ms) : options_.wait_ms;
+  if (!shown && loop_->NowMs() < p->started_ms + wait) {
     loop_->RunAfter(options_.poll_ms, [this, p, alive = alive_] {
       if (!*alive) return p->done(Unavailable("the daemon is stopping"));
       Check(p);

@@ -19,8 +19,10 @@ class Reconciler;
 struct ModelCommandOptions {
   std::string store_dir;  // written through a connection of its own, as any other writer's
   // How long a command waits for the served models to show its result
-  // before it answers with the state they are in.
+  // before it answers with the state they are in; a load whose versions
+  // are loading (their builds cached) waits up to load_wait_ms.
   int64_t wait_ms = 5000;
+  int64_t load_wait_ms = 60000;
   int64_t poll_ms = 20;  // how often it looks meanwhile
 };
 
@@ -39,9 +41,10 @@ class ModelCommands {
   // with the store's error (NotFound for a model it does not have); for a
   // load, once each version is ready (OK) or has failed (Unavailable,
   // naming the version and why), for a retry once each is ready, for an
-  // unload once the model is gone; or after wait_ms, with OK for whatever
-  // state it is in then (a failure still an error). Commands pending when
-  // this is destroyed are answered Unavailable.
+  // unload once the model is gone; or after wait_ms (load_wait_ms while
+  // only loads are left), with OK for whatever state it is in then (a
+  // failure still an error). Commands pending when this is destroyed are
+  // answered Unavailable.
   void SetEnabled(const std::string& name, bool enable, std::function<void(Status)> done);
 
  private:
