@@ -11,7 +11,8 @@ namespace aotid::control {
 struct ModelCommands::Pending {
   std::string name;
   bool enable = false;
-  bool retried = false;  // a load of a loaded model: waits for every version to be ready
+  bool retried = false;  // a load of a loaded model: its failed versions tried again
+  bool answered = false;
   int64_t started_ms = 0;
   std::function<void(Status)> done;
 };
@@ -20,9 +21,27 @@ ModelCommands::ModelCommands(ModelCommandOptions options, Reconciler* reconciler
                              const serving::ModelRegistry* registry, Loop* loop)
     : options_(std::move(options)), reconciler_(reconciler), registry_(registry), loop_(loop) {}
 
-ModelCommands::~ModelCommands() { *alive_ = false; }
+ModelCommands::~ModelCommands() {
+  *alive_ = false;
+  Stop();
+}
+
+void ModelCommands::Stop() {
+  stopped_ = true;
+  auto waiting = std::move(pending_);
+  pending_.clear();
+  for (auto& p : waiting) Answer(p, Unavailable("the daemon is stopping"));
+}
+
+void ModelCommands::Answer(const std::shared_ptr<Pending>& p, Status s) {
+  if (p->answered) return;
+  p->answered = true;
+  std::erase(pending_, p);
+  p->done(std::move(s));
+}
 
 void ModelCommands::SetEnabled(const std::string& name, bool enable, std::function<void(Status)> done) {
+  if (stopped_) return done(Unavailable("the daemon is stopping"));
   auto store = storage::ModelStore::Open(options_.store_dir, /*create=*/false);
   if (!store.ok()) return done(store.status());
   auto changed = (*store)->Set(name, std::nullopt, {{"enabled", enable ? "true" : "false"}});
@@ -36,6 +55,7 @@ void ModelCommands::SetEnabled(const std::string& name, bool enable, std::functi
   p->retried = enable && changed->empty();
   p->started_ms = loop_->NowMs();
   p->done = std::move(done);
+  pending_.push_back(p);
   if (p->retried) {
     if (Status s = reconciler_->RetryFailed(name); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
   }
@@ -49,18 +69,18 @@ void ModelCommands::Check(const std::shared_ptr<Pending>& p) {
   auto it = snapshot->find(p->name);
   bool shown = (it != snapshot->end()) == p->enable;
   // A load answers once each version serves, as a client that loads and
-  // then infers expects, or has failed; a retry once each serves. One
-  // that must build is answered at wait_ms as it stands (a build takes
-  // minutes); one left only loading, from a cached build, is waited for
-  // longer.
+  // then infers expects, or has failed (a retry's failed versions were
+  // published anew by RetryFailed's reconcile, so a failure seen is
+  // fresh). One that must build is answered at wait_ms as it stands (a
+  // build takes minutes); one left only loading, from a cached build, is
+  // waited for longer.
   const serving::ServedModel* failed = nullptr;
   bool only_loads_left = false;
   if (shown && p->enable) {
     only_loads_left = true;
     for (const auto& [v, m] : it->second) {
       if (m->state == serving::ServeState::kFailed && !failed) failed = m.get();
-      if (m->state != serving::ServeState::kReady && (p->retried || m->state != serving::ServeState::kFailed))
-        shown = false;
+      if (m->state != serving::ServeState::kReady && m->state != serving::ServeState::kFailed) shown = false;
       if (m->state == serving::ServeState::kQueued || m->state == serving::ServeState::kBuilding)
         only_loads_left = false;
     }
@@ -68,16 +88,15 @@ void ModelCommands::Check(const std::shared_ptr<Pending>& p) {
   const int64_t wait = only_loads_left ? std::max(options_.wait_ms, options_.load_wait_ms) : options_.wait_ms;
   if (!shown && loop_->NowMs() < p->started_ms + wait) {
     loop_->RunAfter(options_.poll_ms, [this, p, alive = alive_] {
-      if (!*alive) return p->done(Unavailable("the daemon is stopping"));
-      Check(p);
+      if (*alive && !p->answered) Check(p);
     });
     return;
   }
   if (failed) {
-    return p->done(Unavailable("model '" + failed->name + "' version " + std::to_string(failed->version) +
-                               " failed to load: " + failed->message));
+    return Answer(p, Unavailable("model '" + failed->name + "' version " + std::to_string(failed->version) +
+                                 " failed: " + failed->message));
   }
-  p->done(Status::OK());
+  Answer(p, Status::OK());
 }
 
 }  // namespace aotid::control

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "control/loop.h"
@@ -43,19 +44,26 @@ class ModelCommands {
   // naming the version and why), for a retry once each is ready, for an
   // unload once the model is gone; or after wait_ms (load_wait_ms while
   // only loads are left), with OK for whatever state it is in then (a
-  // failure still an error). Commands pending when this is destroyed are
-  // answered Unavailable.
+  // failure still an error). Commands pending at Stop() are answered
+  // Unavailable then, as are those given after it.
   void SetEnabled(const std::string& name, bool enable, std::function<void(Status)> done);
+  // On the loop thread, before the loop stops running timers: answers
+  // every command still waiting, so that no caller waits for an answer
+  // that would never come (gRPC's shutdown waits for every call's end).
+  void Stop();
 
  private:
   struct Pending;
   void Check(const std::shared_ptr<Pending>& p);
+  void Answer(const std::shared_ptr<Pending>& p, Status s);
 
   ModelCommandOptions options_;
   Reconciler* reconciler_;
   const serving::ModelRegistry* registry_;
   Loop* loop_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  bool stopped_ = false;
+  std::vector<std::shared_ptr<Pending>> pending_;  // waiting for the registry to show them
 };
 
 }  // namespace aotid::control

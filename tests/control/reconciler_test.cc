@@ -1082,7 +1082,7 @@ TEST_F(ReconcilerTest, ALoadAnswersOnceTheModelServesOrFailsNotWhileItLoads) {
   loop_.Advance(20);
   ASSERT_TRUE(answer.has_value());
   EXPECT_EQ(answer->code(), StatusCode::kUnavailable);
-  EXPECT_NE(answer->message().find("model 'mlp' version " + std::to_string(v) + " failed to load: "),
+  EXPECT_NE(answer->message().find("model 'mlp' version " + std::to_string(v) + " failed: "),
             std::string::npos)
       << answer->message();
   EXPECT_NE(answer->message().find("cannot map model.so"), std::string::npos) << answer->message();
@@ -1101,6 +1101,43 @@ TEST_F(ReconcilerTest, ALoadAnswersOnceTheModelServesOrFailsNotWhileItLoads) {
   EXPECT_OK(*answer);
   EXPECT_TRUE(State("other", other) == "queued" || State("other", other) == "building")
       << State("other", other);
+}
+
+// A retried load (of a model loaded already) whose failed version fails
+// again answers at once with the failure, not at a deadline; commands
+// still waiting at Stop() are answered then, and later ones at once.
+TEST_F(ReconcilerTest, ARetriedLoadThatFailsAgainAnswersAtOnceAndStopAnswersTheRest) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->StartNext();
+  builds_->Succeed(MlpSpec());
+  loader_->Fail("cannot map model.so");
+  ASSERT_EQ(State("mlp", v), "failed");
+  ModelCommands commands({.store_dir = dir_.path()}, reconciler_.get(), registry_.get(), &loop_);
+  std::optional<Status> answer;
+  commands.SetEnabled("mlp", true, [&](Status s) { answer = s; });  // enabled already: a retry
+  ASSERT_EQ(State("mlp", v), "loading");
+  loader_->Fail("cannot map model.so again");
+  loop_.Advance(100);
+  ASSERT_TRUE(answer.has_value()) << "still waiting after a fresh failure";
+  EXPECT_EQ(answer->code(), StatusCode::kUnavailable);
+  EXPECT_NE(answer->message().find("cannot map model.so again"), std::string::npos) << answer->message();
+
+  // A load that waits (a cached build loading) when the daemon stops.
+  answer.reset();
+  commands.SetEnabled("mlp", true, [&](Status s) { answer = s; });
+  ASSERT_EQ(State("mlp", v), "loading");
+  loop_.Advance(1000);
+  ASSERT_FALSE(answer.has_value());
+  commands.Stop();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->code(), StatusCode::kUnavailable);
+  EXPECT_NE(answer->message().find("stopping"), std::string::npos) << answer->message();
+  loop_.Advance(100'000);  // its timer finds it answered: no second answer
+  std::optional<Status> late;
+  commands.SetEnabled("mlp", false, [&](Status s) { late = s; });
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->code(), StatusCode::kUnavailable);
 }
 
 }  // namespace
