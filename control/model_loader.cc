@@ -3,6 +3,7 @@
 #include <deque>
 #include <optional>
 
+#include "base/crash_point.h"
 #include "base/fs.h"
 #include "base/log.h"
 #include "storage/model_store.h"
@@ -78,7 +79,8 @@ void ThreadPoolLoader::Load(LoadRequest request, std::function<void(LoadResult)>
   w->done = std::move(done);
   int rc = uv_queue_work(
       loop_, &w->req,
-      [](uv_work_t* req) {  // a pool thread: touches only its own LoadWork
+      [](uv_work_t* req) {         // a pool thread: touches only its own LoadWork
+        PausePoint("model_load");  // tests: a load that takes a while
         auto* work = static_cast<LoadWork*>(req->data);
         const LoadRequest& r = work->request;
         runner::RunnerOptions ro;

@@ -40,11 +40,9 @@
 namespace aotid::daemon {
 namespace {
 
-// Repository loads of models that are loaded already, handed from HTTP
-// workers to the loop thread, where the reconciler retries their failed
-// versions.
-// Repository loads and unloads, handed from HTTP workers to the control
-// loop (control::ModelCommands), which answers each when it has acted.
+// Repository loads and unloads, handed from HTTP and gRPC workers to the
+// control loop (control::ModelCommands), which answers each when it has
+// acted.
 struct RepositoryCommands {
   uv_async_t async{};
   control::ModelCommands* commands = nullptr;
@@ -55,13 +53,33 @@ struct RepositoryCommands {
   };
   Mutex mu;
   std::vector<Command> queued GUARDED_BY(mu);
+  bool stopped GUARDED_BY(mu) = false;
 
   void Post(Command c) EXCLUDES(mu) {
+    bool queued_it = false;
     {
       MutexLock lock(&mu);
-      queued.push_back(std::move(c));
+      if (!stopped) {
+        queued.push_back(std::move(c));
+        queued_it = true;
+      }
     }
+    if (!queued_it) return c.done(Unavailable("the daemon is stopping"));
     uv_async_send(&async);
+  }
+  // On the loop thread, at shutdown, before the async handle closes: every
+  // command gets its answer (gRPC's shutdown waits for every call's end),
+  // those queued and those still waiting for the registry, and any posted
+  // later is answered at once.
+  void Stop() EXCLUDES(mu) {
+    std::vector<Command> left;
+    {
+      MutexLock lock(&mu);
+      stopped = true;
+      left.swap(queued);
+    }
+    for (auto& c : left) c.done(Unavailable("the daemon is stopping"));
+    commands->Stop();
   }
   static void Run(uv_async_t* handle) {
     auto* self = static_cast<RepositoryCommands*>(handle->data);
@@ -386,6 +404,7 @@ void BeginShutdown(Shutdown* s) {
   s->residency->Stop();
   s->watch->Stop();
   s->builder->Shutdown();
+  s->repository->Stop();  // before the timers its waiting commands poll on close
   s->timers->Close();
   s->loader->Close();
   s->http->Stop();

@@ -26,7 +26,7 @@ set(_aotid_test_costs
   e2e.Generate 124
   e2e.Residency 100
   e2e.SharedCache 60
-  e2e.GrpcHostile 35
+  e2e.GrpcHostile 50
   llm.OpenAiClientChatAndCompletions 95
   fuzz.HttpMutationLiveDaemon 72
   fuzz.GrpcMutationLiveDaemon 130

@@ -42,7 +42,8 @@ struct GrpcDaemon {
   int grpc_port = 0;
 };
 
-std::unique_ptr<GrpcDaemon> StartDaemon(const std::string& config, std::string* error) {
+std::unique_ptr<GrpcDaemon> StartDaemon(const std::string& config, std::string* error,
+                                        const RunOptions& opts = {}) {
   auto g = std::make_unique<GrpcDaemon>();
   std::string store = g->dir / "store", out;
   if (RunAotid({"--store", store, "add", TestData("mlp_so.pt2"), "--name", "m"}, &out) != 0) {
@@ -56,7 +57,7 @@ std::unique_ptr<GrpcDaemon> StartDaemon(const std::string& config, std::string* 
   }
   auto d = DaemonProcess::Start(
       {"--config", config_path, "--store", store, "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"},
-      g->dir / "daemon.log");
+      g->dir / "daemon.log", opts);
   if (!d.ok()) {
     *error = d.status().ToString();
     return nullptr;
@@ -722,6 +723,46 @@ TEST(GrpcConnectionCap, FifthConnectionIsClosedUntilOthersClose) {
   open.clear();
   ExpectServed(*g, "the connection cap");
   EXPECT_EQ(g->daemon->Stop(), 0) << g->daemon->Log();
+}
+
+// A repository load still waiting for its model when SIGTERM comes (each
+// load here takes 5 s, a pause point) is answered UNAVAILABLE, and the
+// daemon then exits 0: gRPC's shutdown waits for every call's end, and a
+// load left unanswered held it for good.
+TEST(GrpcStop, ALoadWaitingAtSigtermIsAnsweredAndTheDaemonExits) {
+  std::string error;
+  RunOptions opts;
+  opts.env = {"AOTID_TEST_PAUSE_AT=model_load=5000"};
+  auto g = StartDaemon("", &error, opts);
+  ASSERT_NE(g, nullptr) << error;
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(g->grpc_port), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    inference::RepositoryModelUnloadRequest req;
+    req.set_model_name("m");
+    inference::RepositoryModelUnloadResponse res;
+    grpc::Status s = stub->RepositoryModelUnload(&ctx, req, &res);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  grpc::Status load;
+  std::atomic<bool> answered{false};
+  std::thread loader([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    inference::RepositoryModelLoadRequest req;
+    req.set_model_name("m");
+    inference::RepositoryModelLoadResponse res;
+    load = stub->RepositoryModelLoad(&ctx, req, &res);
+    answered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the load waits on its model
+  EXPECT_FALSE(answered.load());
+  EXPECT_EQ(g->daemon->Stop(/*grace_s=*/40), 0) << g->daemon->Log();
+  loader.join();
+  EXPECT_EQ(load.error_code(), grpc::StatusCode::UNAVAILABLE) << load.error_message();
+  EXPECT_NE(load.error_message().find("the daemon is stopping"), std::string::npos) << load.error_message();
 }
 
 }  // namespace
