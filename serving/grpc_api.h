@@ -10,7 +10,7 @@
 // RESOURCE_EXHAUSTED (a full queue, or over a fixed limit),
 // UNAUTHENTICATED and PERMISSION_DENIED (the token, in the "authorization"
 // metadata as "Bearer <token>"), CANCELLED (the client went away: a
-// request still waiting is not run). No call streams.
+// request still waiting is not run). None of its calls streams.
 //
 // The standard health service (grpc.health.v1) answers, with no token,
 // for "" (and "ready", and "inference.GRPCInferenceService"): SERVING

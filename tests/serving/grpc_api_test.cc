@@ -636,7 +636,6 @@ TEST_F(GrpcApiTest, TheLibrariesLogIntoAotidsLogAtDebugLevel) {
 }
 #endif
 
-// Whether the server closed `fd` within `ms`.
 // grpc.health.v1.Health, spoken by hand as a probe speaks it: the request
 // is {1: service}, the answer {1: status} (0 UNKNOWN, 1 SERVING,
 // 2 NOT_SERVING, 3 SERVICE_UNKNOWN).
@@ -700,7 +699,7 @@ TEST_F(GrpcApiTest, TheHealthServiceFollowsReadinessAndAsksNoToken) {
   ServedModel ready{"m", 1, ServeState::kReady};
   ready.model = model_;
   registry_.Put(ready);
-  for (int i = 0; i < 100 && HealthCheck(channel_, "") != serving; ++i)
+  for (int i = 0; i < 300 && HealthCheck(channel_, "") != serving; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(HealthCheck(channel_, ""), serving);
   EXPECT_EQ(HealthCheck(channel_, "ready"), serving);
@@ -766,6 +765,7 @@ TEST_F(GrpcApiTest, AStopTellsHealthWatchersNotServingBeforeTheDrain) {
   api_.reset();
 }
 
+// Whether the server closed `fd` within `ms`.
 bool ClosedWithin(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
   if (::poll(&p, 1, ms) <= 0) return false;
