@@ -21,9 +21,10 @@ struct ModelCommandOptions {
   std::string store_dir;  // written through a connection of its own, as any other writer's
   // How long a command waits for the served models to show its result
   // before it answers with the state they are in; a load whose versions
-  // are loading (their builds cached) waits up to load_wait_ms.
+  // are loading (their builds cached) waits up to load_wait_ms, which
+  // ends before the 60 s many clients and proxies wait for an answer.
   int64_t wait_ms = 5000;
-  int64_t load_wait_ms = 60000;
+  int64_t load_wait_ms = 50000;
   int64_t poll_ms = 20;  // how often it looks meanwhile
 };
 
