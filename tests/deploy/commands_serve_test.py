@@ -210,11 +210,7 @@ def infer_both(port):
         finally:
             await client.close()
 
-    for case, outs in zip(CASES, asyncio.run(with_kserve())):
-        [(name, shape, datatype, data)] = outs
-        want = case["outputs"][0]
-        assert (name, shape, datatype) == (want["name"], want["shape"], want["datatype"]), (outs, want)
-        assert close(data.ravel().tolist(), want["data"]), (data, want)
+    assert_each_case_answered(asyncio.run(with_kserve()))
 
     client = triton.InferenceServerClient(url=f"127.0.0.1:{port}")
     try:
@@ -232,6 +228,16 @@ def infer_both(port):
     finally:
         client.close()
     return len(CASES)
+
+
+def assert_each_case_answered(answers):
+    """Each case's one output, as KServe's client read it, equal to eager
+    PyTorch's: its name, shape, datatype and values."""
+    for case, outs in zip(CASES, answers, strict=True):
+        [(name, shape, datatype, data)] = outs
+        want = case["outputs"][0]
+        assert (name, shape, datatype) == (want["name"], want["shape"], want["datatype"]), (outs, want)
+        assert close(data.ravel().tolist(), want["data"]), (data, want)
 
 
 def infer_grpc(port):
@@ -259,11 +265,7 @@ def infer_grpc(port):
         finally:
             await client.close()
 
-    for case, outs in zip(CASES, asyncio.run(with_kserve())):
-        [(name, shape, datatype, data)] = outs
-        want = case["outputs"][0]
-        assert (name, shape, datatype) == (want["name"], want["shape"], want["datatype"]), (outs, want)
-        assert close(data.ravel().tolist(), want["data"]), (data, want)
+    assert_each_case_answered(asyncio.run(with_kserve()))
     return len(CASES)
 
 

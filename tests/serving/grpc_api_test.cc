@@ -191,6 +191,18 @@ class GrpcApiTest : public ::testing::Test {
     if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
     return stub_->ModelInfer(&ctx, req, res);
   }
+  // Holds the model's runs and sends one call, returned once its run has
+  // started (10 s at most); the thread sets `code` when the call ends.
+  std::thread CallHeldInItsRun(std::atomic<int>* code) {
+    model_->Hold();
+    std::thread call([this, code] {
+      inference::ModelInferResponse res;
+      *code = static_cast<int>(Infer(Request(1), &res).error_code());
+    });
+    for (int i = 0; i < 1000 && model_->running() < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return call;
+  }
 
   ModelRegistry registry_;
   Metrics metrics_;
@@ -737,14 +749,8 @@ TEST_F(GrpcApiTest, AStopTellsHealthWatchersNotServingBeforeTheDrain) {
   EXPECT_EQ(quiet, grpc::CompletionQueue::TIMEOUT) << "sent again: " << HealthStatusOf(update);
   if (quiet != grpc::CompletionQueue::TIMEOUT) watch->Read(&update, reinterpret_cast<void*>(4));
   // A run in flight keeps the drain going; the watcher hears before it ends.
-  model_->Hold();
   std::atomic<int> code{-1};
-  std::thread call([&] {
-    inference::ModelInferResponse res;
-    code = static_cast<int>(Infer(Request(1), &res).error_code());
-  });
-  for (int i = 0; i < 1000 && model_->running() < 1; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::thread call = CallHeldInItsRun(&code);
   ASSERT_EQ(model_->running(), 1);
   api_->Stop();
   EXPECT_TRUE(step(reinterpret_cast<void*>(4)));
@@ -810,14 +816,8 @@ TEST_F(GrpcApiTest, StopAnswersCallsInFlightAndWaitsForNoSilentConnection) {
   Start(o);
   int silent = aotid::testing::ConnectTcp(api_->port());
   ASSERT_GE(silent, 0);
-  model_->Hold();
   std::atomic<int> code{-1};
-  std::thread call([&] {
-    inference::ModelInferResponse res;
-    code = static_cast<int>(Infer(Request(1), &res).error_code());
-  });
-  for (int i = 0; i < 1000 && model_->running() < 1; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::thread call = CallHeldInItsRun(&code);
   ASSERT_EQ(model_->running(), 1);
   const auto start = std::chrono::steady_clock::now();
   api_->Stop();
