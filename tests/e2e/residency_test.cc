@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -41,6 +40,8 @@ std::string Config(const std::string& keep_alive, uint64_t budget_mb) {
 }
 
 // The daemon's runner processes: its children that run `aotid internal-runner`.
+// /proc files are read with fs::ReadFile: a process that ends mid-read
+// fails the read with ESRCH, which std::filebuf throws past istream's guard.
 std::vector<pid_t> Runners(pid_t daemon) {
   std::vector<pid_t> out;
   DIR* proc = ::opendir("/proc");
@@ -48,19 +49,14 @@ std::vector<pid_t> Runners(pid_t daemon) {
   while (dirent* d = ::readdir(proc)) {
     const pid_t pid = static_cast<pid_t>(std::atoi(d->d_name));
     if (pid <= 0) continue;
-    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    pid_t ppid = -1;
-    while (std::getline(status, line)) {
-      if (line.rfind("PPid:", 0) == 0) {
-        ppid = static_cast<pid_t>(std::atoi(line.c_str() + 5));
-        break;
-      }
-    }
-    if (ppid != daemon) continue;
-    std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    if (args.find(std::string("internal-runner") + '\0') != std::string::npos) out.push_back(pid);
+    const std::string dir = "/proc/" + std::to_string(pid);
+    StatusOr<std::string> status = fs::ReadFile(dir + "/status");
+    if (!status.ok()) continue;
+    const size_t at = status->find("\nPPid:");
+    if (at == std::string::npos || std::atoi(status->c_str() + at + 6) != daemon) continue;
+    StatusOr<std::string> args = fs::ReadFile(dir + "/cmdline");
+    if (args.ok() && args->find(std::string("internal-runner") + '\0') != std::string::npos)
+      out.push_back(pid);
   }
   ::closedir(proc);
   return out;
@@ -69,10 +65,12 @@ std::vector<pid_t> Runners(pid_t daemon) {
 // A process's proportional share of memory (Pss + SwapPss), in bytes; 0
 // when it is gone.
 uint64_t PssBytes(pid_t pid) {
-  std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  StatusOr<std::string> rollup = fs::ReadFile("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  if (!rollup.ok()) return 0;
+  std::istringstream lines(*rollup);
   std::string line;
   uint64_t kb = 0;
-  while (std::getline(rollup, line)) {
+  while (std::getline(lines, line)) {
     if (line.rfind("Pss:", 0) == 0 || line.rfind("SwapPss:", 0) == 0) {
       std::istringstream in(line.substr(line.find(':') + 1));
       uint64_t n = 0;
