@@ -11,7 +11,6 @@ namespace aotid::control {
 struct ModelCommands::Pending {
   std::string name;
   bool enable = false;
-  bool retried = false;  // a load of a loaded model: its failed versions tried again
   bool answered = false;
   int64_t started_ms = 0;
   std::function<void(Status)> done;
@@ -49,18 +48,18 @@ void ModelCommands::SetEnabled(const std::string& name, bool enable, std::functi
   auto p = std::make_shared<Pending>();
   p->name = name;
   p->enable = enable;
-  // Loading a model that is loaded already tries its failed versions again
-  // (a runner that crashed too often, a load that failed), as unloading
-  // and loading it would, without unloading what serves.
-  p->retried = enable && changed->empty();
   p->started_ms = loop_->NowMs();
   p->done = std::move(done);
   pending_.push_back(p);
-  if (p->retried) {
-    if (Status s = reconciler_->RetryFailed(name); !s.ok()) LOG_ERROR << "reconcile: " << s.message();
-  }
-  // The store watch sees the commit within milliseconds and the reconciler
-  // acts on it; the answer describes the result once the registry shows it.
+  // Reconciled here rather than by the store watch, a moment later: the
+  // first look at the registry then shows this command's effect, never
+  // the state from before it (a model disabled by another writer whose
+  // change the watch has not yet seen). A load also tries its failed
+  // versions again (a runner that crashed too often, a load that failed),
+  // as unloading and loading it would, without unloading what serves; so
+  // a failure seen below is a fresh one.
+  Status s = enable ? reconciler_->RetryFailed(name) : reconciler_->Reconcile();
+  if (!s.ok()) LOG_ERROR << "reconcile: " << s.message();
   Check(p);
 }
 
@@ -69,9 +68,7 @@ void ModelCommands::Check(const std::shared_ptr<Pending>& p) {
   auto it = snapshot->find(p->name);
   bool shown = (it != snapshot->end()) == p->enable;
   // A load answers once each version serves, as a client that loads and
-  // then infers expects, or has failed (a retry's failed versions were
-  // published anew by RetryFailed's reconcile, so a failure seen is
-  // fresh). One that must build is answered at wait_ms as it stands (a
+  // then infers expects, or has failed. One that must build is answered at wait_ms as it stands (a
   // build takes minutes); one left only loading, from a cached build, is
   // waited for longer.
   const serving::ServedModel* failed = nullptr;

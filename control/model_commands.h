@@ -38,15 +38,14 @@ class ModelCommands {
   ModelCommands& operator=(const ModelCommands&) = delete;
 
   // On the loop thread: enables (load) or disables (unload) every version
-  // of `name` in the store; a load of a model enabled already tries its
-  // failed versions again instead. `done` runs once, on the loop thread:
-  // with the store's error (NotFound for a model it does not have); for a
-  // load, once each version is ready (OK) or has failed (Unavailable,
-  // naming the version and why), for a retry once each is ready, for an
-  // unload once the model is gone; or after wait_ms (load_wait_ms while
-  // only loads are left), with OK for whatever state it is in then (a
-  // failure still an error). Commands pending at Stop() are answered
-  // Unavailable then, as are those given after it.
+  // of `name` in the store and reconciles at once; a load also tries its
+  // failed versions again. `done` runs once, on the loop thread: with the
+  // store's error (NotFound for a model it does not have); for a load,
+  // once each version is ready (OK) or has failed (Unavailable, naming the
+  // version and why); for an unload once the model is gone; or after
+  // wait_ms (load_wait_ms while only loads are left), with OK for whatever
+  // state it is in then (a failure still an error). Commands pending at
+  // Stop() are answered Unavailable then, as are those given after it.
   void SetEnabled(const std::string& name, bool enable, std::function<void(Status)> done);
   // On the loop thread, before the loop stops running timers: answers
   // every command still waiting, so that no caller waits for an answer

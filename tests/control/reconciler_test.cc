@@ -1140,5 +1140,45 @@ TEST_F(ReconcilerTest, ARetriedLoadThatFailsAgainAnswersAtOnceAndStopAnswersTheR
   EXPECT_EQ(late->code(), StatusCode::kUnavailable);
 }
 
+// A command reconciles as it writes, so it answers from its own effect,
+// not from the registry as it was before (the store watch may not have
+// run yet, or may not have seen another writer's change): an unload is
+// answered at once with the model gone, and a load after another writer
+// disabled a failed model (unseen) tries it again rather than answering
+// with its old failure.
+TEST_F(ReconcilerTest, ACommandActsAtOnceNotOnTheRegistryFromBeforeIt) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  BuildAndLoad();
+  ASSERT_EQ(State("mlp", v), "ready");
+  ModelCommands commands({.store_dir = dir_.path()}, reconciler_.get(), registry_.get(), &loop_);
+  std::optional<Status> answer;
+  commands.SetEnabled("mlp", false, [&](Status s) { answer = s; });  // no store watch runs here
+  ASSERT_TRUE(answer.has_value()) << "the unload waited for a reconcile it should have made";
+  EXPECT_OK(*answer);
+  EXPECT_EQ(State("mlp", v), "absent");
+
+  answer.reset();
+  commands.SetEnabled("mlp", true, [&](Status s) { answer = s; });
+  ASSERT_EQ(State("mlp", v), "loading");  // from the cached build
+  loader_->Fail("cannot map model.so");
+  loop_.Advance(20);
+  ASSERT_TRUE(answer.has_value());
+  ASSERT_EQ(answer->code(), StatusCode::kUnavailable);
+
+  // Another writer (`aotid set mlp enabled=false`) disables it; before the
+  // daemon sees that, a load enables it again.
+  Set("mlp", std::nullopt, {{"enabled", "false"}});
+  answer.reset();
+  commands.SetEnabled("mlp", true, [&](Status s) { answer = s; });
+  EXPECT_FALSE(answer.has_value()) << "answered with the old failure: " << answer->message();
+  ASSERT_EQ(State("mlp", v), "loading");
+  loader_->Succeed();
+  loop_.Advance(20);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_OK(*answer);
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
 }  // namespace
 }  // namespace aotid::control
