@@ -433,6 +433,9 @@ void Reconciler::BuildDone(const std::string& bkey, const compile::BuildResult& 
     in_flight_.erase(work);
     if (r.cancelled) {
       if (IsCurrent(w)) Record(w, "build_cancelled", r.status.message());
+      // Wanted again while its build was being stopped (an unload, then a
+      // load): Ensure passed it by as in flight, so it is built afresh.
+      if (!stopping_ && IsCurrent(w) && IsDesired(w.model, w.version)) Ensure(w);
       continue;
     }
     if (r.status.ok()) {

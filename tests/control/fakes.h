@@ -116,14 +116,23 @@ class FakeBuilds final : public compile::BuildRunner {
       if (it->job.key != key) continue;
       cancelled.push_back(key);
       compile::BuildJob job = std::move(it->job);
+      const bool later = it->started && cancel_started_later;
       jobs_.erase(it);
-      compile::BuildResult r;
-      r.status = Unavailable("build cancelled");
-      r.cancelled = true;
-      job.on_done(r);
+      if (later) {
+        cancelling_.push_back(std::move(job));
+      } else {
+        EndCancelled(job);
+      }
       return true;
     }
     return false;
+  }
+  // With cancel_started_later, the started builds Cancel() was asked for
+  // end now, as a real build's killed process is reaped later.
+  void FinishCancels() {
+    auto jobs = std::move(cancelling_);
+    cancelling_.clear();
+    for (auto& job : jobs) EndCancelled(job);
   }
   std::string Progress(const compile::BuildKey& key) const override {
     for (const auto& j : jobs_) {
@@ -169,6 +178,7 @@ class FakeBuilds final : public compile::BuildRunner {
     j.job.on_done(r);
   }
 
+  bool cancel_started_later = false;  // a started build's Cancel ends it at FinishCancels()
   std::vector<compile::BuildKey> submitted;
   std::vector<int64_t> estimates;  // each submitted job's estimate_ms
   std::vector<compile::BuildKey> cancelled;
@@ -185,8 +195,15 @@ class FakeBuilds final : public compile::BuildRunner {
     if (!j.started && j.job.on_start) j.job.on_start();
     return j;
   }
+  static void EndCancelled(compile::BuildJob& job) {
+    compile::BuildResult r;
+    r.status = Unavailable("build cancelled");
+    r.cancelled = true;
+    job.on_done(r);
+  }
   const compile::BuildCache* cache_;
   std::deque<Job> jobs_;
+  std::vector<compile::BuildJob> cancelling_;
 };
 
 // Loads that finish when the test says: with an InertModel, or an error.

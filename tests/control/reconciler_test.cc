@@ -1180,5 +1180,32 @@ TEST_F(ReconcilerTest, ACommandActsAtOnceNotOnTheRegistryFromBeforeIt) {
   EXPECT_EQ(State("mlp", v), "ready");
 }
 
+// An unload stops a running build, whose process ends a moment later; a
+// load in that moment finds the version still in flight. Once the stopped
+// build ends, the version is built afresh and the load answered, rather
+// than left enabled but never built.
+TEST_F(ReconcilerTest, ALoadWhileAnUnloadStopsTheBuildBuildsItAfresh) {
+  int64_t v = Add("mlp");
+  Reconcile();
+  builds_->StartNext();
+  builds_->cancel_started_later = true;
+  ModelCommands commands({.store_dir = dir_.path()}, reconciler_.get(), registry_.get(), &loop_);
+  std::optional<Status> unloaded, loaded;
+  commands.SetEnabled("mlp", false, [&](Status s) { unloaded = s; });
+  ASSERT_EQ(builds_->cancelled.size(), 1u);
+  ASSERT_TRUE(unloaded.has_value());
+  EXPECT_OK(*unloaded);
+  commands.SetEnabled("mlp", true, [&](Status s) { loaded = s; });
+  builds_->FinishCancels();
+  ASSERT_EQ(builds_->live(), 1u) << "the version was left enabled but not built";
+  EXPECT_EQ(State("mlp", v), "queued");
+  builds_->Succeed(MlpSpec());
+  loader_->Succeed();
+  loop_.Advance(20);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_OK(*loaded);
+  EXPECT_EQ(State("mlp", v), "ready");
+}
+
 }  // namespace
 }  // namespace aotid::control
