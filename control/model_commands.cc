@@ -68,9 +68,9 @@ void ModelCommands::Check(const std::shared_ptr<Pending>& p) {
   auto it = snapshot->find(p->name);
   bool shown = (it != snapshot->end()) == p->enable;
   // A load answers once each version serves, as a client that loads and
-  // then infers expects, or has failed. One that must build is answered at wait_ms as it stands (a
-  // build takes minutes); one left only loading, from a cached build, is
-  // waited for longer.
+  // then infers expects, or has failed. One that must build is answered
+  // at wait_ms as it stands (a build takes minutes); one left only
+  // loading, from a cached build, is waited for longer.
   const serving::ServedModel* failed = nullptr;
   bool only_loads_left = false;
   if (shown && p->enable) {
