@@ -444,10 +444,10 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
                                                 const inference::RepositoryModelLoadRequest* req,
                                                 inference::RepositoryModelLoadResponse*) override {
-    if (!req->parameters().empty()) {
-      return Answer(ctx, InvalidArgument("load takes no parameters here: a model's files and config come "
-                                         "from the store (aotid add)"));
-    }
+    std::vector<std::string> names;
+    for (const auto& [key, unused] : req->parameters()) names.push_back(key);
+    std::sort(names.begin(), names.end());
+    if (Status s = CheckLoadParameters(names); !s.ok()) return Answer(ctx, s);
     return SetEnabled(ctx, req->repository_name(), req->model_name(), true);
   }
 

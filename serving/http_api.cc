@@ -683,6 +683,24 @@ void SetEnabled(const RouteContext& ctx, bool enable, const http::Request& req, 
   std::string name = req.params[0];
   if (Status s = storage::ValidateModelName(name); !s.ok()) return SendStatus(res, s);
   if (!*ctx.control) return SendStatus(res, Unavailable("models cannot be loaded or unloaded here"));
+  // Triton's body, when one is sent: {"parameters": {...}}. An unload's
+  // (unload_dependents) ask nothing of a store without dependents.
+  if (!req.body.empty()) {
+    const std::string what = enable ? "load" : "unload";
+    http::json_tape::Tape body;
+    if (!body.Parse(req.body, /*max_depth=*/32) || body.kind(0) != http::json_tape::Kind::kObject)
+      return SendError(res, 400, what + " body must be a JSON object, or none");
+    if (uint32_t params = body.Member(0, "parameters"); params != http::json_tape::Tape::kNone) {
+      if (body.kind(params) != http::json_tape::Kind::kObject)
+        return SendError(res, 400, "'parameters' of a " + what + " must be an object");
+      std::vector<std::string> names;
+      for (uint32_t k = params + 1; k < body.end(params); k = body.end(k + 1))
+        names.push_back(body.String(k));
+      if (enable) {
+        if (Status s = CheckLoadParameters(names); !s.ok()) return SendStatus(res, s);
+      }
+    }
+  }
   http::Reply reply = res.Defer();
   (*ctx.control)(name, enable, [reg = ctx.registry, reply, name, enable](Status s) {
     reply([reg, name, enable, s](http::Response& res) {

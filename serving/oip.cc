@@ -239,4 +239,11 @@ void RunInfer(const ModelRegistry* registry, Metrics* metrics, const std::string
   if (!queued.ok()) done(queued);
 }
 
+Status CheckLoadParameters(const std::vector<std::string>& names) {
+  if (names.empty()) return Status::OK();
+  return InvalidArgument("load takes no parameters here ('" + names.front() +
+                         "' was given): a model's files and settings come from the store (aotid add, "
+                         "aotid set)");
+}
+
 }  // namespace aotid::serving

@@ -92,6 +92,11 @@ TokenCheck CheckToken(const std::string& token, bool needed, const std::string* 
 using ModelControl =
     std::function<void(const std::string& name, bool enable, std::function<void(Status)> done)>;
 
+// A load's parameters (Triton's "config" or "file:..." to load instead of
+// what the repository holds) are refused, naming the first: a model's
+// files and settings come from the store. OK when there are none.
+Status CheckLoadParameters(const std::vector<std::string>& names);
+
 // ---- inference ----
 
 // Counts one inference in the metrics once its answer is made: its status

@@ -498,8 +498,10 @@ TEST_F(GrpcApiTest, TheTokenIsCheckedAsHttpChecksIt) {
   grpc::ClientContext with_params;
   with_params.AddMetadata("authorization", "Bearer s3cret");
   (*lq.mutable_parameters())["config"].set_string_param("{}");
-  EXPECT_EQ(stub_->RepositoryModelLoad(&with_params, lq, &lresp).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status with_config = stub_->RepositoryModelLoad(&with_params, lq, &lresp);
+  EXPECT_EQ(with_config.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(with_config.error_message().find("'config' was given"), std::string::npos)
+      << with_config.error_message();
   MutexLock lock(&mu);
   EXPECT_EQ(asked, (std::vector<std::pair<std::string, bool>>{{"m", false}, {"other", true}}));
 }

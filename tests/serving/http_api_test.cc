@@ -597,6 +597,47 @@ TEST_F(HttpApiTest, LoadsThatTakeTimeHoldNoWorker) {
   }
 }
 
+// Triton's load and unload bodies: an unload's parameters
+// (unload_dependents) and an empty load are taken; a load that asks for a
+// config or files of its own is refused naming the parameter, as is a
+// body that is not a JSON object, and neither reaches the control plane.
+TEST_F(HttpApiTest, ALoadWithParametersOrABodyNotAnObjectIsRefused) {
+  Stop();
+  Mutex mu;
+  std::vector<std::string> asked;
+  Start({}, [&](const std::string& name, bool enable, std::function<void(Status)> done) {
+    {
+      MutexLock lock(&mu);
+      asked.push_back(name + (enable ? ":load" : ":unload"));
+    }
+    done(Status::OK());
+  });
+  struct Case {
+    std::string route, body;
+    int status;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"a/load", "", 200, ""},
+      {"b/load", R"({"parameters": {}})", 200, ""},
+      {"c/unload", R"({"parameters": {"unload_dependents": false}})", 200, ""},
+      {"d/load", R"({"parameters": {"config": "{\"max_batch_size\": 8}"}})", 400, "'config' was given"},
+      {"e/load", R"({"parameters": {"file:1/model.pt": "AAAA"}})", 400, "'file:1/model.pt' was given"},
+      {"f/load", "{", 400, "load body must be a JSON object"},
+      {"g/unload", "[1]", 400, "unload body must be a JSON object"},
+      {"h/load", R"({"parameters": "config"})", 400, "'parameters' of a load must be an object"},
+  };
+  for (const Case& c : cases) {
+    std::string reply = Send(Post("/v2/repository/models/" + c.route, "", c.body));
+    EXPECT_EQ(StatusOf(reply), c.status) << c.route << " " << c.body << ": " << reply;
+    if (!c.says.empty()) {
+      EXPECT_NE(BodyOf(reply).value("error", "").find(c.says), std::string::npos) << reply;
+    }
+  }
+  MutexLock lock(&mu);
+  EXPECT_EQ(asked, (std::vector<std::string>{"a:load", "b:load", "c:unload"}));
+}
+
 TEST_F(HttpApiTest, WithoutAControlPlaneLoadsAreUnavailable) {
   std::string reply = Send(Post("/v2/repository/models/m/load", ""));
   EXPECT_EQ(StatusOf(reply), 503) << reply;
