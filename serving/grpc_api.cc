@@ -444,10 +444,11 @@ class GrpcApi::Service final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
                                                 const inference::RepositoryModelLoadRequest* req,
                                                 inference::RepositoryModelLoadResponse*) override {
-    std::vector<std::string> names;
-    for (const auto& [key, unused] : req->parameters()) names.push_back(key);
-    std::sort(names.begin(), names.end());
-    if (Status s = CheckLoadParameters(names); !s.ok()) return Answer(ctx, s);
+    if (const auto& params = req->parameters(); !params.empty()) {
+      auto first = std::min_element(params.begin(), params.end(),
+                                    [](const auto& a, const auto& b) { return a.first < b.first; });
+      return Answer(ctx, LoadParameterRefused(first->first));
+    }
     return SetEnabled(ctx, req->repository_name(), req->model_name(), true);
   }
 

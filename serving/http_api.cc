@@ -693,12 +693,8 @@ void SetEnabled(const RouteContext& ctx, bool enable, const http::Request& req, 
     if (uint32_t params = body.Member(0, "parameters"); params != http::json_tape::Tape::kNone) {
       if (body.kind(params) != http::json_tape::Kind::kObject)
         return SendError(res, 400, "'parameters' of a " + what + " must be an object");
-      std::vector<std::string> names;
-      for (uint32_t k = params + 1; k < body.end(params); k = body.end(k + 1))
-        names.push_back(body.String(k));
-      if (enable) {
-        if (Status s = CheckLoadParameters(names); !s.ok()) return SendStatus(res, s);
-      }
+      if (enable && body.end(params) != params + 1)  // the first member's name
+        return SendStatus(res, LoadParameterRefused(body.String(params + 1)));
     }
   }
   http::Reply reply = res.Defer();

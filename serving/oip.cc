@@ -239,9 +239,8 @@ void RunInfer(const ModelRegistry* registry, Metrics* metrics, const std::string
   if (!queued.ok()) done(queued);
 }
 
-Status CheckLoadParameters(const std::vector<std::string>& names) {
-  if (names.empty()) return Status::OK();
-  return InvalidArgument("load takes no parameters here ('" + names.front() +
+Status LoadParameterRefused(const std::string& name) {
+  return InvalidArgument("load takes no parameters here ('" + name +
                          "' was given): a model's files and settings come from the store (aotid add, "
                          "aotid set)");
 }

@@ -92,10 +92,10 @@ TokenCheck CheckToken(const std::string& token, bool needed, const std::string* 
 using ModelControl =
     std::function<void(const std::string& name, bool enable, std::function<void(Status)> done)>;
 
-// A load's parameters (Triton's "config" or "file:..." to load instead of
-// what the repository holds) are refused, naming the first: a model's
-// files and settings come from the store. OK when there are none.
-Status CheckLoadParameters(const std::vector<std::string>& names);
+// Why a load that names a parameter (Triton's "config" or "file:..." to
+// load instead of what the repository holds) is refused: a model's files
+// and settings come from the store.
+Status LoadParameterRefused(const std::string& name);
 
 // ---- inference ----
 
